@@ -1,0 +1,3 @@
+from raas.cli import main
+
+main()

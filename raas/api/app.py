@@ -1,0 +1,62 @@
+"""The ASGI application: one pipeline, one result store, the routes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+
+import raas
+from raas.api.auth import require_api_key
+from raas.api.errors import install_error_handlers
+from raas.api.metrics import PipelineMetrics
+from raas.api.routes import prorl, rollouts, system
+from raas.api.settings import ServeSettings
+from raas.api.state import ServiceState
+from raas.pipeline import Pipeline
+from raas.store.sqlite import ResultStore
+from raas.tasks import TaskRegistry
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) -> FastAPI:
+    """Build the service. The pipeline starts and drains with the app's lifespan."""
+    tasks = registry if registry is not None else TaskRegistry.from_entry_points()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = ResultStore(settings.db)
+        await store.open()
+        metrics = PipelineMetrics()
+        pipeline = Pipeline(tasks, store, settings.pipeline_config(), observers=[metrics])
+        metrics.watch(pipeline)
+        app.state.service = ServiceState(settings, pipeline, metrics)
+        await pipeline.start()
+        log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
+        try:
+            yield
+        finally:
+            await pipeline.stop(grace_s=settings.drain_grace_s)
+            await store.close()
+            log.info("raas stopped; every result is in %s", settings.db)
+
+    app = FastAPI(
+        title="raas",
+        version=raas.__version__,
+        summary="Rollout-as-a-Service for RL of multi-turn LLM agents",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+
+    @app.get("/healthz", tags=["system"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    guarded = [Depends(require_api_key)]
+    app.include_router(rollouts.router, dependencies=guarded)
+    app.include_router(system.router, dependencies=guarded)
+    app.include_router(prorl.router, dependencies=guarded)
+    return app

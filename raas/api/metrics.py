@@ -1,0 +1,92 @@
+"""Prometheus metrics: jobs by state, stage durations, queue depths and active counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from raas.pipeline import Job, JobState, Pipeline, Stage
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class PipelineMetrics:
+    """A PipelineObserver that counts into its own registry (one per app, so tests can run many)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.submitted = Counter(
+            "raas_jobs_submitted",
+            "Jobs accepted, by task.",
+            ["data_source"],
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "raas_jobs_finished",
+            "Jobs finished, by final state and task.",
+            ["state", "data_source"],
+            registry=self.registry,
+        )
+        self.stage_seconds = Histogram(
+            "raas_stage_duration_seconds",
+            "Time a job spent inside a stage.",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_seconds = Histogram(
+            "raas_job_queue_seconds",
+            "Time a finished job spent waiting in stage queues.",
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+
+    def watch(self, pipeline: Pipeline) -> None:
+        self.registry.register(_PipelineGauges(pipeline))
+
+    def job_submitted(self, job: Job) -> None:
+        self.submitted.labels(job.data_source).inc()
+
+    def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None:
+        self.stage_seconds.labels(stage.value).observe(seconds)
+
+    def job_finished(self, job: Job, state: JobState) -> None:
+        self.finished.labels(state.value, job.data_source).inc()
+        self.queue_seconds.observe(job.timing.queue_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _PipelineGauges(Collector):
+    """Read at scrape time, so the numbers are never stale."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self.pipeline.stats()
+        queued = GaugeMetricFamily(
+            "raas_queue_depth", "Jobs waiting for a stage.", labels=["stage"]
+        )
+        active = GaugeMetricFamily("raas_stage_active", "Jobs inside a stage.", labels=["stage"])
+        workers = GaugeMetricFamily(
+            "raas_stage_workers", "Worker slots of a stage.", labels=["stage"]
+        )
+        for stage, s in stats["stages"].items():
+            queued.add_metric([stage], s["queued"])
+            active.add_metric([stage], s["active"])
+            workers.add_metric([stage], s["workers"])
+        yield queued
+        yield active
+        yield workers
+        yield GaugeMetricFamily(
+            "raas_jobs_in_flight", "Jobs accepted and not finished.", value=stats["in_flight"]
+        )
+        yield GaugeMetricFamily(
+            "raas_accepting", "1 while new jobs are accepted.", value=1 if stats["accepting"] else 0
+        )

@@ -1,0 +1,96 @@
+"""/v1/rollouts: submit, look up, long-poll, cancel and page through jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+
+from raas.api.routes.submission import status_of, submit
+from raas.api.schemas import (
+    FINAL_STATES,
+    BatchRequest,
+    BatchSubmitted,
+    JobStateName,
+    JobStatus,
+    ResultPage,
+    RolloutRequest,
+    RolloutResult,
+    Submitted,
+)
+from raas.api.state import ServiceState, service
+
+router = APIRouter(prefix="/v1", tags=["rollouts"])
+Service = Annotated[ServiceState, Depends(service)]
+MAX_WAIT_S = 300.0
+
+
+@router.post("/rollouts", status_code=status.HTTP_202_ACCEPTED, response_model=Submitted)
+async def submit_rollout(req: RolloutRequest, svc: Service, response: Response) -> Submitted:
+    """Submit one job; resubmitting a known ``job_id`` returns that job (200, created false)."""
+    (view,) = await submit(svc.pipeline, [req], batch=False)
+    if not view.created:
+        response.status_code = status.HTTP_200_OK
+    return Submitted(job_id=view.job_id, state=view.state.value, created=view.created)
+
+
+@router.post("/rollouts:batch", status_code=status.HTTP_202_ACCEPTED, response_model=BatchSubmitted)
+async def submit_batch(req: BatchRequest, svc: Service) -> BatchSubmitted:
+    """Submit many jobs: all are accepted, or none (429 when the INIT queue lacks room)."""
+    views = await submit(svc.pipeline, req.jobs, batch=True)
+    return BatchSubmitted(
+        jobs=[Submitted(job_id=v.job_id, state=v.state.value, created=v.created) for v in views]
+    )
+
+
+@router.get("/rollouts/{job_id}", response_model=JobStatus)
+async def get_rollout(
+    job_id: str,
+    svc: Service,
+    wait: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll: wait up to this many seconds.")
+    ] = 0.0,
+) -> JobStatus:
+    view = await svc.pipeline.wait(job_id, wait)
+    if view is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
+    return status_of(view)
+
+
+@router.post("/rollouts/{job_id}/cancel", response_model=JobStatus)
+async def cancel_rollout(job_id: str, svc: Service) -> JobStatus:
+    """Cancel a job; answers once its cleanup has run (or with its state so far, if slow)."""
+    return await cancel_job(svc, job_id)
+
+
+async def cancel_job(svc: ServiceState, job_id: str) -> JobStatus:
+    job = svc.pipeline.cancel(job_id)
+    if job is not None:
+        settle_s = svc.settings.cancel_grace_s + 5.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.done.wait(), timeout=settle_s)
+    view = await svc.pipeline.lookup(job_id)
+    if view is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
+    return status_of(view)
+
+
+@router.get("/rollouts", response_model=ResultPage)
+async def list_results(
+    svc: Service,
+    state: Annotated[JobStateName | None, Query(description="Only results in this state.")] = None,
+    since: Annotated[int, Query(ge=0, description="Cursor: next_since of the previous page.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ResultPage:
+    """Finished results in the order they finished, including those from before a restart."""
+    if state is not None and state not in FINAL_STATES:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            detail=f"state must be one of {', '.join(FINAL_STATES)}: only finished jobs are listed",
+        )
+    records = await svc.pipeline.store.finished(state, since, limit)
+    results = [RolloutResult.model_validate(r.result) for r in records if r.result is not None]
+    next_since = records[-1].seq if records and records[-1].seq is not None else since
+    return ResultPage(results=results, next_since=next_since)

@@ -1,0 +1,36 @@
+"""Turning wire requests into jobs and jobs into wire answers (v1 and ProRL routes share it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from raas.api.errors import field_error
+from raas.api.schemas import JobStatus, ProcessRequest, RolloutRequest, RolloutResult
+from raas.pipeline import JobRequest, JobView, Pipeline, RequestRejected
+
+
+def job_request(req: RolloutRequest | ProcessRequest) -> JobRequest:
+    if isinstance(req, RolloutRequest):
+        return JobRequest(
+            req.instance, req.sampling_params, req.job_id, req.timeout_s, req.priority
+        )
+    return JobRequest(req.instance, req.sampling_params, req.job_id)
+
+
+async def submit(
+    pipeline: Pipeline, reqs: Sequence[RolloutRequest | ProcessRequest], batch: bool
+) -> list[JobView]:
+    """Submit all or none; bad input becomes a FieldError naming the field (``jobs.3.instance``)."""
+    try:
+        return await pipeline.submit([job_request(r) for r in reqs])
+    except RequestRejected as e:
+        raise field_error(e.cause, ["jobs", e.index] if batch else []) from e
+
+
+def status_of(view: JobView) -> JobStatus:
+    return JobStatus(
+        job_id=view.job_id,
+        state=view.state.value,
+        stage=view.stage.value if view.stage and not view.state.finished else None,
+        result=RolloutResult.model_validate(view.result) if view.result is not None else None,
+    )

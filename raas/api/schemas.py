@@ -1,0 +1,151 @@
+"""The wire contract: every request and response body of the HTTP API.
+
+This module imports nothing but pydantic, so the trainer-side client can use it without the
+server's dependencies. The OpenAPI document is generated from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+JobStateName = Literal["queued", "init", "run", "eval", "done", "failed", "timeout", "cancelled"]
+StageName = Literal["init", "run", "eval"]
+FINAL_STATES = ("done", "failed", "timeout", "cancelled")
+
+
+def _require_data_source(instance: dict[str, Any]) -> dict[str, Any]:
+    source = instance.get("data_source")
+    if not isinstance(source, str) or not source:
+        raise ValueError("instance.data_source must be a non-empty string naming the task")
+    return instance
+
+
+Instance = Annotated[dict[str, Any], AfterValidator(_require_data_source)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutRequest(_Strict):
+    instance: Instance = Field(
+        description="The task instance; `data_source` picks the task handler."
+    )
+    sampling_params: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the task (and its LLM calls)."
+    )
+    job_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:@-]+$",
+        description="Idempotency key: resubmitting the same job_id returns the same job.",
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Budget of time inside stages (queue waits not counted)."
+    )
+    priority: int = Field(default=0, description="Higher runs first within each stage queue.")
+
+
+class BatchRequest(_Strict):
+    jobs: list[RolloutRequest] = Field(min_length=1, max_length=10000)
+
+
+class Submitted(BaseModel):
+    job_id: str
+    state: JobStateName
+    created: bool = Field(description="False when the job_id was already known.")
+
+
+class BatchSubmitted(BaseModel):
+    jobs: list[Submitted]
+
+
+class ErrorInfo(BaseModel):
+    type: str
+    message: str
+
+
+class TrajectoryOut(BaseModel):
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    turns: list[dict[str, Any]] = Field(default_factory=list)
+    stop_reason: str | None = None
+
+
+class Timing(BaseModel):
+    queue_s: float
+    init_s: float
+    run_s: float
+    eval_s: float
+    total_s: float
+
+
+class RolloutResult(BaseModel):
+    job_id: str
+    state: JobStateName
+    stage_failed: StageName | None = None
+    error: ErrorInfo | None = None
+    reward: float | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    trajectory: TrajectoryOut
+    timing: Timing
+    instance_id: str | None = None
+    data_source: str
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    state: JobStateName
+    stage: StageName | None = Field(
+        default=None, description="The stage the job is in or waits for, while in flight."
+    )
+    result: RolloutResult | None = None
+
+
+class ResultPage(BaseModel):
+    results: list[RolloutResult]
+    next_since: int = Field(description="Pass as `since` to get the results after this page.")
+
+
+class StageStatus(BaseModel):
+    workers: int
+    active: int
+    queued: int
+    queue_capacity: int
+
+
+class ServiceStatus(BaseModel):
+    accepting: bool
+    uptime_s: float
+    in_flight: int
+    stages: dict[StageName, StageStatus]
+    finished: dict[str, int] = Field(description="Jobs finished by this process, by state.")
+    tasks: list[str]
+    llm_servers: list[str]
+
+
+class ProcessRequest(_Strict):
+    """ProRL Agent's ``/process`` body."""
+
+    instance: Instance
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class CancelRequest(_Strict):
+    job_id: str
+
+
+class LLMServerRequest(_Strict):
+    address: str = Field(min_length=1, description="Base URL of an inference server.")
+
+
+class Ack(BaseModel):
+    ok: bool = True
+    message: str = ""

@@ -1,0 +1,67 @@
+"""Running the service under uvicorn, with a graceful drain on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from raas.api.app import create_app
+from raas.api.settings import ServeSettings
+from raas.api.state import ServiceState
+from raas.tasks import TaskRegistry
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    """On the first SIGTERM/SIGINT, drain before exiting; a second signal exits at once.
+
+    While draining, HTTP stays up: new submissions get 503, but trainers can still read results
+    and blocked ``/process`` calls get theirs. Once every job has a persisted result (or the grace
+    period has run out and the rest were cancelled), uvicorn shuts down.
+    """
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace_s = grace_s
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)  # type: ignore[arg-type]
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain is not None or self._loop is None or not self.started:
+            self.should_exit = True
+            self.force_exit = self._drain is not None
+            return
+        log.info("signal %d: draining (grace period %.1f s)", sig, self.grace_s)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        svc: ServiceState = self.app.state.service
+        try:
+            await svc.pipeline.drain(self.grace_s)
+        finally:
+            self.should_exit = True
+
+
+def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None:
+    app = create_app(settings, registry)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    DrainingServer(config, app, settings.drain_grace_s).run()

@@ -1,0 +1,252 @@
+"""The ``raas`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+import raas
+
+SERVE_HELP_EPILOG = (
+    "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
+    "named like the options with underscores) or from RAAS_<OPTION> environment variables "
+    "(e.g. RAAS_RUN_WORKERS=16). Flags win over the environment, which wins over the file."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(raas.__version__, prog_name="raas")
+def main() -> None:
+    """raas: Rollout-as-a-Service for RL of multi-turn LLM agents.
+
+    A trainer sends tasks over HTTP; raas runs each rollout through three worker pools (INIT sets
+    the task up, RUN runs the agent loop, EVAL computes the reward) and returns trajectories and
+    rewards. Start with `raas serve`, or `raas demo` to see one end to end.
+    """
+
+
+@main.command(epilog=SERVE_HELP_EPILOG)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML file with settings.",
+)
+@click.option("--host", help="Address to bind.  [default: 127.0.0.1]")
+@click.option("--port", type=int, help="Port to bind.  [default: 8000]")
+@click.option(
+    "--db",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="SQLite file for durable results.  [default: ./raas.db]",
+)
+@click.option(
+    "--init-workers", type=int, help="Concurrent INIT stages (sandbox set-up).  [default: 8]"
+)
+@click.option(
+    "--run-workers", type=int, help="Concurrent RUN stages (agent loops; LLM slots).  [default: 8]"
+)
+@click.option("--eval-workers", type=int, help="Concurrent EVAL stages (reward).  [default: 8]")
+@click.option(
+    "--init-queue",
+    type=int,
+    help="Jobs that may wait for INIT; beyond it submissions get 429.  [default: 1024]",
+)
+@click.option("--run-queue", type=int, help="Jobs that may wait for RUN.  [default: 64]")
+@click.option("--eval-queue", type=int, help="Jobs that may wait for EVAL.  [default: 64]")
+@click.option(
+    "--timeout-s",
+    type=float,
+    help="Per-job budget of time inside stages (queue waits do not count).  [default: 1800]",
+)
+@click.option("--init-timeout-s", type=float, help="Limit on the INIT stage alone.")
+@click.option("--run-timeout-s", type=float, help="Limit on the RUN stage alone.")
+@click.option("--eval-timeout-s", type=float, help="Limit on the EVAL stage alone.")
+@click.option(
+    "--cancel-grace-s",
+    type=float,
+    help="How long a cancelled stage may take to stop.  [default: 5]",
+)
+@click.option(
+    "--drain-grace-s",
+    type=float,
+    help="On SIGTERM, how long jobs in flight may finish before they are cancelled.  [default: 30]",
+)
+@click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every route but /healthz.")
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="[default: info]"
+)
+def serve(config_file: Path | None, **options: Any) -> None:
+    """Run the rollout service (HTTP API, three stage pools, SQLite results)."""
+    from raas.api.server import serve as run_server
+    from raas.api.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(config_file, options)
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from e
+    _setup_logging(settings.log_level)
+    run_server(settings)
+
+
+@main.command()
+@click.argument("url")
+@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+def status(url: str, api_key: str | None) -> None:
+    """Show a server's queues, active jobs per stage and totals."""
+    from raas.client import AsyncRolloutClient
+
+    async def fetch() -> Any:
+        async with AsyncRolloutClient(url, api_key=api_key) as client:
+            return await client.status()
+
+    st = _run_client(fetch())
+    click.echo(
+        f"{url}: {'accepting' if st.accepting else 'draining'}, up {st.uptime_s:.0f} s,"
+        f" {st.in_flight} jobs in flight"
+    )
+    for name, s in st.stages.items():
+        click.echo(
+            f"  {name:<5} active {s.active}/{s.workers}  queued {s.queued}/{s.queue_capacity}"
+        )
+    click.echo("  finished: " + ", ".join(f"{k} {v}" for k, v in st.finished.items()))
+    click.echo("  tasks: " + ", ".join(st.tasks))
+
+
+@main.command()
+@click.argument("url")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write results as JSONL.  [default: FILE.results.jsonl]",
+)
+@click.option("--sampling-params", default=None, help="JSON object merged under each line's own.")
+@click.option("--timeout-s", type=float, help="Per-job budget for lines that set none.")
+@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+def submit(
+    url: str,
+    file: Path,
+    out: Path | None,
+    sampling_params: str | None,
+    timeout_s: float | None,
+    api_key: str | None,
+) -> None:
+    """Run every task in FILE (JSONL) on the server at URL and write the results.
+
+    Each line is a task instance (with `data_source`) or a full request
+    (`{"instance": ..., "sampling_params": ..., "job_id": ...}`).
+    """
+    from rich.progress import Progress
+
+    from raas.client import AsyncRolloutClient
+    from raas.client.files import TaskFileError, read_requests, run_requests
+
+    try:
+        params = json.loads(sampling_params) if sampling_params else None
+        requests = read_requests(file, params, timeout_s)
+    except (TaskFileError, json.JSONDecodeError) as e:
+        raise click.UsageError(str(e)) from e
+    out = out or file.with_suffix(".results.jsonl")
+    with Progress() as progress:
+        bar = progress.add_task(f"{file.name}", total=len(requests))
+
+        async def go() -> Any:
+            async with AsyncRolloutClient(url, api_key=api_key) as client:
+                return await run_requests(client, requests, lambda _: progress.advance(bar))
+
+        results = _run_client(go())
+    with open(out, "w") as f:
+        for r in results:
+            f.write(r.model_dump_json() + "\n")
+    by_state: dict[str, int] = {}
+    for r in results:
+        by_state[r.state] = by_state.get(r.state, 0) + 1
+    rewards = [r.reward for r in results if r.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    click.echo(
+        f"{len(results)} results in {out}: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items()))
+        + f"; mean reward {mean:.3f}"
+    )
+
+
+@main.command()
+@click.option(
+    "--db",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default="raas.db",
+    show_default=True,
+    help="The server's SQLite file.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True
+)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option(
+    "--state",
+    type=click.Choice(["done", "failed", "timeout", "cancelled"]),
+    help="Only results in this state.",
+)
+def export(db: Path, fmt: str, out: Path, state: str | None) -> None:
+    """Write finished trajectories from a database for offline use."""
+    from raas.store.export import export as do_export
+
+    try:
+        n = do_export(db, fmt, out, state)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"wrote {n} results to {out}")
+
+
+@main.command()
+@click.option("-n", "--num", default=16, show_default=True, help="How many rollouts.")
+@click.option("--seed", default=0, show_default=True)
+def demo(num: int, seed: int) -> None:
+    """Start a server, run the main job over HTTP and print a result table."""
+    from raas.demo import run_demo
+
+    sys.exit(run_demo(num, seed))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("name")
+@click.pass_context
+def bench(ctx: click.Context, name: str) -> None:
+    """Run benchmarks/NAME.py (e.g. `raas bench pipeline -- --jobs 96`); prints, never asserts."""
+    bench_dir = Path(raas.__file__).resolve().parent.parent / "benchmarks"
+    path = bench_dir / f"{name}.py"
+    if not path.exists():
+        known = ", ".join(
+            sorted(p.stem for p in bench_dir.glob("*.py") if not p.stem.startswith("_"))
+        )
+        raise click.UsageError(f"no benchmark {name!r} in {bench_dir} (have: {known or 'none'})")
+    spec = importlib.util.spec_from_file_location(f"raas_bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.exit(module.main(list(ctx.args)))
+
+
+def _run_client(coro: Any) -> Any:
+    from raas.client import RaasHTTPError
+
+    try:
+        return asyncio.run(coro)
+    except RaasHTTPError as e:
+        raise click.ClickException(str(e)) from e
+    except OSError as e:
+        raise click.ClickException(f"cannot reach the server: {e}") from e
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,82 @@
+"""Running a JSONL file of tasks through a server (what ``raas submit`` does)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from raas.api.schemas import RolloutRequest, RolloutResult
+from raas.client.http import AsyncRolloutClient
+
+
+class TaskFileError(ValueError):
+    pass
+
+
+def read_requests(
+    path: Path, sampling_params: dict[str, Any] | None = None, timeout_s: float | None = None
+) -> list[RolloutRequest]:
+    """One request a line: a full request (with ``instance``) or a bare task instance."""
+    requests = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise TaskFileError(f"{path}:{lineno}: expected a JSON object")
+                body = obj if "instance" in obj else {"instance": obj}
+                if sampling_params:
+                    body = {
+                        **body,
+                        "sampling_params": {**sampling_params, **body.get("sampling_params", {})},
+                    }
+                if timeout_s is not None:
+                    body.setdefault("timeout_s", timeout_s)
+                requests.append(RolloutRequest.model_validate(body))
+            except json.JSONDecodeError as e:
+                raise TaskFileError(f"{path}:{lineno}: not JSON: {e}") from e
+            except ValidationError as e:
+                err = e.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise TaskFileError(f"{path}:{lineno}: {where}: {err['msg']}") from e
+    return requests
+
+
+async def run_requests(
+    client: AsyncRolloutClient,
+    requests: Iterable[RolloutRequest],
+    on_result: Callable[[RolloutResult], None] | None = None,
+    batch_size: int = 256,
+    max_waiting: int = 64,
+) -> list[RolloutResult]:
+    """Submit in batches and collect results as they finish; returned in submission order.
+
+    Collecting starts with the first batch, so a file larger than the server's queue streams
+    through it (the client retries 429s) instead of waiting for every submission first.
+    """
+    gate = asyncio.Semaphore(max_waiting)
+
+    async def collect(job_id: str) -> RolloutResult:
+        async with gate:
+            result = await client.wait(job_id)
+        if on_result is not None:
+            on_result(result)
+        return result
+
+    collectors: list[asyncio.Task[RolloutResult]] = []
+    pending = list(requests)
+    try:
+        for start in range(0, len(pending), batch_size):
+            submitted = await client.submit_batch(pending[start : start + batch_size])
+            collectors.extend(asyncio.create_task(collect(s.job_id)) for s in submitted)
+        return list(await asyncio.gather(*collectors))
+    finally:
+        for task in collectors:
+            task.cancel()

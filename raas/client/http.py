@@ -1,0 +1,117 @@
+"""An async client for the raas HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from raas.api.schemas import (
+    FINAL_STATES,
+    BatchSubmitted,
+    JobStatus,
+    RolloutRequest,
+    RolloutResult,
+    ServiceStatus,
+    Submitted,
+)
+
+
+class RaasHTTPError(RuntimeError):
+    def __init__(self, status_code: int, detail: Any) -> None:
+        super().__init__(f"raas answered {status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
+
+
+class AsyncRolloutClient:
+    """Submit, look up, wait for and cancel rollouts on one raas server.
+
+    A 429 (INIT queue full) is retried after the server's Retry-After, up to ``overload_wait_s``
+    in all; every other error raises RaasHTTPError with the server's explanation.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        max_connections: int = 128,
+        overload_wait_s: float = 600.0,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=max_connections),
+        )
+        self.timeout_s = timeout_s
+        self.overload_wait_s = overload_wait_s
+
+    async def __aenter__(self) -> AsyncRolloutClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        waited = 0.0
+        while True:
+            response = await self._http.request(method, path, **kwargs)
+            if response.status_code == 429 and waited < self.overload_wait_s:
+                delay = float(response.headers.get("Retry-After", "1"))
+                waited += delay
+                await asyncio.sleep(delay)
+                continue
+            if response.is_error:
+                try:
+                    detail = response.json().get("detail", response.text)
+                except ValueError:
+                    detail = response.text
+                raise RaasHTTPError(response.status_code, detail)
+            return response.json()
+
+    async def submit(self, request: RolloutRequest) -> Submitted:
+        body = request.model_dump(exclude_none=True)
+        return Submitted.model_validate(await self._request("POST", "/v1/rollouts", json=body))
+
+    async def submit_batch(self, requests: Sequence[RolloutRequest]) -> list[Submitted]:
+        body = {"jobs": [r.model_dump(exclude_none=True) for r in requests]}
+        data = await self._request("POST", "/v1/rollouts:batch", json=body)
+        return BatchSubmitted.model_validate(data).jobs
+
+    async def get(self, job_id: str, wait_s: float = 0.0) -> JobStatus:
+        # The HTTP timeout must outlast the server's long-poll.
+        data = await self._request(
+            "GET",
+            f"/v1/rollouts/{job_id}",
+            params={"wait": wait_s},
+            timeout=wait_s + self.timeout_s,
+        )
+        return JobStatus.model_validate(data)
+
+    async def wait(self, job_id: str, poll_s: float = 60.0) -> RolloutResult:
+        """Long-poll until the job has finished; returns its result."""
+        while True:
+            status = await self.get(job_id, wait_s=poll_s)
+            if status.state in FINAL_STATES and status.result is not None:
+                return status.result
+
+    async def cancel(self, job_id: str) -> JobStatus:
+        data = await self._request("POST", f"/v1/rollouts/{job_id}/cancel")
+        return JobStatus.model_validate(data)
+
+    async def status(self) -> ServiceStatus:
+        return ServiceStatus.model_validate(await self._request("GET", "/v1/status"))

@@ -1,0 +1,29 @@
+"""Jobs, their states, the three stage pools, budgets and cancellation."""
+
+from raas.pipeline.config import PipelineConfig
+from raas.pipeline.errors import (
+    Draining,
+    JobIdConflict,
+    Overloaded,
+    RequestRejected,
+    SubmitError,
+)
+from raas.pipeline.job import Job, JobRequest
+from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
+from raas.pipeline.states import JobState, Stage
+
+__all__ = [
+    "Draining",
+    "Job",
+    "JobIdConflict",
+    "JobRequest",
+    "JobState",
+    "JobView",
+    "Overloaded",
+    "Pipeline",
+    "PipelineConfig",
+    "PipelineObserver",
+    "RequestRejected",
+    "Stage",
+    "SubmitError",
+]

@@ -1,0 +1,38 @@
+"""Why a submission is turned away (these are request errors, never job failures)."""
+
+from __future__ import annotations
+
+
+class SubmitError(Exception):
+    pass
+
+
+class Overloaded(SubmitError):
+    def __init__(self, retry_after_s: int, free: int, wanted: int) -> None:
+        super().__init__(
+            f"the INIT queue is full ({free} places free, {wanted} wanted); retry later"
+        )
+        self.retry_after_s = retry_after_s
+
+
+class Draining(SubmitError):
+    def __init__(self) -> None:
+        super().__init__("the service is draining and accepts no new jobs (POST /start resumes)")
+
+
+class JobIdConflict(SubmitError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"job_id {job_id!r} was already submitted with a different instance or"
+            " sampling_params; resubmit the same request or use a new job_id"
+        )
+        self.job_id = job_id
+
+
+class RequestRejected(SubmitError):
+    """Request ``index`` of a submission is bad input; ``cause`` says which field and why."""
+
+    def __init__(self, index: int, cause: Exception) -> None:
+        super().__init__(f"request {index}: {cause}")
+        self.index = index
+        self.cause = cause

@@ -1,0 +1,111 @@
+"""One job as the pipeline tracks it while it is alive."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from raas.agent.trajectory import Trajectory
+from raas.pipeline.states import JobState, Stage
+from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    instance: dict[str, Any]
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    job_id: str | None = None
+    timeout_s: float | None = None
+    priority: int = 0
+
+
+@dataclass
+class Ending:
+    """Why a job stops before (or instead of) finishing normally."""
+
+    state: JobState
+    stage: Stage | None
+    error_type: str
+    message: str
+
+
+@dataclass
+class Timing:
+    submitted_at: float = field(default_factory=time.time)
+    queue_s: float = 0.0
+    stage_s: dict[Stage, float] = field(default_factory=lambda: {s: 0.0 for s in Stage})
+    finished_at: float | None = None
+
+    @property
+    def total_s(self) -> float:
+        end = self.finished_at if self.finished_at is not None else time.time()
+        return end - self.submitted_at
+
+    def in_stages(self) -> float:
+        return sum(self.stage_s.values())
+
+
+class Job:
+    def __init__(self, job_id: str, request: JobRequest, handler: TaskHandler) -> None:
+        self.id = job_id
+        self.request = request
+        self.handler = handler
+        self.priority = request.priority
+        self.state = JobState.QUEUED
+        self.stage: Stage | None = None  # the stage it is in, or waits for
+        self.timing = Timing()
+        self.context: TaskContext | None = None
+        self.trajectory: Trajectory | None = None
+        self.reward: RewardInfo | None = None
+        self.ending: Ending | None = None
+        # The running stage's work; cancelled on timeout or cancel.
+        self.work: asyncio.Task[Any] | None = None
+        # True while a stage worker holds the job (in a stage, or waiting to hand it on); the
+        # worker then finishes the job. Otherwise it sits in a queue and a cancel finishes it.
+        self.owned = False
+        self.finishing = False
+        self.cleaned_up = False
+        self.cleanup_error: str | None = None
+        self.done = asyncio.Event()
+        self.result: dict[str, Any] | None = None
+        self._waiting_since = time.monotonic()
+
+    @property
+    def task_job(self) -> TaskJob:
+        return TaskJob(self.id, self.request.instance, self.request.sampling_params)
+
+    @property
+    def data_source(self) -> str:
+        return str(self.request.instance.get("data_source", ""))
+
+    @property
+    def instance_id(self) -> str | None:
+        value = self.request.instance.get("instance_id")
+        return None if value is None else str(value)
+
+    def start_waiting(self) -> None:
+        self._waiting_since = time.monotonic()
+
+    def stop_waiting(self) -> None:
+        self.timing.queue_s += time.monotonic() - self._waiting_since
+
+    def budget_left(self, default_timeout_s: float | None) -> float | None:
+        """Seconds of stage time left: only time spent inside stages counts, not queue waits."""
+        limit = self.request.timeout_s if self.request.timeout_s is not None else default_timeout_s
+        if limit is None:
+            return None
+        return limit - self.timing.in_stages()
+
+    def partial_trajectory(self) -> Trajectory:
+        if self.trajectory is not None:
+            return self.trajectory
+        if self.context is not None:
+            return self.context.trajectory
+        return Trajectory()

@@ -1,0 +1,467 @@
+"""Jobs through three stage pools: INIT (set up), RUN (the agent loop), EVAL (the reward).
+
+Each stage has its own workers and its own bounded queue. A worker holds a job only while the
+stage's work runs (or, under backpressure, while the next queue has no room), so a slow test
+suite in EVAL never holds a RUN slot, and RUN never waits for a sandbox to be created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from raas.agent.trajectory import Trajectory
+from raas.pipeline.config import PipelineConfig
+from raas.pipeline.errors import Draining, JobIdConflict, Overloaded, RequestRejected
+from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
+from raas.pipeline.queue import StageQueue
+from raas.pipeline.result import build_result, restart_result
+from raas.pipeline.states import JobState, Stage
+from raas.store.sqlite import JobRecord, ResultStore
+from raas.tasks.protocol import (
+    InvalidInstance,
+    RewardInfo,
+    TaskContext,
+    TaskJob,
+    validate_request,
+)
+from raas.tasks.registry import TaskRegistry, UnknownTask
+
+log = logging.getLogger(__name__)
+
+
+class PipelineObserver(Protocol):
+    """Hooks for metrics; called on the event loop, so they must not block."""
+
+    def job_submitted(self, job: Job) -> None: ...
+
+    def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None: ...
+
+    def job_finished(self, job: Job, state: JobState) -> None: ...
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a caller may see of a job, alive or long finished."""
+
+    job_id: str
+    state: JobState
+    stage: Stage | None
+    result: dict[str, Any] | None
+    created: bool = False  # True when this submission created the job (not a resubmission)
+
+
+def _view(job: Job, created: bool = False) -> JobView:
+    return JobView(job.id, job.state, job.stage, job.result, created)
+
+
+def _record_view(record: JobRecord) -> JobView:
+    return JobView(record.job_id, JobState(record.state), None, record.result)
+
+
+def _same_request(request: JobRequest, stored: dict[str, Any]) -> bool:
+    return request.instance == stored.get("instance") and request.sampling_params == stored.get(
+        "sampling_params", {}
+    )
+
+
+def _request_dict(request: JobRequest) -> dict[str, Any]:
+    return {
+        "instance": request.instance,
+        "sampling_params": request.sampling_params,
+        "timeout_s": request.timeout_s,
+        "priority": request.priority,
+    }
+
+
+class Pipeline:
+    def __init__(
+        self,
+        registry: TaskRegistry,
+        store: ResultStore,
+        config: PipelineConfig | None = None,
+        observers: Iterable[PipelineObserver] = (),
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.config = config or PipelineConfig()
+        self.observers = list(observers)
+        self.accepting = True
+        self.started_at = time.time()
+        self.finished_counts: Counter[JobState] = Counter()
+        self._jobs: dict[str, Job] = {}
+        self._queues: dict[Stage, StageQueue[Job]] = {
+            stage: StageQueue(self.config.queue_size[stage]) for stage in Stage
+        }
+        self._busy: dict[Stage, int] = {stage: 0 for stage in Stage}
+        self._workers: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Report jobs a previous process left unfinished, then start the stage workers."""
+        recovered = await self.recover()
+        if recovered:
+            log.warning("%d jobs were in flight when the service last stopped: failed", recovered)
+        for stage in Stage:
+            for i in range(self.config.workers[stage]):
+                self._workers.append(
+                    asyncio.create_task(self._worker(stage), name=f"raas-{stage}-{i}")
+                )
+
+    async def recover(self) -> int:
+        records = await self.store.unfinished()
+        for rec in records:
+            result = restart_result(
+                rec.job_id, rec.state, rec.request.get("instance", {}), rec.created_at
+            )
+            await self.store.save_result(rec.job_id, JobState.FAILED.value, result)
+        return len(records)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop accepting, let jobs in flight finish for ``grace_s``, then cancel the rest.
+
+        Returns once every job has a persisted result.
+        """
+        self.accepting = False
+        if self._jobs:
+            log.info("draining: %d jobs in flight, grace period %.1f s", len(self._jobs), grace_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        if self._jobs:
+            log.warning("grace period over: cancelling %d jobs", len(self._jobs))
+            for job in list(self._jobs.values()):
+                self._end(
+                    job,
+                    JobState.CANCELLED,
+                    "shutdown",
+                    f"the service shut down; the job was not finished within the {grace_s:g} s"
+                    " grace period",
+                )
+            await self._idle.wait()
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        await self.drain(grace_s)
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+
+    def pause(self) -> None:
+        """Stop accepting new jobs; jobs in flight go on (ProRL's ``/stop``)."""
+        self.accepting = False
+
+    def resume(self) -> None:
+        self.accepting = True
+
+    # -- submission ----------------------------------------------------------------------------
+
+    async def submit(self, requests: Sequence[JobRequest]) -> list[JobView]:
+        """Accept all of ``requests`` or none of them.
+
+        A request whose ``job_id`` is already known (in flight or finished, even before a
+        restart) returns that job instead of a new one. Raises InvalidInstance / UnknownTask for
+        bad input (nothing accepted), Overloaded when the INIT queue lacks room, Draining.
+        """
+        if not self.accepting:
+            raise Draining()
+        for i, request in enumerate(requests):
+            try:
+                handler = self.registry.get(str(request.instance.get("data_source", "")))
+                validate_request(handler, TaskJob("", request.instance, request.sampling_params))
+            except (InvalidInstance, UnknownTask) as e:
+                raise RequestRejected(i, e) from e
+        stored: dict[str, JobRecord] = {}
+        for request in requests:
+            if request.job_id and request.job_id not in self._jobs:
+                record = await self.store.get(request.job_id)
+                if record is not None:
+                    stored[request.job_id] = record
+        # Past the last await: from here to the end nothing else runs, so the checks hold.
+        if not self.accepting:
+            raise Draining()
+        views: list[JobView | None] = []
+        fresh: dict[str, Job] = {}
+        for request in requests:
+            job_id = request.job_id
+            known = (self._jobs.get(job_id) or fresh.get(job_id)) if job_id else None
+            if known is not None:
+                if not _same_request(request, _request_dict(known.request)):
+                    raise JobIdConflict(known.id)
+                views.append(_view(known))
+            elif job_id and job_id in stored:
+                if not _same_request(request, stored[job_id].request):
+                    raise JobIdConflict(job_id)
+                views.append(_record_view(stored[job_id]))
+            else:
+                job_id = job_id or new_job_id()
+                handler = self.registry.get(str(request.instance.get("data_source", "")))
+                fresh[job_id] = Job(job_id, request, handler)
+                views.append(None)
+        queue = self._queues[Stage.INIT]
+        if len(fresh) > queue.free:
+            raise Overloaded(self.config.retry_after_s, queue.free, len(fresh))
+        for job in fresh.values():
+            job.stage = Stage.INIT
+            self._jobs[job.id] = job
+            job.start_waiting()
+            queue.put_nowait(job)
+            for obs in self.observers:
+                obs.job_submitted(job)
+        if fresh:
+            self._idle.clear()
+            records = [
+                JobRecord(
+                    job.id,
+                    job.state.value,
+                    job.data_source,
+                    job.instance_id,
+                    _request_dict(job.request),
+                    job.timing.submitted_at,
+                )
+                for job in fresh.values()
+            ]
+            await self.store.add_jobs(records)
+        fresh_views = iter(_view(job, created=True) for job in fresh.values())
+        return [v if v is not None else next(fresh_views) for v in views]
+
+    # -- looking up, waiting, cancelling -------------------------------------------------------
+
+    def active(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    async def lookup(self, job_id: str) -> JobView | None:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            return _view(job)
+        record = await self.store.get(job_id)
+        return _record_view(record) if record is not None else None
+
+    async def wait(self, job_id: str, timeout_s: float) -> JobView | None:
+        """The job's view once it has finished, or after ``timeout_s``, whichever is first."""
+        job = self._jobs.get(job_id)
+        if job is not None and timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(job.done.wait(), timeout=timeout_s)
+            return _view(job)
+        return await self.lookup(job_id)
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Ask a job in flight to stop; its result says ``cancelled`` once cleanup has run."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            self._end(job, JobState.CANCELLED, "cancelled", "cancelled by request")
+        return job
+
+    def _end(self, job: Job, state: JobState, error_type: str, message: str) -> None:
+        if job.finishing or job.ending is not None:
+            return
+        stage = None if job.state is JobState.QUEUED else job.stage
+        job.ending = Ending(state, stage, error_type, message)
+        if job.work is not None:
+            job.work.cancel()  # the worker that awaits it finishes the job
+        elif not job.owned:
+            if job.stage is not None:
+                self._queues[job.stage].discard(job)
+            job.stop_waiting()
+            self._spawn(self._finish(job))
+        elif job.stage is not None:
+            self._queues[job.stage].wake()  # the worker waits for room there; let it give up
+
+    # -- the stage workers ---------------------------------------------------------------------
+
+    async def _worker(self, stage: Stage) -> None:
+        queue = self._queues[stage]
+        while True:
+            job = await queue.get()
+            job.owned = True
+            job.stop_waiting()
+            try:
+                await self._process(job, stage)
+            except Exception as e:  # a bug of ours: fail the job, keep the worker
+                log.exception("internal error on job %s in %s", job.id, stage)
+                if job.ending is None:
+                    job.ending = Ending(JobState.FAILED, stage, "internal_error", repr(e))
+                self._spawn(self._finish(job))
+
+    async def _process(self, job: Job, stage: Stage) -> None:
+        if job.ending is None:
+            await self._run_stage(job, stage)
+        nxt = stage.next
+        if job.ending is None and nxt is not None:
+            job.stage = nxt
+            job.state = JobState(nxt.value)
+            job.start_waiting()
+            if await self._queues[nxt].put(job, give_up=lambda: job.ending is not None):
+                job.owned = False
+                return
+            job.stop_waiting()
+        self._spawn(self._finish(job))
+
+    async def _run_stage(self, job: Job, stage: Stage) -> None:
+        limits = [job.budget_left(self.config.job_timeout_s), self.config.stage_timeout_s[stage]]
+        limit = min((x for x in limits if x is not None), default=None)
+        job.stage = stage
+        job.state = JobState(stage.value)
+        if limit is not None and limit <= 0:
+            job.ending = Ending(
+                JobState.TIMEOUT, stage, "timeout", f"the time budget was spent before {stage}"
+            )
+            return
+        self.store.note_state(job.id, job.state.value)
+        self._busy[stage] += 1
+        started = time.monotonic()
+        work = asyncio.create_task(self._call(job, stage), name=f"raas-job-{job.id}-{stage}")
+        job.work = work
+        try:
+            timeout = None if limit is None else max(limit, 0.0)
+            done, _ = await asyncio.wait({work}, timeout=timeout)
+            if not done and job.ending is None:
+                job.ending = Ending(
+                    JobState.TIMEOUT,
+                    stage,
+                    "timeout",
+                    f"{stage} did not finish within its time limit of {limit:.3g} s",
+                )
+            if not work.done():
+                work.cancel()
+                done, _ = await asyncio.wait({work}, timeout=self.config.cancel_grace_s)
+                if not done:
+                    log.warning(
+                        "job %s: %s ignored cancellation for %.1f s; abandoned",
+                        job.id,
+                        stage,
+                        self.config.cancel_grace_s,
+                    )
+        finally:
+            seconds = time.monotonic() - started
+            job.timing.stage_s[stage] += seconds
+            job.work = None
+            self._busy[stage] -= 1
+            for obs in self.observers:
+                obs.stage_ended(job, stage, seconds)
+        if job.ending is None and work.done():
+            if work.cancelled():
+                job.ending = Ending(JobState.FAILED, stage, "CancelledError", "stage was cancelled")
+            elif (exc := work.exception()) is not None:
+                job.ending = Ending(
+                    JobState.FAILED, stage, type(exc).__name__, str(exc) or repr(exc)
+                )
+
+    async def _call(self, job: Job, stage: Stage) -> None:
+        handler = job.handler
+        if stage is Stage.INIT:
+            context = await handler.init(job.task_job)
+            job.context = context
+            if job.finishing:  # the job ended while init ignored its cancellation
+                await self._cleanup(job)
+            if not isinstance(getattr(context, "trajectory", None), Trajectory):
+                raise TypeError(
+                    f"{handler.name}.init returned {type(context).__name__}, which has no"
+                    " Trajectory in .trajectory (subclass raas.tasks.TaskContext)"
+                )
+        elif stage is Stage.RUN:
+            assert job.context is not None
+            trajectory = await handler.run(job.context)
+            if not isinstance(trajectory, Trajectory):
+                raise TypeError(
+                    f"{handler.name}.run returned {type(trajectory).__name__}, not a Trajectory"
+                )
+            job.trajectory = trajectory
+        else:
+            assert job.context is not None and job.trajectory is not None
+            reward = await handler.eval(job.context, job.trajectory)
+            if not isinstance(reward, RewardInfo):
+                raise TypeError(
+                    f"{handler.name}.eval returned {type(reward).__name__}, not a RewardInfo"
+                )
+            job.reward = reward
+
+    # -- the end of a job ----------------------------------------------------------------------
+
+    async def _cleanup(self, job: Job) -> None:
+        """Release what init acquired: exactly once per context, whatever else happened."""
+        context: TaskContext | None = job.context
+        if context is None or job.cleaned_up:
+            return
+        job.cleaned_up = True
+        try:
+            await asyncio.wait_for(
+                job.handler.cleanup(context), timeout=self.config.cleanup_timeout_s
+            )
+        except Exception as e:
+            log.exception("job %s: cleanup failed", job.id)
+            job.cleanup_error = f"{type(e).__name__}: {e}"
+
+    async def _finish(self, job: Job) -> None:
+        if job.finishing:
+            return
+        job.finishing = True
+        await self._cleanup(job)
+        state = job.ending.state if job.ending is not None else JobState.DONE
+        job.timing.finished_at = time.time()
+        result = build_result(job, state)
+        try:
+            await self.store.save_result(job.id, state.value, result)
+        except Exception:
+            log.exception("job %s: could not persist its result", job.id)
+        job.state = state
+        job.result = result
+        job.done.set()
+        self._jobs.pop(job.id, None)
+        if not self._jobs:
+            self._idle.set()
+        self.finished_counts[state] += 1
+        for obs in self.observers:
+            obs.job_finished(job, state)
+        _log_finished(job, state, result)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "accepting": self.accepting,
+            "uptime_s": time.time() - self.started_at,
+            "in_flight": len(self._jobs),
+            "stages": {
+                stage.value: {
+                    "workers": self.config.workers[stage],
+                    "active": self._busy[stage],
+                    "queued": len(self._queues[stage]),
+                    "queue_capacity": self._queues[stage].maxsize,
+                }
+                for stage in Stage
+            },
+            "finished": {
+                state.value: self.finished_counts[state] for state in JobState if state.finished
+            },
+        }
+
+
+def _log_finished(job: Job, state: JobState, result: dict[str, Any]) -> None:
+    t = result["timing"]
+    summary = (
+        f"job {job.id} [{job.data_source}] {state}"
+        f" reward={result['reward']} queue={t['queue_s']:.3f}s init={t['init_s']:.3f}s"
+        f" run={t['run_s']:.3f}s eval={t['eval_s']:.3f}s"
+    )
+    if job.ending is not None:
+        where = f" in {job.ending.stage}" if job.ending.stage else ""
+        summary += f"{where}: {job.ending.error_type}: {job.ending.message}"
+    log.log(logging.INFO if state is JobState.DONE else logging.WARNING, summary)

@@ -1,0 +1,1 @@
+"""Sandboxes (a library that knows nothing of jobs). Filled by the sandbox issue."""

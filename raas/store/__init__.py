@@ -1,0 +1,1 @@
+"""Durable results (SQLite) and export."""

@@ -1,0 +1,240 @@
+"""Durable job records and results in SQLite.
+
+Every job is recorded when it is accepted and its result is written before the job is reported
+finished, so a restart loses nothing: finished results are read back, and jobs that were in
+flight are found and reported as failed. All SQLite calls run on one dedicated thread (SQLite
+connections belong to a thread, and one writer keeps the finish order simple), never on the event
+loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+def _log_failure(future: Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("could not record a job state: %s", future.exception())
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id      TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    data_source TEXT,
+    instance_id TEXT,
+    request     TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    seq         INTEGER UNIQUE,   -- finish order; NULL until the result is written
+    finished_at REAL,
+    reward      REAL,
+    result      TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
+"""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    state: str
+    data_source: str
+    instance_id: str | None
+    request: dict[str, Any]
+    created_at: float
+    seq: int | None = None
+    result: dict[str, Any] | None = None
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # WAL + NORMAL: a committed write survives a crash of the process (not of the OS).
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def _record(row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
+    job_id, state, data_source, instance_id, request, created_at, seq, result = row
+    return JobRecord(
+        job_id=job_id,
+        state=state,
+        data_source=data_source or "",
+        instance_id=instance_id,
+        request=json.loads(request),
+        created_at=created_at,
+        seq=seq,
+        result=json.loads(result) if result else None,
+    )
+
+
+_COLUMNS = "job_id, state, data_source, instance_id, request, created_at, seq, result"
+
+
+class ResultStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raas-store")
+        self._conn: sqlite3.Connection | None = None
+        self._seq = 0
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._with_conn, fn)
+
+    def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            raise RuntimeError("the result store is not open")
+        return fn(self._conn)
+
+    async def open(self) -> None:
+        def _open() -> None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = connect(self.path)
+            (max_seq,) = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
+            self._seq = int(max_seq)
+
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, _open)
+
+    async def close(self) -> None:
+        def _close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, _close)
+        self._executor.shutdown(wait=True)
+
+    async def add_jobs(self, records: list[JobRecord]) -> None:
+        rows = [
+            (
+                r.job_id,
+                r.state,
+                r.data_source,
+                r.instance_id,
+                json.dumps(r.request),
+                r.created_at,
+            )
+            for r in records
+        ]
+
+        def _add(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute("BEGIN")
+                conn.executemany(
+                    "INSERT INTO jobs (job_id, state, data_source, instance_id, request,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+
+        await self._call(_add)
+
+    def note_state(self, job_id: str, state: str) -> None:
+        """Record a state change without waiting for it.
+
+        The single store thread runs calls in the order they were made, so a later result write
+        always lands after it; a state note that arrives after the result changes nothing.
+        """
+
+        def _note(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE jobs SET state = ? WHERE job_id = ? AND seq IS NULL", (state, job_id)
+            )
+
+        future = self._executor.submit(self._with_conn, _note)
+        future.add_done_callback(_log_failure)
+
+    async def save_result(self, job_id: str, state: str, result: dict[str, Any]) -> int:
+        """Write a finished result; returns its place in finish order (the paging cursor)."""
+        payload = json.dumps(result)
+        reward = result.get("reward")
+
+        def _save(conn: sqlite3.Connection) -> int:
+            self._seq += 1
+            conn.execute(
+                "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?"
+                " WHERE job_id = ?",
+                (state, self._seq, time.time(), reward, payload, job_id),
+            )
+            return self._seq
+
+        return await self._call(_save)
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        def _get(conn: sqlite3.Connection) -> JobRecord | None:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
+            ).fetchone()
+            return _record(row) if row else None
+
+        return await self._call(_get)
+
+    async def unfinished(self) -> list[JobRecord]:
+        def _unfinished(conn: sqlite3.Connection) -> list[JobRecord]:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE seq IS NULL ORDER BY created_at"
+            ).fetchall()
+            return [_record(r) for r in rows]
+
+        return await self._call(_unfinished)
+
+    async def finished(
+        self, state: str | None = None, since: int = 0, limit: int = 100
+    ) -> list[JobRecord]:
+        """Finished jobs in finish order, after the cursor ``since``."""
+
+        def _page(conn: sqlite3.Connection) -> list[JobRecord]:
+            return list(_iter_finished(conn, state, since, limit))
+
+        return await self._call(_page)
+
+    async def counts(self) -> dict[str, int]:
+        def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+            return {state: n for state, n in rows}
+
+        return await self._call(_counts)
+
+
+def _iter_finished(
+    conn: sqlite3.Connection, state: str | None, since: int, limit: int | None
+) -> Iterator[JobRecord]:
+    sql = f"SELECT {_COLUMNS} FROM jobs WHERE seq > ?"
+    args: list[Any] = [since]
+    if state is not None:
+        sql += " AND state = ?"
+        args.append(state)
+    sql += " ORDER BY seq"
+    if limit is not None:
+        sql += " LIMIT ?"
+        args.append(limit)
+    for row in conn.execute(sql, args):
+        yield _record(row)
+
+
+def iter_finished(path: str | Path, state: str | None = None) -> Iterator[JobRecord]:
+    """Every finished job in a database, in finish order (for export; blocking)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no raas database at {path}")
+    conn = connect(path)
+    try:
+        yield from _iter_finished(conn, state, 0, None)
+    finally:
+        conn.close()

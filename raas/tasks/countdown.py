@@ -1,0 +1,252 @@
+"""``countdown``: reach a target number from given numbers, one arithmetic step per turn.
+
+A real multi-turn environment that needs no model: a scripted policy plays it, so the whole
+pipeline (and HTTP API) can be exercised end to end on any machine. Each turn the policy combines
+two of the numbers it holds with + - * / (exact division, positive results only); the two are
+replaced by the result. The episode ends when the target appears, when one number is left, or at
+``max_turns``. EVAL replays the recorded moves from the original numbers, so the reward does not
+trust anything RUN computed.
+
+sampling_params: ``temperature`` (0..1, the chance each turn that the policy explores with a
+random legal move instead of a solving one), ``seed`` (makes exploration repeatable) and
+``max_turns``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from raas.agent.trajectory import Trajectory
+from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskContext, TaskJob
+
+OPS = ("+", "-", "*", "/")
+SAMPLING_KEYS = {"temperature": float, "seed": int, "max_turns": int}
+MOVE_RE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*$")
+SYSTEM_PROMPT = (
+    "Reach the target number. Each turn, combine two of your numbers with + - * or / "
+    "(exact division, positive results only) by answering 'a op b'; they are replaced by "
+    "the result."
+)
+
+
+@dataclass(frozen=True)
+class Move:
+    a: int
+    op: str
+    b: int
+
+    def __str__(self) -> str:
+        return f"{self.a} {self.op} {self.b}"
+
+
+def apply(a: int, op: str, b: int) -> int | None:
+    """The result of ``a op b``, or None when the rules forbid it."""
+    if op == "+":
+        return a + b
+    if op == "*":
+        return a * b
+    if op == "-":
+        return a - b if a > b else None
+    if op == "/":
+        return a // b if b > 0 and a % b == 0 else None
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def play(numbers: list[int], move: Move) -> list[int]:
+    """The numbers after ``move``; raises ValueError when the move is not legal."""
+    pool = list(numbers)
+    for n in (move.a, move.b):
+        if n not in pool:
+            raise ValueError(f"{n} is not among the numbers {sorted(numbers)}")
+        pool.remove(n)
+    result = apply(move.a, move.op, move.b)
+    if result is None:
+        raise ValueError(f"{move} is not allowed (results must be positive whole numbers)")
+    return [*pool, result]
+
+
+def legal_moves(numbers: list[int]) -> list[Move]:
+    moves = []
+    for i, a in enumerate(numbers):
+        for j, b in enumerate(numbers):
+            if i == j:
+                continue
+            for op in OPS:
+                if op in "+*" and i > j:
+                    continue  # commutative: one order is enough
+                if apply(a, op, b) is not None:
+                    moves.append(Move(a, op, b))
+    return moves
+
+
+@lru_cache(maxsize=65536)
+def _solve(pool: tuple[int, ...], target: int, depth: int) -> tuple[Move, ...] | None:
+    if target in pool:
+        return ()
+    if depth == 0:
+        return None
+    for move in legal_moves(list(pool)):
+        rest = _solve(tuple(sorted(play(list(pool), move))), target, depth - 1)
+        if rest is not None:
+            return (move, *rest)
+    return None
+
+
+def solve(numbers: list[int], target: int) -> list[Move] | None:
+    """A shortest sequence of moves reaching ``target`` (iterative deepening), or None."""
+    pool = tuple(sorted(numbers))
+    for depth in range(len(numbers)):
+        plan = _solve(pool, target, depth)
+        if plan is not None:
+            return list(plan)
+    return None
+
+
+def parse_move(text: str) -> Move:
+    m = MOVE_RE.match(text)
+    if not m:
+        raise ValueError(f"not a move of the form 'a op b': {text!r}")
+    return Move(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+def generate_instances(n: int, seed: int = 0, size: int = 4) -> list[dict[str, Any]]:
+    """``n`` solvable instances: random numbers, target built by random legal moves."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    while len(out) < n:
+        numbers = [rng.randint(1, 12) for _ in range(size)]
+        pool = list(numbers)
+        for _ in range(rng.randint(2, size - 1)):
+            pool = play(pool, rng.choice(legal_moves(pool)))
+        target = max(pool)
+        if target in numbers or target < 10:
+            continue
+        out.append(
+            {
+                "data_source": "countdown",
+                "instance_id": f"countdown-{seed}-{len(out)}",
+                "numbers": numbers,
+                "target": target,
+            }
+        )
+    return out
+
+
+def _check_instance(job: TaskJob) -> tuple[list[int], int]:
+    numbers = job.instance.get("numbers")
+    target = job.instance.get("target")
+    if (
+        not isinstance(numbers, list)
+        or not 2 <= len(numbers) <= 6
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in numbers)
+    ):
+        raise InvalidInstance("instance.numbers", "must be a list of 2 to 6 positive integers")
+    if not isinstance(target, int) or isinstance(target, bool) or target <= 0:
+        raise InvalidInstance("instance.target", "must be a positive integer")
+    return numbers, target
+
+
+def _check_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"temperature": 0.0, "seed": None, "max_turns": 8}
+    for key, value in params.items():
+        kind = SAMPLING_KEYS.get(key)
+        if kind is None:
+            known = ", ".join(sorted(SAMPLING_KEYS))
+            raise InvalidInstance(
+                f"sampling_params.{key}", f"unknown key (countdown takes {known})"
+            )
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidInstance(f"sampling_params.{key}", "must be a number")
+        out[key] = kind(value)
+    if not 0.0 <= out["temperature"] <= 1.0:
+        raise InvalidInstance("sampling_params.temperature", "must be between 0 and 1")
+    if out["max_turns"] < 1:
+        raise InvalidInstance("sampling_params.max_turns", "must be at least 1")
+    return out
+
+
+@dataclass
+class CountdownContext(TaskContext):
+    numbers: tuple[int, ...] = ()
+    target: int = 0
+    params: dict[str, Any] | None = None
+
+
+class CountdownTask:
+    name = "countdown"
+
+    def validate(self, job: TaskJob) -> None:
+        _check_instance(job)
+        _check_sampling(job.sampling_params)
+
+    async def init(self, job: TaskJob) -> CountdownContext:
+        numbers, target = _check_instance(job)
+        params = _check_sampling(job.sampling_params)
+        return CountdownContext(job=job, numbers=tuple(numbers), target=target, params=params)
+
+    async def run(self, context: TaskContext) -> Trajectory:
+        ctx = _as_countdown(context)
+        params = ctx.params or {}
+        rng = random.Random(params.get("seed"))
+        traj = ctx.trajectory
+        pool = list(ctx.numbers)
+        traj.messages += [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Numbers: {pool}. Target: {ctx.target}."},
+        ]
+        traj.stop_reason = "max_turns"
+        for turn in range(params.get("max_turns", 8)):
+            moves = legal_moves(pool)
+            if not moves:
+                traj.stop_reason = "no_moves"
+                break
+            plan = solve(pool, ctx.target)
+            explored = rng.random() < params.get("temperature", 0.0) or not plan
+            move = rng.choice(moves) if explored or plan is None else plan[0]
+            pool = play(pool, move)
+            observation = f"{move} = {pool[-1]}. Numbers: {pool}."
+            traj.messages += [
+                {"role": "assistant", "content": str(move)},
+                {"role": "user", "content": observation},
+            ]
+            traj.turns.append(
+                {
+                    "turn": turn,
+                    "action": str(move),
+                    "observation": observation,
+                    "explored": explored,
+                }
+            )
+            if ctx.target in pool:
+                traj.stop_reason = "finish"
+                break
+            await asyncio.sleep(0)  # one turn at a time: let cancellation in between turns
+        return traj
+
+    async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
+        ctx = _as_countdown(context)
+        pool = list(ctx.numbers)
+        moves = [m["content"] for m in trajectory.messages if m.get("role") == "assistant"]
+        for i, text in enumerate(moves):
+            try:
+                pool = play(pool, parse_move(text))
+            except ValueError as e:
+                return RewardInfo(0.0, {"steps": i, "valid": False, "error": f"move {i}: {e}"})
+        reached = ctx.target in pool
+        return RewardInfo(1.0 if reached else 0.0, {"steps": len(moves), "valid": True})
+
+    async def cleanup(self, context: TaskContext) -> None:
+        return None
+
+
+def _as_countdown(context: TaskContext) -> CountdownContext:
+    if not isinstance(context, CountdownContext):
+        raise TypeError(f"countdown got a foreign context: {type(context).__name__}")
+    return context

@@ -1,0 +1,95 @@
+"""A task handler whose every stage the test controls, and that counts its 'sandboxes'.
+
+Each stage of a job does what the instance says: ``ok`` (return at once), ``block`` (wait until the
+test releases it), ``raise`` (raise RuntimeError), or ``stubborn`` (ignore cancellation until
+released). ``init`` opens a sandbox and ``cleanup`` closes it, so a test can check that every
+sandbox is closed exactly once, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+from typing import Any
+
+from raas.agent.trajectory import Trajectory
+from raas.pipeline import JobState, Pipeline, Stage
+from raas.tasks import RewardInfo, TaskContext, TaskJob
+
+WAIT_S = 10.0  # a safety net so a broken test fails instead of hanging; never an assertion
+
+
+def probe_instance(**stages: str) -> dict[str, Any]:
+    return {"data_source": "probe", **{s: stages.get(s, "ok") for s in ("init", "run", "eval")}}
+
+
+class ProbeTask:
+    name = "probe"
+
+    def __init__(self) -> None:
+        self.opened: Counter[str] = Counter()
+        self.closed: Counter[str] = Counter()
+        self.entered: defaultdict[tuple[str, str], asyncio.Event] = defaultdict(asyncio.Event)
+        self.released: defaultdict[tuple[str, str], asyncio.Event] = defaultdict(asyncio.Event)
+        self.closed_event: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.order: list[tuple[str, str]] = []
+
+    async def wait_entered(self, job_id: str, stage: str) -> None:
+        await asyncio.wait_for(self.entered[job_id, stage].wait(), WAIT_S)
+
+    def release(self, job_id: str, stage: str) -> None:
+        self.released[job_id, stage].set()
+
+    async def _behave(self, job: TaskJob, stage: str) -> None:
+        self.order.append((job.job_id, stage))
+        self.entered[job.job_id, stage].set()
+        how = job.instance.get(stage, "ok")
+        if how == "raise":
+            raise RuntimeError(f"boom in {stage}")
+        if how == "block":
+            await self.released[job.job_id, stage].wait()
+        elif how == "stubborn":
+            while not self.released[job.job_id, stage].is_set():
+                try:
+                    await self.released[job.job_id, stage].wait()
+                except asyncio.CancelledError:
+                    continue
+
+    async def init(self, job: TaskJob) -> TaskContext:
+        self.opened[job.job_id] += 1
+        try:
+            await self._behave(job, "init")
+        except BaseException:
+            self._close(job.job_id)  # init returns no context, so it releases what it opened
+            raise
+        return TaskContext(job=job)
+
+    async def run(self, context: TaskContext) -> Trajectory:
+        context.trajectory.turns.append({"turn": 0, "action": "first"})
+        context.trajectory.response_ids.extend([1, 2, 3])
+        await self._behave(context.job, "run")
+        context.trajectory.turns.append({"turn": 1, "action": "second"})
+        context.trajectory.stop_reason = "finish"
+        return context.trajectory
+
+    async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
+        await self._behave(context.job, "eval")
+        return RewardInfo(0.5, {"turns": len(trajectory.turns)})
+
+    async def cleanup(self, context: TaskContext) -> None:
+        self._close(context.job.job_id)
+
+    def _close(self, job_id: str) -> None:
+        self.closed[job_id] += 1
+        self.closed_event[job_id].set()
+
+
+async def finished(pipeline: Pipeline, job_id: str) -> dict[str, Any]:
+    """The job's result once it has one."""
+    view = await pipeline.wait(job_id, WAIT_S)
+    assert view is not None and view.state.finished, f"{job_id} did not finish: {view}"
+    assert view.result is not None
+    return view.result
+
+
+__all__ = ["JobState", "ProbeTask", "Stage", "finished", "probe_instance"]
