@@ -36,13 +36,19 @@ def free_port() -> int:
 class ServerProcess:
     """``raas serve`` as a child process, stopped with SIGTERM (a graceful drain)."""
 
-    def __init__(self, db: Path, log: Path, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        db: Path,
+        log: Path,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "raas", "serve", "--port", str(self.port), "--db", str(db)]
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*args, *(extra_args or [])], stdout=self._log, stderr=subprocess.STDOUT
+            [*args, *(extra_args or [])], stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:

@@ -43,9 +43,7 @@ PipelineFactory = Callable[..., Any]
 
 
 @pytest.fixture
-def make_pipeline(
-    tmp_path: Path, registry: TaskRegistry
-) -> Callable[..., Any]:
+def make_pipeline(tmp_path: Path, registry: TaskRegistry) -> Callable[..., Any]:
     @asynccontextmanager
     async def factory(db: Path | None = None, **overrides: Any) -> AsyncIterator[Pipeline]:
         store = ResultStore(db or tmp_path / "raas.db")

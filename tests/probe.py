@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from raas.agent.trajectory import Trajectory
@@ -84,6 +85,15 @@ class ProbeTask:
         self.closed_event[job_id].set()
 
 
+async def settle(condition: Callable[[], bool], max_yields: int = 10_000) -> None:
+    """Let the event loop run until ``condition()`` holds (no clock involved)."""
+    for _ in range(max_yields):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the pipeline never reached the expected condition")
+
+
 async def finished(pipeline: Pipeline, job_id: str) -> dict[str, Any]:
     """The job's result once it has one."""
     view = await pipeline.wait(job_id, WAIT_S)
@@ -92,4 +102,4 @@ async def finished(pipeline: Pipeline, job_id: str) -> dict[str, Any]:
     return view.result
 
 
-__all__ = ["JobState", "ProbeTask", "Stage", "finished", "probe_instance"]
+__all__ = ["JobState", "ProbeTask", "Stage", "finished", "probe_instance", "settle"]

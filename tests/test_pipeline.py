@@ -23,7 +23,7 @@ from raas.store.sqlite import ResultStore
 from raas.tasks import InvalidInstance, TaskRegistry, UnknownTask
 from raas.tasks.countdown import generate_instances
 from tests.conftest import small_config
-from tests.probe import ProbeTask, finished, probe_instance
+from tests.probe import ProbeTask, finished, probe_instance, settle
 
 STAGES = ["init", "run", "eval"]
 
@@ -171,8 +171,9 @@ async def test_cancel_while_waiting_for_run_cleans_up_once(
         await probe.wait_entered(blocker, "run")
         waiting = await submit_one(pipeline, probe_instance())
         await probe.wait_entered(waiting, "init")
-        while (await pipeline.lookup(waiting)).state is not JobState.RUN:  # type: ignore[union-attr]
-            await asyncio.sleep(0)  # init is done and it waits in the RUN queue
+        job = pipeline.active(waiting)
+        assert job is not None
+        await settle(lambda: job.state is JobState.RUN and not job.owned)  # in the RUN queue
         pipeline.cancel(waiting)
         result = await finished(pipeline, waiting)
         probe.release(blocker, "run")
@@ -193,8 +194,9 @@ async def test_backpressure_and_cancel_of_a_job_waiting_to_hand_on(
         handing_on = await submit_one(pipeline, probe_instance())
         await probe.wait_entered(handing_on, "init")
         behind = await submit_one(pipeline, probe_instance(init="block"))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await settle(lambda: pipeline.stats()["stages"]["run"]["queued"] == 1)
+        handing = pipeline.active(handing_on)
+        await settle(lambda: handing is not None and handing.state is JobState.RUN)
         # The RUN queue is full, so the INIT worker holds `handing_on` and `behind` waits.
         assert (behind, "init") not in probe.order
         assert pipeline.stats()["stages"]["run"]["queued"] == 1
@@ -312,7 +314,9 @@ async def test_resubmitting_a_job_id_is_idempotent(make_pipeline: Any, probe: Pr
         (c,) = await pipeline.submit([req(instance, job_id="same")])  # after it finished
         assert not c.created and c.state is JobState.DONE and c.result is not None
         # The same id twice in one batch is one job.
-        views = await pipeline.submit([req(instance, job_id="twice"), req(instance, job_id="twice")])
+        views = await pipeline.submit(
+            [req(instance, job_id="twice"), req(instance, job_id="twice")]
+        )
         assert [v.created for v in views] == [True, False]
         probe.release("twice", "run")
         await finished(pipeline, "twice")
@@ -384,7 +388,7 @@ async def test_restart_reports_in_flight_jobs_as_failed_and_keeps_results(
     await store.open()
     first = Pipeline(registry, store, small_config())
     await first.start()
-    (done,) = await first.submit([req(probe_instance(), job_id="finished-before")])
+    await first.submit([req(probe_instance(), job_id="finished-before")])
     await finished(first, "finished-before")
     await first.submit([req(probe_instance(run="block"), job_id="in-flight")])
     await probe.wait_entered("in-flight", "run")

@@ -7,7 +7,7 @@ import secrets
 from fastapi import HTTPException, Request, status
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     expected: str | None = request.app.state.service.settings.api_key
     if not expected:
         return

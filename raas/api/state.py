@@ -21,6 +21,6 @@ class ServiceState:
     llm_servers: list[str] = field(default_factory=list)
 
 
-def service(request: Request) -> ServiceState:
+async def service(request: Request) -> ServiceState:
     state: ServiceState = request.app.state.service
     return state

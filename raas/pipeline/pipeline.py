@@ -219,6 +219,8 @@ class Pipeline:
             queue.put_nowait(job)
             for obs in self.observers:
                 obs.job_submitted(job)
+        # Snapshot before the store write below lets the workers move the jobs on.
+        fresh_views = iter([_view(job, created=True) for job in fresh.values()])
         if fresh:
             self._idle.clear()
             records = [
@@ -233,7 +235,6 @@ class Pipeline:
                 for job in fresh.values()
             ]
             await self.store.add_jobs(records)
-        fresh_views = iter(_view(job, created=True) for job in fresh.values())
         return [v if v is not None else next(fresh_views) for v in views]
 
     # -- looking up, waiting, cancelling -------------------------------------------------------

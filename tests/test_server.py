@@ -1,0 +1,188 @@
+"""`raas serve` as a real process: plugins via entry points, SIGTERM drain, crash recovery, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from raas.demo import ServerProcess
+from raas.store.sqlite import iter_finished
+from raas.tasks import TaskRegistry
+from raas.tasks.countdown import generate_instances
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DEADLINE_S = 30.0
+
+
+@pytest.fixture
+def plugin_path(tmp_path: Path) -> Path:
+    """A site directory holding a 'separately installed' package's entry points."""
+    site = tmp_path / "site"
+    dist = site / "raas_test_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: raas-test-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[raas.tasks]\ngated = gated_task:GatedTask\nbroken = no_such_module:Nothing\n"
+    )
+    return site
+
+
+@pytest.fixture
+def server_env(plugin_path: Path) -> dict[str, str]:
+    path = os.pathsep.join([str(plugin_path), str(FIXTURES), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.fixture
+def start_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[Any]:
+    servers: list[ServerProcess] = []
+
+    def start(db: Path, *args: str) -> ServerProcess:
+        server = ServerProcess(db, tmp_path / f"server{len(servers)}.log", list(args), server_env)
+        servers.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in servers:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def wait_for_state(url: str, job_id: str, state: str) -> None:
+    """Readiness wait for a condition in another process, bounded by a deadline."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/v1/rollouts/{job_id}").json()["state"] == state:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{job_id} never reached {state}")
+
+
+def test_registry_loads_entry_point_plugins_and_skips_broken_ones(
+    plugin_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.syspath_prepend(str(plugin_path))
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    registry = TaskRegistry.from_entry_points()
+    assert {"gated", "countdown"} <= set(registry.names())
+    assert "broken" not in registry
+    assert "could not load task handler 'broken'" in caplog.text
+
+
+def test_sigterm_drains_jobs_in_flight_and_persists_them(start_server: Any, tmp_path: Path) -> None:
+    db = tmp_path / "drain.db"
+    gate = tmp_path / "gate"
+    server = start_server(db, "--drain-grace-s", "60")
+    body = {"instance": {"data_source": "gated", "gate": str(gate)}, "job_id": "inflight"}
+    assert httpx.post(f"{server.url}/v1/rollouts", json=body).status_code == 202
+    wait_for_state(server.url, "inflight", "run")
+
+    server.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + DEADLINE_S
+    while httpx.get(f"{server.url}/v1/status").json()["accepting"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    refused = httpx.post(f"{server.url}/v1/rollouts", json={**body, "job_id": "late"})
+    assert refused.status_code == 503
+    assert server.proc.poll() is None  # still draining: the job in flight goes on
+
+    gate.touch()
+    assert server.proc.wait(timeout=DEADLINE_S) == 0
+    results = {r.job_id: r for r in iter_finished(db)}
+    assert set(results) == {"inflight"}
+    assert results["inflight"].state == "done"
+    assert results["inflight"].result is not None
+    assert results["inflight"].result["reward"] == 1.0
+
+
+def test_a_killed_server_reports_lost_jobs_after_restart(start_server: Any, tmp_path: Path) -> None:
+    db = tmp_path / "crash.db"
+    server = start_server(db)
+    finished = {"instance": generate_instances(1, seed=2)[0], "job_id": "before"}
+    assert httpx.post(f"{server.url}/v1/rollouts", json=finished).status_code == 202
+    got = httpx.get(f"{server.url}/v1/rollouts/before", params={"wait": 10}).json()
+    assert got["state"] == "done"
+    gated = {
+        "instance": {"data_source": "gated", "gate": str(tmp_path / "never")},
+        "job_id": "lost",
+    }
+    httpx.post(f"{server.url}/v1/rollouts", json=gated)
+    wait_for_state(server.url, "lost", "run")
+    server.proc.kill()
+    server.proc.wait()
+
+    again = start_server(db)
+    lost = httpx.get(f"{again.url}/v1/rollouts/lost").json()
+    kept = httpx.get(f"{again.url}/v1/rollouts/before").json()
+    assert lost["state"] == "failed"
+    assert lost["result"]["error"]["type"] == "server_restart"
+    assert lost["result"]["stage_failed"] == "run"
+    assert kept["result"] == got["result"]
+
+
+def test_submit_file_then_export(start_server: Any, tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    server = start_server(db)
+    tasks = tmp_path / "tasks.jsonl"
+    instances = generate_instances(6, seed=4)
+    lines = [json.dumps(i) for i in instances[:5]]
+    lines.append(json.dumps({"instance": instances[5], "job_id": "full-request"}))
+    tasks.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "results.jsonl"
+    raas = [sys.executable, "-m", "raas"]
+    run = subprocess.run(
+        [*raas, "submit", server.url, str(tasks), "--out", str(out),
+         "--sampling-params", '{"temperature": 0.0}'],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "6 results" in run.stdout and "done 6" in run.stdout
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["instance_id"] for r in results] == [i["instance_id"] for i in instances]
+    assert all(r["reward"] == 1.0 for r in results)
+    assert results[5]["job_id"] == "full-request"
+    assert server.stop() == 0
+
+    jsonl = tmp_path / "export.jsonl"
+    exported = subprocess.run(
+        [*raas, "export", "--db", str(db), "--format", "jsonl", "--out", str(jsonl)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(json.loads(x)["job_id"] for x in jsonl.read_text().splitlines()) == sorted(
+        r["job_id"] for r in results
+    )
+    parquet = tmp_path / "export.parquet"
+    subprocess.run(
+        [*raas, "export", "--db", str(db), "--format", "parquet", "--out", str(parquet)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet)
+    assert table.num_rows == 6
+    assert set(table.column("state").to_pylist()) == {"done"}
+    assert table.column("reward").to_pylist() == [1.0] * 6
+
+
+def test_submit_reports_a_bad_line(tmp_path: Path) -> None:
+    tasks = tmp_path / "bad.jsonl"
+    tasks.write_text('{"data_source": "countdown"}\n{"instance": {"numbers": [1]}}\n')
+    run = subprocess.run(
+        [sys.executable, "-m", "raas", "submit", "http://127.0.0.1:9", str(tasks)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "bad.jsonl:2: instance" in run.stderr and "data_source" in run.stderr
