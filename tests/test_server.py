@@ -153,6 +153,12 @@ def test_submit_file_then_export(start_server: Any, tmp_path: Path) -> None:
     assert [r["instance_id"] for r in results] == [i["instance_id"] for i in instances]
     assert all(r["reward"] == 1.0 for r in results)
     assert results[5]["job_id"] == "full-request"
+    status = subprocess.run(
+        [*raas, "status", server.url], capture_output=True, text=True, timeout=60
+    )
+    assert status.returncode == 0, status.stderr
+    assert "accepting" in status.stdout and "done 6" in status.stdout
+    assert "gated" in status.stdout  # the plugin's task is listed
     assert server.stop() == 0
 
     jsonl = tmp_path / "export.jsonl"

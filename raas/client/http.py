@@ -41,6 +41,7 @@ class AsyncRolloutClient:
         timeout_s: float = 30.0,
         max_connections: int = 128,
         overload_wait_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -48,6 +49,7 @@ class AsyncRolloutClient:
             headers=headers,
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=max_connections),
+            transport=transport,
         )
         self.timeout_s = timeout_s
         self.overload_wait_s = overload_wait_s
