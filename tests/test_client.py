@@ -78,5 +78,5 @@ def test_read_requests_merges_sampling_params(tmp_path: Path) -> None:
     assert a.sampling_params == {"seed": 1, "temperature": 0.5} and a.timeout_s == 9
     assert b.sampling_params == {"seed": 3, "temperature": 0.5}
     f.write_text("[1, 2]\n")
-    with pytest.raises(TaskFileError, match="t.jsonl:1: expected a JSON object"):
+    with pytest.raises(TaskFileError, match=r"t\.jsonl:1: expected a JSON object"):
         read_requests(f)
