@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench-pipeline clean
+.PHONY: demo test lint typecheck unit bench-pipeline bench-tools system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,10 +12,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+system-deps:
+	scripts/install-system-deps.sh
+
+demo: $(STAMP) system-deps
 	$(BIN)/raas demo
 
-test: $(STAMP) lint typecheck unit
+test: $(STAMP) system-deps lint typecheck unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check raas tests benchmarks
@@ -23,12 +26,17 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	# The in-sandbox action server on its own: it imports its siblings as top-level modules.
+	MYPYPATH=raas/sandbox/inside $(BIN)/mypy --strict --python-version 3.10 raas/sandbox/inside/server.py
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
 bench-pipeline: $(STAMP)
 	$(BIN)/raas bench pipeline
+
+bench-tools: $(STAMP) system-deps
+	$(BIN)/raas bench tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,220 @@
+"""The Sandbox: one abstract runtime, one subclass per provider (bwrap, local; apptainer later).
+
+A provider only knows how to launch the action server in its isolation and how to tear it all
+down; the tools (bash, ipython, editor, files) are the same everywhere and go through the action
+server's socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from raas.sandbox.client import ActionClient, BashResult, IPythonResult, SandboxError
+from raas.sandbox.config import BwrapConfig, LocalConfig
+
+INSIDE_DIR = Path(__file__).resolve().parent / "inside"
+READY = b"RAAS-ACTION-SERVER-READY"
+SOCKET_NAME = "a.sock"
+
+log = logging.getLogger(__name__)
+
+
+def runtime_root() -> Path:
+    """Where sandboxes keep their sockets: short paths (a Unix socket path has ~100 bytes)."""
+    root = Path(os.environ.get("RAAS_SANDBOX_DIR") or tempfile.gettempdir()) / f"raas-{os.getuid()}"
+    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    return root
+
+
+class Sandbox(ABC):
+    def __init__(self, config: BwrapConfig | LocalConfig) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.id = uuid.uuid4().hex[:12]
+        self.dir = runtime_root() / self.id
+        self.client: ActionClient | None = None
+        self.process: asyncio.subprocess.Process | None = None
+        self._closed = False
+        self._close_lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / "sock" / SOCKET_NAME
+
+    def server_args(self, socket: str, scratch: str) -> list[str]:
+        """The action server's command line (run by the image's python3)."""
+        limits = self.limits
+        args = [
+            "--socket", socket,
+            "--workdir", self.config.workdir,
+            "--scratch", scratch,
+            "--timeout", str(limits.action_timeout_s),
+            "--max-output", str(limits.max_output_bytes),
+            "--file-size-bytes", str(limits.disk_bytes),
+        ]  # fmt: skip
+        if limits.memory_bytes:
+            args += ["--memory-bytes", str(limits.memory_bytes)]
+        if limits.max_processes:
+            args += ["--max-processes", str(limits.max_processes)]
+        return args
+
+    async def start(self) -> None:
+        (self.dir / "sock").mkdir(parents=True, exist_ok=True)
+        try:
+            self.process = await self._launch()
+            await self._wait_ready(self.process)
+            self.client = await ActionClient.connect(self.socket_path)
+        except BaseException:
+            await self.close()
+            raise
+
+    @abstractmethod
+    async def _launch(self) -> asyncio.subprocess.Process:
+        """Start the action server in this provider's isolation; stdout must be a pipe."""
+
+    @abstractmethod
+    def host_pids(self) -> set[int]:
+        """Host PIDs of every process of this sandbox (empty once it is closed)."""
+
+    async def _wait_ready(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(
+                process.stdout.readline(), timeout=self.limits.start_timeout_s
+            )
+        except TimeoutError:
+            raise SandboxError(
+                f"sandbox {self.id} did not start within {self.limits.start_timeout_s:g} s:"
+                f" {self._stderr_tail()}"
+            ) from None
+        if not line.startswith(READY):
+            raise SandboxError(f"sandbox {self.id} failed to start: {self._stderr_tail()}")
+
+    def _stderr_tail(self) -> str:
+        try:
+            text = (self.dir / "stderr.log").read_text(errors="replace").strip()
+        except OSError:
+            return "no error output"
+        return text[-2000:] or "no error output"
+
+    async def close(self) -> None:
+        """Kill every process of this sandbox, remove its socket and files. Idempotent."""
+        async with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.client is not None:
+                await self.client.close()
+            try:
+                await self._terminate()
+            finally:
+                await asyncio.to_thread(shutil.rmtree, self.dir, True)
+
+    @abstractmethod
+    async def _terminate(self) -> None:
+        """Kill the sandbox's whole process tree and nothing else."""
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> Sandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- tools -----------------------------------------------------------------------------------
+
+    def _client(self) -> ActionClient:
+        if self.client is None or self._closed:
+            raise SandboxError(f"sandbox {self.id} is not running")
+        return self.client
+
+    async def call(self, action: str, **args: Any) -> dict[str, Any]:
+        return await self._client().call(action, **args)
+
+    async def bash(self, command: str, timeout_s: float | None = None) -> BashResult:
+        result = await self.call(
+            "bash", command=command, timeout_s=timeout_s or self.limits.action_timeout_s
+        )
+        return BashResult(**result)
+
+    async def ipython(self, code: str, timeout_s: float | None = None) -> IPythonResult:
+        result = await self.call(
+            "ipython", code=code, timeout_s=timeout_s or self.limits.action_timeout_s
+        )
+        return IPythonResult(**result)
+
+    async def editor(self, command: str, path: str, **args: Any) -> str:
+        result = await self.call("editor", command=command, path=path, **args)
+        return str(result["output"])
+
+    async def read_file(self, path: str) -> bytes:
+        result = await self.call("read_file", path=path)
+        if result["encoding"] == "base64":
+            return base64.b64decode(result["content"])
+        return str(result["content"]).encode()
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        await self.call(
+            "write_file",
+            path=path,
+            content=base64.b64encode(raw).decode(),
+            encoding="base64",
+            mode=mode,
+        )
+
+    async def upload(self, source: Path, dest: str) -> None:
+        """Copy a host file or directory into the sandbox, to ``dest`` (a directory)."""
+        data = await asyncio.to_thread(_tar, source)
+        await self.call("upload", dest=dest, tar_b64=base64.b64encode(data).decode())
+
+    async def download(self, path: str, dest: Path) -> None:
+        """Copy a sandbox file or directory into the host directory ``dest``."""
+        result = await self.call("download", path=path)
+        await asyncio.to_thread(_untar, base64.b64decode(result["tar_b64"]), dest)
+
+
+def _tar(source: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(source, arcname=source.name)
+    return buf.getvalue()
+
+
+def _untar(data: bytes, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def warn_unisolated() -> None:
+    message = (
+        "raas: the 'local' sandbox provider has NO isolation: agent commands run as this user,"
+        " with this machine's files and network. Use it for development only."
+    )
+    log.warning(message)
+    print(message, file=sys.stderr)

@@ -1,0 +1,119 @@
+"""The host side of the action-server protocol: one connection per sandbox, typed and async."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROTOCOL = 1
+MAX_MESSAGE = 512 * 1024 * 1024
+
+
+class SandboxError(Exception):
+    """The sandbox or its action server failed (not the agent's mistake)."""
+
+
+class ToolError(Exception):
+    """The action was refused or went wrong in a way the agent should hear about.
+
+    ``kind`` is the server's error type (``ToolError``, ``BadRequest``, ``KernelUnavailable``...).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class BashResult:
+    output: str
+    exit_code: int
+    timed_out: bool
+    output_cut_bytes: int
+    shell_restarted: bool = False
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class IPythonResult:
+    stdout: str
+    result: str | None
+    error: dict[str, str] | None
+    timed_out: bool
+    kernel_restarted: bool = False
+
+
+class ActionClient:
+    """Requests over one Unix-socket connection; several may be in flight at once."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reading: asyncio.Task[None] | None = None
+        self.hello: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(cls, socket_path: Path) -> ActionClient:
+        reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=MAX_MESSAGE)
+        client = cls(reader, writer)
+        line = await reader.readline()
+        hello = json.loads(line).get("hello") if line else None
+        if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
+            writer.close()
+            raise SandboxError(f"the action server spoke an unknown protocol: {line[:200]!r}")
+        client.hello = hello
+        client._reading = asyncio.create_task(client._read_answers())
+        return client
+
+    async def _read_answers(self) -> None:
+        error: Exception = SandboxError("the action server closed the connection")
+        try:
+            while line := await self._reader.readline():
+                answer = json.loads(line)
+                future = self._pending.pop(answer.get("id"), None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+        except (ConnectionError, ValueError) as e:
+            error = SandboxError(f"lost the action server: {e}")
+        finally:  # also when cancelled by close(): nobody may wait forever
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+            self._pending.clear()
+
+    async def call(self, action: str, **args: Any) -> dict[str, Any]:
+        """Run one action: ToolError if it was refused, SandboxError if the server is gone."""
+        if self._reading is None or self._reading.done():
+            raise SandboxError("the action server connection is closed")
+        req_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = future
+        message = json.dumps({"id": req_id, "action": action, "args": args}).encode() + b"\n"
+        try:
+            self._writer.write(message)
+            await self._writer.drain()
+        except ConnectionError as e:
+            self._pending.pop(req_id, None)
+            raise SandboxError(f"lost the action server: {e}") from e
+        answer = await future
+        if not answer.get("ok"):
+            err = answer.get("error") or {}
+            raise ToolError(str(err.get("type", "Error")), str(err.get("message", "")))
+        result: dict[str, Any] = answer.get("result") or {}
+        return result
+
+    async def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()

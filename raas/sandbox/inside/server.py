@@ -1,0 +1,237 @@
+"""The action server: the first process in a sandbox, serving tools over a Unix socket.
+
+Protocol 1, JSON lines. On connect the server sends ``{"hello": {"protocol": 1, ...}}``. Each
+request is ``{"id": N, "action": NAME, "args": {...}}``; each answer is ``{"id": N, "ok": true,
+"result": {...}}`` or ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. Requests
+on one connection may overlap; bash and ipython each run one command at a time.
+
+Standard library only, Python 3.8+: the image's own python3 runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+from typing import Any, Callable
+
+from editor import Editor, ToolError
+from files import download, read_file, upload, write_file
+from pyrepl import IPythonSession, KernelUnavailable
+from shell import Shell
+
+PROTOCOL = 1
+READY = "RAAS-ACTION-SERVER-READY"
+MAX_MESSAGE = 512 * 1024 * 1024
+
+
+class BadRequest(Exception):
+    pass
+
+
+class ActionServer:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": args.workdir,
+            "TERM": "dumb",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PAGER": "cat",
+            "GIT_PAGER": "cat",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.shell = Shell(args.workdir, env, args.scratch)
+        self.editor = Editor(args.workdir)
+        self.ipython = IPythonSession(args.workdir, args.scratch)
+        self.actions: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "ping": self.ping,
+            "bash": self.bash,
+            "ipython": self.run_ipython,
+            "editor": self.edit,
+            "read_file": self.read,
+            "write_file": self.write,
+            "upload": self.upload,
+            "download": self.download,
+        }
+
+    def path(self, value: Any, name: str = "path") -> str:
+        if not isinstance(value, str) or not value:
+            raise BadRequest(f"{name} must be a non-empty string")
+        return self.editor.resolve(value)
+
+    async def ping(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"pong": True}
+
+    async def bash(self, args: dict[str, Any]) -> dict[str, Any]:
+        command = args.get("command")
+        if not isinstance(command, str):
+            raise BadRequest("command must be a string")
+        timeout = float(args.get("timeout_s") or self.args.timeout)
+        max_output = int(args.get("max_output") or self.args.max_output)
+        return await self.shell.run(command, timeout, max_output)
+
+    async def run_ipython(self, args: dict[str, Any]) -> dict[str, Any]:
+        code = args.get("code")
+        if not isinstance(code, str):
+            raise BadRequest("code must be a string")
+        return await self.ipython.run(code, float(args.get("timeout_s") or self.args.timeout))
+
+    async def edit(self, args: dict[str, Any]) -> dict[str, Any]:
+        args = dict(args)
+        command, path = args.pop("command", None), args.pop("path", None)
+        if not isinstance(command, str):
+            raise BadRequest("command must be a string")
+        if not isinstance(path, str):
+            raise BadRequest("path must be a string")
+        output = await self._in_thread(self.editor.run, command, path, **args)
+        return {"output": output}
+
+    async def read(self, args: dict[str, Any]) -> Any:
+        limit = int(args.get("max_bytes") or self.args.max_file)
+        return await self._in_thread(read_file, self.path(args.get("path")), limit)
+
+    async def write(self, args: dict[str, Any]) -> Any:
+        content = args.get("content")
+        if not isinstance(content, str):
+            raise BadRequest("content must be a string")
+        return await self._in_thread(
+            write_file,
+            self.path(args.get("path")),
+            content,
+            args.get("encoding", "utf-8"),
+            int(args.get("mode", 0o644)),
+        )
+
+    async def upload(self, args: dict[str, Any]) -> Any:
+        return await self._in_thread(
+            upload, self.path(args.get("dest"), "dest"), args.get("tar_b64", "")
+        )
+
+    async def download(self, args: dict[str, Any]) -> Any:
+        return await self._in_thread(download, self.path(args.get("path")))
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+
+    async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        req_id = request.get("id")
+        action = self.actions.get(str(request.get("action")))
+        try:
+            if action is None:
+                raise BadRequest(
+                    "unknown action {!r} (have: {})".format(
+                        request.get("action"), ", ".join(sorted(self.actions))
+                    )
+                )
+            args = request.get("args") or {}
+            if not isinstance(args, dict):
+                raise BadRequest("args must be an object")
+            result = await action(args)
+            return {"id": req_id, "ok": True, "result": result}
+        except (ToolError, KernelUnavailable, BadRequest) as e:
+            return {
+                "id": req_id,
+                "ok": False,
+                "error": {"type": type(e).__name__, "message": str(e)},
+            }
+        except TypeError as e:  # unexpected or missing arguments
+            return {"id": req_id, "ok": False, "error": {"type": "BadRequest", "message": str(e)}}
+        except Exception as e:
+            return {
+                "id": req_id,
+                "ok": False,
+                "error": {"type": type(e).__name__, "message": str(e)},
+            }
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        lock = asyncio.Lock()
+
+        async def send(message: dict[str, Any]) -> None:
+            async with lock:
+                writer.write(json.dumps(message).encode() + b"\n")
+                await writer.drain()
+
+        async def handle(line: bytes) -> None:
+            try:
+                request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError("a request is a JSON object")
+            except ValueError as e:
+                await send(
+                    {"id": None, "ok": False, "error": {"type": "BadRequest", "message": str(e)}}
+                )
+                return
+            await send(await self.answer(request))
+
+        hello = {"protocol": PROTOCOL, "python": sys.version.split()[0], "pid": os.getpid()}
+        await send({"hello": hello})
+        tasks = set()
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                task = asyncio.ensure_future(handle(line))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            writer.close()
+
+    async def serve(self) -> None:
+        await self.shell.start()
+        server = await asyncio.start_unix_server(
+            self.connection, path=self.args.socket, limit=MAX_MESSAGE
+        )
+        os.chmod(self.args.socket, 0o600)
+        print(READY, flush=True)
+        async with server:
+            await server.serve_forever()
+
+
+def apply_limits(args: argparse.Namespace) -> None:
+    limits = [
+        (resource.RLIMIT_AS, args.memory_bytes),
+        (resource.RLIMIT_NPROC, args.max_processes),
+        (resource.RLIMIT_FSIZE, args.file_size_bytes),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    for kind, value in limits:
+        if (value is not None and value > 0) or kind == resource.RLIMIT_CORE:
+            resource.setrlimit(kind, (value, value))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="raas action server (runs inside a sandbox)")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--workdir", default="/workspace")
+    parser.add_argument("--scratch", default="/tmp")
+    parser.add_argument("--timeout", type=float, default=120.0, help="default seconds per action")
+    parser.add_argument("--max-output", type=int, default=64 * 1024)
+    parser.add_argument("--max-file", type=int, default=64 * 1024 * 1024)
+    parser.add_argument("--memory-bytes", type=int, default=None)
+    parser.add_argument("--max-processes", type=int, default=None)
+    parser.add_argument("--file-size-bytes", type=int, default=None)
+    args = parser.parse_args(argv)
+    os.makedirs(args.workdir, exist_ok=True)
+    os.chdir(args.workdir)
+    apply_limits(args)
+    server = ActionServer(args)
+    try:
+        asyncio.run(server.serve())
+    finally:
+        server.shell.close()
+        server.ipython.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The local provider: the action server as a plain subprocess. No isolation; development only."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from raas.sandbox import procs
+from raas.sandbox.base import INSIDE_DIR, Sandbox, warn_unisolated
+from raas.sandbox.config import LocalConfig
+
+
+class LocalSandbox(Sandbox):
+    config: LocalConfig
+
+    def __init__(self, config: LocalConfig) -> None:
+        super().__init__(config)
+        # Paths inside are host paths here: keep the workspace in the sandbox's own directory.
+        self.config = config.model_copy(update={"workdir": str(self.dir / "workspace")})
+
+    async def _launch(self) -> asyncio.subprocess.Process:
+        warn_unisolated()
+        (self.dir / "workspace").mkdir(parents=True, exist_ok=True)
+        (self.dir / "tmp").mkdir(exist_ok=True)
+        args = self.server_args(str(self.socket_path), str(self.dir / "tmp"))
+        with open(self.dir / "stderr.log", "wb") as stderr:  # noqa: ASYNC230 - a local tmp file
+            return await asyncio.create_subprocess_exec(
+                self.config.python,
+                "-s",
+                str(INSIDE_DIR / "server.py"),
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+            )
+
+    def host_pids(self) -> set[int]:
+        if self.process is None or self.closed or self.process.returncode is not None:
+            return set()
+        return {self.process.pid} | procs.descendants(self.process.pid)
+
+    async def _terminate(self) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        members = {process.pid} | procs.descendants(process.pid)
+        procs.kill(members - {process.pid})
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+        await asyncio.to_thread(procs.wait_gone, members, 10.0)

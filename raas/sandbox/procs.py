@@ -1,0 +1,99 @@
+"""Finding and killing a sandbox's processes on the host, by PID namespace or by ancestry.
+
+Never by name: only processes that provably belong to one sandbox are touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+
+
+def pid_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def children_of(pid: int) -> list[int]:
+    return [p for p in _pids() if parent_of(p) == pid]
+
+
+def command_line(pid: int) -> str:
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def in_namespace(ns: int) -> set[int]:
+    """Host PIDs of every process in the PID namespace ``ns``."""
+    return {p for p in _pids() if pid_namespace(p) == ns}
+
+
+def descendants(root: int) -> set[int]:
+    parents = {p: parent_of(p) for p in _pids()}
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def kill(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def empty_namespace(ns: int, timeout_s: float) -> set[int]:
+    """SIGKILL everything in PID namespace ``ns`` until nothing in it is alive (or the timeout).
+
+    Returns the survivors. Looping matters: a fork bomb may fork between listing and killing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        members = {p for p in in_namespace(ns) if alive(p)}
+        if not members or time.monotonic() >= deadline:
+            return members
+        kill(members)
+        wait_gone(members, max(deadline - time.monotonic(), 0.0))
+
+
+def wait_gone(pids: set[int], timeout_s: float) -> set[int]:
+    """Block until none of ``pids`` is alive, or the timeout; returns the survivors."""
+    deadline = time.monotonic() + timeout_s
+    left = {p for p in pids if alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.002)
+        left = {p for p in left if alive(p)}
+    return left

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The Debian packages raas needs on the host: bubblewrap (sandboxes), tmux (the tool-latency
+# baseline in `raas bench tools`), and IPython for the host-/usr sandboxes' python3.
+set -euo pipefail
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v tmux >/dev/null || missing+=(tmux)
+/usr/bin/python3 -c 'import ipykernel, jupyter_client' 2>/dev/null \
+    || missing+=(python3-ipykernel python3-jupyter-client)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "raas needs these Debian packages: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+fi
+echo "installing ${missing[*]}" >&2
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

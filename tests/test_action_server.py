@@ -1,0 +1,53 @@
+"""The in-sandbox action server stands alone: standard library only, Python 3.8 syntax."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raas.sandbox.base import INSIDE_DIR
+
+sys.path.insert(0, str(INSIDE_DIR))
+from outbuf import OutputBuffer
+
+FILES = sorted(INSIDE_DIR.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_parses_as_python_3_8(path: Path) -> None:
+    ast.parse(path.read_text(), feature_version=(3, 8))
+
+
+def test_imports_only_the_standard_library() -> None:
+    """Import the server under -X dev and list every module it pulled in that is not stdlib."""
+    probe = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); before = set(sys.modules);"
+        " import server;"
+        " own = {p.stem for p in __import__('pathlib').Path(sys.argv[1]).glob('*.py')};"
+        " new = {m.split('.')[0] for m in set(sys.modules) - before} - own;"
+        " print(json.dumps(sorted(m for m in new if m not in sys.stdlib_module_names)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-X", "dev", "-I", "-c", probe, str(INSIDE_DIR)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout) == []
+    assert "Warning" not in out.stderr
+
+
+def test_output_buffer_keeps_head_and_tail_exactly() -> None:
+    buf = OutputBuffer(max_bytes=10)
+    data = b"".join(bytes([65 + i % 26]) for i in range(10_000))
+    for i in range(0, len(data), 7):
+        buf.feed(data[i : i + 7])
+    text, cut = buf.text()
+    assert cut == len(data) - 10
+    assert text.startswith(data[:5].decode()) and text.endswith(data[-5:].decode())
+    small = OutputBuffer(max_bytes=100)
+    small.feed(b"hello\nmarker")
+    assert small.text(cut_at_end=len(b"\nmarker")) == ("hello", 0)

@@ -1,0 +1,258 @@
+"""Real bubblewrap sandboxes: tools, limits, isolation, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from raas.sandbox import (
+    BwrapConfig,
+    LocalConfig,
+    Sandbox,
+    SandboxLimits,
+    SandboxPool,
+    ToolError,
+    create_sandbox,
+    procs,
+)
+
+MiB = 1024 * 1024
+LIMITS = SandboxLimits(
+    action_timeout_s=30,
+    max_output_bytes=8192,
+    memory_bytes=1024 * MiB,
+    max_processes=64,
+    disk_bytes=64 * MiB,
+)
+
+
+def host_processes() -> set[int]:
+    return {
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and procs.alive(int(p.name))
+    }
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    sb = create_sandbox(BwrapConfig(limits=LIMITS))
+    await sb.start()
+    yield sb
+    await sb.close()
+
+
+async def test_shell_state_persists_between_calls(sandbox: Sandbox) -> None:
+    await sandbox.bash("mkdir -p /tmp/deep/er && cd /tmp/deep/er && export GREETING=hello")
+    await sandbox.bash('remember() { echo "remembered $1"; }; sleep 300 &')
+    state = await sandbox.bash("pwd; echo $GREETING; remember it; jobs | wc -l")
+    assert state.output == "/tmp/deep/er\nhello\nremembered it\n1\n"
+    assert (await sandbox.bash("exit_with() { return $1; }; exit_with 7")).exit_code == 7
+
+
+async def test_a_command_that_never_ends_is_interrupted_and_the_shell_lives(
+    sandbox: Sandbox,
+) -> None:
+    await sandbox.bash("export KEPT=yes")
+    slow = await sandbox.bash("echo started; sleep 1000; echo never", timeout_s=0.5)
+    assert slow.timed_out and "started" in slow.output and "never" not in slow.output
+    assert slow.exit_code == 130
+    stubborn = await sandbox.bash("bash -c \"trap '' INT; sleep 1000\"", timeout_s=0.3)
+    assert stubborn.timed_out and stubborn.exit_code == 137  # SIGINT ignored: SIGKILL
+    after = await sandbox.bash("echo $KEPT")
+    assert after.output == "yes\n" and not after.timed_out and not after.shell_restarted
+
+
+async def test_huge_output_is_cut_keeping_head_and_tail(sandbox: Sandbox) -> None:
+    result = await sandbox.bash("seq 1 200000")
+    total = len("\n".join(str(i) for i in range(1, 200001))) + 1
+    assert result.exit_code == 0
+    assert result.output.startswith("1\n2\n3\n")
+    assert result.output.endswith("199999\n200000\n")
+    assert result.output_cut_bytes == total - 8192
+    assert f"[... {total - 8192} bytes of output cut" in result.output
+    assert len(result.output) < 8192 + 200
+
+
+async def test_exit_restarts_the_shell_and_says_so(sandbox: Sandbox) -> None:
+    await sandbox.bash("export GONE=1")
+    result = await sandbox.bash("exit 3")
+    assert result.shell_restarted and result.note is not None
+    after = await sandbox.bash("echo ${GONE:-unset}")
+    assert after.output == "unset\n"
+
+
+async def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
+    before = host_processes()
+    await sandbox.bash(":(){ :|:& };:", timeout_s=3)
+    assert len(sandbox.host_pids()) <= LIMITS.max_processes  # the limit held
+    assert "alive" in (await sandbox.bash("echo alive", timeout_s=10)).output
+    await sandbox.close()
+    assert host_processes() - before == set()
+
+
+async def test_memory_hog_is_stopped(sandbox: Sandbox) -> None:
+    hog = await sandbox.bash("python3 -c 'x = bytearray(4 * 1024**3); print(\"got it\")'")
+    assert hog.exit_code != 0 and "MemoryError" in hog.output
+    assert (await sandbox.bash("echo fine")).output == "fine\n"
+
+
+async def test_workspace_disk_is_capped(sandbox: Sandbox) -> None:
+    one_file = await sandbox.bash("head -c 100M /dev/zero > /workspace/big")
+    assert "File size limit exceeded" in one_file.output  # no file larger than the disk
+    many = await sandbox.bash("for i in 1 2 3; do head -c 30M /dev/zero > /workspace/f$i; done")
+    assert "No space left on device" in many.output
+    size, used = (
+        await sandbox.bash("df -B1 --output=size,used /workspace | tail -1")
+    ).output.split()
+    assert int(size) == 64 * MiB and int(used) <= int(size)
+
+
+async def test_no_network_and_no_host_files(sandbox: Sandbox, tmp_path: Path) -> None:
+    marker = Path.home() / f"raas-marker-{os.getpid()}"
+    marker.write_text("secret")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        interfaces = await sandbox.bash("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        assert interfaces.output == "lo\n"
+        connect = await sandbox.bash(
+            f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'"
+        )
+        assert connect.exit_code != 0 and "ConnectionRefused" in connect.output
+        read = await sandbox.bash(f"cat {marker}; ls {Path.home()} {Path.cwd()} {tmp_path}")
+        assert "secret" not in read.output and read.exit_code != 0
+        assert "No such file or directory" in read.output
+    finally:
+        marker.unlink()
+        listener.close()
+
+
+async def test_close_kills_every_process_of_that_sandbox_and_no_other() -> None:
+    config = BwrapConfig(limits=LIMITS)
+    a, b = create_sandbox(config), create_sandbox(config)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        for sb in (a, b):
+            await sb.bash("sleep 1000 & (setsid sleep 1001 &) ; nohup sleep 1002 >/dev/null 2>&1 &")
+        a_pids, b_pids = a.host_pids(), b.host_pids()
+        assert len(a_pids) >= 5 and len(b_pids) >= 5 and not a_pids & b_pids
+        await a.close()
+        await a.close()  # idempotent
+        assert not any(procs.alive(p) for p in a_pids)
+        assert all(procs.alive(p) for p in b_pids)
+        assert not a.dir.exists() and b.socket_path.exists()
+        assert (await b.bash("echo b lives")).output == "b lives\n"
+    finally:
+        await b.close()
+    assert not any(procs.alive(p) for p in b_pids)
+
+
+async def test_editor(sandbox: Sandbox) -> None:
+    await sandbox.editor("create", "pkg/mod.py", file_text="a = 1\nb = 2\na = 1\n")
+    with pytest.raises(ToolError, match="already exists"):
+        await sandbox.editor("create", "pkg/mod.py", file_text="")
+    with pytest.raises(ToolError, match=r"occurs 2 times .* \(at lines 1, 3\)"):
+        await sandbox.editor("str_replace", "pkg/mod.py", old_str="a = 1", new_str="c = 3")
+    with pytest.raises(ToolError, match="does not occur"):
+        await sandbox.editor("str_replace", "pkg/mod.py", old_str="zzz", new_str="")
+    out = await sandbox.editor("str_replace", "pkg/mod.py", old_str="b = 2", new_str="b = 20")
+    assert "2\tb = 20" in out
+    await sandbox.editor("insert", "pkg/mod.py", insert_line=0, new_str="# top")
+    view = await sandbox.editor("view", "pkg/mod.py", view_range=[1, 2])
+    assert view == "1\t# top\n2\ta = 1"
+    await sandbox.editor("undo_edit", "pkg/mod.py")
+    await sandbox.editor("undo_edit", "pkg/mod.py")
+    assert await sandbox.read_file("/workspace/pkg/mod.py") == b"a = 1\nb = 2\na = 1\n"
+    listing = await sandbox.editor("view", "/workspace")
+    assert "/workspace/pkg/mod.py" in listing
+
+
+async def test_files_upload_download(sandbox: Sandbox, tmp_path: Path) -> None:
+    src = tmp_path / "repo"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "data.bin").write_bytes(bytes(range(256)))
+    (src / "README").write_text("hello")
+    await sandbox.upload(src, "/workspace")
+    listing = await sandbox.bash("cd /workspace/repo && find . -type f | sort")
+    assert listing.output == "./README\n./sub/data.bin\n"
+    await sandbox.write_file("/workspace/repo/new.txt", "made inside")
+    out = tmp_path / "back"
+    await sandbox.download("/workspace/repo", out)
+    assert (out / "repo" / "sub" / "data.bin").read_bytes() == bytes(range(256))
+    assert (out / "repo" / "new.txt").read_text() == "made inside"
+    assert await sandbox.read_file("/workspace/repo/sub/data.bin") == bytes(range(256))
+
+
+async def test_ipython_keeps_state_and_reports_tracebacks(sandbox: Sandbox) -> None:
+    first = await sandbox.ipython("import math\nx = 6 * 7\nprint('side')\nx")
+    assert first.result == "42" and first.stdout == "side\n" and first.error is None
+    second = await sandbox.ipython("math.sqrt(x * x)")
+    assert second.result == "42.0"
+    boom = await sandbox.ipython("def f():\n    return 1 / 0\nf()")
+    assert boom.error is not None and boom.error["ename"] == "ZeroDivisionError"
+    assert "return 1 / 0" in boom.error["traceback"]
+    slow = await sandbox.ipython("import time\ntime.sleep(100)", timeout_s=1)
+    assert slow.timed_out and slow.error is not None
+    assert (await sandbox.ipython("x")).result == "42"  # interrupted, not restarted
+
+
+async def test_fifty_concurrent_sandboxes_stay_isolated() -> None:
+    config = BwrapConfig(limits=LIMITS)
+    sandboxes = [create_sandbox(config) for _ in range(50)]
+    await asyncio.gather(*(sb.start() for sb in sandboxes))
+    try:
+        await asyncio.gather(
+            *(
+                sb.bash(f"echo {i} > /workspace/mine; echo {i} > /tmp/mine")
+                for i, sb in enumerate(sandboxes)
+            )
+        )
+        seen = await asyncio.gather(
+            *(sb.bash("cat /workspace/mine /tmp/mine; ls /workspace /tmp") for sb in sandboxes)
+        )
+        for i, result in enumerate(seen):  # each sees its own files and no one else's
+            assert result.output.split() == [str(i), str(i), "/tmp:", "mine", "/workspace:", "mine"]
+        all_pids = [sb.host_pids() for sb in sandboxes]
+        assert sum(len(p) for p in all_pids) == len(set().union(*all_pids))
+    finally:
+        await asyncio.gather(*(sb.close() for sb in sandboxes))
+    assert all(sb.host_pids() == set() for sb in sandboxes)
+
+
+async def test_warm_pool_hands_out_started_sandboxes_and_refills() -> None:
+    pool = SandboxPool(BwrapConfig(limits=LIMITS), size=2)
+    pool.fill()
+    await pool.wait_filled()
+    assert pool.ready == 2
+    sb = await pool.acquire()
+    try:
+        assert (await sb.bash("echo warm")).output == "warm\n"
+        await pool.wait_filled()
+        assert pool.ready == 2
+    finally:
+        await sb.close()
+        await pool.close()
+    assert pool.ready == 0
+
+
+async def test_local_provider_warns_loudly(capfd: pytest.CaptureFixture[str]) -> None:
+    async with create_sandbox(LocalConfig(limits=LIMITS)) as sb:
+        assert (await sb.bash("echo local")).output == "local\n"
+        pids = sb.host_pids()
+    assert "NO isolation" in capfd.readouterr().err
+    assert not any(procs.alive(p) for p in pids)
+
+
+async def test_a_missing_image_is_a_clear_error(tmp_path: Path) -> None:
+    sb = create_sandbox(BwrapConfig(image=tmp_path / "nope", limits=LIMITS))
+    with pytest.raises(Exception, match="is not a directory"):
+        await sb.start()
+    assert sb.closed and not sb.dir.exists()
