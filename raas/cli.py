@@ -80,6 +80,19 @@ def main() -> None:
 )
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY' on every route but /healthz.")
 @click.option(
+    "--llm",
+    multiple=True,
+    help="An inference server to register at start (repeatable; RAAS_LLM: comma-separated).",
+)
+@click.option(
+    "--llm-protocol",
+    type=click.Choice(["vllm", "sglang", "verl"]),
+    help="Protocol of --llm and /add_llm_server servers.  [default: vllm]",
+)
+@click.option(
+    "--llm-capacity", type=int, help="Sessions each --llm server is sized for.  [default: 8]"
+)
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="[default: info]"
 )
 def serve(config_file: Path | None, **options: Any) -> None:

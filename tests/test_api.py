@@ -220,6 +220,23 @@ async def test_status_metrics_health_and_openapi(client: Client, probe: ProbeTas
     assert {"/v1/rollouts", "/v1/rollouts:batch", "/process"} <= set(spec["paths"])
 
 
+async def test_backend_routes(client: Client) -> None:
+    async with client(llm=["http://127.0.0.1:9/v1"], llm_protocol="sglang") as http:
+        (first,) = (await http.get("/v1/backends")).json()
+        assert first["url"] == "http://127.0.0.1:9" and first["protocol"] == "sglang"
+        r = await http.post(
+            "/v1/backends", json={"url": "http://10.0.0.2:8000", "protocol": "verl", "capacity": 4}
+        )
+        assert r.status_code == 201 and r.json()["capacity"] == 4 and r.json()["sessions"] == 0
+        bad = await http.post("/v1/backends", json={"url": "x", "protocol": "tgi"})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "protocol"]
+        assert (await http.delete(f"/v1/backends/{first['id']}")).status_code == 204
+        assert (await http.delete(f"/v1/backends/{first['id']}")).status_code == 404
+        assert [b["url"] for b in (await http.get("/v1/backends")).json()] == [
+            "http://10.0.0.2:8000"
+        ]
+
+
 async def test_api_key(client: Client) -> None:
     async with client(api_key="s3cret") as http:
         assert (await http.get("/healthz")).status_code == 200
@@ -250,7 +267,9 @@ async def test_prorl_compatible_routes(client: Client, probe: ProbeTask) -> None
         ]
         await http.post("/add_llm_server", json={"address": "http://gpu2:8000/v1"})
         status = (await http.get("/status")).json()
-        assert status["llm_servers"] == ["http://gpu1:8000/v1", "http://gpu2:8000/v1"]
+        assert status["llm_servers"] == ["http://gpu1:8000", "http://gpu2:8000"]
+        listed = (await http.get("/v1/backends")).json()
+        assert [b["protocol"] for b in listed] == ["vllm", "vllm"]
         await http.post("/clear_llm_server")
         assert (await http.get("/status")).json()["llm_servers"] == []
 

@@ -12,9 +12,10 @@ import raas
 from raas.api.auth import require_api_key
 from raas.api.errors import install_error_handlers
 from raas.api.metrics import PipelineMetrics
-from raas.api.routes import prorl, rollouts, system
+from raas.api.routes import backends, prorl, rollouts, system
 from raas.api.settings import ServeSettings
 from raas.api.state import ServiceState
+from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
@@ -33,13 +34,18 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         metrics = PipelineMetrics()
         pipeline = Pipeline(tasks, store, settings.pipeline_config(), observers=[metrics])
         metrics.watch(pipeline)
-        app.state.service = ServiceState(settings, pipeline, metrics)
+        llm = BackendPool()
+        for address in settings.llm:
+            llm.add(address, settings.llm_protocol, settings.llm_capacity)
+        llm.start()
+        app.state.service = ServiceState(settings, pipeline, metrics, llm)
         await pipeline.start()
         log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
         try:
             yield
         finally:
             await pipeline.stop(grace_s=settings.drain_grace_s)
+            await llm.stop()
             await store.close()
             log.info("raas stopped; every result is in %s", settings.db)
 
@@ -58,5 +64,6 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
     guarded = [Depends(require_api_key)]
     app.include_router(rollouts.router, dependencies=guarded)
     app.include_router(system.router, dependencies=guarded)
+    app.include_router(backends.router, dependencies=guarded)
     app.include_router(prorl.router, dependencies=guarded)
     return app

@@ -142,8 +142,36 @@ class CancelRequest(_Strict):
     job_id: str
 
 
+BackendProtocol = Literal["vllm", "sglang", "verl"]
+
+
 class LLMServerRequest(_Strict):
     address: str = Field(min_length=1, description="Base URL of an inference server.")
+    protocol: BackendProtocol | None = Field(
+        default=None, description="Defaults to the server's --llm-protocol."
+    )
+    capacity: int | None = Field(default=None, ge=1)
+
+
+class BackendIn(_Strict):
+    url: str = Field(min_length=1, description="Base URL (a trailing /v1 is fine).")
+    protocol: BackendProtocol = "vllm"
+    capacity: int = Field(default=8, ge=1, description="Concurrent sessions it is sized for.")
+    model: str | None = Field(default=None, description="Served model name (vLLM).")
+
+
+class BackendOut(BaseModel):
+    id: str
+    url: str
+    protocol: BackendProtocol
+    capacity: int
+    model: str | None
+    healthy: bool
+    sessions: int = Field(description="Jobs pinned to it now.")
+    load: float
+    requests: int
+    failures: int
+    last_error: str | None
 
 
 class Ack(BaseModel):

@@ -6,7 +6,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +39,9 @@ class ServeSettings(BaseModel):
     cancel_grace_s: float = Field(default=5.0, ge=0)
     drain_grace_s: float = Field(default=30.0, ge=0)
     api_key: str | None = None
+    llm: list[str] = Field(default_factory=list, description="Inference servers to register.")
+    llm_protocol: Literal["vllm", "sglang", "verl"] = "vllm"
+    llm_capacity: int = Field(default=8, ge=1)
     log_level: str = "info"
 
     def pipeline_config(self) -> PipelineConfig:
@@ -82,8 +85,11 @@ def load_settings(
     for name in ServeSettings.model_fields:
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is not None:
-            values[name] = None if raw.lower() in {"", "none"} else raw
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+            if name == "llm":  # a list: comma-separated in the environment
+                values[name] = [a for a in raw.split(",") if a.strip()]
+            else:
+                values[name] = None if raw.lower() in {"", "none"} else raw
+    values.update({k: v for k, v in (overrides or {}).items() if v not in (None, ())})
     try:
         return ServeSettings(**values)
     except ValidationError as e:

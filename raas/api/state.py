@@ -8,6 +8,7 @@ from fastapi import Request
 
 from raas.api.metrics import PipelineMetrics
 from raas.api.settings import ServeSettings
+from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
 
 
@@ -16,9 +17,7 @@ class ServiceState:
     settings: ServeSettings
     pipeline: Pipeline
     metrics: PipelineMetrics
-    # Inference servers registered through /add_llm_server; the LLM backend pool takes them over
-    # once it exists.
-    llm_servers: list[str] = field(default_factory=list)
+    llm: BackendPool = field(default_factory=BackendPool)
 
 
 async def service(request: Request) -> ServiceState:

@@ -62,12 +62,16 @@ async def stop(svc: Service) -> Ack:
 
 @router.post("/add_llm_server", response_model=Ack)
 async def add_llm_server(req: LLMServerRequest, svc: Service) -> Ack:
-    if req.address not in svc.llm_servers:
-        svc.llm_servers.append(req.address)
-    return Ack(message=f"{len(svc.llm_servers)} LLM servers registered")
+    """Register an inference server in the backend pool (same as POST /v1/backends)."""
+    settings = svc.settings
+    svc.llm.add(
+        req.address, req.protocol or settings.llm_protocol, req.capacity or settings.llm_capacity
+    )
+    return Ack(message=f"{len(svc.llm.backends())} LLM servers registered")
 
 
 @router.post("/clear_llm_server", response_model=Ack)
 async def clear_llm_server(svc: Service) -> Ack:
-    svc.llm_servers.clear()
+    """Remove every backend (e.g. before a weight update); pinned jobs move on their next turn."""
+    await svc.llm.clear()
     return Ack(message="no LLM servers registered")

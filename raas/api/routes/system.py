@@ -19,7 +19,7 @@ def service_status(svc: ServiceState) -> ServiceStatus:
         {
             **svc.pipeline.stats(),
             "tasks": svc.pipeline.registry.names(),
-            "llm_servers": svc.llm_servers,
+            "llm_servers": [b.url for b in svc.llm.backends()],
         }
     )
 

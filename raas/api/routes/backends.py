@@ -1,0 +1,41 @@
+"""/v1/backends: register, list and remove inference servers at run time."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, status
+
+from raas.api.schemas import BackendIn, BackendOut
+from raas.api.state import ServiceState, service
+from raas.llm.pool import Backend
+
+router = APIRouter(prefix="/v1", tags=["backends"])
+Service = Annotated[ServiceState, Depends(service)]
+
+
+def backend_out(b: Backend) -> BackendOut:
+    return BackendOut.model_validate(
+        {
+            "id": b.id, "url": b.url, "protocol": b.protocol, "capacity": b.capacity,
+            "model": b.model, "healthy": b.healthy, "sessions": b.sessions, "load": b.load,
+            "requests": b.requests, "failures": b.failures, "last_error": b.last_error,
+        }
+    )  # fmt: skip
+
+
+@router.post("/backends", status_code=status.HTTP_201_CREATED, response_model=BackendOut)
+async def add_backend(req: BackendIn, svc: Service) -> BackendOut:
+    """Register an inference server; the same URL again returns the one registered."""
+    return backend_out(svc.llm.add(req.url, req.protocol, req.capacity, req.model))
+
+
+@router.get("/backends", response_model=list[BackendOut])
+async def list_backends(svc: Service) -> list[BackendOut]:
+    return [backend_out(b) for b in svc.llm.backends()]
+
+
+@router.delete("/backends/{backend_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def remove_backend(backend_id: str, svc: Service) -> None:
+    if not await svc.llm.remove(backend_id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no backend {backend_id!r}")

@@ -1,0 +1,218 @@
+"""Token-in/token-out clients: one interface, one class per server protocol.
+
+Every client sends the prompt as token ids and returns the generated token ids with one logprob
+per token, so a trajectory never passes through text. Field names follow each server's own
+protocol: vLLM's OpenAI-compatible ``/v1/completions`` (``return_token_ids``, vLLM >= 0.10.2;
+older servers via ``return_tokens_as_token_ids``), SGLang's native ``/generate`` (``input_ids``,
+``return_logprob``), and the verl/ProRL-style ``/generate`` (``prompt_ids`` -> ``response_ids``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import httpx
+
+from raas.llm.types import BackendError, Generation, SamplingParams
+
+
+def base_url(address: str) -> str:
+    """``http://host:8000/v1`` and ``http://host:8000/`` both mean the server at host:8000."""
+    url = address.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class LLMClient(ABC):
+    protocol: ClassVar[str]
+
+    def __init__(
+        self,
+        address: str,
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = base_url(address)
+        self.model = model
+        self._own_http = http is None
+        self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self.http.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = await self.http.post(self.url + path, json=body)
+        except httpx.TransportError as e:
+            raise BackendError(self.url, f"{type(e).__name__}: {e}", transient=True) from e
+        if response.status_code >= 500 or response.status_code == 429:
+            raise BackendError(self.url, f"HTTP {response.status_code}: {response.text[:300]}")
+        if response.is_error:
+            raise BackendError(
+                self.url, f"HTTP {response.status_code}: {response.text[:500]}", transient=False
+            )
+        try:
+            data: dict[str, Any] = response.json()
+        except ValueError as e:
+            raise BackendError(self.url, f"answered with no JSON: {response.text[:200]}") from e
+        return data
+
+    async def health(self) -> bool:
+        """True when the server answers its health route (a server without one counts if up)."""
+        try:
+            response = await self.http.get(self.url + "/health", timeout=5.0)
+        except httpx.TransportError:
+            return False
+        return response.status_code < 400 or response.status_code == 404
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        start = time.perf_counter()
+        generation = await self._generate(prompt_ids, params)
+        if len(generation.token_ids) != len(generation.logprobs):
+            raise BackendError(
+                self.url,
+                f"returned {len(generation.token_ids)} tokens but"
+                f" {len(generation.logprobs)} logprobs",
+                transient=False,
+            )
+        return Generation(
+            generation.token_ids,
+            generation.logprobs,
+            generation.finish_reason,
+            backend=self.url,
+            cached_tokens=generation.cached_tokens,
+            latency_s=time.perf_counter() - start,
+        )
+
+    @abstractmethod
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+
+class VLLMClient(LLMClient):
+    protocol = "vllm"
+
+    async def _model_name(self) -> str:
+        if self.model is None:
+            try:
+                response = await self.http.get(self.url + "/v1/models", timeout=10.0)
+                self.model = str(response.json()["data"][0]["id"])
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+                raise BackendError(self.url, f"cannot list its models: {e}") from e
+        return self.model
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        body: dict[str, Any] = {
+            "model": await self._model_name(),
+            "prompt": prompt_ids,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        data = await self._post("/v1/completions", body)
+        try:
+            choice = data["choices"][0]
+            logprobs = choice["logprobs"] or {}
+            token_ids = choice.get("token_ids")
+            if token_ids is None:  # vLLM < 0.10.2: token ids only as "token_id:N" strings
+                token_ids = [int(str(t).split(":", 1)[1]) for t in logprobs["tokens"]]
+            values = [max(float(x), -9999.0) if x is not None else 0.0
+                      for x in logprobs.get("token_logprobs") or []]  # fmt: skip
+            finish = str(choice.get("finish_reason") or "stop")
+            usage = data.get("usage") or {}
+            cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise BackendError(self.url, f"unexpected completion shape: {e}", False) from e
+        if finish == "abort":
+            raise BackendError(self.url, "the request was aborted", transient=True)
+        return Generation(list(map(int, token_ids)), values, finish, cached_tokens=int(cached))
+
+
+class SGLangClient(LLMClient):
+    protocol = "sglang"
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        sampling: dict[str, Any] = {
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "skip_special_tokens": False,
+        }
+        if params.stop_token_ids:
+            sampling["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            sampling["sampling_seed"] = params.seed
+        body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True}
+        data = await self._post("/generate", body)
+        try:
+            meta = data["meta_info"]
+            entries = meta["output_token_logprobs"]
+            token_ids = [int(t) for t in data.get("output_ids") or [e[1] for e in entries]]
+            values = [float(e[0]) if e[0] is not None else 0.0 for e in entries]
+            reason = meta.get("finish_reason") or {}
+            finish = str(reason.get("type", "stop")) if isinstance(reason, dict) else str(reason)
+            cached = int(meta.get("cached_tokens") or 0)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise BackendError(self.url, f"unexpected /generate shape: {e}", False) from e
+        if finish == "abort":
+            raise BackendError(self.url, f"the request was aborted: {reason}", transient=True)
+        return Generation(token_ids, values, finish, cached_tokens=cached)
+
+
+class VerlClient(LLMClient):
+    """The verl-style ``/generate`` used by ProRL's trainer integration."""
+
+    protocol = "verl"
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        body: dict[str, Any] = {
+            "prompt_ids": prompt_ids,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "skip_special_tokens": False,
+        }
+        if params.top_k > 0:
+            body["top_k"] = params.top_k
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        data = await self._post("/generate", body)
+        if "response_ids" not in data:
+            raise BackendError(self.url, "no response_ids in the answer", transient=False)
+        token_ids = [int(t) for t in data["response_ids"]]
+        values = [float(x) for x in data.get("logprobs") or []]
+        if not values and token_ids:
+            raise BackendError(self.url, "no logprobs in the answer", transient=False)
+        finish = "length" if len(token_ids) >= params.max_tokens else "stop"
+        return Generation(token_ids, values, str(data.get("finish_reason") or finish))
+
+
+CLIENTS: dict[str, type[LLMClient]] = {
+    c.protocol: c for c in (VLLMClient, SGLangClient, VerlClient)
+}
+
+
+def make_client(protocol: str, address: str, model: str | None = None) -> LLMClient:
+    try:
+        cls = CLIENTS[protocol]
+    except KeyError:
+        raise ValueError(
+            f"unknown backend protocol {protocol!r} (have: {', '.join(sorted(CLIENTS))})"
+        ) from None
+    return cls(address, model=model)

@@ -1,0 +1,250 @@
+"""The backend pool: least-loaded assignment, sticky sessions, health, retries and failover.
+
+A session (one job) is pinned to one backend for all its turns, so the backend's prefix cache
+holds the conversation so far. New sessions go to the backend with the lowest current load
+(sessions pinned / declared capacity), found with a min-heap whose stale entries are skipped;
+ties go to the backend added earlier, so a backend that joins takes its share without being
+flooded. Requests are token-in/token-out and stateless on the server side, so a session whose
+backend dies moves to another and goes on with the same tokens; the move is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import uuid
+from dataclasses import dataclass
+
+from raas.llm.clients import LLMClient, base_url, make_client
+from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Backend:
+    id: str
+    url: str
+    protocol: str
+    capacity: int
+    client: LLMClient
+    order: int
+    model: str | None = None
+    healthy: bool = True
+    sessions: int = 0
+    requests: int = 0
+    failures: int = 0
+    last_error: str | None = None
+
+    @property
+    def load(self) -> float:
+        return self.sessions / self.capacity
+
+
+@dataclass
+class Move:
+    session: str
+    from_backend: str
+    to_backend: str
+    reason: str
+
+
+@dataclass
+class PoolConfig:
+    retries: int = 2  # on the same backend, for transient errors
+    backoff_s: float = 0.2
+    health_interval_s: float = 5.0
+    moves_per_request: int = 3
+
+
+class BackendPool:
+    def __init__(self, config: PoolConfig | None = None) -> None:
+        self.config = config or PoolConfig()
+        self._backends: dict[str, Backend] = {}
+        self._heap: list[tuple[float, int, int, str]] = []
+        self._versions: dict[str, int] = {}
+        self._order = itertools.count()
+        self._pinned: dict[str, str] = {}
+        self.moves: list[Move] = []
+        self._health_task: asyncio.Task[None] | None = None
+
+    # -- registry ----------------------------------------------------------------------------
+
+    def add(
+        self, address: str, protocol: str = "vllm", capacity: int = 8, model: str | None = None
+    ) -> Backend:
+        """Register a backend; the same URL again returns the one already there."""
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        url = base_url(address)
+        for backend in self._backends.values():
+            if backend.url == url:
+                return backend
+        client = make_client(protocol, url, model)
+        backend = Backend(uuid.uuid4().hex[:8], url, protocol, capacity, client,
+                          next(self._order), model)  # fmt: skip
+        self._backends[backend.id] = backend
+        self._push(backend)
+        log.info("backend %s added: %s (%s, capacity %d)", backend.id, url, protocol, capacity)
+        return backend
+
+    async def remove(self, backend_id: str) -> bool:
+        backend = self._backends.pop(backend_id, None)
+        if backend is None:
+            return False
+        self._versions.pop(backend_id, None)
+        # Sessions pinned to it move on their next request.
+        await backend.client.aclose()
+        return True
+
+    async def clear(self) -> None:
+        for backend_id in list(self._backends):
+            await self.remove(backend_id)
+
+    def backends(self) -> list[Backend]:
+        return sorted(self._backends.values(), key=lambda b: b.order)
+
+    def get(self, backend_id: str) -> Backend | None:
+        return self._backends.get(backend_id)
+
+    # -- assignment ---------------------------------------------------------------------------
+
+    def _push(self, backend: Backend) -> None:
+        version = self._versions.get(backend.id, 0) + 1
+        self._versions[backend.id] = version
+        heapq.heappush(self._heap, (backend.load, backend.order, version, backend.id))
+
+    def _least_loaded(self, exclude: set[str]) -> Backend | None:
+        skipped = []
+        chosen = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            _, _, version, backend_id = entry
+            backend = self._backends.get(backend_id)
+            if backend is None or self._versions.get(backend_id) != version:
+                continue  # stale
+            if not backend.healthy or backend_id in exclude:
+                skipped.append(entry)
+                continue
+            chosen = backend
+            skipped.append(entry)
+            break
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+        return chosen
+
+    def _pin(self, session: str, backend: Backend) -> None:
+        self._pinned[session] = backend.id
+        backend.sessions += 1
+        self._push(backend)
+
+    def _unpin(self, session: str) -> None:
+        backend_id = self._pinned.pop(session, None)
+        backend = self._backends.get(backend_id) if backend_id else None
+        if backend is not None:
+            backend.sessions -= 1
+            self._push(backend)
+
+    def backend_for(self, session: str, exclude: set[str] | None = None) -> Backend:
+        """The session's backend: its pinned one while healthy, else the least loaded."""
+        exclude = exclude or set()
+        pinned = self._backends.get(self._pinned.get(session, ""))
+        if pinned is not None and pinned.healthy and pinned.id not in exclude:
+            return pinned
+        backend = self._least_loaded(exclude)
+        if backend is None:
+            raise NoBackendAvailable(self._down_message())
+        if pinned is not None or session in self._pinned:
+            self._unpin(session)
+        self._pin(session, backend)
+        return backend
+
+    def release(self, session: str) -> None:
+        """The session is over: its backend's load goes down."""
+        self._unpin(session)
+
+    def _down_message(self) -> str:
+        if not self._backends:
+            return "no LLM backend is registered (POST /v1/backends or /add_llm_server)"
+        states = ", ".join(
+            f"{b.url} ({'healthy' if b.healthy else 'down'}: {b.last_error or 'no error'})"
+            for b in self.backends()
+        )
+        return f"every LLM backend is down or failed this request: {states}"
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def generate(
+        self, session: str, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation:
+        """Generate on the session's backend; retry, then move to another one if it fails."""
+        tried: set[str] = set()
+        for _ in range(self.config.moves_per_request + 1):
+            backend = self.backend_for(session, exclude=tried)
+            try:
+                return await self._on(backend, prompt_ids, params)
+            except BackendError as e:
+                if not e.transient:
+                    raise
+                tried.add(backend.id)
+                backend.healthy = False  # the health check brings it back
+                self._push(backend)
+                nxt = self._least_loaded(tried)
+                if nxt is None:
+                    break
+                self.moves.append(Move(session, backend.url, nxt.url, str(e)))
+                log.warning("session %s moves from %s to %s: %s", session, backend.url, nxt.url, e)
+        raise NoBackendAvailable(self._down_message())
+
+    async def _on(
+        self, backend: Backend, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation:
+        delay = self.config.backoff_s
+        for attempt in range(self.config.retries + 1):
+            backend.requests += 1
+            try:
+                return await backend.client.generate(prompt_ids, params)
+            except BackendError as e:
+                backend.failures += 1
+                backend.last_error = str(e)
+                if not e.transient or attempt == self.config.retries:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    # -- health -------------------------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        backends = self.backends()
+        results = await asyncio.gather(*(b.client.health() for b in backends))
+        for backend, ok in zip(backends, results, strict=True):
+            if ok != backend.healthy:
+                log.warning("backend %s is %s", backend.url, "back" if ok else "down")
+                backend.healthy = ok
+                if ok:
+                    backend.last_error = None
+                self._push(backend)
+
+    def start(self) -> None:
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            try:
+                await self.check_health()
+            except Exception:
+                log.exception("health check failed")
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        await self.clear()

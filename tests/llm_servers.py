@@ -1,0 +1,144 @@
+"""Real HTTP servers speaking each inference protocol, driven by a scripted 'model'.
+
+The model is deterministic: the i-th generated token of a prompt is (sum(prompt) + i) % 1000 + 3,
+its logprob -0.01 * (i + 1); token 2 is EOS, emitted when the prompt asks for it via a stop id.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+
+
+def scripted(
+    prompt: list[int], max_tokens: int, stop: list[int]
+) -> tuple[list[int], list[float], str]:
+    tokens, logprobs = [], []
+    for i in range(max_tokens):
+        token = (sum(prompt) + i) % 1000 + 3
+        if 2 in stop and i == 2:
+            token = 2  # "EOS" after three tokens when the caller stops on it
+        tokens.append(token)
+        logprobs.append(-0.01 * (i + 1))
+        if token in stop:
+            return tokens, logprobs, "stop"
+    return tokens, logprobs, "length"
+
+
+class FakeBackend:
+    """One fake server: records the requests it got, can be told to fail."""
+
+    def __init__(self, protocol: str, old_vllm: bool = False) -> None:
+        self.protocol = protocol
+        self.requests: list[dict[str, Any]] = []
+        self.fail_with: int | None = None
+        app = FastAPI()
+        self.app = app
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            body = await request.json()
+            self.requests.append(body)
+            if self.fail_with:
+                return _error(self.fail_with)
+            ids, lps, finish = scripted(
+                body["prompt"], body["max_tokens"], body.get("stop_token_ids", [])
+            )
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": "",
+                "logprobs": {
+                    "token_logprobs": lps,
+                    "tokens": [f"token_id:{t}" for t in ids],
+                    "top_logprobs": None,
+                    "text_offset": [],
+                },
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+            if not old_vllm:
+                choice["token_ids"] = ids
+                choice["prompt_token_ids"] = body["prompt"]
+            return {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": len(body["prompt"]),
+                    "completion_tokens": len(ids),
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                },
+            }
+
+        @app.post("/generate")
+        async def generate(request: Request) -> Any:
+            body = await request.json()
+            self.requests.append(body)
+            if self.fail_with:
+                return _error(self.fail_with)
+            if self.protocol == "sglang":
+                sp = body["sampling_params"]
+                ids, lps, finish = scripted(
+                    body["input_ids"], sp["max_new_tokens"], sp.get("stop_token_ids", [])
+                )
+                return {
+                    "text": "",
+                    "output_ids": ids,
+                    "meta_info": {
+                        "finish_reason": {"type": finish},
+                        "output_token_logprobs": [
+                            [lp, t, None] for lp, t in zip(lps, ids, strict=True)
+                        ],
+                        "prompt_tokens": len(body["input_ids"]),
+                        "completion_tokens": len(ids),
+                        "cached_tokens": 0,
+                    },
+                }
+            ids, lps, _ = scripted(
+                body["prompt_ids"], body["max_tokens"], body.get("stop_token_ids", [])
+            )
+            return {"response_ids": ids, "logprobs": lps}
+
+
+def _error(status: int) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": "told to fail"}, status_code=status)
+
+
+class ServerThread:
+    """uvicorn in a thread on a free loopback port; stop() makes the address refuse connections."""
+
+    def __init__(self, app: FastAPI) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("test server did not start")
+            time.sleep(0.005)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

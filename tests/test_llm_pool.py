@@ -1,0 +1,174 @@
+"""Protocol clients against real HTTP servers, and the backend pool's routing and failover."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from raas.llm.clients import SGLangClient, VerlClient, VLLMClient, base_url
+from raas.llm.pool import BackendPool, PoolConfig
+from raas.llm.types import BackendError, NoBackendAvailable, SamplingParams
+from tests.llm_servers import FakeBackend, ServerThread, scripted
+
+PROMPT = [5, 6, 7]
+PARAMS = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_tokens=5, seed=11)
+
+
+@pytest.fixture
+def servers() -> Iterator[Any]:
+    started: list[ServerThread] = []
+
+    def start(protocol: str = "vllm", **kw: Any) -> tuple[FakeBackend, ServerThread]:
+        fake = FakeBackend(protocol, **kw)
+        thread = ServerThread(fake.app).start()
+        started.append(thread)
+        return fake, thread
+
+    yield start
+    for thread in started:
+        thread.stop()
+
+
+def test_base_url_accepts_the_forms_trainers_send() -> None:
+    assert base_url("http://h:8000/v1") == "http://h:8000"
+    assert base_url("h:8000/") == "http://h:8000"
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang", "verl"])
+async def test_each_client_speaks_its_protocol(servers: Any, protocol: str) -> None:
+    fake, server = servers(protocol)
+    cls = {"vllm": VLLMClient, "sglang": SGLangClient, "verl": VerlClient}[protocol]
+    client = cls(server.url + ("/v1" if protocol == "vllm" else ""))
+    try:
+        gen = await client.generate(PROMPT, PARAMS)
+        stopped = await client.generate(PROMPT, SamplingParams(max_tokens=10, stop_token_ids=(2,)))
+    finally:
+        await client.aclose()
+    expected, lps, _ = scripted(PROMPT, 5, [])
+    assert gen.token_ids == expected and gen.logprobs == pytest.approx(lps)
+    assert gen.finish_reason == "length" and gen.backend == server.url
+    assert stopped.token_ids[-1] == 2 and len(stopped.token_ids) == 3
+    body = fake.requests[0]
+    if protocol == "vllm":
+        assert body["prompt"] == PROMPT and body["model"] == "fake-model"
+        assert body["return_token_ids"] is True and body["logprobs"] == 0
+        assert (body["temperature"], body["top_p"], body["top_k"], body["seed"]) == (
+            0.7,
+            0.9,
+            20,
+            11,
+        )
+        assert stopped.finish_reason == "stop"
+    elif protocol == "sglang":
+        sp = body["sampling_params"]
+        assert body["input_ids"] == PROMPT and body["return_logprob"] is True
+        assert (sp["max_new_tokens"], sp["temperature"], sp["top_k"], sp["sampling_seed"]) == (
+            5,
+            0.7,
+            20,
+            11,
+        )
+        assert stopped.finish_reason == "stop"
+    else:
+        assert body["prompt_ids"] == PROMPT and body["max_tokens"] == 5 and body["seed"] == 11
+
+
+async def test_vllm_before_return_token_ids_is_read_from_token_strings(servers: Any) -> None:
+    _, server = servers("vllm", old_vllm=True)
+    client = VLLMClient(server.url, model="fake-model")
+    try:
+        gen = await client.generate(PROMPT, PARAMS)
+    finally:
+        await client.aclose()
+    assert gen.token_ids == scripted(PROMPT, 5, [])[0]
+
+
+async def test_a_bad_request_is_not_retried_elsewhere(servers: Any) -> None:
+    fake, server = servers("vllm")
+    fake.fail_with = 400
+    pool = BackendPool(PoolConfig(backoff_s=0))
+    pool.add(server.url)
+    with pytest.raises(BackendError) as exc:
+        await pool.generate("s", PROMPT, PARAMS)
+    assert not exc.value.transient and len(fake.requests) == 1 and pool.moves == []
+    await pool.stop()
+
+
+async def test_least_loaded_assignment_by_capacity_and_stickiness(servers: Any) -> None:
+    pool = BackendPool()
+    small = pool.add(servers()[1].url, capacity=1)
+    other = pool.add(servers()[1].url, capacity=1)
+    big = pool.add(servers()[1].url, capacity=2)
+    chosen = [pool.backend_for(f"s{i}") for i in range(8)]
+    counts = {b.id: sum(c.id == b.id for c in chosen) for b in (small, other, big)}
+    assert counts == {small.id: 2, other.id: 2, big.id: 4}
+    assert all(pool.backend_for(f"s{i}") is chosen[i] for i in range(8))  # sticky
+    gens = [await pool.generate("s0", PROMPT, PARAMS) for _ in range(3)]
+    assert {g.backend for g in gens} == {chosen[0].url}
+    for i in range(8):
+        pool.release(f"s{i}")
+    assert small.sessions == other.sessions == big.sessions == 0
+    await pool.stop()
+
+
+async def test_a_new_backend_takes_its_share_without_being_flooded(servers: Any) -> None:
+    pool = BackendPool()
+    a = pool.add(servers()[1].url, capacity=4)
+    for i in range(4):
+        pool.backend_for(f"old{i}")
+    late = pool.add(servers()[1].url, capacity=4)
+    new = [pool.backend_for(f"new{i}").id for i in range(8)]
+    # late gets sessions until it is as loaded as a, then they alternate (ties to the older).
+    assert new[:4] == [late.id] * 4
+    assert sorted(new[4:]) == sorted([a.id, late.id] * 2)
+    assert a.sessions == late.sessions == 6
+    await pool.stop()
+
+
+async def test_a_backend_that_dies_mid_rollout_hands_the_session_over(servers: Any) -> None:
+    pool = BackendPool(PoolConfig(backoff_s=0, retries=1))
+    first, second = servers()[1], servers()[1]
+    a, b = pool.add(first.url), pool.add(second.url)
+    pinned = pool.backend_for("job")
+    turn1 = await pool.generate("job", PROMPT, PARAMS)
+    (first if pinned is a else second).stop()  # the pinned server dies between turns
+    turn2 = await pool.generate("job", PROMPT + turn1.token_ids, PARAMS)
+    survivor = b if pinned is a else a
+    assert turn2.backend == survivor.url
+    assert turn2.token_ids == scripted(PROMPT + turn1.token_ids, 5, [])[0]
+    assert [(m.session, m.from_backend, m.to_backend) for m in pool.moves] == [
+        ("job", pinned.url, survivor.url)
+    ]
+    assert pool.backend_for("job") is survivor and not pinned.healthy
+    assert pinned.sessions == 0 and survivor.sessions == 1
+    await pool.stop()
+
+
+async def test_all_backends_down_is_a_clear_failure(servers: Any) -> None:
+    pool = BackendPool(PoolConfig(backoff_s=0, retries=0))
+    threads = [servers()[1], servers()[1]]
+    for t in threads:
+        pool.add(t.url)
+        t.stop()
+    with pytest.raises(NoBackendAvailable) as exc:
+        await pool.generate("job", PROMPT, PARAMS)
+    assert all(t.url in str(exc.value) for t in threads)
+    with pytest.raises(NoBackendAvailable, match="no LLM backend is registered"):
+        await BackendPool().generate("x", PROMPT, PARAMS)
+    await pool.stop()
+
+
+async def test_health_checks_take_backends_out_and_back(servers: Any) -> None:
+    _, server = servers()
+    pool = BackendPool()
+    backend = pool.add(server.url)
+    await pool.check_health()
+    assert backend.healthy
+    server.stop()
+    await pool.check_health()
+    assert not backend.healthy
+    with pytest.raises(NoBackendAvailable):
+        pool.backend_for("s")
+    await pool.stop()
