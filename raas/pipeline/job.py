@@ -53,10 +53,13 @@ class Timing:
 
 
 class Job:
-    def __init__(self, job_id: str, request: JobRequest, handler: TaskHandler) -> None:
+    def __init__(
+        self, job_id: str, request: JobRequest, handler: TaskHandler, services: Any = None
+    ) -> None:
         self.id = job_id
         self.request = request
         self.handler = handler
+        self.services = services
         self.priority = request.priority
         self.state = JobState.QUEUED
         self.stage: Stage | None = None  # the stage it is in, or waits for
@@ -79,7 +82,7 @@ class Job:
 
     @property
     def task_job(self) -> TaskJob:
-        return TaskJob(self.id, self.request.instance, self.request.sampling_params)
+        return TaskJob(self.id, self.request.instance, self.request.sampling_params, self.services)
 
     @property
     def data_source(self) -> str:

@@ -87,8 +87,10 @@ class Pipeline:
         store: ResultStore,
         config: PipelineConfig | None = None,
         observers: Iterable[PipelineObserver] = (),
+        services: Any = None,
     ) -> None:
         self.registry = registry
+        self.services = services
         self.store = store
         self.config = config or PipelineConfig()
         self.observers = list(observers)
@@ -207,7 +209,7 @@ class Pipeline:
             else:
                 job_id = job_id or new_job_id()
                 handler = self.registry.get(str(request.instance.get("data_source", "")))
-                fresh[job_id] = Job(job_id, request, handler)
+                fresh[job_id] = Job(job_id, request, handler, self.services)
                 views.append(None)
         queue = self._queues[Stage.INIT]
         if len(fresh) > queue.free:

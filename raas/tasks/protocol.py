@@ -17,11 +17,16 @@ from raas.agent.trajectory import Trajectory
 
 @dataclass(frozen=True)
 class TaskJob:
-    """What a handler is given about the job it works on."""
+    """What a handler is given about the job it works on.
+
+    ``services`` holds what the service provides to every task (the LLM backend pool, the
+    tokenizer, sandboxes); see raas.tasks.services. It is None where none are set up.
+    """
 
     job_id: str
     instance: dict[str, Any]
     sampling_params: dict[str, Any]
+    services: Any = None
 
 
 @dataclass

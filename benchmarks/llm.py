@@ -1,0 +1,150 @@
+"""`raas bench llm`: the embedded engine and the backend pool, against 2 real engine processes.
+
+- tokens/s of one engine at concurrency 1 and 8 (greedy, fixed length);
+- multi-turn sessions (each turn's prompt = the previous prompt + output + an observation):
+  the share of turns after the first that hit an engine's prefix cache, with the pool's sticky
+  least-loaded routing versus plain round-robin, in the same run;
+- the spread of sessions and requests across the two engines under sticky routing.
+Prints; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from raas.demo import free_port
+from raas.llm.clients import VLLMClient
+from raas.llm.pool import BackendPool
+from raas.llm.types import Generation, SamplingParams
+
+
+class Engine:
+    def __init__(self, model: str, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "raas", "engine", "--model", model, "--port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("engine did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self._log.close()
+
+
+async def throughput(url: str, concurrency: int, tokens: int, rounds: int) -> float:
+    client = VLLMClient(url)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens)
+    try:
+        await client.generate([1, 2, 3], SamplingParams(max_tokens=2))  # warm up
+        start = time.perf_counter()
+        total = 0
+        for r in range(rounds):
+            prompts = [[1, 9690, 198, 100 + r * concurrency + i] for i in range(concurrency)]
+            gens = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            total += sum(len(g.token_ids) for g in gens)
+        return total / (time.perf_counter() - start)
+    finally:
+        await client.aclose()
+
+
+OBSERVATION = [1, 9531, 198, 8307, 2, 198, 1, 520, 9531, 198]  # a short inserted turn
+
+
+async def sessions(
+    urls: list[str], n_sessions: int, turns: int, sticky: bool
+) -> tuple[float, Counter[str], Counter[str]]:
+    """Run multi-turn sessions; returns (share of later turns with a cache hit, sessions and
+    requests per backend)."""
+    pool = BackendPool()
+    for url in urls:
+        pool.add(url, capacity=4)
+    clients = [b.client for b in pool.backends()]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    rr = 0
+    hits, later = 0, 0
+    first_backend: Counter[str] = Counter()
+    requests: Counter[str] = Counter()
+
+    async def one(s: int) -> None:
+        nonlocal rr, hits, later
+        prompt = [1, 9690, 198, 200 + s, 300 + s, 2, 198, 1, 4093, 198, 400 + s, 2, 198]
+        for turn in range(turns):
+            gen: Generation
+            if sticky:
+                gen = await pool.generate(f"s{s}", prompt, params)
+            else:
+                client = clients[rr % len(clients)]
+                rr += 1
+                gen = await client.generate(prompt, params)
+            requests[gen.backend] += 1
+            if turn == 0:
+                first_backend[gen.backend] += 1
+            else:
+                later += 1
+                hits += gen.cached_tokens > 0
+            prompt = prompt + gen.token_ids + OBSERVATION
+        pool.release(f"s{s}")
+
+    await asyncio.gather(*(one(s) for s in range(n_sessions)))
+    await pool.stop()
+    return hits / max(later, 1), first_backend, requests
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="raas bench llm", description=__doc__)
+    parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a path")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = [Engine(args.model, Path(tmp) / f"engine{i}.log") for i in range(2)]
+        try:
+            for engine in engines:
+                engine.wait_ready()
+            urls = [e.url for e in engines]
+            print(f"model {args.model}, 2 engines, {args.tokens} greedy tokens per request")
+            for concurrency in (1, 8):
+                rate = asyncio.run(throughput(urls[0], concurrency, args.tokens, 2))
+                print(f"  one engine, concurrency {concurrency}: {rate:6.1f} tokens/s")
+            print(f"{args.sessions} sessions x {args.turns} turns over 2 engines:")
+            for sticky in (True, False):
+                share, first, reqs = asyncio.run(sessions(urls, args.sessions, args.turns, sticky))
+                name = "sticky least-loaded" if sticky else "round-robin        "
+                print(f"  {name}: {100 * share:5.1f}% of later turns hit the prefix cache;"
+                      f" requests per engine {sorted(reqs.values())}")  # fmt: skip
+                if sticky:
+                    spread = sorted(first.values())
+                    print(f"  sessions per engine under sticky routing: {spread}"
+                          f" (stdev {statistics.pstdev(spread):.2f})")  # fmt: skip
+        finally:
+            for engine in engines:
+                engine.stop()
+    return 0

@@ -1,0 +1,176 @@
+"""The agent loop: generate, parse tool calls, run them in the sandbox, append, repeat.
+
+One loop for every task. It works on token ids end to end (see raas.llm.chat): what goes into
+the trajectory is exactly what the model saw and produced. It writes into the trajectory it is
+given as it goes, so a job that is cancelled or runs out of time keeps every finished turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from raas.agent.tools import Tool, call_tool, schema
+from raas.agent.trajectory import Trajectory
+from raas.llm.chat import TokenTrajectory, encode, observation_delta, render_text
+from raas.llm.toolcalls import ToolCallParser, get_parser
+from raas.llm.types import Generation, SamplingParams
+from raas.sandbox import Sandbox
+
+# The sampling_params keys the loop understands; any other key is the caller's error.
+LOOP_KEYS = {
+    "temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed",
+    "max_turns", "max_context_tokens",
+}  # fmt: skip
+
+
+class Generator(Protocol):
+    """What the loop needs of the LLM side (the BackendPool is one)."""
+
+    async def generate(
+        self, session: str, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_turns: int = 10
+    max_tokens: int = 512  # per turn
+    max_context_tokens: int = 4096
+    repeat_limit: int = 3  # the same action this many times in a row ends the loop
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], **defaults: Any) -> LoopConfig:
+        unknown = sorted(set(params) - LOOP_KEYS)
+        if unknown:
+            raise KeyError(unknown[0])
+        base = cls(**defaults)
+        sampling = SamplingParams.from_dict({"max_tokens": base.max_tokens, **params})
+        return cls(
+            max_turns=int(params.get("max_turns", base.max_turns)),
+            max_tokens=sampling.max_tokens,
+            max_context_tokens=int(params.get("max_context_tokens", base.max_context_tokens)),
+            repeat_limit=base.repeat_limit,
+            sampling=sampling,
+        )
+
+
+@dataclass
+class LoopResult:
+    stop_reason: str
+    answer: str | None = None
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        llm: Generator,
+        tokenizer: Any,
+        tools: dict[str, Tool],
+        sandbox: Sandbox | None,
+        config: LoopConfig,
+        tool_format: str = "hermes",
+    ) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.sandbox = sandbox
+        self.config = config
+        self.parser: ToolCallParser = get_parser(tool_format)
+
+    async def run(
+        self, session: str, messages: list[dict[str, Any]], traj: Trajectory
+    ) -> LoopResult:
+        tok, cfg = self.tokenizer, self.config
+        schemas = [schema(t) for t in self.tools.values()]
+        tokens = TokenTrajectory(encode(tok, render_text(tok, messages, schemas, True)))
+        # The trajectory shares the token lists, so it is complete at every await.
+        traj.prompt_ids, traj.response_ids = tokens.prompt_ids, tokens.response_ids
+        traj.loss_mask, traj.logprobs = tokens.loss_mask, tokens.logprobs
+        traj.messages = messages
+        traj.stop_reason = "max_turns"
+        recent: list[str] = []
+        last: list[int] = []
+        for turn in range(cfg.max_turns):
+            prompt = tokens.next_prompt()
+            room = cfg.max_context_tokens - len(prompt)
+            if room <= 0:
+                traj.stop_reason = "max_context"
+                tokens.prompts.pop()
+                break
+            params = _with_max_tokens(cfg.sampling, min(cfg.max_tokens, room))
+            start = time.perf_counter()
+            gen = await self.llm.generate(session, prompt, params)
+            last = gen.token_ids
+            tokens.add_generated(gen.token_ids, gen.logprobs)
+            text = tok.decode(gen.token_ids, skip_special_tokens=True)
+            parsed = self.parser.parse(text)
+            messages.append({"role": "assistant", "content": text})
+            record: dict[str, Any] = {
+                "turn": turn,
+                "backend": gen.backend,
+                "prompt_tokens": len(prompt),
+                "output_tokens": len(gen.token_ids),
+                "cached_tokens": gen.cached_tokens,
+                "finish_reason": gen.finish_reason,
+                "generate_s": gen.latency_s,
+                "text": text,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.calls
+                ],
+                "format_errors": parsed.errors,
+            }
+            traj.turns.append(record)
+            observations = [
+                {"role": "tool", "content": f"Format error: {e}. Call tools as"
+                 ' <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'}
+                for e in parsed.errors
+            ]  # fmt: skip
+            finished = False
+            for call in parsed.calls:  # parallel calls run in order
+                outcome = await call_tool(self.tools, call.name, call.arguments, self.sandbox)
+                observations.append(
+                    {"role": "tool", "tool_call_id": call.id, "name": call.name,
+                     "content": outcome.observation}
+                )  # fmt: skip
+                if outcome.finish:
+                    finished = True
+                    record["answer"] = outcome.answer
+                    break
+            record["tools_s"] = time.perf_counter() - start - gen.latency_s
+            if finished:
+                traj.stop_reason = "finish"
+                return LoopResult("finish", record.get("answer"))
+            if not parsed.calls and not parsed.errors:
+                traj.stop_reason = "no_tool_call"  # the model answered in plain text
+                return LoopResult("no_tool_call", text)
+            calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
+            action = json.dumps(calls or parsed.errors, sort_keys=True, default=str)
+            recent = [*recent[-(cfg.repeat_limit - 1) :], action]
+            if len(recent) == cfg.repeat_limit and len(set(recent)) == 1:
+                traj.stop_reason = "loop"
+                return LoopResult("loop")
+            if turn == cfg.max_turns - 1:
+                break
+            inserted = [] if _closed(gen, tok) else [tok.eos_token_id]
+            inserted += observation_delta(tok, observations)
+            if len(tokens.ids) + len(inserted) >= cfg.max_context_tokens:
+                traj.stop_reason = "max_context"
+                break
+            tokens.add_inserted(inserted)
+            messages += observations
+        tokens.check(last)
+        return LoopResult(traj.stop_reason)
+
+
+def _closed(gen: Generation, tokenizer: Any) -> bool:
+    """Did the model end its turn itself (its end-of-turn token came out)?"""
+    return bool(gen.token_ids) and gen.token_ids[-1] == tokenizer.eos_token_id
+
+
+def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    return dataclasses.replace(params, max_tokens=max_tokens)

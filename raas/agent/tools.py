@@ -1,0 +1,157 @@
+"""The tools an agent is offered: their schemas (what the model sees) and what they do."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from raas.sandbox import Sandbox, SandboxError, ToolError
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    observation: str
+    finish: bool = False
+    answer: str | None = None
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome: ...
+
+
+def schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI/Hermes function schema the chat template shows the model."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
+def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+def _need(sandbox: Sandbox | None, tool: str) -> Sandbox:
+    if sandbox is None:
+        raise ToolError("ToolError", f"{tool} needs a sandbox and this task has none")
+    return sandbox
+
+
+class BashTool:
+    name = "bash"
+    description = "Run a command in a persistent bash shell (state is kept between calls)."
+    parameters = _obj({"command": {"type": "string"}}, ["command"])
+
+    async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
+        result = await _need(sandbox, self.name).bash(str(args["command"]))
+        lines = [result.output.rstrip("\n")] if result.output.strip() else []
+        if result.timed_out:
+            lines.append("[the command timed out and was interrupted]")
+        if result.note:
+            lines.append(f"[{result.note}]")
+        lines.append(f"[exit code {result.exit_code}]")
+        return ToolOutcome("\n".join(lines))
+
+
+class IPythonTool:
+    name = "ipython"
+    description = "Run Python code in a persistent IPython kernel; the last expression is shown."
+    parameters = _obj({"code": {"type": "string"}}, ["code"])
+
+    async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
+        result = await _need(sandbox, self.name).ipython(str(args["code"]))
+        parts = [result.stdout.rstrip("\n")] if result.stdout else []
+        if result.result is not None:
+            parts.append(f"Out: {result.result}")
+        if result.error is not None:
+            parts.append(result.error.get("traceback") or result.error.get("evalue", ""))
+        if result.timed_out:
+            parts.append("[the cell timed out and was interrupted]")
+        return ToolOutcome("\n".join(parts) or "[no output]")
+
+
+class EditorTool:
+    name = "editor"
+    description = (
+        "View, create and edit files. Commands: view (path, view_range?), create (path,"
+        " file_text), str_replace (path, old_str, new_str; old_str must be unique), insert"
+        " (path, insert_line, new_str), undo_edit (path)."
+    )
+    parameters = _obj(
+        {
+            "command": {"enum": ["view", "create", "str_replace", "insert", "undo_edit"]},
+            "path": {"type": "string"},
+            "file_text": {"type": "string"},
+            "old_str": {"type": "string"},
+            "new_str": {"type": "string"},
+            "insert_line": {"type": "integer"},
+            "view_range": {"type": "array", "items": {"type": "integer"}},
+        },
+        ["command", "path"],
+    )
+
+    async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
+        args = dict(args)
+        command, path = str(args.pop("command", "")), str(args.pop("path", ""))
+        return ToolOutcome(await _need(sandbox, self.name).editor(command, path, **args))
+
+
+class FinishTool:
+    name = "finish"
+    description = "End the task. Give the final answer (for questions) or a short message."
+    parameters = _obj({"answer": {"type": "string"}, "message": {"type": "string"}}, [])
+
+    async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
+        answer = args.get("answer")
+        return ToolOutcome("finished", finish=True, answer=None if answer is None else str(answer))
+
+
+class ThinkTool:
+    name = "think"
+    description = "Think out loud; nothing happens, the thought is recorded."
+    parameters = _obj({"thought": {"type": "string"}}, ["thought"])
+
+    async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
+        return ToolOutcome("[thought recorded]")
+
+
+BUILTIN_TOOLS: dict[str, Tool] = {
+    t.name: t for t in (BashTool(), IPythonTool(), EditorTool(), FinishTool(), ThinkTool())
+}
+
+
+def select_tools(names: list[str]) -> dict[str, Tool]:
+    unknown = [n for n in names if n not in BUILTIN_TOOLS]
+    if unknown:
+        raise ValueError(f"unknown tools {unknown} (have: {', '.join(BUILTIN_TOOLS)})")
+    return {n: BUILTIN_TOOLS[n] for n in names}
+
+
+async def call_tool(
+    tools: dict[str, Tool], name: str, args: dict[str, Any], sandbox: Sandbox | None
+) -> ToolOutcome:
+    """Run a tool; the agent's mistakes (unknown tool, bad arguments, refused edits) come back as
+    observations, so the model can correct itself."""
+    tool = tools.get(name)
+    if tool is None:
+        return ToolOutcome(f"Error: there is no tool {name!r}; available: {', '.join(tools)}")
+    missing = [k for k in tool.parameters.get("required", []) if k not in args]
+    if missing:
+        return ToolOutcome(f"Error: {name} needs {', '.join(missing)}; got {json.dumps(args)}")
+    try:
+        return await tool(args, sandbox)
+    except ToolError as e:
+        return ToolOutcome(f"Error: {e}")
+    except (TypeError, ValueError) as e:
+        return ToolOutcome(f"Error: bad arguments for {name}: {e}")
+    except SandboxError:
+        raise

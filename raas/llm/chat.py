@@ -1,0 +1,130 @@
+"""Chat rendering with the model's own template, and token trajectories that never drift.
+
+The first prompt is the template's rendering of the system and user messages. After that, the
+tokens the model generated are kept exactly as they came, and each observation (tool result,
+user turn) is appended as the token delta that the template adds for it: earlier turns are never
+re-tokenized, so what the trainer sees is exactly what the policy saw and produced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# A fixed conversation used to measure what the template adds after a finished assistant turn.
+_BASE = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+]
+
+
+def render_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
+    messages = with_tools(tokenizer, messages, tools)
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if tools and supports_tools(tokenizer):
+        kwargs["tools"] = tools
+    text = tokenizer.apply_chat_template(messages, **kwargs)
+    return str(text)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def supports_tools(tokenizer: Any) -> bool:
+    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
+
+
+def tools_prompt(tools: list[dict[str, Any]]) -> str:
+    """Hermes-style tool instructions, for templates that do not render tools themselves."""
+    schemas = "\n".join(json.dumps(t) for t in tools)
+    return (
+        "You may call tools. Their JSON schemas:\n<tools>\n"
+        f"{schemas}\n</tools>\n"
+        "To call one, answer with\n"
+        '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
+    )
+
+
+def with_tools(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    if not tools or supports_tools(tokenizer):
+        return messages
+    block = tools_prompt(tools)
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def observation_delta(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """The tokens the template puts after a finished assistant turn for ``messages``, up to and
+    including the next assistant header.
+
+    The model's own turn ends with its end-of-turn token; what the template writes after that
+    token (ChatML: a newline) belongs to the delta too.
+    """
+    prefix = encode(tokenizer, render_text(tokenizer, _BASE))
+    full = encode(tokenizer, render_text(tokenizer, _BASE + messages, add_generation_prompt=True))
+    if full[: len(prefix)] != prefix:
+        raise ValueError(
+            "the chat template does not render a conversation as a prefix of its sequel"
+        )
+    eos = tokenizer.eos_token_id
+    after_eos = (
+        prefix[max(i for i, t in enumerate(prefix) if t == eos) + 1 :] if eos in prefix else []
+    )
+    return after_eos + full[len(prefix) :]
+
+
+@dataclass
+class TokenTrajectory:
+    """Token-level record of one conversation: what the model saw and what it produced."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    # Every prompt given to the model, to check the no-drift invariant.
+    prompts: list[list[int]] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def next_prompt(self) -> list[int]:
+        prompt = self.ids
+        self.prompts.append(prompt)
+        return prompt
+
+    def add_generated(self, token_ids: list[int], logprobs: list[float]) -> None:
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} logprobs")
+        self.response_ids += token_ids
+        self.loss_mask += [1] * len(token_ids)
+        self.logprobs += logprobs
+
+    def add_inserted(self, token_ids: list[int]) -> None:
+        self.response_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+    def check(self, last_output: list[int]) -> None:
+        """The invariant: every prompt is a prefix of the final ids, and prompt_ids +
+        response_ids is exactly the last prompt plus the last output."""
+        ids = self.ids
+        if self.prompts and ids != self.prompts[-1] + last_output:
+            raise AssertionError("the trajectory is not the last prompt plus the last output")
+        for i, prompt in enumerate(self.prompts):
+            if ids[: len(prompt)] != prompt:
+                raise AssertionError(f"prompt {i} is not a prefix of the trajectory")
+        if not len(self.response_ids) == len(self.loss_mask) == len(self.logprobs):
+            raise AssertionError("response_ids, loss_mask and logprobs differ in length")

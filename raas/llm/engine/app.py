@@ -1,0 +1,243 @@
+"""The engine's HTTP face: the part of vLLM's OpenAI-compatible protocol raas uses, plus weight
+updates and counters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+import raas
+from raas.llm.engine.generator import (
+    Engine,
+    EngineStopped,
+    GenerationParams,
+    GenerationResult,
+    PromptError,
+    WeightsError,
+)
+from raas.llm.engine.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    EngineStatsResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    UpdateWeightsRequest,
+    UpdateWeightsResponse,
+    Usage,
+)
+from raas.llm.models import load_model
+
+log = logging.getLogger(__name__)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "A request the engine cannot serve."},
+    404: {"model": ErrorResponse, "description": "Unknown model name."},
+}
+
+
+class APIError(Exception):
+    """An error answered in vLLM's shape: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def create_engine_app(
+    model_name: str,
+    max_batch: int = 8,
+    served_name: str | None = None,
+    *,
+    prefix_cache_tokens: int = 32768,
+) -> FastAPI:
+    """Load ``model_name`` ("smollm2", "tiny" or a checkpoint directory) and serve it.
+
+    The model loads here, before the app is returned; the worker thread starts with the app's
+    lifespan (or on the first request) and stops with it.
+    """
+    model, tokenizer = load_model(model_name)
+    engine = Engine(model, tokenizer, max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens)
+    return engine_app(engine, served_name or model_name)
+
+
+def engine_app(engine: Engine, served_name: str) -> FastAPI:
+    """Serve an existing :class:`Engine` under the model name ``served_name``."""
+    created = int(time.time())
+    tokenizer = engine.tokenizer
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        log.info(
+            "engine ready: %s, max_model_len %d, max_batch %d",
+            served_name,
+            engine.max_model_len,
+            engine.max_batch,
+        )
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(
+        title="raas engine",
+        version=raas.__version__,
+        summary="A CPU inference engine speaking vLLM's OpenAI-compatible completions protocol",
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.state.served_name = served_name
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        body = {"error": {"message": exc.message, "type": exc.kind, "param": exc.param,
+                          "code": exc.status}}  # fmt: skip
+        return JSONResponse(body, status_code=exc.status)
+
+    @app.get("/health", tags=["system"])
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models", tags=["openai"])
+    async def models() -> ModelList:
+        card = ModelCard(
+            id=served_name, created=created, root=served_name, max_model_len=engine.max_model_len
+        )
+        return ModelList(data=[card])
+
+    @app.post("/v1/completions", tags=["openai"], responses=_ERRORS)
+    async def completions(body: CompletionRequest) -> CompletionResponse:
+        if body.model is not None and body.model != served_name:
+            raise APIError(
+                404, f"The model `{body.model}` does not exist.", "NotFoundError", "model"
+            )
+        if isinstance(body.prompt, str):
+            prompt = [int(t) for t in tokenizer.encode(body.prompt)]
+        else:
+            prompt = list(body.prompt)
+        max_tokens = body.max_tokens
+        if max_tokens is None:
+            max_tokens = max(engine.max_model_len - len(prompt), 1)  # too long: a 400 below
+        params = GenerationParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=-1 if body.top_k is None else body.top_k,
+            seed=body.seed,
+            stop_token_ids=frozenset(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+            top_logprobs=body.logprobs or 0,
+        )
+        try:
+            result = await engine.generate(prompt, params)
+        except PromptError as e:
+            raise APIError(400, str(e), "BadRequestError", e.param) from e
+        except EngineStopped as e:
+            raise APIError(503, str(e), "ServiceUnavailableError") from e
+        return _completion(body, result, served_name, tokenizer)
+
+    @app.post(
+        "/update_weights",
+        tags=["engine"],
+        responses={422: {"description": "The checkpoint does not fit; old weights stay."}},
+    )
+    async def update_weights(body: UpdateWeightsRequest) -> Any:
+        try:
+            version = await engine.update_weights(body.path)
+        except WeightsError as e:
+            detail = [{"loc": ["body", "path"], "msg": str(e), "type": "invalid_checkpoint"}]
+            return JSONResponse({"detail": detail}, status_code=422)
+        except EngineStopped as e:
+            raise APIError(503, str(e), "ServiceUnavailableError") from e
+        return UpdateWeightsResponse(weight_version=version)
+
+    @app.get("/v1/engine/stats", tags=["engine"])
+    async def stats() -> EngineStatsResponse:
+        return EngineStatsResponse(
+            model=served_name,
+            max_batch=engine.max_batch,
+            max_model_len=engine.max_model_len,
+            **engine.snapshot(),
+        )
+
+    return app
+
+
+def _completion(
+    body: CompletionRequest, result: GenerationResult, served_name: str, tokenizer: Any
+) -> CompletionResponse:
+    tokens = result.token_ids
+    shown = tokens
+    if result.stopped_on_token and not body.include_stop_str_in_output:
+        shown = tokens[:-1]  # like vLLM: the stop token is in token_ids, not in the text
+    text = str(tokenizer.decode(shown, skip_special_tokens=body.skip_special_tokens))
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = _logprobs(body, result, tokenizer)
+    choice = CompletionChoice(
+        text=text,
+        token_ids=tokens if body.return_token_ids else None,
+        prompt_token_ids=result.prompt_token_ids if body.return_token_ids else None,
+        logprobs=logprobs,
+        finish_reason="stop" if result.finish_reason == "stop" else "length",
+        stop_reason=result.stop_reason,
+    )
+    prompt_tokens = len(result.prompt_token_ids)
+    return CompletionResponse(
+        id=f"cmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=served_name,
+        choices=[choice],
+        usage=Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(tokens),
+            total_tokens=prompt_tokens + len(tokens),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
+        ),
+    )
+
+
+def _logprobs(
+    body: CompletionRequest, result: GenerationResult, tokenizer: Any
+) -> CompletionLogprobs:
+    names: dict[int, str] = {}
+
+    def name(token: int) -> str:
+        if token not in names:
+            names[token] = (
+                f"token_id:{token}"
+                if body.return_tokens_as_token_ids
+                else str(tokenizer.decode([token], skip_special_tokens=False))
+            )
+        return names[token]
+
+    strings = [name(t) for t in result.token_ids]
+    offsets: list[int] = []
+    at = 0
+    for s in strings:
+        offsets.append(at)
+        at += len(s)
+    top = None
+    if result.top_logprobs is not None:
+        top = []
+        for token, logprob, alternatives in zip(
+            result.token_ids, result.logprobs, result.top_logprobs, strict=True
+        ):
+            entry = {name(t): lp for t, lp in alternatives}
+            entry.setdefault(name(token), logprob)
+            top.append(entry)
+    return CompletionLogprobs(
+        text_offset=offsets, token_logprobs=result.logprobs, tokens=strings, top_logprobs=top
+    )

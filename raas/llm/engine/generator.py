@@ -1,0 +1,558 @@
+"""The engine proper: one worker thread that batches requests and decodes them together.
+
+Every torch call runs on the worker thread, never on an event loop. Requests wait in a queue;
+between two decode steps the worker admits as many as fit (``max_batch``), prefills each one on its
+own (reusing a cached prefix when there is one), and merges it into the running batch, whose rows
+are left-padded key/value caches with a 2D attention mask and explicit position ids. Each row has
+its own sampling parameters and random generator and leaves the batch when it stops. A weight
+update waits until the batch has drained (it is never applied mid-generation), and requests that
+arrive meanwhile wait for it, so they see the new weights.
+
+Logprobs are the raw model's: ``log_softmax`` of the unmodified logits, before temperature, top-k
+and top-p, which is what a policy-gradient trainer needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raas.llm.engine.kv import KV, KVCache, assemble, clone, row_view
+from raas.llm.engine.prefix_cache import PrefixCache
+
+log = logging.getLogger(__name__)
+
+GREEDY_TEMPERATURE = 1e-5
+MIN_LOGPROB = -9999.0
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    top_logprobs: int = 0  # alternatives to return per position (raw logprobs)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= GREEDY_TEMPERATURE
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # including the stop token (EOS or a stop id) that ended it
+    logprobs: list[float]  # one per token of token_ids
+    top_logprobs: list[list[tuple[int, float]]] | None
+    finish_reason: str  # "stop" or "length"
+    stop_reason: int | None  # the stop token id, None for EOS and length
+    stopped_on_token: bool  # the last token is the EOS or stop token that ended generation
+    cached_tokens: int  # prompt tokens served from the prefix cache
+    weight_version: int
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    generated_tokens: int = 0
+    prefix_cache_hits: int = 0
+    cached_tokens: int = 0
+    batches: int = 0
+    decode_steps: int = 0
+    weight_version: int = 0
+
+
+class EngineStopped(RuntimeError):
+    pass
+
+
+class PromptError(ValueError):
+    """A request the engine cannot serve; ``param`` names the field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not fit the model; the model keeps its weights."""
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: GenerationParams
+    future: Future[GenerationResult]
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] | None = None
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+
+
+@dataclass(eq=False)
+class _WeightUpdate:
+    tensors: dict[str, torch.Tensor]
+    future: Future[int]
+
+
+def _resolve(future: Future[Any], value: Any) -> None:
+    with contextlib.suppress(InvalidStateError):  # cancelled by the caller meanwhile
+        future.set_result(value)
+
+
+def _fail(future: Future[Any], error: BaseException) -> None:
+    with contextlib.suppress(InvalidStateError):
+        future.set_exception(error)
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: a file, or a directory with ``model.safetensors``
+    or a sharded ``model.safetensors.index.json``."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise WeightsError(f"no such file or directory: {path}")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return [path / name for name in sorted(set(weight_map.values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise WeightsError(f"cannot read {index}: {e}") from e
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    found = sorted(path.glob("*.safetensors"))
+    if len(found) == 1:
+        return found
+    raise WeightsError(
+        f"{path} has no model.safetensors or model.safetensors.index.json"
+        + (f" (and {len(found)} other .safetensors files)" if found else "")
+    )
+
+
+def _keys(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+class Engine:
+    """Batched generation with a prefix cache on one model, driven by one worker thread."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int = 8,
+        prefix_cache_tokens: int = 32768,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        config = model.config
+        self.max_model_len = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.num_layers = int(config.num_hidden_layers)
+        self.eos_token_ids = self._eos_ids()
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.stats = EngineStats()
+        self._cond = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._updates: deque[_WeightUpdate] = deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # The running batch (worker thread only).
+        self._rows: list[_Request] = []
+        self._lengths: list[int] = []  # positions held in the cache, per row
+        self._cache: KVCache | None = None
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        generation = getattr(self.model, "generation_config", None)
+        extra = getattr(generation, "eos_token_id", None)
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif isinstance(extra, list | tuple):
+            ids.update(int(t) for t in extra)
+        return frozenset(ids)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("the engine has been shut down")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="raas-engine", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker; requests in flight or waiting fail with :class:`EngineStopped`."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+            updates, self._updates = list(self._updates), deque()
+        for request in waiting:
+            _fail(request.future, EngineStopped("the engine shut down"))
+        for update in updates:
+            _fail(update.future, EngineStopped("the engine shut down"))
+
+    # -- the public interface (any thread) ---------------------------------------------------
+
+    def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
+        """Raise :class:`PromptError` unless the engine can serve this prompt and length."""
+        if not prompt:
+            raise PromptError("the prompt is empty", "prompt")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise PromptError(
+                f"prompt token ids must be in [0, {self.vocab_size}): "
+                f"got {', '.join(map(str, bad[:5]))}{' ...' if len(bad) > 5 else ''}",
+                "prompt",
+            )
+        if max_tokens < 1:
+            raise PromptError("max_tokens must be at least 1", "max_tokens")
+        if len(prompt) + max_tokens > self.max_model_len:
+            raise PromptError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, "
+                f"{max_tokens} for max_tokens). Please reduce the length of the prompt or "
+                "max_tokens.",
+                "max_tokens",
+            )
+
+    def submit(self, prompt: list[int], params: GenerationParams) -> Future[GenerationResult]:
+        """Queue one generation; the future resolves when it has finished."""
+        self.check_prompt(prompt, params.max_tokens)
+        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise PromptError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
+        self.start()
+        generator = torch.Generator()
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        request = _Request(list(prompt), params, Future(), generator)
+        if params.top_logprobs:
+            request.top = []
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("the engine has been shut down")
+            self._waiting.append(request)
+            self._cond.notify_all()
+        return request.future
+
+    async def generate(self, prompt: list[int], params: GenerationParams) -> GenerationResult:
+        return await asyncio.wrap_future(self.submit(prompt, params))
+
+    def read_weights(self, path: str | Path) -> dict[str, torch.Tensor]:
+        """Load a safetensors checkpoint and check it fits the model exactly (every key, no
+        unknown key, same shapes). Returns the tensors to copy, by state-dict key. Tied weights
+        (an input embedding shared with the output layer) may appear under either name."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        loaded: dict[str, torch.Tensor] = {}
+        for file in checkpoint_files(Path(path)):
+            try:
+                loaded.update(load_file(str(file), device="cpu"))
+            except (OSError, SafetensorError, ValueError, RuntimeError) as e:
+                raise WeightsError(f"cannot read {file} as safetensors: {e}") from e
+        state = self.model.state_dict()
+        unexpected = sorted(set(loaded) - set(state))
+        if unexpected:
+            raise WeightsError(f"unexpected key(s) in the checkpoint: {_keys(unexpected)}")
+        aliases: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+        for key, tensor in state.items():
+            aliases.setdefault((tensor.data_ptr(), tuple(tensor.shape)), []).append(key)
+        missing: list[str] = []
+        out: dict[str, torch.Tensor] = {}
+        for names in aliases.values():
+            present = [n for n in names if n in loaded]
+            if not present:
+                missing.append(names[0])
+                continue
+            for name in present:
+                got, want = tuple(loaded[name].shape), tuple(state[name].shape)
+                if got != want:
+                    raise WeightsError(
+                        f"shape mismatch for {name!r}: checkpoint {got}, model {want}"
+                    )
+                if loaded[name].is_floating_point() != state[name].is_floating_point():
+                    raise WeightsError(
+                        f"dtype mismatch for {name!r}: checkpoint {loaded[name].dtype}, "
+                        f"model {state[name].dtype}"
+                    )
+            out[names[0]] = loaded[present[0]]
+        if missing:
+            raise WeightsError(f"missing key(s) in the checkpoint: {_keys(sorted(missing))}")
+        return out
+
+    def submit_weights(self, tensors: dict[str, torch.Tensor]) -> Future[int]:
+        """Queue checked tensors (from :meth:`read_weights`); applied once the batch drains.
+        Resolves to the new weight version."""
+        self.start()
+        update = _WeightUpdate(tensors, Future())
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("the engine has been shut down")
+            self._updates.append(update)
+            self._cond.notify_all()
+        return update.future
+
+    async def update_weights(self, path: str | Path) -> int:
+        tensors = await asyncio.to_thread(self.read_weights, path)
+        return await asyncio.wrap_future(self.submit_weights(tensors))
+
+    def snapshot(self) -> dict[str, int]:
+        with self._cond:
+            waiting = len(self._waiting)
+        s = self.stats
+        return {
+            "requests": s.requests,
+            "generated_tokens": s.generated_tokens,
+            "prefix_cache_hits": s.prefix_cache_hits,
+            "cached_tokens": s.cached_tokens,
+            "batches": s.batches,
+            "decode_steps": s.decode_steps,
+            "weight_version": s.weight_version,
+            "running": len(self._rows),
+            "waiting": waiting,
+            "prefix_cache_entries": len(self.prefix_cache),
+            "prefix_cache_tokens": self.prefix_cache.tokens,
+        }
+
+    # -- the worker thread -------------------------------------------------------------------
+
+    def _work(self) -> None:
+        with torch.no_grad():
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._waiting or self._updates or self._rows):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    updates: list[_WeightUpdate] = []
+                    admitted: list[_Request] = []
+                    if self._updates:
+                        if not self._rows:  # only between batches, never mid-generation
+                            updates, self._updates = list(self._updates), deque()
+                    else:
+                        while self._waiting and len(self._rows) + len(admitted) < self.max_batch:
+                            request = self._waiting.popleft()
+                            if not request.future.cancelled():
+                                admitted.append(request)
+                for update in updates:
+                    self._apply(update)
+                try:
+                    if admitted:
+                        self._admit(admitted)
+                    if self._rows:
+                        self._step()
+                except Exception as e:  # a bug or out of memory: fail this batch, keep serving
+                    log.exception("generation failed")
+                    for request in self._rows:
+                        _fail(request.future, e)
+                    self._rows, self._lengths, self._cache = [], [], None
+        for request in self._rows:
+            _fail(request.future, EngineStopped("the engine shut down"))
+        self._rows, self._lengths, self._cache = [], [], None
+
+    def _apply(self, update: _WeightUpdate) -> None:
+        try:
+            state = self.model.state_dict()
+            for key, tensor in update.tensors.items():
+                state[key].copy_(tensor)
+        except Exception as e:  # checked beforehand, so this is not expected
+            log.exception("weight update failed")
+            _fail(update.future, e)
+            return
+        self.prefix_cache.clear()
+        self.stats.weight_version += 1
+        log.info("weights updated: version %d", self.stats.weight_version)
+        _resolve(update.future, self.stats.weight_version)
+
+    def _admit(self, requests: list[_Request]) -> None:
+        self.stats.batches += 1
+        joining: list[tuple[_Request, KV]] = []
+        for request in requests:
+            try:
+                kv = self._prefill(request)
+            except Exception as e:
+                log.exception("prefill failed")
+                _fail(request.future, e)
+                continue
+            if request.finish_reason is not None:
+                self._finish(request, kv)
+            else:
+                joining.append((request, kv))
+        if not joining:
+            return
+        rows: list[KV] = []
+        if self._cache is not None:
+            held = self._cache.tensors()
+            rows = [row_view(held, i, n) for i, n in enumerate(self._lengths)]
+        rows += [kv for _, kv in joining]
+        self._rows += [request for request, _ in joining]
+        self._lengths += [len(request.prompt) for request, _ in joining]
+        self._cache = assemble(rows, self._lengths)
+
+    def _prefill(self, request: _Request) -> KV:
+        prompt = request.prompt
+        hit, cached = self.prefix_cache.lookup(prompt)
+        if cached is not None:
+            cache = KVCache.holding(cached, spare=len(prompt) - hit)
+            request.cached_tokens = hit
+        else:
+            cache = KVCache.empty(self.num_layers, spare=0)
+        out = self.model(
+            input_ids=torch.tensor([prompt[hit:]], dtype=torch.long),
+            position_ids=torch.arange(hit, len(prompt), dtype=torch.long).unsqueeze(0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        kv = cache.tensors()
+        self.prefix_cache.insert(prompt, kv)  # its buffers hold exactly the prompt
+        self._choose(out.logits[:, -1, :], [request])
+        return kv
+
+    def _step(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not r.future.cancelled()]
+        if len(keep) < len(self._rows):
+            self._regroup(keep)
+            if not self._rows:
+                return
+        assert self._cache is not None
+        total = self._cache.length
+        pads = [total - n for n in self._lengths]
+        mask = None
+        if any(pads):
+            mask = torch.ones((len(pads), total + 1), dtype=torch.long)
+            for i, pad in enumerate(pads):
+                mask[i, :pad] = 0
+        out = self.model(
+            input_ids=torch.tensor([[r.tokens[-1]] for r in self._rows], dtype=torch.long),
+            attention_mask=mask,
+            position_ids=torch.tensor([[n] for n in self._lengths], dtype=torch.long),
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self.stats.decode_steps += 1
+        self._lengths = [n + 1 for n in self._lengths]
+        self._choose(out.logits[:, -1, :], self._rows)
+        done = [i for i, r in enumerate(self._rows) if r.finish_reason is not None]
+        if done:
+            held = self._cache.tensors()
+            for i in done:
+                self._finish(self._rows[i], clone(row_view(held, i, self._lengths[i])))
+            self._regroup([i for i in range(len(self._rows)) if i not in set(done)])
+
+    def _regroup(self, keep: list[int]) -> None:
+        """Rebuild the batch with only the rows ``keep``, dropping padding no row needs."""
+        rows = [self._rows[i] for i in keep]
+        lengths = [self._lengths[i] for i in keep]
+        if not rows or self._cache is None:
+            self._rows, self._lengths, self._cache = [], [], None
+            return
+        held = self._cache.tensors()
+        self._cache = assemble([row_view(held, i, self._lengths[i]) for i in keep], lengths)
+        self._rows, self._lengths = rows, lengths
+
+    def _choose(self, logits: torch.Tensor, rows: list[_Request]) -> None:
+        """Pick the next token of each row, record its raw logprob, and decide if it stops."""
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        greedy = logits.argmax(dim=-1).tolist()
+        for i, request in enumerate(rows):
+            p = request.params
+            token = int(greedy[i]) if p.greedy else self._sample(logits[i], p, request.generator)
+            request.tokens.append(token)
+            request.logprobs.append(max(float(logprobs[i, token]), MIN_LOGPROB))
+            if request.top is not None:
+                values, ids = torch.topk(logprobs[i], p.top_logprobs)
+                request.top.append(
+                    [(int(t), max(float(v), MIN_LOGPROB)) for v, t in zip(values, ids, strict=True)]
+                )
+            if not p.ignore_eos and token in self.eos_token_ids:
+                request.finish_reason = "stop"
+            elif token in p.stop_token_ids:
+                request.finish_reason, request.stop_reason = "stop", token
+            elif len(request.tokens) >= p.max_tokens:
+                request.finish_reason = "length"
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, p: GenerationParams, generator: torch.Generator | None
+    ) -> int:
+        scores = logits / p.temperature
+        if 0 < p.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, p.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if p.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True)
+            probs = torch.softmax(ordered, dim=-1)
+            # Keep the smallest set of tokens whose mass reaches top_p (the first always stays).
+            drop = (torch.cumsum(probs, dim=-1) - probs) > p.top_p
+            ordered = ordered.masked_fill(drop, float("-inf"))
+            scores = torch.full_like(scores, float("-inf")).scatter(0, order, ordered)
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+
+    def _finish(self, request: _Request, kv: KV) -> None:
+        """Cache the sequence's keys and values (all but the last token's, never computed) and
+        hand the result over."""
+        held = request.prompt + request.tokens[:-1]
+        if kv and kv[0][0].shape[-2] == len(held):
+            self.prefix_cache.insert(held, kv)
+        else:  # cannot happen; never cache keys that do not match their tokens
+            log.error("cache length %s != %d tokens", kv[0][0].shape if kv else None, len(held))
+        s = self.stats
+        s.requests += 1
+        s.generated_tokens += len(request.tokens)
+        if request.cached_tokens:
+            s.prefix_cache_hits += 1
+            s.cached_tokens += request.cached_tokens
+        stopped = request.finish_reason == "stop"
+        _resolve(
+            request.future,
+            GenerationResult(
+                prompt_token_ids=request.prompt,
+                token_ids=request.tokens,
+                logprobs=request.logprobs,
+                top_logprobs=request.top,
+                finish_reason=request.finish_reason or "length",
+                stop_reason=request.stop_reason,
+                stopped_on_token=stopped,
+                cached_tokens=request.cached_tokens,
+                weight_version=s.weight_version,
+            ),
+        )

@@ -1,0 +1,128 @@
+"""The agent loop with a scripted policy, the real tokenizer and a real sandbox."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from raas.agent.loop import AgentLoop, LoopConfig
+from raas.agent.tools import select_tools
+from raas.agent.trajectory import Trajectory
+from raas.llm.chat import encode
+from raas.llm.models import load_tokenizer
+from raas.llm.types import Generation, SamplingParams
+from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+class Scripted:
+    """A 'policy' that answers each turn with the next scripted text (end token included)."""
+
+    def __init__(self, tokenizer: Any, turns: list[str]) -> None:
+        self.tok = tokenizer
+        self.turns = list(turns)
+        self.prompts: list[list[int]] = []
+
+    async def generate(
+        self, session: str, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        text = self.turns.pop(0) if self.turns else "I am done."
+        ids = [*encode(self.tok, text), self.tok.eos_token_id]
+        return Generation(ids, [-0.25] * len(ids), "stop", backend="scripted")
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return load_tokenizer("smollm2")
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with create_sandbox(BwrapConfig()) as sb:
+        yield sb
+
+
+def start() -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "Go."}]
+
+
+async def run(
+    tok: Any, sandbox: Sandbox, turns: list[str], **cfg: Any
+) -> tuple[Trajectory, Any, Scripted]:
+    policy = Scripted(tok, turns)
+    tools = select_tools(["bash", "editor", "finish", "think"])
+    loop = AgentLoop(policy, tok, tools, sandbox, LoopConfig(**cfg))
+    traj = Trajectory()
+    result = await loop.run("job", start(), traj)
+    return traj, result, policy
+
+
+async def test_parallel_calls_run_in_order_and_finish_ends(tok: Any, sandbox: Sandbox) -> None:
+    turns = [
+        call("bash", command="echo one > /workspace/f") + call("bash", command="cat /workspace/f"),
+        call("think", thought="looks right") + call("finish", answer="one"),
+    ]
+    traj, result, policy = await run(tok, sandbox, turns)
+    assert (result.stop_reason, result.answer) == ("finish", "one")
+    tool_messages = [m for m in traj.messages if m["role"] == "tool"]
+    assert [m["content"] for m in tool_messages] == ["[exit code 0]", "one\n[exit code 0]"]
+    ids = [c["id"] for c in traj.turns[0]["tool_calls"]]
+    assert [m["tool_call_id"] for m in tool_messages] == ids
+    # No drift: every prompt the policy saw is a prefix; the end is the last prompt + output.
+    for prompt in policy.prompts:
+        assert traj.prompt_ids + traj.response_ids[: len(prompt) - len(traj.prompt_ids)] == prompt
+    last = [*encode(tok, turns[-1]), tok.eos_token_id]
+    assert traj.prompt_ids + traj.response_ids == policy.prompts[-1] + last
+    assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.logprobs)
+    assert sum(traj.loss_mask) == sum(len(encode(tok, t)) + 1 for t in turns)
+
+
+async def test_format_errors_go_back_to_the_model(tok: Any, sandbox: Sandbox) -> None:
+    turns = ["<tool_call>{broken</tool_call>", call("finish", answer="x")]
+    traj, result, _ = await run(tok, sandbox, turns)
+    assert result.stop_reason == "finish"
+    assert traj.messages[3]["content"].startswith("Format error: tool call 1 is not valid JSON")
+
+
+async def test_the_loop_guard_stops_repeated_actions(tok: Any, sandbox: Sandbox) -> None:
+    _traj, result, policy = await run(
+        tok, sandbox, [call("bash", command="ls")] * 10, repeat_limit=3
+    )
+    assert result.stop_reason == "loop" and len(policy.prompts) == 3
+
+
+async def test_turn_and_context_limits(tok: Any, sandbox: Sandbox) -> None:
+    steps = [call("bash", command=f"echo {i}") for i in range(10)]
+    _, result, policy = await run(tok, sandbox, steps, max_turns=2)
+    assert result.stop_reason == "max_turns" and len(policy.prompts) == 2
+    limit = len(policy.prompts[0]) + 40
+    _, result, _ = await run(tok, sandbox, steps, max_context_tokens=limit)
+    assert result.stop_reason == "max_context"
+
+
+async def test_unknown_tools_and_bad_arguments_are_observations(tok: Any, sandbox: Sandbox) -> None:
+    turns = [call("rm_rf", path="/"), call("editor", command="view"), call("finish")]
+    traj, result, _ = await run(tok, sandbox, turns)
+    tool_messages = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert tool_messages[0].startswith("Error: there is no tool 'rm_rf'")
+    assert tool_messages[1].startswith("Error: editor needs path")
+    assert result.stop_reason == "finish"
+
+
+def test_sampling_params_reach_the_config_and_unknown_keys_are_errors() -> None:
+    cfg = LoopConfig.from_params({"temperature": 0.3, "max_turns": 4, "max_tokens": 64, "seed": 1})
+    assert (cfg.max_turns, cfg.max_tokens, cfg.sampling.temperature, cfg.sampling.seed) == (
+        4,
+        64,
+        0.3,
+        1,
+    )
+    with pytest.raises(KeyError, match="temprature"):
+        LoopConfig.from_params({"temprature": 0.3})

@@ -1,0 +1,400 @@
+"""The embedded CPU engine on the tiny random model: vLLM's protocol over real HTTP, logprobs that
+match a teacher-forced forward pass, batching, the prefix cache, weight updates, validation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from raas.llm.clients import VLLMClient
+from raas.llm.engine import Engine, GenerationParams, engine_app
+from raas.llm.engine.prefix_cache import PrefixCache, common_prefix_len
+from raas.llm.models import load_model
+from raas.llm.types import SamplingParams
+from tests.llm_servers import ServerThread
+
+Tiny = tuple[Any, Any]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Tiny:
+    return load_model("tiny")
+
+
+@pytest.fixture
+def serve(tiny: Tiny) -> Iterator[Any]:
+    """``serve(model=None, **engine_kwargs) -> (url, engine)``: an engine app on a real port."""
+    started: list[ServerThread] = []
+
+    def start(model: Any = None, **kwargs: Any) -> tuple[str, Engine]:
+        engine = Engine(model if model is not None else tiny[0], tiny[1], **kwargs)
+        server = ServerThread(engine_app(engine, "tiny")).start()
+        started.append(server)
+        return server.url, engine
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def prompt_of(length: int, salt: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(1000 + 17 * length + salt)
+    return torch.randint(3, 49152, (length,), generator=g).tolist()
+
+
+def teacher_forced(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    """Each generated token's logprob from one forward pass over prompt + tokens."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
+
+
+def tokens_of(data: dict[str, Any]) -> list[int]:
+    tokens: list[int] = data["choices"][0]["token_ids"]
+    return tokens
+
+
+async def complete(http: httpx.AsyncClient, url: str, prompt: Any, **body: Any) -> dict[str, Any]:
+    payload = {"prompt": prompt, "return_token_ids": True, "logprobs": 0, **body}
+    response = await http.post(url + "/v1/completions", json=payload, timeout=60)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+async def test_logprobs_match_a_teacher_forced_forward_pass(serve: Any, tiny: Tiny) -> None:
+    url, _ = serve()
+    prompt = prompt_of(11)
+    async with httpx.AsyncClient() as http:
+        greedy = await complete(http, url, prompt, max_tokens=24, temperature=0)
+        sampled = await complete(http, url, prompt, max_tokens=24, temperature=0.8, seed=5)
+    for data in (greedy, sampled):
+        choice = data["choices"][0]
+        tokens = choice["token_ids"]
+        assert len(tokens) == 24 and choice["prompt_token_ids"] == prompt
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(
+            teacher_forced(tiny[0], prompt, tokens), abs=1e-3
+        )
+    assert greedy["choices"][0]["token_ids"] != sampled["choices"][0]["token_ids"]
+
+
+async def test_concurrent_requests_are_batched_and_each_equals_its_solo_run(
+    serve: Any, tiny: Tiny
+) -> None:
+    url, engine = serve(prefix_cache_tokens=0)
+    prompts = [prompt_of(n) for n in (3, 17, 5, 40, 9, 1, 26, 12)]
+    async with httpx.AsyncClient() as http:
+        solo = [await complete(http, url, p, max_tokens=16, temperature=0) for p in prompts]
+        steps_before = engine.stats.decode_steps
+        together = await asyncio.gather(
+            *[complete(http, url, p, max_tokens=16, temperature=0) for p in prompts]
+        )
+        sampled = await asyncio.gather(
+            *[
+                complete(http, url, p, max_tokens=8, temperature=0.8, seed=i)
+                for i, p in enumerate(prompts)
+            ]
+        )
+    # Batched: far fewer decode steps than 8 requests x 15 steps one after another.
+    assert engine.stats.decode_steps - steps_before < 4 * 15
+    for prompt, one, batched, drawn in zip(prompts, solo, together, sampled, strict=True):
+        a, b = one["choices"][0], batched["choices"][0]
+        assert b["token_ids"] == a["token_ids"]
+        assert b["logprobs"]["token_logprobs"] == pytest.approx(
+            a["logprobs"]["token_logprobs"], abs=1e-3
+        )
+        tokens = drawn["choices"][0]["token_ids"]
+        assert drawn["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+            teacher_forced(tiny[0], prompt, tokens), abs=1e-3
+        )
+
+
+async def test_the_response_has_vllms_shape(serve: Any) -> None:
+    url, _ = serve()
+    prompt = prompt_of(6)
+    async with httpx.AsyncClient() as http:
+        data = await complete(
+            http, url, prompt, max_tokens=5, temperature=0, return_tokens_as_token_ids=True
+        )
+        plain = (
+            await http.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 3})
+        ).json()
+        top = await complete(http, url, prompt, max_tokens=3, temperature=0, logprobs=2)
+        text = await complete(http, url, "Hello, world", max_tokens=2, temperature=0)
+    assert data["id"].startswith("cmpl-") and data["object"] == "text_completion"
+    assert data["model"] == "tiny" and isinstance(data["created"], int)
+    choice = data["choices"][0]
+    assert choice["index"] == 0 and choice["finish_reason"] == "length"
+    assert choice["stop_reason"] is None and isinstance(choice["text"], str)
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert logprobs["top_logprobs"] is None and len(logprobs["text_offset"]) == 5
+    assert logprobs["text_offset"][1] == len(logprobs["tokens"][0])
+    assert data["usage"] == {
+        "prompt_tokens": 6,
+        "completion_tokens": 5,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["logprobs"] is None
+    assert plain["choices"][0]["prompt_token_ids"] is None
+    first = top["choices"][0]["logprobs"]
+    assert all(len(alternatives) >= 2 for alternatives in first["top_logprobs"])
+    best = max(first["top_logprobs"][0].values())
+    assert first["token_logprobs"][0] == pytest.approx(best)  # greedy took the top token
+    assert text["usage"]["prompt_tokens"] > 0 and len(text["choices"][0]["token_ids"]) == 2
+
+
+async def test_the_same_seed_gives_the_same_tokens(serve: Any) -> None:
+    url, _ = serve()
+    prompt = prompt_of(8)
+    async with httpx.AsyncClient() as http:
+        runs = [
+            tokens_of(await complete(http, url, prompt, max_tokens=12, temperature=1.0, seed=s))
+            for s in (3, 3, 4)
+        ]
+        top = [
+            tokens_of(
+                await complete(
+                    http, url, prompt, max_tokens=12, temperature=0.7, top_p=0.9, top_k=50, seed=9
+                )
+            )
+            for _ in range(2)
+        ]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+    assert top[0] == top[1]
+
+
+async def test_stop_tokens_eos_and_length(serve: Any) -> None:
+    url, engine = serve()
+    prompt = prompt_of(10)
+    async with httpx.AsyncClient() as http:
+        full = (await complete(http, url, prompt, max_tokens=10, temperature=0))["choices"][0]
+        tokens = full["token_ids"]
+        assert full["finish_reason"] == "length" and full["stop_reason"] is None
+        assert len(tokens) == 10 and len(full["logprobs"]["token_logprobs"]) == 10
+        stop = tokens[4]
+        cut = tokens.index(stop) + 1
+        stopped = (
+            await complete(http, url, prompt, max_tokens=10, temperature=0, stop_token_ids=[stop])
+        )["choices"][0]
+        assert stopped["token_ids"] == tokens[:cut]  # the stop token is included
+        assert len(stopped["logprobs"]["token_logprobs"]) == cut
+        assert stopped["finish_reason"] == "stop" and stopped["stop_reason"] == stop
+        with_stop = (
+            await complete(
+                http,
+                url,
+                prompt,
+                max_tokens=10,
+                temperature=0,
+                stop_token_ids=[stop],
+                include_stop_str_in_output=True,
+            )
+        )["choices"][0]
+        assert len(with_stop["text"]) > len(stopped["text"])
+
+        engine.eos_token_ids = frozenset({stop})  # pretend the model's EOS is that token
+        eos = (await complete(http, url, prompt, max_tokens=10, temperature=0))["choices"][0]
+        assert eos["token_ids"] == tokens[:cut] and eos["token_ids"][-1] == stop
+        assert eos["finish_reason"] == "stop" and eos["stop_reason"] is None
+        ignored = (
+            await complete(http, url, prompt, max_tokens=10, temperature=0, ignore_eos=True)
+        )["choices"][0]
+        assert ignored["token_ids"] == tokens and ignored["finish_reason"] == "length"
+        one = (await complete(http, url, prompt, max_tokens=1, temperature=0))["choices"][0]
+        assert one["token_ids"] == tokens[:1]
+
+
+async def test_the_prefix_cache_serves_the_next_turn_with_the_same_tokens(serve: Any) -> None:
+    url, engine = serve()
+    fresh_url, fresh = serve(prefix_cache_tokens=0)
+    prompt = prompt_of(30)
+    async with httpx.AsyncClient() as http:
+        first = await complete(http, url, prompt, max_tokens=12, temperature=0)
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        output = first["choices"][0]["token_ids"]
+        turn2 = prompt + output + prompt_of(7, salt=1)  # the observation of the next turn
+        cached = await complete(http, url, turn2, max_tokens=12, temperature=0)
+        uncached = await complete(http, fresh_url, turn2, max_tokens=12, temperature=0)
+    # Everything but the last generated token (whose keys were never computed) is reused.
+    assert cached["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) + 11
+    assert uncached["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    a, b = cached["choices"][0], uncached["choices"][0]
+    assert a["token_ids"] == b["token_ids"]
+    assert a["logprobs"]["token_logprobs"] == pytest.approx(
+        b["logprobs"]["token_logprobs"], abs=1e-4
+    )
+    stats = engine.snapshot()
+    assert stats["prefix_cache_hits"] == 1 and stats["cached_tokens"] == len(prompt) + 11
+    assert fresh.snapshot()["prefix_cache_hits"] == 0
+
+
+def test_prefix_cache_bookkeeping() -> None:
+    assert common_prefix_len((1, 2, 3, 4), (1, 2, 9)) == 2
+    assert common_prefix_len((1, 2), (1, 2, 3)) == 2 and common_prefix_len((5,), (6,)) == 0
+    kv = [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2)) for n in (4,)]
+    cache = PrefixCache(max_tokens=10)
+    cache.insert([1, 2, 3, 4], kv)
+    n, hit = cache.lookup([1, 2, 3, 4])
+    assert n == 3 and hit is not None and hit[0][0].shape[-2] == 3  # the last token is recomputed
+    assert cache.lookup([1, 2, 7, 8, 9])[0] == 2 and cache.lookup([9, 9])[0] == 0
+    longer = [(torch.zeros(1, 1, 6, 2), torch.zeros(1, 1, 6, 2))]
+    cache.insert([1, 2, 3, 4, 5, 6], longer)  # supersedes [1, 2, 3, 4]
+    assert len(cache) == 1 and cache.tokens == 6
+    cache.insert([1, 2], kv)  # already covered
+    assert len(cache) == 1
+    cache.insert([7, 8, 9, 10, 11], [(torch.zeros(1, 1, 5, 2), torch.zeros(1, 1, 5, 2))])
+    assert len(cache) == 1 and cache.tokens == 5  # the least recently used one was evicted
+
+
+async def test_update_weights_between_batches(serve: Any, tmp_path: Path) -> None:
+    model, _ = load_model("tiny")  # its own copy: this test changes the weights
+    url, engine = serve(model=model)
+    original = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    g = torch.Generator().manual_seed(0)
+    perturbed = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    good = tmp_path / "perturbed.safetensors"
+    save_file(perturbed, str(good))
+    missing = tmp_path / "missing.safetensors"
+    save_file({k: v for k, v in perturbed.items() if k != "model.norm.weight"}, str(missing))
+    wrong_shape = tmp_path / "wrong_shape.safetensors"
+    save_file({**perturbed, "model.norm.weight": torch.ones(3)}, str(wrong_shape))
+    extra = tmp_path / "extra.safetensors"
+    save_file({**perturbed, "model.surprise": torch.ones(3)}, str(extra))
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a checkpoint")
+    prompt = prompt_of(9)
+
+    async with httpx.AsyncClient() as http:
+
+        async def greedy(max_tokens: int = 12) -> list[int]:
+            data = await complete(http, url, prompt, max_tokens=max_tokens, temperature=0)
+            tokens: list[int] = data["choices"][0]["token_ids"]
+            return tokens
+
+        async def update(path: Path) -> httpx.Response:
+            return await http.post(url + "/update_weights", json={"path": str(path)}, timeout=60)
+
+        before = await greedy(200)
+        # An update sent while a generation runs waits for it: the whole generation keeps the
+        # old weights.
+        running = asyncio.create_task(greedy(200))
+        await asyncio.sleep(0.05)
+        response = await update(good)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"ok": True, "weight_version": 1}
+        assert await running == before
+        after = await greedy()
+        assert after != before[:12]
+        assert engine.snapshot()["weight_version"] == 1
+
+        for bad, needle in [
+            (missing, "model.norm.weight"),
+            (wrong_shape, "model.norm.weight"),
+            (extra, "model.surprise"),
+            (garbage, "garbage.safetensors"),
+            (tmp_path / "nowhere", "nowhere"),
+        ]:
+            response = await update(bad)
+            assert response.status_code == 422, response.text
+            assert needle in response.json()["detail"][0]["msg"]
+            assert response.json()["detail"][0]["loc"] == ["body", "path"]
+        assert await greedy() == after  # the failed updates changed nothing
+        assert engine.snapshot()["weight_version"] == 1
+
+        # A directory written by save_pretrained (tied lm_head left out) brings the original back.
+        model.load_state_dict({**original, "lm_head.weight": original["model.embed_tokens.weight"]})
+        model.save_pretrained(str(tmp_path / "ckpt"))
+        model.load_state_dict(
+            {**perturbed, "lm_head.weight": perturbed["model.embed_tokens.weight"]}
+        )
+        response = await update(tmp_path / "ckpt")
+        assert response.json() == {"ok": True, "weight_version": 2}
+        assert await greedy() == before[:12]
+
+
+async def test_requests_are_validated(serve: Any) -> None:
+    url, engine = serve()
+    prompt = prompt_of(5)
+    cases: list[tuple[dict[str, Any], int, str]] = [
+        ({"prompt": prompt, "best_of": 2}, 422, "best_of"),
+        ({"prompt": prompt, "n": 2}, 422, "n"),
+        ({"prompt": [prompt, prompt]}, 422, "prompt"),
+        ({"prompt": []}, 422, "prompt"),
+        ({"prompt": prompt, "stream": True}, 422, "stream"),
+        ({"prompt": prompt, "stop": ["\n"]}, 422, "stop"),
+        ({"prompt": prompt, "logprobs": 21}, 422, "logprobs"),
+        ({"prompt": prompt, "max_tokens": engine.max_model_len}, 400, "max_tokens"),
+        ({"prompt": [1, 2, 10**9]}, 400, "prompt"),
+        ({"prompt": prompt, "model": "gpt-4"}, 404, "model"),
+    ]
+    async with httpx.AsyncClient() as http:
+        for body, status, field in cases:
+            response = await http.post(url + "/v1/completions", json=body)
+            assert response.status_code == status, (body, response.text)
+            data = response.json()
+            if status == 422:
+                assert any(e["loc"][:2] == ["body", field] for e in data["detail"]), data
+            else:
+                assert data["error"]["param"] == field and data["error"]["code"] == status
+        lists = await http.post(url + "/v1/completions", json={"prompt": [prompt, prompt]})
+        assert "one prompt per request" in lists.text
+        too_long = await http.post(
+            url + "/v1/completions", json={"prompt": prompt, "max_tokens": engine.max_model_len}
+        )
+        assert "maximum context length is 4096" in too_long.json()["error"]["message"]
+        response = await http.post(url + "/update_weights", json={"path": "x", "force": True})
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] == "force"
+
+
+async def test_models_health_and_stats(serve: Any) -> None:
+    url, _ = serve(max_batch=4)
+    async with httpx.AsyncClient() as http:
+        models = (await http.get(url + "/v1/models")).json()
+        health = await http.get(url + "/health")
+        await complete(http, url, prompt_of(4), max_tokens=3)
+        stats = (await http.get(url + "/v1/engine/stats")).json()
+    card = models["data"][0]
+    assert models["object"] == "list" and card["id"] == card["root"] == "tiny"
+    assert card["object"] == "model" and card["owned_by"] == "raas"
+    assert card["max_model_len"] == 4096
+    assert health.status_code == 200 and health.content == b""
+    assert stats["requests"] == 1 and stats["generated_tokens"] == 3 and stats["batches"] == 1
+    assert stats["max_batch"] == 4 and stats["weight_version"] == 0
+    assert {"prefix_cache_hits", "cached_tokens"} <= stats.keys()
+
+
+async def test_the_vllm_client_speaks_to_the_engine(serve: Any, tiny: Tiny) -> None:
+    url, _ = serve()
+    prompt = prompt_of(7)
+    client = VLLMClient(url + "/v1")
+    try:
+        gen = await client.generate(prompt, SamplingParams(temperature=0.0, max_tokens=6))
+    finally:
+        await client.aclose()
+    assert len(gen.token_ids) == 6 and gen.finish_reason == "length"
+    assert gen.logprobs == pytest.approx(teacher_forced(tiny[0], prompt, gen.token_ids), abs=1e-3)
+
+
+async def test_the_engine_without_http(tiny: Tiny) -> None:
+    engine = Engine(*tiny, max_batch=2)
+    try:
+        results = await asyncio.gather(
+            *[
+                engine.generate(prompt_of(n), GenerationParams(max_tokens=4, temperature=0))
+                for n in (2, 3, 4)
+            ]
+        )
+    finally:
+        engine.shutdown()
+    assert [len(r.token_ids) for r in results] == [4, 4, 4]
+    assert engine.stats.batches >= 2  # max_batch 2: the third waited for a free slot
