@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench-pipeline bench-tools system-deps clean
+.PHONY: demo test lint typecheck unit bench-pipeline bench-tools bench-llm system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-pipeline: $(STAMP)
 
 bench-tools: $(STAMP) system-deps
 	$(BIN)/raas bench tools
+
+bench-llm: $(STAMP)
+	$(BIN)/raas bench llm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

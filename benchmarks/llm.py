@@ -79,22 +79,24 @@ OBSERVATION = [1, 9531, 198, 8307, 2, 198, 1, 520, 9531, 198]  # a short inserte
 
 async def sessions(
     urls: list[str], n_sessions: int, turns: int, sticky: bool
-) -> tuple[float, Counter[str], Counter[str]]:
-    """Run multi-turn sessions; returns (share of later turns with a cache hit, sessions and
-    requests per backend)."""
+) -> tuple[float, float, Counter[str], Counter[str]]:
+    """Run multi-turn sessions. Returns the share of later turns that found their whole previous
+    turn in the engine's prefix cache, the share of later turns' prompt tokens served from the
+    cache, and sessions and requests per backend."""
     pool = BackendPool()
     for url in urls:
         pool.add(url, capacity=4)
     clients = [b.client for b in pool.backends()]
     params = SamplingParams(temperature=0.0, max_tokens=16)
     rr = 0
-    hits, later = 0, 0
+    hits, later, cached_tokens, prompt_tokens = 0, 0, 0, 0
     first_backend: Counter[str] = Counter()
     requests: Counter[str] = Counter()
 
     async def one(s: int) -> None:
-        nonlocal rr, hits, later
+        nonlocal rr, hits, later, cached_tokens, prompt_tokens
         prompt = [1, 9690, 198, 200 + s, 300 + s, 2, 198, 1, 4093, 198, 400 + s, 2, 198]
+        previous = 0
         for turn in range(turns):
             gen: Generation
             if sticky:
@@ -108,20 +110,25 @@ async def sessions(
                 first_backend[gen.backend] += 1
             else:
                 later += 1
-                hits += gen.cached_tokens > 0
+                hits += gen.cached_tokens >= previous
+                cached_tokens += gen.cached_tokens
+                prompt_tokens += len(prompt)
+            previous = len(prompt)
             prompt = prompt + gen.token_ids + OBSERVATION
         pool.release(f"s{s}")
 
     await asyncio.gather(*(one(s) for s in range(n_sessions)))
     await pool.stop()
-    return hits / max(later, 1), first_backend, requests
+    return hits / max(later, 1), cached_tokens / max(prompt_tokens, 1), first_backend, requests
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="raas bench llm", description=__doc__)
     parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a path")
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--sessions", type=int, default=8)
+    # Odd by default: with an even number of sessions taking turns in lock-step, round-robin
+    # would send each session to the same engine every turn by accident.
+    parser.add_argument("--sessions", type=int, default=9)
     parser.add_argument("--turns", type=int, default=4)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,10 +143,13 @@ def main(argv: list[str]) -> int:
                 print(f"  one engine, concurrency {concurrency}: {rate:6.1f} tokens/s")
             print(f"{args.sessions} sessions x {args.turns} turns over 2 engines:")
             for sticky in (True, False):
-                share, first, reqs = asyncio.run(sessions(urls, args.sessions, args.turns, sticky))
+                share, token_share, first, reqs = asyncio.run(
+                    sessions(urls, args.sessions, args.turns, sticky)
+                )
                 name = "sticky least-loaded" if sticky else "round-robin        "
-                print(f"  {name}: {100 * share:5.1f}% of later turns hit the prefix cache;"
-                      f" requests per engine {sorted(reqs.values())}")  # fmt: skip
+                print(f"  {name}: {100 * share:5.1f}% of later turns found the previous turn in"
+                      f" the prefix cache, {100 * token_share:5.1f}% of their prompt tokens"
+                      f" cached; requests per engine {sorted(reqs.values())}")  # fmt: skip
                 if sticky:
                     spread = sorted(first.values())
                     print(f"  sessions per engine under sticky routing: {spread}"
