@@ -25,8 +25,11 @@ demo: $(STAMP) system-deps
 test: $(STAMP) system-deps lint typecheck unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check raas tests benchmarks
-	$(BIN)/ruff format --check raas tests benchmarks
+	$(BIN)/ruff check raas tests benchmarks scripts
+	$(BIN)/ruff format --check raas tests benchmarks scripts
+	# The bundled data sets are what their generators write.
+	$(BIN)/python scripts/make_math_bundle.py --check
+	$(BIN)/python scripts/make_stem_bundle.py --check
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -12,50 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
-
-from raas.demo import free_port
+from raas.launch import EngineProcess
 from raas.llm.clients import VLLMClient
 from raas.llm.pool import BackendPool
 from raas.llm.types import Generation, SamplingParams
-
-
-class Engine:
-    def __init__(self, model: str, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raas", "engine", "--model", model, "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
-
-    def wait_ready(self, timeout_s: float = 300) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("engine did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self._log.close()
 
 
 async def throughput(url: str, concurrency: int, tokens: int, rounds: int) -> float:
@@ -132,10 +98,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=4)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        engines = [Engine(args.model, Path(tmp) / f"engine{i}.log") for i in range(2)]
+        engines = [
+            EngineProcess(args.model, Path(tmp) / f"engine{i}.log", threads=1) for i in range(2)
+        ]
         try:
             for engine in engines:
-                engine.wait_ready()
+                engine.wait_ready(300)
             urls = [e.url for e in engines]
             print(f"model {args.model}, 2 engines, {args.tokens} greedy tokens per request")
             for concurrency in (1, 8):

@@ -27,7 +27,7 @@ import uvicorn
 from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
 from raas.api.settings import ServeSettings
-from raas.demo import free_port
+from raas.launch import free_port
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, Stage
 from raas.store.sqlite import ResultStore
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from raas.demo import ServerProcess
+from raas.launch import ServerProcess
 from raas.store.sqlite import iter_finished
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import generate_instances

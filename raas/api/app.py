@@ -17,8 +17,10 @@ from raas.api.settings import ServeSettings
 from raas.api.state import ServiceState
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
+from raas.sandbox import BwrapConfig, LocalConfig
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
+from raas.tasks.services import TaskServices
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +34,19 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         store = ResultStore(settings.db)
         await store.open()
         metrics = PipelineMetrics()
-        pipeline = Pipeline(tasks, store, settings.pipeline_config(), observers=[metrics])
-        metrics.watch(pipeline)
         llm = BackendPool()
         for address in settings.llm:
             llm.add(address, settings.llm_protocol, settings.llm_capacity)
+        services = TaskServices(
+            llm=llm,
+            tokenizer_name=settings.tokenizer,
+            sandbox_config=BwrapConfig() if settings.sandbox == "bwrap" else LocalConfig(),
+            warm_sandboxes=settings.warm_sandboxes,
+        )
+        pipeline = Pipeline(
+            tasks, store, settings.pipeline_config(), observers=[metrics], services=services
+        )
+        metrics.watch(pipeline)
         llm.start()
         app.state.service = ServiceState(settings, pipeline, metrics, llm)
         await pipeline.start()
@@ -46,6 +56,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         finally:
             await pipeline.stop(grace_s=settings.drain_grace_s)
             await llm.stop()
+            await services.close()
             await store.close()
             log.info("raas stopped; every result is in %s", settings.db)
 

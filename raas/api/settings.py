@@ -42,6 +42,9 @@ class ServeSettings(BaseModel):
     llm: list[str] = Field(default_factory=list, description="Inference servers to register.")
     llm_protocol: Literal["vllm", "sglang", "verl"] = "vllm"
     llm_capacity: int = Field(default=8, ge=1)
+    tokenizer: str = Field(default="smollm2", description="The served model's tokenizer.")
+    sandbox: Literal["bwrap", "local"] = "bwrap"
+    warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes started ahead.")
     log_level: str = "info"
 
     def pipeline_config(self) -> PipelineConfig:

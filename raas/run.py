@@ -1,0 +1,184 @@
+"""``raas run``: the main job. Tasks through a service (in-process unless a URL is given), with
+a progress bar, a result table and a summary; or ``--replay``: re-score stored results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from raas.api.app import create_app
+from raas.api.schemas import RolloutRequest, RolloutResult
+from raas.api.settings import ServeSettings
+from raas.client import AsyncRolloutClient
+from raas.client.files import run_requests
+from raas.launch import EngineProcess, free_port
+from raas.llm.pool import BackendPool
+from raas.sandbox import BwrapConfig
+from raas.tasks import TaskRegistry
+from raas.tasks.agentic import AgentTask
+from raas.tasks.services import TaskServices
+
+
+@dataclass
+class RunOptions:
+    url: str | None = None
+    llm: list[str] = field(default_factory=list)
+    model: str = "smollm2"
+    workdir: Path = Path("out/run")
+    run_workers: int = 8
+    eval_workers: int = 4
+    quiet_server: bool = True
+
+
+def requests_for(
+    tasks: Sequence[dict[str, Any]], sampling: dict[str, Any], timeout_s: float | None
+) -> list[RolloutRequest]:
+    out = []
+    for task in tasks:
+        body = task if "instance" in task else {"instance": task}
+        merged = {**sampling, **body.get("sampling_params", {})}
+        out.append(RolloutRequest.model_validate(
+            {**body, "sampling_params": merged, "timeout_s": body.get("timeout_s", timeout_s)}
+        ))  # fmt: skip
+    return out
+
+
+@contextlib.asynccontextmanager
+async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
+    """The URL of a service to run on: the given one, or one started here (with an engine)."""
+    if options.url:
+        yield options.url
+        return
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    engine = None
+    llm = list(options.llm)
+    if not llm:
+        console.print(f"starting the embedded engine with {options.model} ...")
+        engine = EngineProcess(options.model, options.workdir / "engine.log")
+        await asyncio.to_thread(engine.wait_ready, 600.0)
+        llm = [engine.url]
+    port = free_port()
+    settings = ServeSettings(
+        port=port,
+        db=options.workdir / "raas.db",
+        llm=llm,
+        tokenizer=options.model,
+        run_workers=options.run_workers,
+        eval_workers=options.eval_workers,
+        log_level="warning" if options.quiet_server else "info",
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), port=port, log_level=settings.log_level)
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.05)
+        console.print(f"raas serving on http://127.0.0.1:{port}, LLM at {', '.join(llm)}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        if engine is not None:
+            await asyncio.to_thread(engine.stop)
+
+
+async def run_tasks(
+    requests: list[RolloutRequest], options: RunOptions, console: Console
+) -> tuple[list[RolloutResult], float]:
+    async with service(options, console) as url:
+        with Progress(console=console) as progress:
+            bar = progress.add_task("rollouts", total=len(requests))
+            start = time.perf_counter()
+            async with AsyncRolloutClient(url) as client:
+                results = await run_requests(
+                    client, requests, on_result=lambda _: progress.advance(bar)
+                )
+            return results, time.perf_counter() - start
+
+
+def generated_tokens(result: RolloutResult) -> int:
+    return sum(result.trajectory.loss_mask)
+
+
+def result_table(results: list[RolloutResult], title: str) -> Table:
+    table = Table(title=title)
+    columns = ("task", "source", "state", "reward", "turns", "tokens", "stop", "init s", "run s",
+               "eval s")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right" if col.endswith(("s", "tokens", "turns")) else "left")
+    for r in results:
+        reason = r.trajectory.stop_reason or (r.error.type if r.error else "")
+        table.add_row(
+            str(r.instance_id or r.job_id[:10]),
+            r.data_source,
+            r.state,
+            "-" if r.reward is None else f"{r.reward:.1f}",
+            str(len(r.trajectory.turns)),
+            str(generated_tokens(r)),
+            reason,
+            f"{r.timing.init_s:.2f}",
+            f"{r.timing.run_s:.2f}",
+            f"{r.timing.eval_s:.2f}",
+        )
+    return table
+
+
+def summary(results: list[RolloutResult], wall_s: float) -> str:
+    states = Counter(r.state for r in results)
+    rewards = [r.reward for r in results if r.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    passed = sum(1 for r in rewards if r >= 1.0)
+    tokens = sum(generated_tokens(r) for r in results)
+    return (
+        f"{len(results)} rollouts in {wall_s:.1f} s ({60 * len(results) / wall_s:.1f} per minute,"
+        f" {tokens / wall_s:.1f} generated tokens/s): mean reward {mean:.3f}, pass rate"
+        f" {passed}/{len(rewards)}; " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+    )
+
+
+def write_results(results: list[RolloutResult], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        for r in results:
+            f.write(r.model_dump_json() + "\n")
+
+
+async def replay(
+    tasks: Sequence[dict[str, Any]], results_file: Path, console: Console
+) -> list[tuple[str, float | None, float]]:
+    """Re-score stored results with each task's judge (no model): (id, old reward, new)."""
+    by_id = {str(t.get("instance_id")): t for t in tasks}
+    registry = TaskRegistry.from_entry_points()
+    services = TaskServices(llm=BackendPool(), sandbox_config=BwrapConfig())
+    rows: list[tuple[str, float | None, float]] = []
+    text = await asyncio.to_thread(results_file.read_text)
+    stored = [RolloutResult.model_validate(json.loads(x)) for x in text.splitlines() if x.strip()]
+    try:
+        for result in stored:
+            instance = by_id.get(str(result.instance_id))
+            handler = registry.get(result.data_source) if result.data_source in registry else None
+            artifact = result.metrics.get("artifact")
+            if instance is None or not isinstance(handler, AgentTask) or artifact is None:
+                console.print(f"skipping {result.instance_id}: no task, judge or artifact")
+                continue
+            info = await handler.judge(instance, artifact, services)
+            rows.append((str(result.instance_id), result.reward, info.reward))
+    finally:
+        await services.close()
+    return rows

@@ -1,0 +1,149 @@
+"""The base of every task whose RUN stage is the agent loop (code, swe, math, stem).
+
+A subclass says which fields an instance needs, what the model is told (``messages``), which
+tools it gets, how the sandbox is set up (``setup``), what of the rollout is judged
+(``artifact``: the answer, the solution file, the patch) and how (``judge``). EVAL is
+``judge(instance, artifact)``, and the artifact is kept in the result's metrics, so a stored
+result can be re-scored without the model (``raas run --replay``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from raas.agent.loop import AgentLoop, LoopConfig
+from raas.agent.tools import select_tools
+from raas.agent.trajectory import Trajectory
+from raas.sandbox import Sandbox
+from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskContext, TaskJob
+from raas.tasks.services import TaskServices
+
+
+@dataclass
+class AgentContext(TaskContext):
+    sandbox: Sandbox | None = None
+    answer: str | None = None
+    stop_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    closing: list[Sandbox] = field(default_factory=list)  # every sandbox to close at cleanup
+
+
+class AgentTask:
+    name: ClassVar[str]
+    required: ClassVar[tuple[str, ...]] = ()
+    tools: ClassVar[tuple[str, ...]] = ("bash", "editor", "finish", "think")
+    needs_sandbox: ClassVar[bool] = True
+    system_prompt: ClassVar[str] = "You are a capable agent. Use the tools to solve the task."
+    default_max_turns: ClassVar[int] = 8
+
+    # -- what subclasses provide ---------------------------------------------------------------
+
+    def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def setup(self, ctx: AgentContext) -> None:
+        """Prepare the sandbox (upload a repository, write files)."""
+
+    async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
+        """What of the rollout is judged, taken from the RUN sandbox or the trajectory."""
+        raise NotImplementedError
+
+    async def judge(
+        self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
+    ) -> RewardInfo:
+        """The reward for ``artifact`` (in a fresh sandbox where tests are run)."""
+        raise NotImplementedError
+
+    # -- the TaskHandler protocol --------------------------------------------------------------
+
+    def validate(self, job: TaskJob) -> None:
+        for key in self.required:
+            if job.instance.get(key) in (None, "", []):
+                raise InvalidInstance(f"instance.{key}", f"{self.name} needs it")
+        try:
+            self.loop_config(job)
+        except KeyError as e:
+            raise InvalidInstance(
+                f"sampling_params.{e.args[0]}", "unknown key for the agent loop"
+            ) from None
+        except (TypeError, ValueError) as e:
+            raise InvalidInstance("sampling_params", str(e)) from None
+
+    def loop_config(self, job: TaskJob) -> LoopConfig:
+        return LoopConfig.from_params(job.sampling_params, max_turns=self.default_max_turns)
+
+    @staticmethod
+    def services_of(job: TaskJob) -> TaskServices:
+        if not isinstance(job.services, TaskServices):
+            raise RuntimeError("this task needs the service's LLM backends and sandboxes")
+        return job.services
+
+    async def init(self, job: TaskJob) -> AgentContext:
+        self.validate(job)  # a malformed instance fails here, naming the field
+        ctx = AgentContext(job=job)
+        if self.needs_sandbox:
+            ctx.sandbox = await self.services_of(job).sandbox()
+            ctx.closing.append(ctx.sandbox)
+        try:
+            await self.setup(ctx)
+        except BaseException:
+            await self.cleanup(ctx)
+            raise
+        return ctx
+
+    async def run(self, context: TaskContext) -> Trajectory:
+        ctx = _agent(context)
+        services = self.services_of(ctx.job)
+        tokenizer = await services.tokenizer_async()
+        loop = AgentLoop(
+            services.llm,
+            tokenizer,
+            select_tools(list(self.tools)),
+            ctx.sandbox,
+            self.loop_config(ctx.job),
+        )
+        try:
+            result = await loop.run(ctx.job.job_id, self.messages(ctx.job.instance), ctx.trajectory)
+        finally:
+            services.release(ctx.job.job_id)
+        ctx.answer, ctx.stop_reason = result.answer, result.stop_reason
+        return ctx.trajectory
+
+    async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
+        ctx = _agent(context)
+        artifact = await self.artifact(ctx, trajectory)
+        info = await self.judge(ctx.job.instance, artifact, self.services_of(ctx.job))
+        info.metrics["artifact"] = artifact
+        info.metrics.setdefault("stop_reason", ctx.stop_reason)
+        return info
+
+    async def cleanup(self, context: TaskContext) -> None:
+        ctx = _agent(context)
+        for sandbox in ctx.closing:
+            await sandbox.close()
+
+
+@asynccontextmanager
+async def fresh_sandbox(services: TaskServices) -> AsyncIterator[Sandbox]:
+    """A sandbox the agent never touched, for judging; closed afterwards."""
+    sandbox = await services.sandbox()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+def last_assistant_text(trajectory: Trajectory) -> str:
+    for message in reversed(trajectory.messages):
+        if message.get("role") == "assistant":
+            return str(message.get("content", ""))
+    return ""
+
+
+def _agent(context: TaskContext) -> AgentContext:
+    if not isinstance(context, AgentContext):
+        raise TypeError(f"expected an AgentContext, got {type(context).__name__}")
+    return context

@@ -1,0 +1,50 @@
+"""What the service gives every task: the LLM backends, the tokenizer, sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from raas.agent.loop import Generator
+from raas.sandbox import BwrapConfig, LocalConfig, Sandbox, SandboxPool
+
+
+@dataclass
+class TaskServices:
+    llm: Generator
+    tokenizer_name: str = "smollm2"
+    sandbox_config: BwrapConfig | LocalConfig = field(default_factory=BwrapConfig)
+    warm_sandboxes: int = 0
+    _pool: SandboxPool | None = None
+
+    def tokenizer(self) -> Any:
+        return _tokenizer(self.tokenizer_name)
+
+    async def tokenizer_async(self) -> Any:
+        """The tokenizer, loaded off the event loop the first time (it reads files)."""
+        return await asyncio.to_thread(self.tokenizer)
+
+    async def sandbox(self) -> Sandbox:
+        """A started sandbox of the configured kind (warm from the pool when one is ready)."""
+        if self._pool is None:
+            self._pool = SandboxPool(self.sandbox_config, self.warm_sandboxes)
+            self._pool.fill()
+        return await self._pool.acquire()
+
+    def release(self, session: str) -> None:
+        release = getattr(self.llm, "release", None)
+        if release is not None:
+            release(session)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(name: str) -> Any:
+    from raas.llm.models import load_tokenizer
+
+    return load_tokenizer(name)

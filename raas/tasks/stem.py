@@ -1,0 +1,63 @@
+"""``stem``: multiple-choice (a letter) or numeric (within a relative tolerance) questions.
+
+Instance: ``question``; for multiple choice ``choices`` ({"A": ..., ...}) and ``answer`` (the
+letter); for numeric ``answer`` (a number), optionally ``unit`` and ``rel_tol`` (default 1%).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raas.agent.trajectory import Trajectory
+from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
+from raas.tasks.answers import check_choice, check_numeric, final_answer
+from raas.tasks.math import question_messages
+from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob
+from raas.tasks.services import TaskServices
+
+
+class StemTask(AgentTask):
+    name = "stem"
+    required = ("question", "answer")
+    tools = ("ipython", "finish", "think")
+    default_max_turns = 6
+    system_prompt = (
+        "Answer the science question. You may compute with the ipython tool. Give the final"
+        " answer (the letter of the choice, or the number) by calling finish, or as \\boxed{...}."
+    )
+
+    def validate(self, job: TaskJob) -> None:
+        super().validate(job)
+        instance = job.instance
+        choices = instance.get("choices")
+        if choices is not None:
+            if not isinstance(choices, dict) or str(instance["answer"]) not in choices:
+                raise InvalidInstance("instance.answer", "must be one of the choices' letters")
+        else:
+            try:
+                float(instance["answer"])
+            except (TypeError, ValueError):
+                raise InvalidInstance("instance.answer", "must be a number") from None
+
+    def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
+        suffix = ""
+        if isinstance(instance.get("choices"), dict):
+            suffix = "\n" + "\n".join(f"{k}) {v}" for k, v in sorted(instance["choices"].items()))
+        elif instance.get("unit"):
+            suffix = f"\n(Answer in {instance['unit']}.)"
+        return question_messages(instance, self.system_prompt, ("question",), suffix)
+
+    async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
+        text = last_assistant_text(trajectory)
+        return {"answer": final_answer(text, ctx.answer) or text[-200:] or None}
+
+    async def judge(
+        self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
+    ) -> RewardInfo:
+        answer = artifact.get("answer")
+        if isinstance(instance.get("choices"), dict):
+            correct = check_choice(answer, str(instance["answer"]), len(instance["choices"]))
+        else:
+            rel_tol = float(instance.get("rel_tol", 0.01))
+            correct = check_numeric(answer, float(instance["answer"]), rel_tol=rel_tol)
+        return RewardInfo(1.0 if correct else 0.0, {"correct": correct})

@@ -1,0 +1,389 @@
+"""raas.tasks.answers: extraction and checkers, and the bundled math and STEM sets."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import re
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raas.tasks.answers import (
+    check_choice,
+    check_math,
+    check_numeric,
+    extract_boxed,
+    final_answer,
+    parse_choice,
+    parse_number,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "raas" / "tasks" / "data"
+
+
+def load(name: str) -> list[dict[str, Any]]:
+    with open(DATA / name) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# --- extract_boxed / final_answer -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so \boxed{42}.", "42"),
+        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"$\boxed{\frac{1}{2}}$", r"\frac{1}{2}"),
+        (r"\boxed{\frac{\sqrt{3}}{2}} done", r"\frac{\sqrt{3}}{2}"),
+        (r"\boxed{a{b{c}}d}", "a{b{c}}d"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed { 3 }", "3"),
+        (r"\boxed 5$", "5"),
+        (r"\boxed{3} and then \boxed{4", "3"),  # an unclosed (truncated) box is skipped
+        ("no box here", None),
+        (r"\boxed{", None),
+        (r"\boxedx{3}", None),
+        ("", None),
+    ],
+)
+def test_extract_boxed(text: str, expected: str | None) -> None:
+    assert extract_boxed(text) == expected
+
+
+def test_final_answer() -> None:
+    assert final_answer(r"work \boxed{3}", None) == "3"
+    assert final_answer(r"work \boxed{3}", "5") == "5"  # the finish tool wins
+    assert final_answer(None, r"\boxed{5}") == "5"
+    assert final_answer("x", r"$\boxed{\frac{1}{2}}$") == r"\frac{1}{2}"
+    assert final_answer("x", "  x = 4 ") == "x = 4"
+    assert final_answer(r"\boxed{3}", "   ") == "3"  # a blank finish answer does not count
+    assert final_answer("no box", None) is None
+    assert final_answer(None, None) is None
+    assert final_answer("", "") is None
+
+
+# --- check_math -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "truth"),
+    [
+        ("1/2", "1/2"),
+        ("0.5", "1/2"),
+        (r"\frac12", "1/2"),
+        (r"\frac{1}{2}", "0.5"),
+        (r"\dfrac{1}{2}", "1/2"),
+        ("2/4", "1/2"),
+        ("x=3", "3"),
+        ("x = 3", "3"),
+        ("3", "x=3"),
+        ("3.0", "3"),
+        ("1,000", "1000"),
+        (r"1\,000", "1000"),
+        ("25%", "25"),
+        (r"25\%", "25"),
+        ("12 apples", "12"),
+        ("12 m/s", "12"),
+        (r"12 \text{ cm}", "12"),
+        (r"\$12.50", "25/2"),
+        ("The answer is 12.", "12"),
+        (r"so it is \boxed{7/2}", "7/2"),
+        (r"3\frac{1}{2}", "7/2"),
+        ("-7/2", "-3.5"),
+        (r"\sqrt{4}", "2"),
+        ("3^2", "9"),
+        ("0.3333333", "1/3"),
+        ("5.", "5"),
+    ],
+)
+def test_check_math_accepts(prediction: str, truth: str) -> None:
+    assert check_math(prediction, truth)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "truth"),
+    [
+        ("2", "3"),
+        ("-3", "3"),
+        ("3/4", "4/3"),
+        ("0.33", "1/3"),
+        ("0.75", "3/5"),
+        ("x = 2 or x = 3", "2"),  # two answers for one
+        ("2, 3", "2"),
+        ("12 apples", "13"),
+        ("", "1"),
+        ("   ", "1"),
+        (None, "1"),
+        ("1", ""),
+        ("not a number at all", "4"),
+    ],
+)
+def test_check_math_rejects(prediction: str | None, truth: str) -> None:
+    assert not check_math(prediction, truth)
+
+
+def test_check_math_never_raises_and_times_out() -> None:
+    # SymPy would evaluate these for minutes: math_verify's alarm cuts them off in the main thread.
+    start = time.monotonic()
+    assert not check_math("9^{9^{9^{9}}}", "1", timeout_s=1)
+    assert time.monotonic() - start < 10
+    assert not check_math("(" * 500 + ")" * 499, "1", timeout_s=1)
+    assert not check_math("x" * 10_000, "1")
+    assert not check_math(r"\frac{1}{0}", "1")
+
+
+def test_check_math_in_a_thread() -> None:
+    # No alarm outside the main thread: long or pathological input is refused instead.
+    results: dict[str, bool] = {}
+
+    def work() -> None:
+        results["plain"] = check_math("0.5", "1/2")
+        results["tower"] = check_math("9^{9^{9^{9}}}", "1")
+        results["power"] = check_math("(x+1)^{100000}", "1")
+        results["factorial"] = check_math("100000!", "1")
+        results["long"] = check_math("1+" * 200 + "1", "201")
+
+    t = threading.Thread(target=work)
+    start = time.monotonic()
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    assert time.monotonic() - start < 30
+    assert results == {
+        "plain": True,
+        "tower": False,
+        "power": False,
+        "factorial": False,
+        "long": False,
+    }
+
+
+# --- check_choice ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "B",
+        "b",
+        "(B)",
+        "B)",
+        "B.",
+        "**B**",
+        r"\boxed{B}",
+        r"\text{(B)}",
+        "Answer: B",
+        "answer: b",
+        "the answer is B.",
+        "The answer is (b).",
+        "The correct option is B",
+        "Option B",
+        "B) 42 m/s",
+        "B. 42 m/s",
+        "A ball thrown up comes down; so the answer is B",  # "A" as an article
+    ],
+)
+def test_check_choice_accepts(prediction: str) -> None:
+    assert check_choice(prediction, "B", 4)
+    assert parse_choice(prediction, 4) == "B"
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "C",
+        "(c)",
+        "A or B",
+        "B and C",
+        "(A) and (B)",
+        "The answer is B, not A",
+        "B or b? I'd say C",
+        "AB",
+        "E",  # beyond the four options
+        "the answer is a ball",  # "a" as an article names no option
+        "",
+        "   ",
+        None,
+        "42",
+    ],
+)
+def test_check_choice_rejects(prediction: str | None) -> None:
+    assert not check_choice(prediction, "B", 4)
+
+
+def test_check_choice_range_and_correct_format() -> None:
+    assert check_choice("E", "E", 5)
+    assert not check_choice("E", "E", 4)
+    assert check_choice("(b)", "(B)", 4)
+    assert check_choice("d", "D", 4)
+
+
+# --- check_numeric --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "truth"),
+    [
+        ("42", 42),
+        ("42.2", 42),  # within 1%
+        ("v = 12.5 m/s", 12.5),
+        ("-3.2 V", -3.2),
+        ("\u22123.2 V", -3.2),
+        ("1,234.5 J", 1234.5),
+        ("1{,}234", 1234),
+        (r"1\,234 m", 1234),
+        ("6.02e23", 6.02e23),
+        ("6.02E+23 mol", 6.02e23),
+        (r"6.02 \times 10^{23}", 6.02e23),
+        ("6.02 x 10^23 atoms", 6.02e23),
+        ("6.02\u00b710\u00b2\u00b3", 6.02e23),
+        (r"$2.5 \times 10^{-3}$ mol/L", 2.5e-3),
+        (r"10^{-3}", 1e-3),
+        ("9.8 m/s^2", 9.8),
+        ("4 cm^3", 4),
+        ("2.23 g/cm^3", 2.23),
+        ("3/4", 0.75),
+        (r"\frac{3}{4}", 0.75),
+        ("first 12 km/h, in the end 3.3 m/s", 3.3),
+        ("The mass of H2O is 18 g", 18),
+        (r"\boxed{25.0}", 25),
+        (".5", 0.5),
+    ],
+)
+def test_check_numeric_accepts(prediction: str, truth: float) -> None:
+    assert check_numeric(prediction, truth)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "truth"),
+    [
+        ("43", 42),
+        ("3.2 V", -3.2),
+        ("6.02e22", 6.02e23),
+        ("12 m/s then 13 m/s", 12),  # the last number counts
+        ("no number", 1.0),
+        ("", 1.0),
+        (None, 1.0),
+        ("1e400", 1.0),
+        ("9.8 m/s^2", 2),
+    ],
+)
+def test_check_numeric_rejects(prediction: str | None, truth: float) -> None:
+    assert not check_numeric(prediction, truth)
+
+
+def test_check_numeric_tolerances() -> None:
+    assert check_numeric("101", 100, rel_tol=0.01)
+    assert not check_numeric("102", 100, rel_tol=0.01)
+    assert check_numeric("102", 100, rel_tol=0.05)
+    assert not check_numeric("0.001", 0.0)
+    assert check_numeric("0.001", 0.0, abs_tol=0.01)
+    assert not check_numeric("1", math.nan)
+    assert parse_number("1,23") == 23.0  # not a thousands separator: two numbers
+
+
+# --- the bundled sets -----------------------------------------------------------------------------
+
+MATH = load("math_bundle.jsonl")
+STEM = load("stem_bundle.jsonl")
+
+
+def test_math_bundle_shape() -> None:
+    assert len(MATH) == 200
+    ids = [r["instance_id"] for r in MATH]
+    assert ids == [f"math-gen-{i:04d}" for i in range(1, 201)]
+    assert len({r["problem"] for r in MATH}) == 200
+    levels = {r["level"] for r in MATH}
+    assert levels == {"arithmetic", "algebra"}
+    for r in MATH:
+        assert set(r) == {"data_source", "instance_id", "problem", "answer", "level", "kind"}
+        assert r["data_source"] == "math"
+        assert re.fullmatch(r"-?\d+(/\d+)?", r["answer"]), r
+        f = Fraction(r["answer"])
+        assert str(f) == r["answer"]  # in lowest terms
+
+
+def equivalent_forms(answer: str) -> list[str]:
+    f = Fraction(answer)
+    forms = [f"\\boxed{{{answer}}}", f"The answer is {answer}.", f"x = {answer}"]
+    if f.denominator == 1:
+        forms.append(f"{f.numerator}.0")
+    else:
+        sign = "-" if f < 0 else ""
+        forms.append(f"{sign}\\frac{{{abs(f.numerator)}}}{{{f.denominator}}}")
+        forms.append(f"{2 * f.numerator}/{2 * f.denominator}")
+        d = f.denominator
+        while d % 2 == 0:
+            d //= 2
+        while d % 5 == 0:
+            d //= 5
+        if d == 1:  # a terminating decimal
+            forms.append(f"{float(f):.10g}")
+    return forms
+
+
+@pytest.mark.parametrize("row", MATH, ids=[r["instance_id"] for r in MATH])
+def test_math_bundle_answers_check(row: dict[str, Any]) -> None:
+    answer = row["answer"]
+    assert check_math(answer, answer)
+    for form in equivalent_forms(answer):
+        assert check_math(form, answer), form
+
+
+def test_math_bundle_wrong_answers_rejected() -> None:
+    rng = random.Random(0)
+    for row in rng.sample(MATH, 40):
+        f = Fraction(row["answer"])
+        for wrong in (f + 1, -f if f else Fraction(1), f * 2 if f else Fraction(2)):
+            assert not check_math(str(wrong), row["answer"]), (row, wrong)
+
+
+def test_stem_bundle_shape() -> None:
+    assert len(STEM) == 120
+    assert [r["instance_id"] for r in STEM] == [f"stem-gen-{i:04d}" for i in range(1, 121)]
+    kinds = [r["kind"] for r in STEM]
+    assert kinds.count("choice") == kinds.count("numeric") == 60
+    for r in STEM:
+        assert r["data_source"] == "stem"
+        assert r["question"]
+        if r["kind"] == "choice":
+            assert set(r["choices"]) == set("ABCD")
+            assert r["answer"] in r["choices"]
+            values = [parse_number(v) for v in r["choices"].values()]
+            assert all(v is not None and v > 0 for v in values), r
+            # No two options within 5% of each other: exactly one can be right.
+            vs = sorted(v for v in values if v is not None)
+            assert all(b > a * 1.05 for a, b in itertools.pairwise(vs)), r
+        else:
+            assert isinstance(r["answer"], float) and math.isfinite(r["answer"])
+            assert r["unit"] and r["rel_tol"] == 0.01
+
+
+@pytest.mark.parametrize("row", STEM, ids=[r["instance_id"] for r in STEM])
+def test_stem_bundle_answers_check(row: dict[str, Any]) -> None:
+    if row["kind"] == "choice":
+        letter, n = row["answer"], len(row["choices"])
+        assert check_choice(letter, letter, n)
+        assert check_choice(f"The answer is ({letter.lower()}).", letter, n)
+        assert check_choice(f"{letter}) {row['choices'][letter]}", letter, n)
+        for other in sorted(set(row["choices"]) - {letter}):
+            assert not check_choice(other, letter, n)
+            assert not check_choice(f"{letter} or {other}", letter, n)
+    else:
+        value, unit, tol = row["answer"], row["unit"], row["rel_tol"]
+        assert check_numeric(f"{value} {unit}", value, rel_tol=tol)
+        assert check_numeric(f"{value:.4e}", value, rel_tol=tol)
+        mant, exp = f"{value:.4e}".split("e")
+        assert check_numeric(f"{mant} \\times 10^{{{int(exp)}}} \\text{{ {unit}}}", value, tol)
+        assert check_numeric(f"The answer is {value * 1.005:.6g} {unit}.", value, rel_tol=tol)
+        assert not check_numeric(f"{value * 1.05:.6g} {unit}", value, rel_tol=tol)
+        assert not check_numeric(f"{value / 10:.6g} {unit}", value, rel_tol=tol)

@@ -1,0 +1,234 @@
+"""Each task's reward in both directions, with scripted policies and real sandboxes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raas.llm.models import load_tokenizer
+from raas.pipeline import JobRequest, Pipeline, PipelineConfig, RequestRejected
+from raas.sandbox import BwrapConfig
+from raas.store.sqlite import ResultStore
+from raas.tasks import InvalidInstance, TaskJob, TaskRegistry
+from raas.tasks.code import CodeTask
+from raas.tasks.datasets import humaneval_problems
+from raas.tasks.math import MathTask
+from raas.tasks.services import TaskServices
+from raas.tasks.stem import StemTask
+from raas.tasks.swe import SweTask, unittest_outcomes
+from tests.policies import ScriptedPolicy, call
+from tests.probe import WAIT_S
+
+Run = Callable[..., Any]
+
+
+def registry() -> TaskRegistry:
+    reg = TaskRegistry()
+    for task in (CodeTask(), SweTask(), MathTask(), StemTask()):
+        reg.register(task)
+    return reg
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Run:
+    """``await run(instance, script, **request) -> result``: one job through the pipeline."""
+
+    runs = iter(range(1000))
+
+    async def go(instance: dict[str, Any], script: list[str], **request: Any) -> dict[str, Any]:
+        policy = ScriptedPolicy(load_tokenizer("smollm2"), {"job": script})
+        services = TaskServices(llm=policy, sandbox_config=BwrapConfig())
+        store = ResultStore(tmp_path / f"run{next(runs)}.db")
+        await store.open()
+        config = PipelineConfig(job_timeout_s=120, cancel_grace_s=1)
+        pipeline = Pipeline(registry(), store, config, services=services)
+        await pipeline.start()
+        try:
+            await pipeline.submit([JobRequest(instance, job_id="job", **request)])
+            view = await pipeline.wait("job", WAIT_S * 6)
+            assert view is not None and view.result is not None, view
+            assert policy.released == ["job"] or view.result["stage_failed"] == "init"
+            return view.result
+        finally:
+            await pipeline.stop()
+            await services.close()
+            await store.close()
+
+    return go
+
+
+def humaneval_problem(task_id: str) -> dict[str, Any]:
+    return next(p for p in humaneval_problems() if p["task_id"] == task_id)
+
+
+def write_file(path: str, content: str) -> str:
+    return call("bash", command=f"cat > {path} <<'RAAS_EOF'\n{content}\nRAAS_EOF")
+
+
+async def test_code_reward_both_ways(run: Run) -> None:
+    problem = humaneval_problem("HumanEval/0")
+    instance = {"data_source": "code", "instance_id": "HumanEval/0",
+                **{k: problem[k] for k in ("prompt", "entry_point", "test")}}  # fmt: skip
+    right = problem["prompt"] + problem["canonical_solution"]
+    wrong = problem["prompt"] + "    return False\n"
+    good = await run(instance, [write_file("/workspace/solution.py", right), call("finish")])
+    bad = await run(instance, [write_file("/workspace/solution.py", wrong), call("finish")])
+    assert (good["state"], good["reward"]) == ("done", 1.0)
+    assert (bad["state"], bad["reward"]) == ("done", 0.0)
+    assert "AssertionError" in bad["metrics"]["test_output"]
+    assert good["metrics"]["artifact"]["solution"].strip() == right.strip()
+
+
+CALC = {
+    "calc/__init__.py": "",
+    "calc/ops.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
+    "tests/__init__.py": "",
+    "tests/test_ops.py": (
+        "import unittest\nfrom calc.ops import add, mul\n\n\nclass TestOps(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+        "    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n"
+    ),
+}
+SWE = {
+    "data_source": "swe",
+    "instance_id": "calc-1",
+    "problem_statement": "add(2, 3) returns -1 instead of 5.",
+    "snapshot": {"files": CALC},
+    "test_command": "python3 -m unittest -v",
+    "FAIL_TO_PASS": ["tests.test_ops.TestOps.test_add"],
+    "PASS_TO_PASS": ["tests.test_ops.TestOps.test_mul"],
+}
+
+
+def sed(expr: str, path: str = "calc/ops.py") -> str:
+    return call("bash", command=f"cd /workspace/repo && sed -i '{expr}' {path}")
+
+
+async def test_swe_resolves_only_a_real_fix(run: Run) -> None:
+    fixed = await run(SWE, [sed("s/a - b/a + b/"), call("finish")])
+    assert (fixed["state"], fixed["reward"]) == ("done", 1.0)
+    assert fixed["metrics"]["FAIL_TO_PASS"] == {"tests.test_ops.TestOps.test_add": "ok"}
+    assert "+    return a + b" in fixed["metrics"]["artifact"]["patch"]
+    breaks = await run(SWE, [sed("s/a - b/a + b/; s/a \\* b/a + b/"), call("finish")])
+    assert breaks["reward"] == 0.0 and breaks["metrics"]["FAIL_TO_PASS"] == {
+        "tests.test_ops.TestOps.test_add": "ok"
+    }
+    assert breaks["metrics"]["PASS_TO_PASS"] == {"tests.test_ops.TestOps.test_mul": "FAIL"}
+    cheat = await run(
+        SWE, [sed("s/assertEqual(add(2, 3), 5)/assertTrue(True)/", "tests/test_ops.py")]
+    )
+    assert cheat["reward"] == 0.0  # the original tests are put back before judging
+    nothing = await run(SWE, [call("finish")])
+    assert nothing["reward"] == 0.0 and nothing["metrics"]["patch_applied"] is False
+
+
+async def test_swe_without_an_image_fails_at_init_saying_why(run: Run) -> None:
+    real = {**SWE, "repo": "astropy/astropy", "base_commit": "abc123"}
+    del real["snapshot"]
+    result = await run(real, [])
+    assert result["state"] == "failed" and result["stage_failed"] == "init"
+    assert "needs its environment image" in result["error"]["message"]
+
+
+async def test_math_reward_both_ways(run: Run) -> None:
+    instance = {"data_source": "math", "problem": "What is 3/4 as a decimal?", "answer": "0.75"}
+    by_finish = await run(instance, [call("finish", answer="3/4")])
+    boxed = await run(instance, ["So the answer is \\boxed{\\frac{3}{4}}."])
+    wrong = await run(instance, [call("finish", answer="0.7")])
+    assert [r["reward"] for r in (by_finish, boxed, wrong)] == [1.0, 1.0, 0.0]
+    assert boxed["trajectory"]["stop_reason"] == "no_tool_call"
+
+
+async def test_math_with_ipython(run: Run) -> None:
+    instance = {"data_source": "math", "problem": "Compute 123 * 456.", "answer": "56088"}
+    result = await run(
+        instance, [call("ipython", code="123 * 456"), call("finish", answer="56088")]
+    )
+    assert result["reward"] == 1.0
+    assert "Out: 56088" in result["trajectory"]["messages"][3]["content"]
+
+
+async def test_stem_reward_both_ways(run: Run) -> None:
+    options = {"A": "joule", "B": "newton", "C": "watt", "D": "pascal"}
+    choice = {
+        "data_source": "stem",
+        "question": "Unit of force?",
+        "choices": options,
+        "answer": "B",
+    }
+    numeric = {"data_source": "stem", "question": "v after 2 s at 3 m/s^2 from rest?",
+               "answer": 6.0, "unit": "m/s"}  # fmt: skip
+    results = [
+        await run(choice, [call("finish", answer="B")]),
+        await run(choice, [call("finish", answer="(A)")]),
+        await run(numeric, [call("finish", answer="6.02 m/s")]),
+        await run(numeric, [call("finish", answer="12 m/s")]),
+    ]
+    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("instance", "field"),
+    [
+        ({"data_source": "code", "prompt": "def f():", "test": "x"}, "instance.entry_point"),
+        (
+            {"data_source": "swe", "problem_statement": "x", "FAIL_TO_PASS": ["t"]},
+            "instance.snapshot",
+        ),
+        (
+            {
+                "data_source": "swe",
+                "problem_statement": "x",
+                "snapshot": {"files": {}},
+                "FAIL_TO_PASS": "t",
+            },
+            "instance.FAIL_TO_PASS",
+        ),
+        ({"data_source": "math", "problem": "1+1"}, "instance.answer"),
+        (
+            {"data_source": "stem", "question": "q", "answer": "E", "choices": {"A": "a"}},
+            "instance.answer",
+        ),
+        ({"data_source": "math", "problem": "1+1", "answer": "2", "sampling_params": 1}, None),
+    ],
+)
+async def test_malformed_instances_name_the_field(
+    tmp_path: Path, instance: dict[str, Any], field: str | None
+) -> None:
+    instance = {k: v for k, v in instance.items() if k != "sampling_params"}
+    handler = registry().get(instance["data_source"])
+    job = TaskJob("j", instance, {"temprature": 1} if field is None else {})
+    with pytest.raises(InvalidInstance) as exc:
+        handler.validate(job)  # type: ignore[attr-defined]
+    assert exc.value.field == (field or "sampling_params.temprature")
+    with pytest.raises(InvalidInstance):  # INIT checks too: a failed result naming the field
+        await handler.init(job)
+    store = ResultStore(tmp_path / "m.db")
+    await store.open()
+    pipeline = Pipeline(registry(), store, PipelineConfig())
+    with pytest.raises(RequestRejected):
+        await pipeline.submit([JobRequest(instance, sampling_params=job.sampling_params)])
+    await store.close()
+
+
+async def test_the_time_budget_ends_a_long_rollout(run: Run) -> None:
+    instance = {"data_source": "math", "problem": "Wait.", "answer": "1"}
+    script = [call("ipython", code=f"import time; time.sleep(2); {i}") for i in range(20)]
+    result = await run(instance, script, timeout_s=3)
+    assert result["state"] == "timeout" and result["stage_failed"] == "run"
+    turns = result["trajectory"]["turns"]
+    assert 1 <= len(turns) < 20 and len(result["trajectory"]["response_ids"]) > 0
+
+
+def test_unittest_outcomes_across_python_versions() -> None:
+    out = (
+        "test_a (tests.t.T.test_a) ... ok\n"
+        "test_b (tests.t.T) ... FAIL\n"
+        "test_c (tests.t.T.test_c)\nDocstring line ... ERROR\n"
+    )
+    assert unittest_outcomes(out) == {
+        "tests.t.T.test_a": "ok", "tests.t.T.test_b": "FAIL", "tests.t.T.test_c": "ERROR"
+    }  # fmt: skip
