@@ -168,6 +168,8 @@ async def test_health_checks_take_backends_out_and_back(servers: Any) -> None:
     assert backend.healthy
     server.stop()
     await pool.check_health()
+    assert backend.healthy  # one missed check is not enough
+    await pool.check_health()
     assert not backend.healthy
     with pytest.raises(NoBackendAvailable):
         pool.backend_for("s")

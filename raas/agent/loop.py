@@ -62,7 +62,7 @@ class LoopConfig:
 @dataclass
 class LoopResult:
     stop_reason: str
-    answer: str | None = None
+    answer: str | None = None  # the finish tool's answer, when the model called it
 
 
 class AgentLoop:
@@ -147,7 +147,7 @@ class AgentLoop:
                 return LoopResult("finish", record.get("answer"))
             if not parsed.calls and not parsed.errors:
                 traj.stop_reason = "no_tool_call"  # the model answered in plain text
-                return LoopResult("no_tool_call", text)
+                return LoopResult("no_tool_call")
             calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
             action = json.dumps(calls or parsed.errors, sort_keys=True, default=str)
             recent = [*recent[-(cfg.repeat_limit - 1) :], action]

@@ -37,6 +37,7 @@ class Backend:
     sessions: int = 0
     requests: int = 0
     failures: int = 0
+    missed_checks: int = 0
     last_error: str | None = None
 
     @property
@@ -57,6 +58,8 @@ class PoolConfig:
     retries: int = 2  # on the same backend, for transient errors
     backoff_s: float = 0.2
     health_interval_s: float = 5.0
+    # A busy backend can miss one check: it is taken out after this many misses in a row.
+    misses_to_down: int = 2
     moves_per_request: int = 3
 
 
@@ -222,6 +225,9 @@ class BackendPool:
         backends = self.backends()
         results = await asyncio.gather(*(b.client.health() for b in backends))
         for backend, ok in zip(backends, results, strict=True):
+            backend.missed_checks = 0 if ok else backend.missed_checks + 1
+            if not ok and backend.healthy and backend.missed_checks < self.config.misses_to_down:
+                continue
             if ok != backend.healthy:
                 log.warning("backend %s is %s", backend.url, "back" if ok else "down")
                 backend.healthy = ok

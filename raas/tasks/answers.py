@@ -37,11 +37,16 @@ power or factorial). Note that the alarm replaces any other SIGALRM timer while 
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
 from functools import lru_cache
 from typing import Any
+
+# math-verify warns on every call made off the main thread that its own timeout is off; the
+# length guard below is what bounds those calls.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 __all__ = [
     "MAX_CHARS",

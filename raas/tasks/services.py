@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +44,17 @@ class TaskServices:
             await self._pool.close()
 
 
+_tokenizer_lock = threading.Lock()
+
+
 @functools.lru_cache(maxsize=4)
-def _tokenizer(name: str) -> Any:
+def _load_tokenizer(name: str) -> Any:
     from raas.llm.models import load_tokenizer
 
     return load_tokenizer(name)
+
+
+def _tokenizer(name: str) -> Any:
+    # One loader at a time: transformers' lazy imports are not safe to race from many threads.
+    with _tokenizer_lock:
+        return _load_tokenizer(name)
