@@ -93,6 +93,16 @@ def main() -> None:
     "--llm-capacity", type=int, help="Sessions each --llm server is sized for.  [default: 8]"
 )
 @click.option(
+    "--tokenizer",
+    help="The served model's tokenizer: smollm2, tiny or a directory.  [default: smollm2]",
+)
+@click.option(
+    "--sandbox",
+    type=click.Choice(["bwrap", "local"]),
+    help="Sandbox provider for agent tasks ('local' has no isolation).  [default: bwrap]",
+)
+@click.option("--warm-sandboxes", type=int, help="Sandboxes kept started ahead.  [default: 0]")
+@click.option(
     "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="[default: info]"
 )
 def serve(config_file: Path | None, **options: Any) -> None:

@@ -4,6 +4,7 @@ runs for real and the result is whole and honest."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +60,33 @@ def test_one_rollout_per_task_with_the_tiny_model(service_url: str, task: str) -
     assert sum(traj["loss_mask"]) == sum(t["output_tokens"] for t in traj["turns"])
     assert traj["turns"][0]["backend"].startswith("http://127.0.0.1:")
     assert "artifact" in result["metrics"]
+
+
+def test_raas_run_against_a_service_then_replay(service_url: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from raas.cli import main
+
+    out = tmp_path / "results.jsonl"
+    params = '{"max_tokens": 16, "max_turns": 1, "temperature": 1.0}'
+    args = ["run", "--bundled", "math", "--limit", "2", "--url", service_url,
+            "--sampling-params", params, "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "2 rollouts" in result.output and "mean reward" in result.output
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    # Replay: the stored artifacts re-scored without the model. Swap in the right answer for
+    # the first one to see the judge, not the stored reward, decide.
+    stored = [json.loads(x) for x in lines]
+    from raas.tasks.datasets import bundled
+
+    truth = {t["instance_id"]: t["answer"] for t in bundled("math")[:2]}
+    stored[0]["metrics"]["artifact"] = {"answer": truth[stored[0]["instance_id"]]}
+    stored[1]["metrics"]["artifact"] = {"answer": "not a number"}
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("".join(json.dumps(s) + "\n" for s in stored))
+    replay = CliRunner().invoke(main, ["run", "--bundled", "math", "--replay", str(edited)])
+    assert replay.exit_code == 0, replay.output
+    assert f"{stored[0]['instance_id']}: stored reward" in replay.output
+    assert "re-scored 1.0" in replay.output and "re-scored 0.0" in replay.output
