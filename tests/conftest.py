@@ -1,17 +1,21 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from raas.launch import ServerProcess
 from raas.pipeline import Pipeline, PipelineConfig, Stage
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import CountdownTask
 from tests.probe import ProbeTask
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture
@@ -57,3 +61,39 @@ def make_pipeline(tmp_path: Path, registry: TaskRegistry) -> Callable[..., Any]:
             await store.close()
 
     return factory
+
+
+@pytest.fixture
+def plugin_path(tmp_path: Path) -> Path:
+    """A site directory holding a 'separately installed' package's entry points."""
+    site = tmp_path / "site"
+    dist = site / "raas_test_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: raas-test-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[raas.tasks]\ngated = gated_task:GatedTask\nbroken = no_such_module:Nothing\n"
+    )
+    return site
+
+
+@pytest.fixture
+def server_env(plugin_path: Path) -> dict[str, str]:
+    path = os.pathsep.join([str(plugin_path), str(FIXTURES), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.fixture
+def start_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[Any]:
+    servers: list[ServerProcess] = []
+
+    def start(db: Path, *args: str) -> ServerProcess:
+        server = ServerProcess(db, tmp_path / f"server{len(servers)}.log", list(args), server_env)
+        servers.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in servers:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()

@@ -3,61 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from raas.launch import ServerProcess
 from raas.store.sqlite import iter_finished
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import generate_instances
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEADLINE_S = 30.0
-
-
-@pytest.fixture
-def plugin_path(tmp_path: Path) -> Path:
-    """A site directory holding a 'separately installed' package's entry points."""
-    site = tmp_path / "site"
-    dist = site / "raas_test_plugin-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: raas-test-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
-        "[raas.tasks]\ngated = gated_task:GatedTask\nbroken = no_such_module:Nothing\n"
-    )
-    return site
-
-
-@pytest.fixture
-def server_env(plugin_path: Path) -> dict[str, str]:
-    path = os.pathsep.join([str(plugin_path), str(FIXTURES), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path}
-
-
-@pytest.fixture
-def start_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[Any]:
-    servers: list[ServerProcess] = []
-
-    def start(db: Path, *args: str) -> ServerProcess:
-        server = ServerProcess(db, tmp_path / f"server{len(servers)}.log", list(args), server_env)
-        servers.append(server)
-        server.wait_ready()
-        return server
-
-    yield start
-    for server in servers:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
 
 
 def wait_for_state(url: str, job_id: str, state: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -20,6 +21,13 @@ from raas.api.schemas import (
 )
 
 
+def with_job_id(request: RolloutRequest) -> RolloutRequest:
+    """The request with a job id, so that resubmitting it (a retry) names the same job."""
+    if request.job_id:
+        return request
+    return request.model_copy(update={"job_id": uuid.uuid4().hex})
+
+
 class RaasHTTPError(RuntimeError):
     def __init__(self, status_code: int, detail: Any) -> None:
         super().__init__(f"raas answered {status_code}: {detail}")
@@ -31,7 +39,10 @@ class AsyncRolloutClient:
     """Submit, look up, wait for and cancel rollouts on one raas server.
 
     A 429 (INIT queue full) is retried after the server's Retry-After, up to ``overload_wait_s``
-    in all; every other error raises RaasHTTPError with the server's explanation.
+    in all. A connection error is retried ``retries`` times with backoff: every submission
+    carries a job id (one is made here when the request has none), and the server treats a
+    known id as the same job, so a retried submission never runs twice. Other errors raise
+    RaasHTTPError with the server's explanation.
     """
 
     def __init__(
@@ -42,6 +53,8 @@ class AsyncRolloutClient:
         max_connections: int = 128,
         overload_wait_s: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.2,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -51,8 +64,11 @@ class AsyncRolloutClient:
             limits=httpx.Limits(max_connections=max_connections),
             transport=transport,
         )
+        self.url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.overload_wait_s = overload_wait_s
+        self.retries = retries
+        self.backoff_s = backoff_s
 
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
@@ -70,8 +86,16 @@ class AsyncRolloutClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         waited = 0.0
+        attempt = 0
         while True:
-            response = await self._http.request(method, path, **kwargs)
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError:
+                if attempt >= self.retries:
+                    raise
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+                attempt += 1
+                continue
             if response.status_code == 429 and waited < self.overload_wait_s:
                 delay = float(response.headers.get("Retry-After", "1"))
                 waited += delay
@@ -86,11 +110,11 @@ class AsyncRolloutClient:
             return response.json()
 
     async def submit(self, request: RolloutRequest) -> Submitted:
-        body = request.model_dump(exclude_none=True)
+        body = with_job_id(request).model_dump(exclude_none=True)
         return Submitted.model_validate(await self._request("POST", "/v1/rollouts", json=body))
 
     async def submit_batch(self, requests: Sequence[RolloutRequest]) -> list[Submitted]:
-        body = {"jobs": [r.model_dump(exclude_none=True) for r in requests]}
+        body = {"jobs": [with_job_id(r).model_dump(exclude_none=True) for r in requests]}
         data = await self._request("POST", "/v1/rollouts:batch", json=body)
         return BatchSubmitted.model_validate(data).jobs
 

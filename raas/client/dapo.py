@@ -1,0 +1,150 @@
+"""DAPO's dynamic sampling with asynchronous replenishment.
+
+A GRPO batch wants B prompt groups whose n rewards are not all equal (a group with one reward
+everywhere has zero advantage: no signal). The textbook loop over-samples a whole batch, waits for
+all of it, filters, and repeats. Here up to ``max_in_flight`` jobs run at once; each group is
+judged the moment its last sample finishes; new prompts are submitted as soon as slots free up;
+and once B informative groups are in hand, every job still in flight is cancelled (the service
+frees its sandbox and LLM slot at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from raas.api.schemas import RolloutResult
+from raas.client.multi import Group, RolloutClient, sample_request
+
+
+def reward_varies(group: Group) -> bool:
+    """The default filter: the group's rewards are not all equal (std > 0)."""
+    return len(group.results) > 1 and statistics.pstdev(group.rewards) > 0
+
+
+@dataclass
+class DapoReport:
+    prompts_submitted: int = 0
+    jobs_submitted: int = 0
+    groups_kept: int = 0
+    groups_dropped: int = 0  # uniform reward (or rejected by the filter)
+    groups_stale: int = 0  # produced by a policy older than max_staleness allows
+    jobs_cancelled: int = 0
+    wall_s: float = 0.0
+    waited_s: float = 0.0  # time spent blocked waiting for rollouts
+    exhausted: bool = False  # the prompts ran out before B groups were kept
+
+
+@dataclass
+class _Pending:
+    group: Group
+    expected: int
+    jobs: list[str]
+
+
+async def collect_groups(
+    client: RolloutClient,
+    prompts: Iterable[dict[str, Any]],
+    *,
+    n: int,
+    batch_size: int,
+    max_in_flight: int,
+    sampling_params: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+    keep: Callable[[Group], bool] = reward_varies,
+    policy_version: Callable[[], int] | None = None,
+    max_staleness: int | None = None,
+) -> tuple[list[Group], DapoReport]:
+    """Up to ``batch_size`` informative groups of ``n`` samples, and what it took."""
+    if max_in_flight < n:
+        raise ValueError(f"max_in_flight ({max_in_flight}) must hold at least one group (n={n})")
+    report = DapoReport()
+    start = time.perf_counter()
+    source = iter(prompts)
+    pending: dict[str, _Pending] = {}
+    owner: dict[str, str] = {}  # job id -> group key
+    results: asyncio.Queue[tuple[str, RolloutResult | BaseException]] = asyncio.Queue()
+    waiters: dict[str, asyncio.Task[None]] = {}
+    kept: list[Group] = []
+
+    async def wait_for(job_id: str) -> None:
+        try:
+            results.put_nowait((job_id, await client.wait(job_id)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            results.put_nowait((job_id, e))
+
+    async def replenish() -> None:
+        while len(owner) + n <= max_in_flight and len(kept) < batch_size:
+            task = next(source, None)
+            if task is None:
+                return
+            key = uuid.uuid4().hex[:12]
+            version = policy_version() if policy_version else None
+            requests = [
+                sample_request(task, k, sampling_params, timeout_s, f"dapo-{key}-{k}")
+                for k in range(n)
+            ]
+            ids = await client.submit_batch(requests)
+            pending[key] = _Pending(Group(dict(task), policy_version=version), n, ids)
+            for job_id in ids:
+                owner[job_id] = key
+                waiters[job_id] = asyncio.create_task(wait_for(job_id))
+            report.prompts_submitted += 1
+            report.jobs_submitted += n
+
+    try:
+        await replenish()
+        while len(kept) < batch_size and owner:
+            blocked = time.perf_counter()
+            job_id, outcome = await results.get()
+            report.waited_s += time.perf_counter() - blocked
+            key = owner.pop(job_id)
+            waiters.pop(job_id, None)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            entry = pending[key]
+            entry.group.results.append(outcome)
+            if len(entry.group.results) == entry.expected:
+                del pending[key]
+                _judge(entry.group, kept, report, keep, policy_version, max_staleness)
+            await replenish()
+        report.exhausted = len(kept) < batch_size
+    finally:
+        leftover = list(owner)
+        for task in waiters.values():
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(client.cancel(j) for j in leftover))
+        report.jobs_cancelled = len(leftover)
+        report.wall_s = time.perf_counter() - start
+    return kept[:batch_size], report
+
+
+def _judge(
+    group: Group,
+    kept: list[Group],
+    report: DapoReport,
+    keep: Callable[[Group], bool],
+    policy_version: Callable[[], int] | None,
+    max_staleness: int | None,
+) -> None:
+    if (
+        max_staleness is not None
+        and policy_version is not None
+        and group.policy_version is not None
+        and policy_version() - group.policy_version > max_staleness
+    ):
+        report.groups_stale += 1
+    elif keep(group):
+        kept.append(group)
+        report.groups_kept += 1
+    else:
+        report.groups_dropped += 1

@@ -1,0 +1,161 @@
+"""The trainer-side client: retries without duplicates, several servers, groups, DAPO."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from raas.agent.trajectory import Trajectory
+from raas.api.app import create_app
+from raas.api.schemas import RolloutRequest
+from raas.api.settings import ServeSettings
+from raas.client.dapo import collect_groups
+from raas.client.multi import RolloutClient, SyncRolloutClient
+from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
+from tests.llm_servers import ServerThread
+
+
+class CoinTask:
+    """Reward ``rewards[k]`` for the k-th sample (job id ``...-k``); ``block`` never finishes."""
+
+    name = "coin"
+
+    async def init(self, job: TaskJob) -> TaskContext:
+        return TaskContext(job=job)
+
+    async def run(self, context: TaskContext) -> Trajectory:
+        if context.job.instance.get("block"):
+            await asyncio.Event().wait()
+        return context.trajectory
+
+    async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
+        rewards = context.job.instance.get("rewards", [1.0])
+        tail = context.job.job_id.rsplit("-", 1)[-1]
+        k = int(tail) if tail.isdigit() else 0
+        return RewardInfo(float(rewards[k % len(rewards)]))
+
+    async def cleanup(self, context: TaskContext) -> None:
+        return None
+
+
+def coin(*rewards: float, block: bool = False) -> dict[str, Any]:
+    return {"data_source": "coin", "rewards": list(rewards), "block": block}
+
+
+@pytest.fixture
+def coin_server(tmp_path: Path) -> Iterator[str]:
+    registry = TaskRegistry()
+    registry.register(CoinTask())
+    app = create_app(ServeSettings(db=tmp_path / "coin.db", cancel_grace_s=0.1), registry)
+    server = ServerThread(app).start()
+    yield server.url
+    server.stop()
+
+
+class DropFirstAnswer(httpx.AsyncBaseTransport):
+    """Delivers the first submission to the server, then loses the answer (a network blip)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.dropped = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "POST" and "rollouts" in request.url.path and not self.dropped:
+            await response.aread()
+            self.dropped += 1
+            raise httpx.ReadError("connection reset after the server accepted", request=request)
+        return response
+
+
+async def test_a_lost_answer_is_retried_without_duplicating_jobs(coin_server: str) -> None:
+    transport = DropFirstAnswer()
+    async with RolloutClient(coin_server, transport=transport) as client:
+        ids = await client.submit_batch([RolloutRequest(instance=coin(1.0)) for _ in range(3)])
+        results = [await client.wait(j) for j in ids]
+    assert transport.dropped == 1 and len(set(ids)) == 3
+    assert [r.state for r in results] == ["done"] * 3
+    listed = httpx.get(f"{coin_server}/v1/rollouts", params={"limit": 100}).json()["results"]
+    assert sorted(r["job_id"] for r in listed) == sorted(ids)  # 3 jobs, not 6
+
+
+async def test_groups_and_as_completed(coin_server: str) -> None:
+    async with RolloutClient(coin_server) as client:
+        groups = await client.generate_groups([coin(1, 0), coin(0.5)], n=4)
+        assert [g.rewards for g in groups] == [[1, 0, 1, 0], [0.5] * 4]
+        ids = await client.submit_batch([RolloutRequest(instance=coin(1)) for _ in range(5)])
+        seen = [r.job_id async for r in client.as_completed(ids)]
+    assert sorted(seen) == sorted(ids)
+
+
+def test_the_sync_client(coin_server: str) -> None:
+    client = SyncRolloutClient(coin_server)
+    try:
+        (group,) = client.generate_groups([coin(1, 0, 0)], n=3)
+        assert group.rewards == [1, 0, 0]
+    finally:
+        client.close()
+
+
+async def test_dapo_stops_at_b_informative_groups_and_cancels_the_rest(coin_server: str) -> None:
+    prompts = [coin(1, 1, 1), coin(1, 0, 0), coin(block=True), coin(0, 1, 0),
+               coin(block=True), coin(1, 0, 1)]  # fmt: skip
+    async with RolloutClient(coin_server) as client:
+        groups, report = await collect_groups(client, prompts, n=3, batch_size=2, max_in_flight=9)
+        assert len(groups) == 2 and all(len(set(g.rewards)) > 1 for g in groups)
+        assert (report.groups_kept, report.groups_dropped, report.prompts_submitted) == (2, 1, 5)
+        assert report.jobs_cancelled == 6 and not report.exhausted
+        listed = httpx.get(f"{coin_server}/v1/rollouts", params={"state": "cancelled"}).json()
+    assert len(listed["results"]) == 6  # the service cancelled every job still in flight
+
+
+async def test_dapo_drops_stale_groups(coin_server: str) -> None:
+    calls = [0]
+
+    def version() -> int:  # the policy moves on every time anyone asks
+        calls[0] += 1
+        return calls[0]
+
+    prompts = [coin(1, 0), coin(0, 1), coin(1, 0)]
+    async with RolloutClient(coin_server) as client:
+        stale, report = await collect_groups(
+            client, prompts, n=2, batch_size=2, max_in_flight=6,
+            policy_version=version, max_staleness=0,
+        )  # fmt: skip
+        assert stale == [] and report.groups_stale == 3 and report.exhausted
+        fresh, report = await collect_groups(
+            client, prompts, n=2, batch_size=2, max_in_flight=6,
+            policy_version=version, max_staleness=100,
+        )  # fmt: skip
+    assert len(fresh) == 2 and report.groups_stale == 0
+
+
+def test_two_servers_one_killed_mid_batch_loses_nothing(start_server: Any, tmp_path: Path) -> None:
+    first, second = start_server(tmp_path / "a.db"), start_server(tmp_path / "b.db")
+    gate = tmp_path / "gate"
+
+    async def scenario() -> list[Any]:
+        async with RolloutClient([first.url, second.url], status_every_s=0) as client:
+            ids = []
+            for i in range(6):
+                request = RolloutRequest(instance={"data_source": "gated", "gate": str(gate)},
+                                         job_id=f"job-{i}")  # fmt: skip
+                ids.append(await client.submit(request))
+            on_first = [j for j in ids if client._where[j].url == first.url]
+            assert 0 < len(on_first) < 6  # spread over both
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait()
+            gate.touch()
+            results = await asyncio.gather(*(client.wait(j, poll_s=5) for j in ids))
+            assert all(client._where[j].url == second.url for j in ids)
+            return results
+
+    results = asyncio.run(scenario())
+    assert sorted(r.job_id for r in results) == [f"job-{i}" for i in range(6)]
+    assert {r.state for r in results} == {"done"}
