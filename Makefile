@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench-pipeline bench-tools bench-llm system-deps clean
+.PHONY: demo test lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-tools: $(STAMP) system-deps
 
 bench-llm: $(STAMP)
 	$(BIN)/raas bench llm
+
+bench-dapo: $(STAMP)
+	$(BIN)/raas bench dapo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

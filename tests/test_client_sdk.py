@@ -109,10 +109,14 @@ async def test_dapo_stops_at_b_informative_groups_and_cancels_the_rest(coin_serv
     async with RolloutClient(coin_server) as client:
         groups, report = await collect_groups(client, prompts, n=3, batch_size=2, max_in_flight=9)
         assert len(groups) == 2 and all(len(set(g.rewards)) > 1 for g in groups)
-        assert (report.groups_kept, report.groups_dropped, report.prompts_submitted) == (2, 1, 5)
-        assert report.jobs_cancelled == 6 and not report.exhausted
+        assert report.groups_kept == 2 and not report.exhausted
+        # Which prompts were submitted depends on timing; the accounting must not.
+        finished = 3 * (report.groups_kept + report.groups_dropped)
+        assert report.jobs_submitted == finished + report.jobs_cancelled
+        assert report.jobs_cancelled >= 3  # at least the first blocked prompt's samples
         listed = httpx.get(f"{coin_server}/v1/rollouts", params={"state": "cancelled"}).json()
-    assert len(listed["results"]) == 6  # the service cancelled every job still in flight
+    # The service cancelled every job still in flight, at once.
+    assert len(listed["results"]) == report.jobs_cancelled
 
 
 async def test_dapo_drops_stale_groups(coin_server: str) -> None:

@@ -1,11 +1,13 @@
 """The trainer-side SDK. It imports no server code: httpx, pydantic and the wire schemas only."""
 
+from raas.client.batch import Batch, to_batch
 from raas.client.dapo import DapoReport, collect_groups, reward_varies
 from raas.client.http import AsyncRolloutClient, RaasHTTPError
 from raas.client.multi import Group, RolloutClient, ServerDown, SyncRolloutClient
 
 __all__ = [
     "AsyncRolloutClient",
+    "Batch",
     "DapoReport",
     "Group",
     "RaasHTTPError",
@@ -14,4 +16,5 @@ __all__ = [
     "SyncRolloutClient",
     "collect_groups",
     "reward_varies",
+    "to_batch",
 ]

@@ -127,7 +127,7 @@ class Batch:
         """The array fields as tensors on ``device`` (on the CPU they share the arrays' memory)."""
         try:
             import torch
-        except ImportError as exc:  # pragma: no cover - exercised with torch hidden
+        except ImportError as exc:
             raise ImportError(
                 "Batch.to_torch() needs PyTorch, which is not installed "
                 "(pip install torch), or use the Batch's numpy arrays directly"

@@ -81,31 +81,70 @@ async def collect_groups(
         except Exception as e:
             results.put_nowait((job_id, e))
 
-    async def replenish() -> None:
-        while len(owner) + n <= max_in_flight and len(kept) < batch_size:
-            task = next(source, None)
-            if task is None:
-                return
+    async def submit_groups(tasks: list[dict[str, Any]]) -> None:
+        requests, keys = [], []
+        for task in tasks:
             key = uuid.uuid4().hex[:12]
             version = policy_version() if policy_version else None
-            requests = [
+            requests += [
                 sample_request(task, k, sampling_params, timeout_s, f"dapo-{key}-{k}")
                 for k in range(n)
             ]
+            keys.append((key, task, version))
+            for k in range(n):  # in flight from now, so the submitter counts them
+                owner[f"dapo-{key}-{k}"] = key
+        try:
             ids = await client.submit_batch(requests)
-            pending[key] = _Pending(Group(dict(task), policy_version=version), n, ids)
-            for job_id in ids:
-                owner[job_id] = key
+        except BaseException:
+            for request in requests:
+                owner.pop(str(request.job_id), None)
+            raise
+        for g, (key, task, version) in enumerate(keys):
+            group_ids = ids[g * n : (g + 1) * n]
+            pending[key] = _Pending(Group(dict(task), policy_version=version), n, group_ids)
+            for job_id in group_ids:
                 waiters[job_id] = asyncio.create_task(wait_for(job_id))
-            report.prompts_submitted += 1
-            report.jobs_submitted += n
+        report.prompts_submitted += len(tasks)
+        report.jobs_submitted += len(requests)
 
+    exhausted_source = False
+    stopping = False
+    slots_freed = asyncio.Event()
+
+    async def submitter() -> None:
+        """Submits whole groups whenever slots free up, while results are being judged."""
+        nonlocal exhausted_source
+        while len(kept) < batch_size and not stopping:
+            tasks: list[dict[str, Any]] = []
+            while len(owner) + (len(tasks) + 1) * n <= max_in_flight:
+                task = next(source, None)
+                if task is None:
+                    exhausted_source = True
+                    break
+                tasks.append(task)
+            if tasks:
+                await submit_groups(tasks)
+            if exhausted_source or stopping:
+                return
+            # No await between this check and the wait: a wake-up cannot be missed.
+            slots_freed.clear()
+            await slots_freed.wait()
+
+    feeding = asyncio.create_task(submitter())
     try:
-        await replenish()
-        while len(kept) < batch_size and owner:
+        while len(kept) < batch_size:
+            if not owner and (feeding.done() or exhausted_source):
+                break
             blocked = time.perf_counter()
-            job_id, outcome = await results.get()
+            getter = asyncio.ensure_future(results.get())
+            watch = {getter} if feeding.done() else {getter, feeding}
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
             report.waited_s += time.perf_counter() - blocked
+            if getter not in done:
+                getter.cancel()
+                feeding.result()  # re-raise a failed submission
+                continue
+            job_id, outcome = getter.result()
             key = owner.pop(job_id)
             waiters.pop(job_id, None)
             if isinstance(outcome, BaseException):
@@ -115,9 +154,15 @@ async def collect_groups(
             if len(entry.group.results) == entry.expected:
                 del pending[key]
                 _judge(entry.group, kept, report, keep, policy_version, max_staleness)
-            await replenish()
+            slots_freed.set()
         report.exhausted = len(kept) < batch_size
     finally:
+        # Let a submission in progress finish (cancelling it mid-request could leave jobs on the
+        # server that nobody cancels); the submitter stops once the batch is full.
+        stopping = True
+        slots_freed.set()
+        with contextlib.suppress(Exception):
+            await feeding
         leftover = list(owner)
         for task in waiters.values():
             task.cancel()
