@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo system-deps clean
+.PHONY: demo test test-trl lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
+
+# Slow tier: TRL's GRPOTrainer on rollouts from raas.
+test-trl: $(STAMP)
+	$(BIN)/pip install --quiet 'trl==1.16.0'
+	$(BIN)/pytest -q -m slow tests/test_trl_slow.py
 
 bench-pipeline: $(STAMP)
 	$(BIN)/raas bench pipeline

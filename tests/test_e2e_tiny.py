@@ -90,3 +90,25 @@ def test_raas_run_against_a_service_then_replay(service_url: str, tmp_path: Path
     assert replay.exit_code == 0, replay.output
     assert f"{stored[0]['instance_id']}: stored reward" in replay.output
     assert "re-scored 1.0" in replay.output and "re-scored 0.0" in replay.output
+
+
+def test_the_trl_rollout_func_contract(service_url: str) -> None:
+    from types import SimpleNamespace
+
+    from raas.client.integrations.trl import make_rollout_func, raas_reward
+
+    rollout_func = make_rollout_func(
+        service_url,
+        to_instance=lambda p: {"data_source": "math", "problem": p, "answer": "4"},
+        sampling_params={"max_tokens": 8, "max_turns": 1, "seed": 1},
+    )
+    prompts = ["What is 2 + 2?"] * 3 + ["What is 1 + 3?"] * 3  # TRL repeats each prompt
+    out = rollout_func(prompts, SimpleNamespace(num_generations=3))
+    assert {"prompt_ids", "completion_ids", "logprobs"} <= set(out)
+    assert all(len(out[k]) == 6 for k in out)
+    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"], strict=True):
+        assert 0 < len(ids) == len(lps) == len(mask)
+    assert out["prompt_ids"][0] == out["prompt_ids"][2] != out["prompt_ids"][3]
+    assert raas_reward(completions=[None] * 6, raas_reward=out["raas_reward"]) == [
+        float(r) for r in out["raas_reward"]
+    ]

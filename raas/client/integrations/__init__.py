@@ -1,0 +1,1 @@
+"""Adapters from raas to trainers' rollout interfaces."""
