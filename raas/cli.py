@@ -212,7 +212,7 @@ def submit(
     """
     from rich.progress import Progress
 
-    from raas.client import AsyncRolloutClient
+    from raas.client import RolloutClient
     from raas.client.files import TaskFileError, read_requests, run_requests
 
     try:
@@ -225,7 +225,7 @@ def submit(
         bar = progress.add_task(f"{file.name}", total=len(requests))
 
         async def go() -> Any:
-            async with AsyncRolloutClient(url, api_key=api_key) as client:
+            async with RolloutClient(url, api_key=api_key) as client:
                 return await run_requests(client, requests, lambda _: progress.advance(bar))
 
         results = _run_client(go())

@@ -22,7 +22,7 @@ from rich.table import Table
 from raas.api.app import create_app
 from raas.api.schemas import RolloutRequest, RolloutResult
 from raas.api.settings import ServeSettings
-from raas.client import AsyncRolloutClient
+from raas.client import RolloutClient
 from raas.client.files import run_requests
 from raas.launch import EngineProcess, free_port
 from raas.llm.pool import BackendPool
@@ -105,7 +105,7 @@ async def run_tasks(
         with Progress(console=console) as progress:
             bar = progress.add_task("rollouts", total=len(requests))
             start = time.perf_counter()
-            async with AsyncRolloutClient(url) as client:
+            async with RolloutClient(url) as client:
                 results = await run_requests(
                     client, requests, on_result=lambda _: progress.advance(bar)
                 )

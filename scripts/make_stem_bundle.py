@@ -16,8 +16,6 @@ numeric: answer (a float), unit, rel_tol (0.01).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
 import sys
@@ -25,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bundle_io import write_or_check
 
 SEED = 20240612
 N_CHOICE = 60
@@ -445,26 +445,8 @@ def generate(seed: int = SEED) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--check", action="store_true", help="exit 1 if --out is out of date")
-    args = parser.parse_args()
-    text = render(generate())
-    if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is out of date: run {sys.argv[0]}", file=sys.stderr)
-            return 1
-        return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"wrote {len(text.splitlines())} questions to {args.out}")
-    return 0
+    return write_or_check(__doc__.splitlines()[0], OUT, generate, "questions")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import pytest
 from raas.api.app import create_app
 from raas.api.schemas import RolloutRequest
 from raas.api.settings import ServeSettings
-from raas.client import AsyncRolloutClient, RaasHTTPError
+from raas.client import AsyncRolloutClient, RaasHTTPError, RolloutClient
 from raas.client.files import TaskFileError, read_requests, run_requests
 from raas.tasks import TaskRegistry
 from tests.probe import ProbeTask, probe_instance
@@ -58,7 +58,7 @@ async def test_run_requests_returns_results_in_submission_order(
     app = create_app(ServeSettings(db=tmp_path / "r.db"), registry)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with AsyncRolloutClient("http://raas", transport=transport) as client:
+        async with RolloutClient("http://raas", transport=transport) as client:
             requests = [RolloutRequest(instance=probe_instance(), job_id=f"r{i}") for i in range(7)]
             seen: list[str] = []
             results = await run_requests(

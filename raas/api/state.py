@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -17,7 +17,7 @@ class ServiceState:
     settings: ServeSettings
     pipeline: Pipeline
     metrics: PipelineMetrics
-    llm: BackendPool = field(default_factory=BackendPool)
+    llm: BackendPool
 
 
 async def service(request: Request) -> ServiceState:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from raas.api.schemas import RolloutRequest, RolloutResult
-from raas.client.http import AsyncRolloutClient
+from raas.client.multi import RolloutClient
 
 
 class TaskFileError(ValueError):
@@ -50,22 +50,19 @@ def read_requests(
 
 
 async def run_requests(
-    client: AsyncRolloutClient,
+    client: RolloutClient,
     requests: Iterable[RolloutRequest],
     on_result: Callable[[RolloutResult], None] | None = None,
     batch_size: int = 256,
-    max_waiting: int = 64,
 ) -> list[RolloutResult]:
     """Submit in batches and collect results as they finish; returned in submission order.
 
     Collecting starts with the first batch, so a file larger than the server's queue streams
     through it (the client retries 429s) instead of waiting for every submission first.
     """
-    gate = asyncio.Semaphore(max_waiting)
 
     async def collect(job_id: str) -> RolloutResult:
-        async with gate:
-            result = await client.wait(job_id)
+        result = await client.wait(job_id)
         if on_result is not None:
             on_result(result)
         return result
@@ -74,8 +71,8 @@ async def run_requests(
     pending = list(requests)
     try:
         for start in range(0, len(pending), batch_size):
-            submitted = await client.submit_batch(pending[start : start + batch_size])
-            collectors.extend(asyncio.create_task(collect(s.job_id)) for s in submitted)
+            ids = await client.submit_batch(pending[start : start + batch_size])
+            collectors.extend(asyncio.create_task(collect(job_id)) for job_id in ids)
         return list(await asyncio.gather(*collectors))
     finally:
         for task in collectors:

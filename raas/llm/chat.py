@@ -8,6 +8,7 @@ re-tokenized, so what the trainer sees is exactly what the policy saw and produc
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,17 +73,25 @@ def observation_delta(tokenizer: Any, messages: list[dict[str, Any]]) -> list[in
     The model's own turn ends with its end-of-turn token; what the template writes after that
     token (ChatML: a newline) belongs to the delta too.
     """
-    prefix = encode(tokenizer, render_text(tokenizer, _BASE))
+    prefix, after_eos = _base_tokens(tokenizer)
     full = encode(tokenizer, render_text(tokenizer, _BASE + messages, add_generation_prompt=True))
-    if full[: len(prefix)] != prefix:
+    if full[: len(prefix)] != list(prefix):
         raise ValueError(
             "the chat template does not render a conversation as a prefix of its sequel"
         )
+    return list(after_eos) + full[len(prefix) :]
+
+
+@functools.lru_cache(maxsize=8)
+def _base_tokens(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The fixed conversation's tokens, and those the template writes after its end-of-turn
+    token: the same for every turn of every rollout, so rendered once per tokenizer."""
+    prefix = encode(tokenizer, render_text(tokenizer, _BASE))
     eos = tokenizer.eos_token_id
-    after_eos = (
-        prefix[max(i for i, t in enumerate(prefix) if t == eos) + 1 :] if eos in prefix else []
-    )
-    return after_eos + full[len(prefix) :]
+    if eos not in prefix:
+        return tuple(prefix), ()
+    last = max(i for i, t in enumerate(prefix) if t == eos)
+    return tuple(prefix), tuple(prefix[last + 1 :])
 
 
 @dataclass

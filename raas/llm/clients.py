@@ -9,6 +9,7 @@ older servers via ``return_tokens_as_token_ids``), SGLang's native ``/generate``
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -80,13 +81,8 @@ class LLMClient(ABC):
                 f" {len(generation.logprobs)} logprobs",
                 transient=False,
             )
-        return Generation(
-            generation.token_ids,
-            generation.logprobs,
-            generation.finish_reason,
-            backend=self.url,
-            cached_tokens=generation.cached_tokens,
-            latency_s=time.perf_counter() - start,
+        return dataclasses.replace(
+            generation, backend=self.url, latency_s=time.perf_counter() - start
         )
 
     @abstractmethod

@@ -8,6 +8,7 @@ from typing import Any
 from raas.agent.trajectory import Trajectory
 from raas.pipeline.job import Ending, Job, Timing
 from raas.pipeline.states import JobState, Stage
+from raas.tasks.protocol import RewardInfo
 
 
 def timing_dict(timing: Timing) -> dict[str, float]:
@@ -18,53 +19,58 @@ def timing_dict(timing: Timing) -> dict[str, float]:
     }
 
 
-def build_result(job: Job, state: JobState) -> dict[str, Any]:
-    ending = job.ending
-    metrics = dict(job.reward.metrics) if job.reward is not None else {}
-    if job.cleanup_error is not None:
-        metrics["cleanup_error"] = job.cleanup_error
+def result_dict(
+    job_id: str,
+    state: JobState,
+    instance: dict[str, Any],
+    ending: Ending | None,
+    timing: dict[str, float],
+    reward: RewardInfo | None = None,
+    trajectory: Trajectory | None = None,
+    cleanup_error: str | None = None,
+) -> dict[str, Any]:
+    """The one place the wire shape of a result is written."""
+    metrics = dict(reward.metrics) if reward is not None else {}
+    if cleanup_error is not None:
+        metrics["cleanup_error"] = cleanup_error
+    instance_id = instance.get("instance_id")
     return {
-        "job_id": job.id,
+        "job_id": job_id,
         "state": state.value,
         "stage_failed": ending.stage.value if ending and ending.stage else None,
         "error": {"type": ending.error_type, "message": ending.message} if ending else None,
-        "reward": job.reward.reward if job.reward is not None else None,
+        "reward": reward.reward if reward is not None else None,
         "metrics": metrics,
-        "trajectory": job.partial_trajectory().to_dict(),
-        "timing": timing_dict(job.timing),
-        "instance_id": job.instance_id,
-        "data_source": job.data_source,
+        "trajectory": (trajectory or Trajectory()).to_dict(),
+        "timing": timing,
+        "instance_id": None if instance_id is None else str(instance_id),
+        "data_source": str(instance.get("data_source", "")),
     }
+
+
+def build_result(job: Job, state: JobState) -> dict[str, Any]:
+    return result_dict(
+        job.id,
+        state,
+        job.request.instance,
+        job.ending,
+        timing_dict(job.timing),
+        job.reward,
+        job.partial_trajectory(),
+        job.cleanup_error,
+    )
 
 
 def restart_result(
     job_id: str, last_state: str, instance: dict[str, Any], created_at: float
 ) -> dict[str, Any]:
     """The result of a job that was in flight when the service died."""
-    stage = last_state if last_state in {s.value for s in Stage} else None
+    stage = Stage(last_state) if last_state in {s.value for s in Stage} else None
     ending = Ending(
         JobState.FAILED,
-        Stage(stage) if stage else None,
+        stage,
         "server_restart",
         f"the service stopped while this job was {last_state}; it was not finished",
     )
-    return {
-        "job_id": job_id,
-        "state": JobState.FAILED.value,
-        "stage_failed": stage,
-        "error": {"type": ending.error_type, "message": ending.message},
-        "reward": None,
-        "metrics": {},
-        "trajectory": Trajectory().to_dict(),
-        "timing": {
-            "queue_s": 0.0,
-            "init_s": 0.0,
-            "run_s": 0.0,
-            "eval_s": 0.0,
-            "total_s": time.time() - created_at,
-        },
-        "instance_id": None
-        if instance.get("instance_id") is None
-        else str(instance["instance_id"]),
-        "data_source": str(instance.get("data_source", "")),
-    }
+    timing = {f"{s}_s": 0.0 for s in ("queue", *Stage)} | {"total_s": time.time() - created_at}
+    return result_dict(job_id, JobState.FAILED, instance, ending, timing)

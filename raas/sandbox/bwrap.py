@@ -171,9 +171,9 @@ class BwrapSandbox(Sandbox):
         await super().start()
         assert self.process is not None
         # bwrap's child is the PID namespace's init; every sandbox process lives in that namespace.
-        for child in procs.children_of(self.process.pid):
-            self._pidns = procs.pid_namespace(child)
-            break
+        children = await asyncio.to_thread(procs.children_of, self.process.pid)
+        if children:  # /proc reads, off the event loop
+            self._pidns = procs.pid_namespace(children[0])
 
     def host_pids(self) -> set[int]:
         if self._pidns is None or self.closed:
