@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -98,8 +98,9 @@ def main() -> None:
 )
 @click.option(
     "--sandbox",
-    type=click.Choice(["bwrap", "local"]),
-    help="Sandbox provider for agent tasks ('local' has no isolation).  [default: bwrap]",
+    type=click.Choice(["bwrap", "local", "apptainer"]),
+    help="Sandbox provider for agent tasks ('local' has no isolation; 'apptainer' runs"
+    " $RAAS_APPTAINER_IMAGE from $RAAS_APPTAINER_IMAGES, see `raas images`).  [default: bwrap]",
 )
 @click.option("--warm-sandboxes", type=int, help="Sandboxes kept started ahead.  [default: 0]")
 @click.option(
@@ -391,6 +392,210 @@ def _flat(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool)) and k != "task"}
 
 
+@main.group()
+def images() -> None:
+    """Apptainer images for the `apptainer` sandbox provider (no network needed).
+
+    Sandboxes run SIF files or sandbox directories from one local directory (the provider's
+    images_dir: $RAAS_APPTAINER_IMAGES, default ~/.cache/raas/images). Task images keep their
+    Docker names (swebench/sweb.eval.x86_64.django__django-11099:latest) and are found there as
+    NAME.sif or a directory NAME, with NAME the image name, every character but letters, digits,
+    '.', '_' and '-' made '_' (or only its last part, as `apptainer pull` names it), or through
+    the provider's image_map. `raas images resolve NAME` shows which file a name finds.
+    """
+
+
+@images.command("build")
+@click.argument("rootfs_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--sif/--sandbox-dir",
+    default=None,
+    help="A SIF file (one compressed file, read-only, what HPC sites copy around) or a sandbox"
+    " directory (a plain copy; starts faster).  [default: SIF when OUT ends in .sif, else a"
+    " sandbox directory]",
+)
+@click.option("--binary", help="apptainer or singularity.  [default: the first on PATH]")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--fakeroot", is_flag=True, help="apptainer build --fakeroot (not as root).")
+@click.option(
+    "--mksquashfs-args",
+    help="For a SIF, e.g. '-comp zstd', or '-noI -noD -noF' (no compression: a larger file,"
+    " built in seconds instead of minutes).",
+)
+def images_build(rootfs_dir: Path, out: Path, sif: bool | None, binary: str | None, force: bool,
+                 fakeroot: bool, mksquashfs_args: str | None) -> None:  # fmt: skip
+    """Build an image at OUT from ROOTFS_DIR, a root filesystem directory, offline.
+
+    ROOTFS_DIR is an unpacked root filesystem (from debootstrap, `docker export | tar -x`, a
+    SWE-bench environment...); it needs a python3 (3.8+), which runs raas's action server.
+    Runs `apptainer build [--sandbox] OUT ROOTFS_DIR`, which reads only the local directory.
+    Example: `raas images build ./rootfs ~/.cache/raas/images/my-env.sif`.
+    """
+    from raas.sandbox.client import SandboxError
+    from raas.sandbox.images import build_image
+
+    kind: Literal["sif", "sandbox"] = (
+        "sif" if (sif if sif is not None else out.suffix == ".sif") else "sandbox"
+    )
+    try:
+        warnings = build_image(
+            rootfs_dir, out, kind, binary, force, fakeroot, mksquashfs_args=mksquashfs_args
+        )
+    except SandboxError as e:
+        raise click.ClickException(str(e)) from e
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"built {'SIF' if kind == 'sif' else 'sandbox directory'} {out}")
+
+
+@images.command("resolve")
+@click.argument("name")
+@click.option(
+    "--images-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="[default: $RAAS_APPTAINER_IMAGES or ~/.cache/raas/images]",
+)
+def images_resolve(name: str, images_dir: Path | None) -> None:
+    """Print the SIF or sandbox directory that image NAME resolves to."""
+    from raas.sandbox import ApptainerConfig, SandboxError, resolve_image
+
+    config = ApptainerConfig()
+    if images_dir is not None:
+        config = config.model_copy(update={"images_dir": images_dir})
+    try:
+        click.echo(resolve_image(config, name))
+    except SandboxError as e:
+        raise click.ClickException(str(e)) from e
+
+
+SLURM_HELP_EPILOG = (
+    "Every node needs raas installed at the same path (--python), and --workdir and "
+    "--server-list on a filesystem the nodes and the trainer share. Stopping: scancel JOBID (or "
+    "the time limit) makes every server drain for --drain-grace-s, persist its results and exit; "
+    "srun waits for them, so nothing is left running. Other options of raas serve (not --host "
+    "or --db) pass through to every node's server, e.g. "
+    "`raas slurm --nodes 4 --llm-port 8001 --run-workers 64 --eval-workers 128`."
+)
+
+
+@main.command(epilog=SLURM_HELP_EPILOG, context_settings={"ignore_unknown_options": True})
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes; one server each.")
+@click.option("--partition", help="Slurm partition (sbatch --partition).")
+@click.option(
+    "--time",
+    "time_limit",
+    help="Time limit (sbatch --time: minutes, HH:MM:SS or D-HH:MM:SS); at the limit the servers"
+    " drain as on scancel.",
+)
+@click.option("--account", help="Account to charge (sbatch --account).")
+@click.option("--job-name", default="raas", show_default=True, help="Slurm job name.")
+@click.option("--cpus-per-task", type=int, help="CPUs for each node's server (and engine).")
+@click.option("--port", type=int, default=8000, show_default=True, help="raas serve's port.")
+@click.option(
+    "--llm",
+    multiple=True,
+    help="An inference server for each node's raas serve (repeatable); {host} becomes that"
+    " node's hostname, so each server uses its own node's, e.g. http://{host}:8001.",
+)
+@click.option(
+    "--llm-port", type=int, multiple=True, help="Short for --llm http://{host}:PORT (repeatable)."
+)
+@click.option(
+    "--engine-model",
+    help="Also start `raas engine --model M` on every node and use it (smollm2, tiny or a"
+    " checkpoint directory); the servers' --tokenizer too, unless --tokenizer is given.",
+)
+@click.option(
+    "--engine-port", type=int, default=8001, show_default=True, help="That engine's port."
+)
+@click.option(
+    "--drain-grace-s",
+    type=float,
+    default=20.0,
+    show_default=True,
+    help="On scancel, how long jobs in flight may finish; keep it below the cluster's KillWait"
+    " (scontrol show config), after which Slurm kills what still runs.",
+)
+@click.option(
+    "--server-list",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("raas-servers.txt"),
+    show_default=True,
+    help="Where the servers' URLs go (one http://host:port a line) once all answer; removed"
+    " when the job stops. Trainers: raas.client.read_server_list(path, wait=...).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    help="The job's working directory (sbatch --chdir).  [default: here]",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Slurm's output (raas-JOBID.out) and each node's server logs.  [default: --workdir]",
+)
+@click.option(
+    "--db-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Each node's SQLite results (raas-HOST.db); a node-local disk beats NFS."
+    "  [default: --workdir]",
+)
+@click.option(
+    "--python",
+    default=sys.executable,
+    show_default=True,
+    help="The Python with raas installed, as the nodes see it.",
+)
+@click.option(
+    "--sbatch-arg",
+    multiple=True,
+    help="Any other sbatch option as one --name=value (repeatable), e.g."
+    " --sbatch-arg=--gres=gpu:8.",
+)
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("raas-slurm.sbatch"),
+    show_default=True,
+    help="Where to write the sbatch script.",
+)
+@click.option("--submit", is_flag=True, help="Also run sbatch on it and print the job id.")
+@click.argument("serve_args", nargs=-1, type=click.UNPROCESSED, metavar="[RAAS SERVE OPTIONS]")
+def slurm(nodes: int, partition: str | None, time_limit: str | None, account: str | None,
+          job_name: str, cpus_per_task: int | None, port: int, llm: tuple[str, ...],
+          llm_port: tuple[int, ...], engine_model: str | None, engine_port: int,
+          drain_grace_s: float, server_list: Path, workdir: Path, log_dir: Path | None,
+          db_dir: Path | None, python: str, sbatch_arg: tuple[str, ...], out: Path,
+          submit: bool, serve_args: tuple[str, ...]) -> None:  # fmt: skip
+    """Write an sbatch script that runs one raas server per node, each using its own node's
+    inference servers, and lists their URLs for the trainer; --submit also submits it."""
+    from raas.deploy.slurm import SlurmOptionError, SlurmOptions, write_script
+    from raas.deploy.slurm import submit as do_submit
+
+    opts = SlurmOptions(
+        nodes=nodes, partition=partition, time=time_limit, account=account, job_name=job_name,
+        cpus_per_task=cpus_per_task, port=port, llm=list(llm), llm_ports=list(llm_port),
+        engine_model=engine_model, engine_port=engine_port, drain_grace_s=drain_grace_s,
+        server_list=server_list, workdir=workdir, log_dir=log_dir, db_dir=db_dir, python=python,
+        sbatch_args=list(sbatch_arg), serve_args=list(serve_args),
+    )  # fmt: skip
+    try:
+        write_script(opts, out)
+    except SlurmOptionError as e:
+        raise click.UsageError(str(e)) from e
+    click.echo(f"wrote {out}", err=True)
+    if submit:
+        try:
+            job_id = do_submit(out)
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from e
+        click.echo(f"submitted job {job_id}; servers will be listed in {server_list}", err=True)
+        click.echo(job_id)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("name")
 @click.pass_context
@@ -403,6 +608,7 @@ def bench(ctx: click.Context, name: str) -> None:
             sorted(p.stem for p in bench_dir.glob("*.py") if not p.stem.startswith("_"))
         )
         raise click.UsageError(f"no benchmark {name!r} in {bench_dir} (have: {known or 'none'})")
+    sys.path.insert(0, str(bench_dir))  # benchmarks share helpers (benchmarks/_*.py)
     spec = importlib.util.spec_from_file_location(f"raas_bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -20,14 +21,32 @@ def free_port() -> int:
         return port
 
 
+def terminate(proc: subprocess.Popen[Any], timeout_s: float) -> int:
+    """SIGTERM (a raas server then drains), SIGKILL after ``timeout_s``; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 class ChildServer:
     """``python -m raas ARGS --port P`` in a child process, logging to a file, stopped with
     SIGTERM (a graceful drain for ``raas serve``)."""
 
     health_path = "/healthz"
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        args: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
@@ -57,15 +76,9 @@ class ChildServer:
         )
 
     def stop(self, timeout_s: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = terminate(self.proc, timeout_s)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 class ServerProcess(ChildServer):
@@ -77,8 +90,9 @@ class ServerProcess(ChildServer):
         log: Path,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        port: int | None = None,
     ) -> None:
-        super().__init__(["serve", "--db", str(db), *(extra_args or [])], log, env)
+        super().__init__(["serve", "--db", str(db), *(extra_args or [])], log, env, port)
 
 
 class EngineProcess(ChildServer):
@@ -86,8 +100,14 @@ class EngineProcess(ChildServer):
 
     health_path = "/health"
 
-    def __init__(self, model: str, log: Path, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        log: Path,
+        threads: int | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         env = dict(os.environ)
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        super().__init__(["engine", "--model", model], log, env)
+        super().__init__(["engine", "--model", model, *(extra_args or [])], log, env)

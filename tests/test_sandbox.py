@@ -1,4 +1,8 @@
-"""Real bubblewrap sandboxes: tools, limits, isolation, cleanup."""
+"""Real sandboxes: tools, limits, isolation, cleanup.
+
+Every behavioural test runs on bubblewrap and, under ``-m hpc`` (``make test-hpc``), on Apptainer
+with a sandbox directory and with a SIF: the same tests, through the ``config`` fixture.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from raas.sandbox import (
+    ApptainerConfig,
     BwrapConfig,
     LocalConfig,
     Sandbox,
@@ -20,6 +25,8 @@ from raas.sandbox import (
     create_sandbox,
     procs,
 )
+from raas.sandbox.base import runtime_root
+from tests.hpc import apptainer_config
 
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(
@@ -39,9 +46,22 @@ def host_processes() -> set[int]:
     }
 
 
+@pytest.fixture(
+    params=[
+        pytest.param("bwrap"),
+        pytest.param("raas-test", id="apptainer-dir", marks=pytest.mark.hpc),
+        pytest.param("raas-test.sif", id="apptainer-sif", marks=pytest.mark.hpc),
+    ]
+)
+def config(request: pytest.FixtureRequest) -> BwrapConfig | ApptainerConfig:
+    if request.param == "bwrap":
+        return BwrapConfig(limits=LIMITS)
+    return apptainer_config(image=request.param, limits=LIMITS)
+
+
 @pytest.fixture
-async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = create_sandbox(BwrapConfig(limits=LIMITS))
+async def sandbox(config: BwrapConfig | ApptainerConfig) -> AsyncIterator[Sandbox]:
+    sb = create_sandbox(config)
     await sb.start()
     yield sb
     await sb.close()
@@ -92,8 +112,12 @@ async def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
     await sandbox.bash(":(){ :|:& };:", timeout_s=3)
     assert len(sandbox.host_pids()) <= LIMITS.max_processes  # the limit held
     assert "alive" in (await sandbox.bash("echo alive", timeout_s=10)).output
+    namespaces = {procs.pid_namespace(p) for p in sandbox.host_pids()} - {None}
     await sandbox.close()
-    assert host_processes() - before == set()
+    # Of the processes new since, none is the sandbox's or this test's (others share the host).
+    new = host_processes() - before
+    ours = procs.descendants(os.getpid())
+    assert {p for p in new if procs.pid_namespace(p) in namespaces or p in ours} == set()
 
 
 async def test_memory_hog_is_stopped(sandbox: Sandbox) -> None:
@@ -127,7 +151,10 @@ async def test_no_network_and_no_host_files(sandbox: Sandbox, tmp_path: Path) ->
             f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'"
         )
         assert connect.exit_code != 0 and "ConnectionRefused" in connect.output
-        read = await sandbox.bash(f"cat {marker}; ls {Path.home()} {Path.cwd()} {tmp_path}")
+        # Nor raas's runtime directory, where every sandbox's socket and files are.
+        read = await sandbox.bash(
+            f"cat {marker}; ls {Path.home()} {Path.cwd()} {tmp_path} {runtime_root()}"
+        )
         assert "secret" not in read.output and read.exit_code != 0
         assert "No such file or directory" in read.output
     finally:
@@ -135,8 +162,9 @@ async def test_no_network_and_no_host_files(sandbox: Sandbox, tmp_path: Path) ->
         listener.close()
 
 
-async def test_close_kills_every_process_of_that_sandbox_and_no_other() -> None:
-    config = BwrapConfig(limits=LIMITS)
+async def test_close_kills_every_process_of_that_sandbox_and_no_other(
+    config: BwrapConfig | ApptainerConfig,
+) -> None:
     a, b = create_sandbox(config), create_sandbox(config)
     await asyncio.gather(a.start(), b.start())
     try:
@@ -204,9 +232,11 @@ async def test_ipython_keeps_state_and_reports_tracebacks(sandbox: Sandbox) -> N
     assert (await sandbox.ipython("x")).result == "42"  # interrupted, not restarted
 
 
-async def test_fifty_concurrent_sandboxes_stay_isolated() -> None:
-    config = BwrapConfig(limits=LIMITS)
+async def test_fifty_concurrent_sandboxes_stay_isolated(
+    config: BwrapConfig | ApptainerConfig,
+) -> None:
     sandboxes = [create_sandbox(config) for _ in range(50)]
+    all_pids: list[set[int]] = []
     await asyncio.gather(*(sb.start() for sb in sandboxes))
     try:
         await asyncio.gather(
@@ -225,10 +255,17 @@ async def test_fifty_concurrent_sandboxes_stay_isolated() -> None:
     finally:
         await asyncio.gather(*(sb.close() for sb in sandboxes))
     assert all(sb.host_pids() == set() for sb in sandboxes)
+    # Nothing left on the host: no sandbox process, no launcher, no mount, no files.
+    assert not any(procs.alive(p) for pids in all_pids for p in pids)
+    assert {p for p in procs.descendants(os.getpid()) if procs.alive(p)} == set()
+    assert str(runtime_root()) not in Path("/proc/self/mountinfo").read_text()
+    assert not any(sb.dir.exists() for sb in sandboxes)
 
 
-async def test_warm_pool_hands_out_started_sandboxes_and_refills() -> None:
-    pool = SandboxPool(BwrapConfig(limits=LIMITS), size=2)
+async def test_warm_pool_hands_out_started_sandboxes_and_refills(
+    config: BwrapConfig | ApptainerConfig,
+) -> None:
+    pool = SandboxPool(config, size=2)
     pool.fill()
     await pool.wait_filled()
     assert pool.ready == 2

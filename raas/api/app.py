@@ -17,12 +17,19 @@ from raas.api.settings import ServeSettings
 from raas.api.state import ServiceState
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
-from raas.sandbox import BwrapConfig, LocalConfig
+from raas.sandbox import ApptainerConfig, BwrapConfig, LocalConfig
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.services import TaskServices
 
 log = logging.getLogger(__name__)
+
+# `--sandbox NAME`: a provider's config from its defaults (apptainer's image from the environment).
+SANDBOX_CONFIGS: dict[str, type[BwrapConfig | LocalConfig | ApptainerConfig]] = {
+    "bwrap": BwrapConfig,
+    "local": LocalConfig,
+    "apptainer": ApptainerConfig,
+}
 
 
 def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) -> FastAPI:
@@ -40,7 +47,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         services = TaskServices(
             llm=llm,
             tokenizer_name=settings.tokenizer,
-            sandbox_config=BwrapConfig() if settings.sandbox == "bwrap" else LocalConfig(),
+            sandbox_config=SANDBOX_CONFIGS[settings.sandbox](),
             warm_sandboxes=settings.warm_sandboxes,
         )
         pipeline = Pipeline(

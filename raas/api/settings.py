@@ -43,7 +43,7 @@ class ServeSettings(BaseModel):
     llm_protocol: Literal["vllm", "sglang", "verl"] = "vllm"
     llm_capacity: int = Field(default=8, ge=1)
     tokenizer: str = Field(default="smollm2", description="The served model's tokenizer.")
-    sandbox: Literal["bwrap", "local"] = "bwrap"
+    sandbox: Literal["bwrap", "local", "apptainer"] = "bwrap"
     warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes started ahead.")
     log_level: str = "info"
 

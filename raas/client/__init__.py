@@ -4,6 +4,7 @@ from raas.client.batch import Batch, to_batch
 from raas.client.dapo import DapoReport, collect_groups, reward_varies
 from raas.client.http import AsyncRolloutClient, RaasHTTPError
 from raas.client.multi import Group, RolloutClient, ServerDown, SyncRolloutClient
+from raas.client.servers import ServerListError, read_server_list
 
 __all__ = [
     "AsyncRolloutClient",
@@ -13,8 +14,10 @@ __all__ = [
     "RaasHTTPError",
     "RolloutClient",
     "ServerDown",
+    "ServerListError",
     "SyncRolloutClient",
     "collect_groups",
+    "read_server_list",
     "reward_varies",
     "to_batch",
 ]

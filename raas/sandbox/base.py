@@ -1,4 +1,4 @@
-"""The Sandbox: one abstract runtime, one subclass per provider (bwrap, local; apptainer later).
+"""The Sandbox: one abstract runtime, one subclass per provider (bwrap, apptainer, local).
 
 A provider only knows how to launch the action server in its isolation and how to tear it all
 down; the tools (bash, ipython, editor, files) are the same everywhere and go through the action
@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from raas.sandbox.client import ActionClient, BashResult, IPythonResult, SandboxError
-from raas.sandbox.config import BwrapConfig, LocalConfig
+from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
 READY = b"RAAS-ACTION-SERVER-READY"
@@ -40,7 +40,7 @@ def runtime_root() -> Path:
 
 
 class Sandbox(ABC):
-    def __init__(self, config: BwrapConfig | LocalConfig) -> None:
+    def __init__(self, config: BwrapConfig | LocalConfig | ApptainerConfig) -> None:
         self.config = config
         self.limits = config.limits
         self.id = uuid.uuid4().hex[:12]

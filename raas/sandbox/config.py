@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -62,4 +63,55 @@ class LocalConfig(_Base):
     python: str = "python3"
 
 
-SandboxConfig = Annotated[BwrapConfig | LocalConfig, Field(discriminator="type")]
+def default_images_dir() -> Path:
+    """``$RAAS_APPTAINER_IMAGES``, else ``images`` in raas's cache (``$RAAS_CACHE_DIR``)."""
+    if os.environ.get("RAAS_APPTAINER_IMAGES"):
+        return Path(os.environ["RAAS_APPTAINER_IMAGES"])
+    cache = os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas"
+    return Path(cache) / "images"
+
+
+class ApptainerConfig(_Base):
+    """Apptainer (or SingularityCE), as HPC sites run it: a SIF file or a sandbox directory.
+
+    ``image`` (and any name given to ``resolve_image``) is a path, or a name looked up in
+    ``image_map`` and then in ``images_dir``; see ``raas.sandbox.images.resolve_image``.
+    """
+
+    type: Literal["apptainer"] = "apptainer"
+    binary: str | None = Field(
+        default=None,
+        description="apptainer or singularity: a name on PATH or a path; default: the first of"
+        " them on PATH.",
+    )
+    images_dir: Path = Field(
+        default_factory=default_images_dir, description="A local directory of SIFs and sandboxes."
+    )
+    image_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Task image name (e.g. a SWE-bench docker image) -> file or directory name"
+        " in images_dir, or an absolute path.",
+    )
+    # From the environment too, so that `raas serve --sandbox apptainer` needs no config file.
+    image: str | None = Field(
+        default_factory=lambda: os.environ.get("RAAS_APPTAINER_IMAGE") or None,
+        description="The image sandboxes run (a name or a path; default $RAAS_APPTAINER_IMAGE).",
+    )
+    network: bool = False
+    fakeroot: bool = Field(default=False, description="apptainer --fakeroot: root in a userns.")
+    writable: Literal["tmpfs", "none"] = Field(
+        default="tmpfs",
+        description="The image's own files: 'tmpfs', writable through a private overlay that"
+        " vanishes with the sandbox (--writable-tmpfs); 'none', read-only. The workspace and"
+        " /tmp are writable either way.",
+    )
+    python: str = Field(
+        default="python3", description="The image's Python that runs the action server."
+    )
+    uid_base: int = Field(
+        default=1_200_000,
+        description="When raas runs as root, each sandbox runs as its own host uid from here.",
+    )
+
+
+SandboxConfig = Annotated[BwrapConfig | LocalConfig | ApptainerConfig, Field(discriminator="type")]

@@ -7,17 +7,21 @@ import contextlib
 import logging
 
 from raas.sandbox.base import Sandbox
-from raas.sandbox.config import BwrapConfig, LocalConfig
+from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig
 
 log = logging.getLogger(__name__)
 
 
-def create_sandbox(config: BwrapConfig | LocalConfig) -> Sandbox:
+def create_sandbox(config: BwrapConfig | LocalConfig | ApptainerConfig) -> Sandbox:
     """A sandbox of the provider that ``config.type`` names (not started yet)."""
     if isinstance(config, BwrapConfig):
         from raas.sandbox.bwrap import BwrapSandbox
 
         return BwrapSandbox(config)
+    if isinstance(config, ApptainerConfig):
+        from raas.sandbox.apptainer import ApptainerSandbox
+
+        return ApptainerSandbox(config)
     from raas.sandbox.local import LocalSandbox
 
     return LocalSandbox(config)
@@ -30,7 +34,7 @@ class SandboxPool:
     changed anything in it).
     """
 
-    def __init__(self, config: BwrapConfig | LocalConfig, size: int) -> None:
+    def __init__(self, config: BwrapConfig | LocalConfig | ApptainerConfig, size: int) -> None:
         if size < 0:
             raise ValueError("a pool size is at least 0")
         self.config = config

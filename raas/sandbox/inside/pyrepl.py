@@ -58,7 +58,9 @@ class IPythonSession:
         if self.client is None:
             self._start()
         client = self.client
-        msg_id = client.execute(code, allow_stdin=False, store_history=True)
+        # stop_on_error=False: after a cell that raised, ipykernel would otherwise silently abort
+        # requests that reach it within a short window, and a slow machine sends the next one then.
+        msg_id = client.execute(code, allow_stdin=False, store_history=True, stop_on_error=False)
         deadline = time.monotonic() + timeout_s
         stdout: list[str] = []
         result: str | None = None

@@ -1,0 +1,1 @@
+"""Running raas on clusters: Ray actors, Slurm jobs."""

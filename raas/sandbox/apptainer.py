@@ -1,0 +1,162 @@
+"""The Apptainer provider: a SIF file or a sandbox directory, the way HPC sites run containers.
+
+``apptainer exec --containall --no-home`` gives the sandbox its own PID, IPC and mount
+namespaces, a clean environment, a minimal /dev and no home directory; ``--net --network none``
+leaves it only ``lo``; ``--writable-tmpfs`` a private writable layer over the image that vanishes
+with it. Bound in are only the socket's directory, the workspace, the action server's code
+(read-only) and, as root, a /tmp of its own. The action server is the same as bwrap's, started
+with the image's python3, and applies the rlimits itself.
+
+When raas runs as root, a plain ``apptainer exec`` would run the agent as root (and here it does
+not even start: the starter asks for capabilities the machine withholds), while ``--userns``
+maps the container's root to the host's root, for which the kernel does not enforce
+RLIMIT_NPROC (seen: a fork loop under ``ulimit -u 5`` goes on). So, as with bwrap, each sandbox
+runs as its own unprivileged host uid (``--security uid:N,gid:N``, which only root may ask for),
+and its workspace and /tmp are size-capped tmpfs mounts in a mount namespace of its own
+(``unshare``), gone with its last process. As a normal user apptainer runs unprivileged as that
+user; the workspace is then a plain directory, capped per file (RLIMIT_FSIZE) but not in total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+
+from raas.sandbox import procs
+from raas.sandbox.base import SOCKET_NAME, Sandbox
+
+# bwrap's uid slots: one raas process never gives a bwrap and an apptainer sandbox the same uid.
+from raas.sandbox.bwrap import PATH, _uid_slots, inside_dir
+from raas.sandbox.client import SandboxError
+from raas.sandbox.config import ApptainerConfig
+from raas.sandbox.images import find_binary, resolve_image
+
+log = logging.getLogger(__name__)
+
+# Mount a size-capped tmpfs on each of the directories, then run the rest (from root's unshare).
+_MOUNT_TMPFS = (
+    'while [ "$1" != -- ]; do mount -t tmpfs -o "$1" tmpfs "$2" || exit 125; shift 2; done;'
+    ' shift; exec "$@"'
+)
+
+
+class ApptainerSandbox(Sandbox):
+    config: ApptainerConfig
+
+    def __init__(self, config: ApptainerConfig) -> None:
+        super().__init__(config)
+        self._slot: int | None = None
+        self._pidns: int | None = None
+
+    def _apptainer_args(self, binary: str, image: Path, user: int | None) -> list[str]:
+        cfg = self.config
+        args = [binary, "exec", "--containall", "--no-home", "--uts", "--hostname", "sandbox"]
+        if not cfg.network:
+            args += ["--net", "--network", "none"]
+        if cfg.fakeroot:
+            args.append("--fakeroot")
+        elif user is not None:
+            args += ["--security", f"uid:{user},gid:{user}"]
+        if cfg.writable == "tmpfs":
+            args.append("--writable-tmpfs")
+        args += [
+            "--bind", f"{inside_dir()}:/.raas/inside:ro",
+            "--bind", f"{self.dir / 'sock'}:/.raas/sock",
+            "--bind", f"{self.dir / 'workspace'}:{cfg.workdir}",
+            "--pwd", cfg.workdir,
+            "--env", f"PATH={PATH}", "--env", "LANG=C.UTF-8", "--env", "USER=sandbox",
+        ]  # fmt: skip
+        if user is not None:  # a size-capped /tmp of its own (unprivileged: apptainer's own)
+            args += ["--bind", f"{self.dir / 'tmp'}:/tmp"]
+        args += [str(image), cfg.python, "-s", "/.raas/inside/server.py"]
+        return args + self.server_args(f"/.raas/sock/{SOCKET_NAME}", "/tmp")
+
+    async def _launch(self) -> asyncio.subprocess.Process:
+        binary = find_binary(self.config.binary)
+        image = await asyncio.to_thread(resolve_image, self.config)
+        (self.dir / "workspace").mkdir(exist_ok=True)
+        user: int | None = None
+        prefix: list[str] = []
+        if os.geteuid() == 0 and not self.config.fakeroot:
+            self._slot = _uid_slots.take()
+            user = self.config.uid_base + self._slot
+            os.chown(self.dir / "sock", user, user)
+            (self.dir / "tmp").mkdir(exist_ok=True)
+            prefix = self._tmpfs_prefix(user)
+        args = prefix + self._apptainer_args(binary, image, user)
+        with open(self.dir / "stderr.log", "wb") as stderr:  # noqa: ASYNC230 - a local tmp file
+            return await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+            )
+
+    def _tmpfs_prefix(self, user: int) -> list[str]:
+        if shutil.which("unshare") is None:
+            raise SandboxError("unshare (util-linux) is not installed: apt-get install util-linux")
+        limits = self.limits
+        workspace = f"size={limits.disk_bytes},mode=0755,uid={user},gid={user}"
+        tmp = f"size={limits.tmp_bytes},mode=1777"
+        mounts = [workspace, str(self.dir / "workspace"), tmp, str(self.dir / "tmp")]
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                _MOUNT_TMPFS, "sh", *mounts, "--"]  # fmt: skip
+
+    async def start(self) -> None:
+        await super().start()
+        assert self.process is not None
+        # The process we started ends as apptainer's runtime parent, outside the container;
+        # its child in another PID namespace is the container's init, and every sandbox process
+        # lives in that namespace (/proc reads: off the event loop).
+        self._pidns = await asyncio.to_thread(_container_namespace, self.process.pid)
+        if self._pidns is None:
+            await self.close()
+            raise SandboxError(f"sandbox {self.id}: apptainer started no PID namespace")
+
+    def host_pids(self) -> set[int]:
+        if self._pidns is None or self.closed:
+            return set()
+        return procs.in_namespace(self._pidns)
+
+    async def _terminate(self) -> None:
+        process = self.process
+        try:
+            if process is not None and process.returncode is None:
+                await self._kill(process)
+        finally:
+            if self._slot is not None:
+                _uid_slots.give_back(self._slot)
+                self._slot = None
+
+    async def _kill(self, process: asyncio.subprocess.Process) -> None:
+        if self._pidns is not None:
+            # Killing the container's init makes the kernel kill the rest of the namespace, and
+            # apptainer's runtime parent then exits on its own.
+            left = await asyncio.to_thread(procs.empty_namespace, self._pidns, 10.0)
+            if left:
+                log.error("sandbox %s: processes %s survived close", self.id, sorted(left))
+        else:  # it failed before its namespace was found: whatever it started, by ancestry
+            members = await asyncio.to_thread(procs.descendants, process.pid)
+            procs.kill(members)
+        try:
+            await asyncio.wait_for(process.wait(), timeout=5.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+            await process.wait()
+
+
+def _container_namespace(pid: int) -> int | None:
+    """The PID namespace of the first descendant of ``pid`` that is not in ``pid``'s own."""
+    own = procs.pid_namespace(pid)
+    for child in sorted(procs.descendants(pid)):
+        ns = procs.pid_namespace(child)
+        if ns is not None and ns != own and procs.pid_namespace(procs.parent_of(child) or 0) == own:
+            return ns
+    return None
