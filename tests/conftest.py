@@ -86,8 +86,9 @@ def server_env(plugin_path: Path) -> dict[str, str]:
 def start_server(tmp_path: Path, server_env: dict[str, str]) -> Iterator[Any]:
     servers: list[ServerProcess] = []
 
-    def start(db: Path, *args: str) -> ServerProcess:
-        server = ServerProcess(db, tmp_path / f"server{len(servers)}.log", list(args), server_env)
+    def start(db: Path, *args: str, port: int | None = None) -> ServerProcess:
+        log = tmp_path / f"server{len(servers)}.log"
+        server = ServerProcess(db, log, list(args), server_env, port=port)
         servers.append(server)
         server.wait_ready()
         return server

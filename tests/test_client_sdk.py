@@ -16,6 +16,7 @@ from raas.api.app import create_app
 from raas.api.schemas import RolloutRequest
 from raas.api.settings import ServeSettings
 from raas.client.dapo import collect_groups
+from raas.client.http import AsyncRolloutClient
 from raas.client.multi import RolloutClient, SyncRolloutClient
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 from tests.llm_servers import ServerThread
@@ -163,3 +164,48 @@ def test_two_servers_one_killed_mid_batch_loses_nothing(start_server: Any, tmp_p
     results = asyncio.run(scenario())
     assert sorted(r.job_id for r in results) == [f"job-{i}" for i in range(6)]
     assert {r.state for r in results} == {"done"}
+
+
+def test_a_killed_server_s_finished_jobs_are_read_back_after_restart(
+    start_server: Any, tmp_path: Path
+) -> None:
+    first, second = start_server(tmp_path / "a.db"), start_server(tmp_path / "b.db")
+    finished_gate, running_gate = tmp_path / "finished", tmp_path / "running"
+    finished_gate.touch()
+
+    def gated(gate: Path, i: int) -> RolloutRequest:
+        return RolloutRequest(instance={"data_source": "gated", "gate": str(gate)}, job_id=f"j{i}")
+
+    async def scenario() -> tuple[list[Any], list[str]]:
+        client = RolloutClient([first.url, second.url], status_every_s=0, down_for_s=0.5)
+        client.read_back_every_s = 0.1
+        finished = [gated(finished_gate, i) for i in range(3)]
+        running = [gated(running_gate, i) for i in range(3, 6)]
+        ids = await client.submit_batch(finished + running)  # one batch: one server
+        assert {client._where[j].url for j in ids} == {first.url}
+        async with AsyncRolloutClient(first.url) as direct:  # finished there, unread by `client`
+            for job_id in ids[:3]:
+                assert (await direct.wait(job_id, poll_s=5)).state == "done"
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+        # Run elsewhere, the finished jobs would wait at their (now closed) gate: they can only
+        # finish by being read back. The unfinished ones finish on the second server.
+        finished_gate.unlink()
+        running_gate.touch()
+        read_back = asyncio.gather(*(client.wait(j, poll_s=5) for j in ids[:3]))
+        moved = await asyncio.gather(*(client.wait(j, poll_s=5) for j in ids[3:]))
+        await asyncio.to_thread(start_server, tmp_path / "a.db", port=first.port)  # restarted
+        # A guard, not a timing: without the read-back these jobs would wait at their gate forever.
+        results = [*(await asyncio.wait_for(read_back, 120)), *moved]
+        where = [client._where[j].url for j in ids]
+        await client.aclose()
+        return results, where
+
+    results, where = asyncio.run(scenario())
+    assert [r.job_id for r in results] == [f"j{i}" for i in range(6)]
+    assert {r.state for r in results} == {"done"}
+    assert where == [first.url] * 3 + [second.url] * 3
+    copies = [httpx.get(f"{second.url}/v1/rollouts/j{i}").json() for i in range(3)]
+    assert [c["state"] for c in copies] == ["cancelled"] * 3  # the copies did not run on
+    restarted = [httpx.get(f"{first.url}/v1/rollouts/j{i}").json() for i in range(3, 6)]
+    assert {r["result"]["error"]["type"] for r in restarted} == {"server_restart"}

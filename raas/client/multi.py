@@ -2,8 +2,10 @@
 
 Jobs go to the server with the most free capacity (from ``/v1/status``: jobs in flight per RUN
 worker, counting what this client sent since), each job keeps its server, and a server that
-stops answering is set aside: its unfinished jobs are submitted again elsewhere under the same
-ids, so no rollout is lost or run twice by this client.
+stops answering is set aside: its jobs are submitted again elsewhere under the same ids, so no
+rollout is lost. The server a job left is still asked for it: if it comes back (restarted on the
+same database, or after a network blip) with the job finished before it died, that result is
+taken and the copy elsewhere cancelled, so finished work is read back rather than run again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from raas.api.schemas import RolloutRequest, RolloutResult, ServiceStatus
+from raas.api.schemas import FINAL_STATES, RolloutRequest, RolloutResult, ServiceStatus
 from raas.client.http import AsyncRolloutClient, RaasHTTPError, with_job_id
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,8 @@ class RolloutClient:
         self._status_at = 0.0
         self._where: dict[str, Server] = {}
         self._requests: dict[str, RolloutRequest] = {}
+        self._left: dict[str, list[Server]] = {}  # job -> servers it moved away from
+        self.read_back_every_s = 1.0
         self._gate = asyncio.Semaphore(max_waiting)
 
     async def __aenter__(self) -> RolloutClient:
@@ -158,6 +162,8 @@ class RolloutClient:
             while True:
                 server = self._where[job_id]
                 try:
+                    if job_id in self._left:
+                        return await self._first_of(job_id, server, poll_s)
                     return await server.client.wait(job_id, poll_s)
                 except httpx.TransportError as e:
                     self._set_aside(server, e)
@@ -170,13 +176,61 @@ class RolloutClient:
         await new.client.submit(request)
         new.sent_since_status += 1
         self._where[job_id] = new
+        self._left.setdefault(job_id, []).append(dead)
+
+    async def _first_of(self, job_id: str, server: Server, poll_s: float) -> RolloutResult:
+        """The job's result from its new server or, first if it comes back, one it left."""
+        here = asyncio.ensure_future(server.client.wait(job_id, poll_s))
+        back: dict[asyncio.Future[RolloutResult | None], Server] = {
+            asyncio.ensure_future(self._read_back(job_id, s, poll_s)): s for s in self._left[job_id]
+        }
+        pending: set[asyncio.Future[Any]] = {here, *back}
+        try:
+            while True:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if here in done:
+                    return here.result()  # a TransportError moves the job once more
+                for task in done:
+                    result: RolloutResult | None = task.result()
+                    if result is not None:
+                        await self._take_back(job_id, back[task])
+                        return result
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _read_back(self, job_id: str, server: Server, poll_s: float) -> RolloutResult | None:
+        """The job's result from a server it left, once that answers; None if it has none."""
+        while True:
+            try:
+                status = await server.client.get(job_id, wait_s=poll_s)
+            except httpx.TransportError:
+                await asyncio.sleep(self.read_back_every_s)  # down: ask again until it is back
+                continue
+            except RaasHTTPError:
+                return None
+            if status.state not in FINAL_STATES or status.result is None:
+                continue  # it still runs there (the server was only out of reach)
+            error = status.result.error
+            return None if error is not None and error.type == "server_restart" else status.result
+
+    async def _take_back(self, job_id: str, origin: Server) -> None:
+        log.warning("job %s: its result is back from %s; cancelling its copy", job_id, origin.url)
+        with contextlib.suppress(httpx.TransportError, RaasHTTPError):
+            await self._where[job_id].client.cancel(job_id)
+        origin.down_until = 0.0
+        self._where[job_id] = origin
+        del self._left[job_id]
 
     async def cancel(self, job_id: str) -> None:
         server = self._where.get(job_id)
         if server is None:
             return
-        with contextlib.suppress(httpx.TransportError, RaasHTTPError):
-            await server.client.cancel(job_id)
+        # A server the job left may still run it (it was only out of reach): cancel it there too.
+        left = [s for s in self._left.get(job_id, []) if s.up]
+        for where in (server, *left):
+            with contextlib.suppress(httpx.TransportError, RaasHTTPError):
+                await where.client.cancel(job_id)
 
     async def as_completed(self, job_ids: Sequence[str]) -> AsyncIterator[RolloutResult]:
         """Results in the order they finish."""
