@@ -141,6 +141,29 @@ async def test_dapo_drops_stale_groups(coin_server: str) -> None:
     assert len(fresh) == 2 and report.groups_stale == 0
 
 
+@pytest.fixture
+def two_coin_servers(tmp_path: Path) -> Iterator[list[str]]:
+    registry = TaskRegistry()
+    registry.register(CoinTask())
+    servers = [
+        ServerThread(create_app(ServeSettings(db=tmp_path / f"{i}.db"), registry)).start()
+        for i in range(2)
+    ]
+    yield [s.url for s in servers]
+    for server in servers:
+        server.stop()
+
+
+async def test_concurrent_submits_spread_over_equal_servers(two_coin_servers: list[str]) -> None:
+    async with RolloutClient(two_coin_servers, status_every_s=0) as client:
+        requests = [RolloutRequest(instance=coin(1.0, block=True)) for _ in range(8)]
+        ids = await asyncio.gather(*(client.submit(r) for r in requests))
+        per_server = [sum(client._where[j].url == url for j in ids) for url in two_coin_servers]
+        for job_id in ids:
+            await client.cancel(job_id)
+    assert per_server == [4, 4]
+
+
 def test_two_servers_one_killed_mid_batch_loses_nothing(start_server: Any, tmp_path: Path) -> None:
     first, second = start_server(tmp_path / "a.db"), start_server(tmp_path / "b.db")
     gate = tmp_path / "gate"

@@ -87,6 +87,7 @@ class RolloutClient:
         self.status_every_s = status_every_s
         self.down_for_s = down_for_s
         self._status_at = 0.0
+        self._refreshing: asyncio.Future[None] | None = None
         self._where: dict[str, Server] = {}
         self._requests: dict[str, RolloutRequest] = {}
         self._left: dict[str, list[Server]] = {}  # job -> servers it moved away from
@@ -106,10 +107,17 @@ class RolloutClient:
     # -- choosing a server -----------------------------------------------------------------------
 
     async def refresh(self) -> None:
+        """Read every server's status; callers that come while it is read share the reading."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._read_statuses())
+        await asyncio.shield(self._refreshing)
+
+    async def _read_statuses(self) -> None:
         async def one(server: Server) -> None:
+            sent = server.sent_since_status  # these are in the status's in_flight
             try:
                 server.status = await server.client.status()
-                server.sent_since_status = 0
+                server.sent_since_status -= sent  # keep what was sent while it was read
             except (httpx.TransportError, RaasHTTPError) as e:
                 self._set_aside(server, e)
 
@@ -143,13 +151,15 @@ class RolloutClient:
         tried: set[str] = set()
         while True:
             server = await self._pick(tried)
+            # Counted before the submission is sent, so that concurrent submits spread out.
+            server.sent_since_status += len(requests)
             try:
                 await server.client.submit_batch(requests)
             except httpx.TransportError as e:
+                server.sent_since_status -= len(requests)
                 self._set_aside(server, e)
                 tried.add(server.url)
                 continue
-            server.sent_since_status += len(requests)
             ids = [str(r.job_id) for r in requests]
             for job_id, request in zip(ids, requests, strict=True):
                 self._where[job_id] = server
