@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import multiprocessing
 import random
 import statistics
 import tempfile
@@ -20,13 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from _forked import ForkedServer
 
 from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
 from raas.api.settings import ServeSettings
 from raas.client import RolloutClient, collect_groups, reward_varies
-from raas.launch import free_port
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 
 
@@ -104,7 +102,7 @@ async def bench(args: argparse.Namespace, url: str) -> None:
     print(f"  time to fill the batch, synchronous / asynchronous: {ratio:.2f}x")
 
 
-def _serve(db: Path, port: int) -> None:
+def _serve(port: int, db: Path) -> None:
     import logging
 
     import uvicorn
@@ -124,24 +122,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--oversample", type=float, default=1.5)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        # The service in its own process, as deployed: the client does not share its loop.
-        server = multiprocessing.get_context("fork").Process(
-            target=_serve, args=(Path(tmp) / "dapo.db", port), daemon=True
-        )
-        server.start()
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(url + "/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.05)
-            asyncio.run(bench(args, url))
-        finally:
-            server.terminate()
-            server.join(30)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ForkedServer(_serve, Path(tmp) / "dapo.db") as server,
+    ):
+        asyncio.run(bench(args, server.url))
     return 0

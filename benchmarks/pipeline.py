@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
-import os
 import statistics
 import tempfile
 import time
@@ -23,11 +21,11 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from _forked import ForkedServer
 
 from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
 from raas.api.settings import ServeSettings
-from raas.launch import free_port
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, Stage
 from raas.store.sqlite import ResultStore
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
@@ -150,42 +148,11 @@ async def in_process_noop(n_jobs: int, db: Path) -> list[float]:
     return latencies
 
 
-def _serve_noop(db: Path, port: int) -> None:
+def _serve_noop(port: int, db: Path) -> None:
     registry = TaskRegistry()
     registry.register(NoopTask())
     app = create_app(ServeSettings(db=db, port=port), registry)
     uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning")).run()
-
-
-class ServerProcess:
-    """The service in its own process (as deployed), with the no-op task registered."""
-
-    def __init__(self, db: Path) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        ctx = multiprocessing.get_context("fork")
-        self.proc = ctx.Process(target=_serve_noop, args=(db, port), daemon=True)
-
-    def __enter__(self) -> ServerProcess:
-        self.proc.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz").status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError("the benchmark server did not start")
-
-    def cpu_s(self) -> float:
-        """CPU time (user + system) the server process has used so far (Linux /proc)."""
-        assert self.proc.pid is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.join(30)
 
 
 async def http_noop(url: str, n_jobs: int, concurrency: int) -> tuple[list[float], float]:
@@ -247,7 +214,7 @@ def main(argv: list[str]) -> int:
         print(f"part 2: {args.noop_jobs} no-op jobs")
         inproc = asyncio.run(in_process_noop(args.noop_jobs, tmpdir / "n.db"))
         print(f"  in-process pipeline, one at a time (submit -> persisted result): {ms(inproc)}")
-        with ServerProcess(tmpdir / "h.db") as server:
+        with ForkedServer(_serve_noop, tmpdir / "h.db") as server:
             bare = asyncio.run(http_roundtrip(server.url, args.noop_jobs))
             cpu_before = server.cpu_s()
             lat, wall = asyncio.run(http_noop(server.url, args.noop_jobs, args.concurrency))
