@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-trl lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo system-deps clean
+.PHONY: demo test test-trl test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,8 @@ demo: $(STAMP) system-deps
 test: $(STAMP) system-deps lint typecheck unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check raas tests benchmarks scripts
-	$(BIN)/ruff format --check raas tests benchmarks scripts
+	$(BIN)/ruff check raas tests benchmarks scripts examples
+	$(BIN)/ruff format --check raas tests benchmarks scripts examples
 	# The bundled data sets are what their generators write.
 	$(BIN)/python scripts/make_math_bundle.py --check
 	$(BIN)/python scripts/make_stem_bundle.py --check
@@ -44,6 +44,23 @@ test-trl: $(STAMP)
 	$(BIN)/pip install --quiet 'trl==1.16.0'
 	$(BIN)/pytest -q -m slow tests/test_trl_slow.py
 
+# Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
+test-ray: $(STAMP)
+	$(BIN)/python -c 'import ray' 2>/dev/null || $(BIN)/pip install --quiet -e '.[ray]'
+	$(BIN)/pytest -q -m ray
+
+# Slurm tier: a real sbatch job on a one-node cluster on this host (installed and started by the
+# script, as root; left running for the next run: scripts/hpc/stop-slurm.sh stops it).
+test-slurm: $(STAMP)
+	scripts/hpc/start-slurm.sh
+	$(BIN)/pytest -q -m slurm tests/test_slurm.py
+
+# Apptainer tier: the apptainer sandbox provider on the same tests as bwrap, in a nested apptainer
+# (a Debian sid root filesystem, built once and cached in ~/.cache/raas/hpc; needs root).
+test-hpc: $(STAMP)
+	scripts/hpc/make-apptainer-env.sh
+	$(BIN)/pytest -q -m hpc
+
 bench-pipeline: $(STAMP)
 	$(BIN)/raas bench pipeline
 
@@ -55,6 +72,14 @@ bench-llm: $(STAMP)
 
 bench-dapo: $(STAMP)
 	$(BIN)/raas bench dapo
+
+bench-scale: $(STAMP)
+	$(BIN)/raas bench scale
+
+# GRPO on the CPU over HTTP: starts raas engine and raas serve, 20 steps (about 50 minutes here).
+example-grpo: $(STAMP) system-deps
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[examples]'
+	$(BIN)/python examples/grpo_cpu/train.py --steps 20 --out out/grpo_cpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
