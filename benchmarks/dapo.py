@@ -21,11 +21,11 @@ from typing import Any
 
 from _forked import ForkedServer
 
-from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
 from raas.api.settings import ServeSettings
 from raas.client import RolloutClient, collect_groups, reward_varies
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
+from raas.wire import Trajectory
 
 
 class LotteryTask:

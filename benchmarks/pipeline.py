@@ -23,12 +23,12 @@ import httpx
 import uvicorn
 from _forked import ForkedServer
 
-from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
 from raas.api.settings import ServeSettings
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, Stage
 from raas.store.sqlite import ResultStore
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
+from raas.wire import Trajectory
 
 LLM_SLOTS = 8
 INIT_S, RUN_S, EVAL_S = 0.1, 0.2, 0.8

@@ -34,9 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
-from raas.api.schemas import RolloutRequest
 from raas.api.settings import ServeSettings
 from raas.client import RolloutClient
 from raas.llm.chat import encode
@@ -44,6 +42,7 @@ from raas.llm.models import load_tokenizer
 from raas.tasks import RewardInfo, TaskRegistry
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.services import TaskServices
+from raas.wire import RolloutRequest, Trajectory
 
 
 class ThinkTask(AgentTask):

@@ -214,7 +214,7 @@ def submit(
     from rich.progress import Progress
 
     from raas.client import RolloutClient
-    from raas.client.files import TaskFileError, read_requests, run_requests
+    from raas.client.task_files import TaskFileError, read_requests, run_requests
 
     try:
         params = json.loads(sampling_params) if sampling_params else None

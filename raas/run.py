@@ -20,16 +20,16 @@ from rich.progress import Progress
 from rich.table import Table
 
 from raas.api.app import create_app
-from raas.api.schemas import RolloutRequest, RolloutResult
 from raas.api.settings import ServeSettings
 from raas.client import RolloutClient
-from raas.client.files import run_requests
+from raas.client.task_files import run_requests
 from raas.launch import EngineProcess, free_port
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig
 from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
 from raas.tasks.services import TaskServices
+from raas.wire import RolloutRequest, RolloutResult
 
 
 @dataclass

@@ -13,9 +13,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.pipeline import JobState, Pipeline, Stage
 from raas.tasks import RewardInfo, TaskContext, TaskJob
+from raas.wire import Trajectory
 
 WAIT_S = 10.0  # a safety net so a broken test fails instead of hanging; never an assertion
 
@@ -95,11 +95,11 @@ async def settle(condition: Callable[[], bool], max_yields: int = 10_000) -> Non
 
 
 async def finished(pipeline: Pipeline, job_id: str) -> dict[str, Any]:
-    """The job's result once it has one."""
+    """The job's result once it has one, as the JSON the API sends."""
     view = await pipeline.wait(job_id, WAIT_S)
     assert view is not None and view.state.finished, f"{job_id} did not finish: {view}"
     assert view.result is not None
-    return view.result
+    return view.result.model_dump(mode="json")
 
 
 __all__ = ["JobState", "ProbeTask", "Stage", "finished", "probe_instance", "settle"]

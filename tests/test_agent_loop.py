@@ -10,11 +10,11 @@ import pytest
 
 from raas.agent.loop import AgentLoop, LoopConfig
 from raas.agent.tools import select_tools
-from raas.agent.trajectory import Trajectory
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
 from raas.llm.types import Generation, SamplingParams
 from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
+from raas.wire import Trajectory
 
 
 def call(name: str, **arguments: Any) -> str:

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.api.schemas import RolloutResult
 from raas.api.settings import ServeSettings
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import generate_instances
+from raas.wire import RolloutResult
 from tests.probe import WAIT_S, ProbeTask, probe_instance
 
 Client = Callable[..., Any]

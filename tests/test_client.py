@@ -8,11 +8,11 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.api.schemas import RolloutRequest
 from raas.api.settings import ServeSettings
 from raas.client import AsyncRolloutClient, RaasHTTPError, RolloutClient
-from raas.client.files import TaskFileError, read_requests, run_requests
+from raas.client.task_files import TaskFileError, read_requests, run_requests
 from raas.tasks import TaskRegistry
+from raas.wire import RolloutRequest
 from tests.probe import ProbeTask, probe_instance
 
 

@@ -11,14 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from raas.agent.trajectory import Trajectory
 from raas.api.app import create_app
-from raas.api.schemas import RolloutRequest
 from raas.api.settings import ServeSettings
 from raas.client.dapo import collect_groups
-from raas.client.http import AsyncRolloutClient
-from raas.client.multi import RolloutClient, SyncRolloutClient
+from raas.client.rollout_client import RolloutClient, SyncRolloutClient
+from raas.client.single_server import AsyncRolloutClient
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
+from raas.wire import RolloutRequest, Trajectory
 from tests.llm_servers import ServerThread
 
 

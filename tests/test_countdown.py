@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from raas.agent.trajectory import Trajectory
 from raas.tasks import InvalidInstance, TaskJob
 from raas.tasks.countdown import (
     CountdownTask,
@@ -15,6 +14,7 @@ from raas.tasks.countdown import (
     play,
     solve,
 )
+from raas.wire import Trajectory
 
 
 def job(instance: dict[str, object], **params: object) -> TaskJob:

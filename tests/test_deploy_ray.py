@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from raas.api.schemas import RolloutRequest, RolloutResult
-from raas.client.multi import RolloutClient
+from raas.client.rollout_client import RolloutClient
 from raas.deploy.ray import RayDeployment
 from raas.tasks.countdown import generate_instances
+from raas.wire import RolloutRequest, RolloutResult
 
 pytestmark = pytest.mark.ray
 

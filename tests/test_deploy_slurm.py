@@ -182,17 +182,6 @@ def test_read_server_list_waits_for_the_file(tmp_path: Path) -> None:
         read_server_list(path, wait=0.2, poll_s=0.05)
 
 
-def test_client_imports_no_server_code() -> None:
-    code = (
-        "import sys, raas.client\n"
-        "bad = [m for m in sys.modules if m.startswith(('raas.deploy', 'raas.pipeline',"
-        " 'raas.launch', 'raas.api.app', 'fastapi', 'uvicorn'))]\n"
-        "assert not bad, bad\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-
-
 def _node(tmp_path: Path, port: int, *serve_args: str, node_id: int = 0) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return subprocess.Popen(

@@ -375,8 +375,8 @@ async def test_drain_cancels_what_outlasts_the_grace_period(
         await pipeline.drain(grace_s=0.05)
         record = await pipeline.store.get(job_id)
     assert record is not None and record.result is not None
-    assert record.result["state"] == "cancelled"
-    assert record.result["error"]["type"] == "shutdown"
+    assert record.result.state == "cancelled"
+    assert record.result.error is not None and record.result.error.type == "shutdown"
     assert probe.closed[job_id] == 1
 
 
@@ -408,7 +408,7 @@ async def test_restart_reports_in_flight_jobs_as_failed_and_keeps_results(
         await second.stop()
         await store2.close()
     assert lost is not None and lost.state is JobState.FAILED and lost.result is not None
-    assert lost.result["error"]["type"] == "server_restart"
-    assert lost.result["stage_failed"] == "run"
+    assert lost.result.error is not None and lost.result.error.type == "server_restart"
+    assert lost.result.stage_failed == "run"
     assert kept is not None and kept.state is JobState.DONE
-    assert kept.result is not None and kept.result["reward"] == 0.5
+    assert kept.result is not None and kept.result.reward == 0.5

@@ -65,7 +65,7 @@ def test_sigterm_drains_jobs_in_flight_and_persists_them(start_server: Any, tmp_
     assert set(results) == {"inflight"}
     assert results["inflight"].state == "done"
     assert results["inflight"].result is not None
-    assert results["inflight"].result["reward"] == 1.0
+    assert results["inflight"].result.reward == 1.0
 
 
 def test_a_killed_server_reports_lost_jobs_after_restart(start_server: Any, tmp_path: Path) -> None:

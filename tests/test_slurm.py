@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from raas.api.schemas import RolloutRequest
 from raas.client import RolloutClient, read_server_list
 from raas.launch import free_port
 from raas.tasks.datasets import bundled
+from raas.wire import RolloutRequest
 
 pytestmark = pytest.mark.slurm
 HOST = socket.gethostname()

@@ -50,8 +50,8 @@ def run(tmp_path: Path) -> Run:
             await pipeline.submit([JobRequest(instance, job_id="job", **request)])
             view = await pipeline.wait("job", WAIT_S * 6)
             assert view is not None and view.result is not None, view
-            assert policy.released == ["job"] or view.result["stage_failed"] == "init"
-            return view.result
+            assert policy.released == ["job"] or view.result.stage_failed == "init"
+            return view.result.model_dump(mode="json")
         finally:
             await pipeline.stop()
             await services.close()

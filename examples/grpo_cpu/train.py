@@ -41,7 +41,7 @@ import httpx
 import torch
 
 from raas.client import RolloutClient, collect_groups, reward_varies, to_batch
-from raas.client.multi import Group
+from raas.client.rollout_client import Group
 from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from raas.agent.tools import Tool, call_tool, schema
-from raas.agent.trajectory import Trajectory
 from raas.llm.chat import TokenTrajectory, encode, observation_delta, render_text
 from raas.llm.toolcalls import ToolCallParser, get_parser
 from raas.llm.types import Generation, SamplingParams
 from raas.sandbox import Sandbox
+from raas.wire import Trajectory
 
 # The sampling_params keys the loop understands; any other key is the caller's error.
 LOOP_KEYS = {

@@ -2,9 +2,9 @@
 
 from raas.client.batch import Batch, to_batch
 from raas.client.dapo import DapoReport, collect_groups, reward_varies
-from raas.client.http import AsyncRolloutClient, RaasHTTPError
-from raas.client.multi import Group, RolloutClient, ServerDown, SyncRolloutClient
+from raas.client.rollout_client import Group, RolloutClient, ServerDown, SyncRolloutClient
 from raas.client.servers import ServerListError, read_server_list
+from raas.client.single_server import AsyncRolloutClient, RaasHTTPError
 
 __all__ = [
     "AsyncRolloutClient",

@@ -38,7 +38,7 @@ Results that did not finish (state other than ``"done"``) or have no reward are 
 their group before its statistics (``failed="drop"``), or kept as rows that carry no gradient
 (``failed="mask"``). Nothing is ever copied from a sibling to fill a gap.
 
-This module imports numpy and ``raas.api.schemas`` only; torch is imported by
+This module imports numpy and ``raas.wire`` only; torch is imported by
 :meth:`Batch.to_torch` when called.
 """
 
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from raas.api.schemas import RolloutResult
+from raas.wire import RolloutResult
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +85,7 @@ ARRAY_FIELDS = (
 
 
 class HasResults(Protocol):
-    """A group object carrying its samples (``raas.client.multi.Group`` is one)."""
+    """A group object carrying its samples (``raas.client.rollout_client.Group`` is one)."""
 
     @property
     def results(self) -> Sequence[ResultLike]: ...

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from raas.api.schemas import RolloutResult
-from raas.client.multi import Group, RolloutClient, sample_request
+from raas.client.rollout_client import Group, RolloutClient, sample_request
+from raas.wire import RolloutResult
 
 
 def reward_varies(group: Group) -> bool:

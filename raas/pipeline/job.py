@@ -8,9 +8,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.pipeline.states import JobState, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
+from raas.wire import RolloutResult, Trajectory
 
 
 def new_job_id() -> str:
@@ -77,7 +77,7 @@ class Job:
         self.cleaned_up = False
         self.cleanup_error: str | None = None
         self.done = asyncio.Event()
-        self.result: dict[str, Any] | None = None
+        self.result: RolloutResult | None = None
         self._waiting_since = time.monotonic()
 
     @property

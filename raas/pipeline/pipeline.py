@@ -16,7 +16,6 @@ from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from raas.agent.trajectory import Trajectory
 from raas.pipeline.config import PipelineConfig
 from raas.pipeline.errors import Draining, JobIdConflict, Overloaded, RequestRejected
 from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
@@ -32,6 +31,7 @@ from raas.tasks.protocol import (
     validate_request,
 )
 from raas.tasks.registry import TaskRegistry, UnknownTask
+from raas.wire import RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class JobView:
     job_id: str
     state: JobState
     stage: Stage | None
-    result: dict[str, Any] | None
+    result: RolloutResult | None
     created: bool = False  # True when this submission created the job (not a resubmission)
 
 
@@ -457,12 +457,12 @@ class Pipeline:
         }
 
 
-def _log_finished(job: Job, state: JobState, result: dict[str, Any]) -> None:
-    t = result["timing"]
+def _log_finished(job: Job, state: JobState, result: RolloutResult) -> None:
+    t = result.timing
     summary = (
         f"job {job.id} [{job.data_source}] {state}"
-        f" reward={result['reward']} queue={t['queue_s']:.3f}s init={t['init_s']:.3f}s"
-        f" run={t['run_s']:.3f}s eval={t['eval_s']:.3f}s"
+        f" reward={result.reward} queue={t.queue_s:.3f}s init={t.init_s:.3f}s"
+        f" run={t.run_s:.3f}s eval={t.eval_s:.3f}s"
     )
     if job.ending is not None:
         where = f" in {job.ending.stage}" if job.ending.stage else ""

@@ -1,88 +1,135 @@
-"""Writing finished trajectories out for offline use (JSONL or Parquet)."""
+"""Writing finished trajectories out for offline use (JSONL or Parquet).
+
+The table's columns are derived from the wire's ``RolloutResult``: scalar fields as they are,
+token lists as lists, free-form parts (messages, turns, metrics) as JSON text in ``NAME_json``;
+the required nested parts (trajectory, timing) are inlined, an optional one (error) is prefixed
+with its name (``error_type``). A field added to the wire type becomes a column by itself.
+"""
 
 from __future__ import annotations
 
 import json
+import types
+import typing
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from raas.store.sqlite import iter_finished
+from raas.wire import RolloutResult
 
 FORMATS = ("jsonl", "parquet")
+# Narrower Parquet types where the values allow it (a mask is 0/1; logprobs need no float64).
+NARROW = {"loss_mask": "int8", "logprobs": "float32"}
+
+Kind = Literal["text", "float", "int", "bool", "ints", "floats", "json"]
 
 
-def results(db: Path, state: str | None = None) -> Iterator[dict[str, Any]]:
+@dataclass(frozen=True)
+class Column:
+    name: str
+    path: tuple[str, ...]  # where its value lies in the result
+    kind: Kind
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """The annotation without ``None``, and whether it was optional."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return (args[0] if len(args) == 1 else Any), len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def _kind(annotation: Any) -> Kind:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is str or origin is Literal:
+        return "text"
+    if annotation in (float, int, bool):
+        return {float: "float", int: "int", bool: "bool"}[annotation]  # type: ignore[return-value]
+    if origin is list and args and args[0] in (int, float):
+        return "ints" if args[0] is int else "floats"
+    return "json"
+
+
+def _columns(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[Column]:
+    for name, info in model.model_fields.items():
+        annotation, optional = _unwrap(info.annotation)
+        path = (*prefix, name)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            for sub in _columns(annotation, path):
+                yield Column(f"{name}_{sub.name}" if optional else sub.name, sub.path, sub.kind)
+            continue
+        kind = _kind(annotation)
+        yield Column(f"{name}_json" if kind == "json" else name, path, kind)
+
+
+@cache
+def columns() -> tuple[Column, ...]:
+    return tuple(_columns(RolloutResult))
+
+
+def _value(data: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)  # type: ignore[assignment]
+    return data
+
+
+def flat_row(result: RolloutResult) -> dict[str, Any]:
+    """One table row: token fields as lists, nested free-form parts as JSON text."""
+    data = result.model_dump(mode="json")
+    row = {}
+    for col in columns():
+        value = _value(data, col.path)
+        row[col.name] = json.dumps(value) if col.kind == "json" else value
+    return row
+
+
+def results(db: Path, state: str | None = None) -> Iterator[RolloutResult]:
     for record in iter_finished(db, state):
         if record.result is not None:
             yield record.result
 
 
-def flat_row(result: dict[str, Any]) -> dict[str, Any]:
-    """One table row: token fields as lists, nested free-form parts as JSON text."""
-    traj = result.get("trajectory") or {}
-    error = result.get("error") or {}
-    timing = result.get("timing") or {}
-    return {
-        "job_id": result["job_id"],
-        "state": result["state"],
-        "data_source": result.get("data_source"),
-        "instance_id": result.get("instance_id"),
-        "reward": result.get("reward"),
-        "stage_failed": result.get("stage_failed"),
-        "error_type": error.get("type"),
-        "error_message": error.get("message"),
-        "prompt_ids": traj.get("prompt_ids", []),
-        "response_ids": traj.get("response_ids", []),
-        "loss_mask": traj.get("loss_mask", []),
-        "logprobs": traj.get("logprobs", []),
-        "stop_reason": traj.get("stop_reason"),
-        "messages_json": json.dumps(traj.get("messages", [])),
-        "turns_json": json.dumps(traj.get("turns", [])),
-        "metrics_json": json.dumps(result.get("metrics", {})),
-        **{
-            k: float(timing.get(k, 0.0))
-            for k in ("queue_s", "init_s", "run_s", "eval_s", "total_s")
-        },
-    }
-
-
-def write_jsonl(rows: Iterable[dict[str, Any]], out: Path) -> int:
+def write_jsonl(rows: Iterable[RolloutResult], out: Path) -> int:
     n = 0
     with open(out, "w") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(row.model_dump_json() + "\n")
             n += 1
     return n
 
 
-def write_parquet(rows: Iterable[dict[str, Any]], out: Path) -> int:
+def write_parquet(rows: Iterable[RolloutResult], out: Path) -> int:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as e:
         raise RuntimeError("Parquet export needs pyarrow: pip install 'raas[parquet]'") from e
-    table = pa.Table.from_pylist([flat_row(r) for r in rows], schema=_parquet_schema(pa))
+    table = pa.Table.from_pylist([flat_row(r) for r in rows], schema=parquet_schema(pa))
     pq.write_table(table, out)
     return int(table.num_rows)
 
 
-def _parquet_schema(pa: Any) -> Any:
-    text, num = pa.string(), pa.float64()
-    return pa.schema(
-        [
-            ("job_id", text), ("state", text), ("data_source", text), ("instance_id", text),
-            ("reward", num), ("stage_failed", text), ("error_type", text),
-            ("error_message", text), ("prompt_ids", pa.list_(pa.int64())),
-            ("response_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
-            ("logprobs", pa.list_(pa.float32())), ("stop_reason", text),
-            ("messages_json", text), ("turns_json", text), ("metrics_json", text),
-            ("queue_s", num), ("init_s", num), ("run_s", num), ("eval_s", num), ("total_s", num),
-        ]
-    )  # fmt: skip
+def parquet_schema(pa: Any) -> Any:
+    scalar = {"text": pa.string(), "json": pa.string(), "float": pa.float64(),
+              "int": pa.int64(), "bool": pa.bool_()}  # fmt: skip
+    fields = []
+    for col in columns():
+        if col.kind in ("ints", "floats"):
+            default = "int64" if col.kind == "ints" else "float64"
+            fields.append((col.name, pa.list_(getattr(pa, NARROW.get(col.name, default))())))
+        else:
+            fields.append((col.name, scalar[col.kind]))
+    return pa.schema(fields)
 
 
-WRITERS: dict[str, Callable[[Iterable[dict[str, Any]], Path], int]] = {
+WRITERS: dict[str, Callable[[Iterable[RolloutResult], Path], int]] = {
     "jsonl": write_jsonl,
     "parquet": write_parquet,
 }

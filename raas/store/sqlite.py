@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from raas.wire import RolloutResult
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ class JobRecord:
     request: dict[str, Any]
     created_at: float
     seq: int | None = None
-    result: dict[str, Any] | None = None
+    result: RolloutResult | None = None
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -79,7 +81,7 @@ def _record(row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
         request=json.loads(request),
         created_at=created_at,
         seq=seq,
-        result=json.loads(result) if result else None,
+        result=RolloutResult.model_validate_json(result) if result else None,
     )
 
 
@@ -161,10 +163,10 @@ class ResultStore:
         future = self._executor.submit(self._with_conn, _note)
         future.add_done_callback(_log_failure)
 
-    async def save_result(self, job_id: str, state: str, result: dict[str, Any]) -> int:
+    async def save_result(self, job_id: str, state: str, result: RolloutResult) -> int:
         """Write a finished result; returns its place in finish order (the paging cursor)."""
-        payload = json.dumps(result)
-        reward = result.get("reward")
+        payload = result.model_dump_json()
+        reward = result.reward
 
         def _save(conn: sqlite3.Connection) -> int:
             self._seq += 1
@@ -204,13 +206,6 @@ class ResultStore:
             return list(_iter_finished(conn, state, since, limit))
 
         return await self._call(_page)
-
-    async def counts(self) -> dict[str, int]:
-        def _counts(conn: sqlite3.Connection) -> dict[str, int]:
-            rows = conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
-            return {state: n for state, n in rows}
-
-        return await self._call(_counts)
 
 
 def _iter_finished(

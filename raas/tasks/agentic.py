@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 
 from raas.agent.loop import AgentLoop, LoopConfig
 from raas.agent.tools import select_tools
-from raas.agent.trajectory import Trajectory
 from raas.sandbox import Sandbox
 from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskContext, TaskJob
 from raas.tasks.services import TaskServices
+from raas.wire import Trajectory
 
 
 @dataclass

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo
 from raas.tasks.services import TaskServices
+from raas.wire import Trajectory
 
 SOLUTION = "/workspace/solution.py"
 TEST_TIMEOUT_S = 30.0

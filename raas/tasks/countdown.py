@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskContext, TaskJob
+from raas.wire import Trajectory
 
 OPS = ("+", "-", "*", "/")
 SAMPLING_KEYS = {"temperature": float, "seed": int, "max_turns": int}

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.answers import check_math, final_answer
 from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob
 from raas.tasks.services import TaskServices
+from raas.wire import Trajectory
 
 
 def ground_truth(instance: dict[str, Any]) -> str | None:

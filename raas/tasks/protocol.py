@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from raas.agent.trajectory import Trajectory
+from raas.wire import Trajectory
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.answers import check_choice, check_numeric, final_answer
 from raas.tasks.math import question_messages
 from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob
 from raas.tasks.services import TaskServices
+from raas.wire import Trajectory
 
 
 class StemTask(AgentTask):

@@ -17,11 +17,11 @@ import re
 import shlex
 from typing import Any
 
-from raas.agent.trajectory import Trajectory
 from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob
 from raas.tasks.services import TaskServices
+from raas.wire import Trajectory
 
 REPO = "/workspace/repo"
 TEST_TIMEOUT_S = 120.0

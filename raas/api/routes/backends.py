@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, status
 
-from raas.api.schemas import BackendIn, BackendOut
 from raas.api.state import ServiceState, service
 from raas.llm.pool import Backend
+from raas.wire import BackendIn, BackendOut
 
 router = APIRouter(prefix="/v1", tags=["backends"])
 Service = Annotated[ServiceState, Depends(service)]

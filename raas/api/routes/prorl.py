@@ -9,7 +9,8 @@ from fastapi import APIRouter, Depends
 from raas.api.routes.rollouts import cancel_job
 from raas.api.routes.submission import submit
 from raas.api.routes.system import service_status
-from raas.api.schemas import (
+from raas.api.state import ServiceState, service
+from raas.wire import (
     Ack,
     CancelRequest,
     JobStatus,
@@ -18,7 +19,6 @@ from raas.api.schemas import (
     RolloutResult,
     ServiceStatus,
 )
-from raas.api.state import ServiceState, service
 
 router = APIRouter(tags=["prorl-compatible"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -33,7 +33,7 @@ async def process(req: ProcessRequest, svc: Service) -> RolloutResult:
         await job.done.wait()
     final = await svc.pipeline.lookup(view.job_id)
     assert final is not None and final.result is not None
-    return RolloutResult.model_validate(final.result)
+    return final.result
 
 
 @router.post("/cancel", response_model=JobStatus)

@@ -9,7 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 
 from raas.api.routes.submission import status_of, submit
-from raas.api.schemas import (
+from raas.api.state import ServiceState, service
+from raas.wire import (
     FINAL_STATES,
     BatchRequest,
     BatchSubmitted,
@@ -17,10 +18,8 @@ from raas.api.schemas import (
     JobStatus,
     ResultPage,
     RolloutRequest,
-    RolloutResult,
     Submitted,
 )
-from raas.api.state import ServiceState, service
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -91,6 +90,6 @@ async def list_results(
             detail=f"state must be one of {', '.join(FINAL_STATES)}: only finished jobs are listed",
         )
     records = await svc.pipeline.store.finished(state, since, limit)
-    results = [RolloutResult.model_validate(r.result) for r in records if r.result is not None]
+    results = [r.result for r in records if r.result is not None]
     next_since = records[-1].seq if records and records[-1].seq is not None else since
     return ResultPage(results=results, next_since=next_since)

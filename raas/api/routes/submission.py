@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from raas.api.errors import field_error
-from raas.api.schemas import JobStatus, ProcessRequest, RolloutRequest, RolloutResult
 from raas.pipeline import JobRequest, JobView, Pipeline, RequestRejected
+from raas.wire import JobStatus, ProcessRequest, RolloutRequest
 
 
 def job_request(req: RolloutRequest | ProcessRequest) -> JobRequest:
@@ -32,5 +32,5 @@ def status_of(view: JobView) -> JobStatus:
         job_id=view.job_id,
         state=view.state.value,
         stage=view.stage.value if view.stage and not view.state.finished else None,
-        result=RolloutResult.model_validate(view.result) if view.result is not None else None,
+        result=view.result,
     )

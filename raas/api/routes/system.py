@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 
 from raas.api.metrics import CONTENT_TYPE
-from raas.api.schemas import ServiceStatus
 from raas.api.state import ServiceState, service
+from raas.wire import ServiceStatus
 
 router = APIRouter(tags=["system"])
 Service = Annotated[ServiceState, Depends(service)]

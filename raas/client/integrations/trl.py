@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from raas.client.multi import SyncRolloutClient
+from raas.client.rollout_client import SyncRolloutClient
 
 Instance = dict[str, Any]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from raas.api.schemas import RolloutRequest, RolloutResult
-from raas.client.multi import RolloutClient
+from raas.client.rollout_client import RolloutClient
+from raas.wire import RolloutRequest, RolloutResult
 
 
 class TaskFileError(ValueError):

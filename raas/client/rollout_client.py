@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from raas.api.schemas import FINAL_STATES, RolloutRequest, RolloutResult, ServiceStatus
-from raas.client.http import AsyncRolloutClient, RaasHTTPError, with_job_id
+from raas.client.single_server import AsyncRolloutClient, RaasHTTPError, with_job_id
+from raas.wire import FINAL_STATES, RolloutRequest, RolloutResult, ServiceStatus
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from raas.api.schemas import (
+from raas.wire import (
     FINAL_STATES,
     BatchSubmitted,
     JobStatus,

@@ -1,7 +1,8 @@
-"""The wire contract: every request and response body of the HTTP API.
+"""The wire contract: every type that crosses HTTP (requests, results, trajectories, status).
 
-This module imports nothing but pydantic, so the trainer-side client can use it without the
-server's dependencies. The OpenAPI document is generated from these models.
+This module imports nothing but pydantic, so the trainer-side client uses it without the
+server's dependencies; the server, the store and the export use the same types, and the
+OpenAPI document is generated from them.
 """
 
 from __future__ import annotations
@@ -68,11 +69,24 @@ class ErrorInfo(BaseModel):
     message: str
 
 
-class TrajectoryOut(BaseModel):
+class Trajectory(BaseModel):
+    """What a rollout produced so far, as the trainer receives it.
+
+    A task appends to it as it goes (the lists are shared with the agent loop, so it is
+    complete at every await), so that a job that is cancelled or runs out of time still returns
+    everything produced before that point. Token-level fields stay empty for tasks that need no
+    model (the scripted countdown task).
+    """
+
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
-    loss_mask: list[int] = Field(default_factory=list)
-    logprobs: list[float] = Field(default_factory=list)
+    loss_mask: list[int] = Field(
+        default_factory=list,
+        description="1 on tokens the policy generated, 0 on tokens the environment inserted.",
+    )
+    logprobs: list[float] = Field(
+        default_factory=list, description="Aligned with response_ids; 0.0 where loss_mask is 0."
+    )
     messages: list[dict[str, Any]] = Field(default_factory=list)
     turns: list[dict[str, Any]] = Field(default_factory=list)
     stop_reason: str | None = None
@@ -93,7 +107,7 @@ class RolloutResult(BaseModel):
     error: ErrorInfo | None = None
     reward: float | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
-    trajectory: TrajectoryOut
+    trajectory: Trajectory
     timing: Timing
     instance_id: str | None = None
     data_source: str
