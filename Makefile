@@ -25,8 +25,8 @@ demo: $(STAMP) system-deps
 test: $(STAMP) system-deps lint typecheck unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check raas tests benchmarks scripts examples
-	$(BIN)/ruff format --check raas tests benchmarks scripts examples
+	$(BIN)/ruff check raas tests scripts examples
+	$(BIN)/ruff format --check raas tests scripts examples
 	# The bundled data sets are what their generators write.
 	$(BIN)/python scripts/make_math_bundle.py --check
 	$(BIN)/python scripts/make_stem_bundle.py --check
@@ -42,7 +42,7 @@ unit: $(STAMP)
 # Slow tier: TRL's GRPOTrainer on rollouts from raas.
 test-trl: $(STAMP)
 	$(BIN)/pip install --quiet 'trl==1.16.0'
-	$(BIN)/pytest -q -m slow tests/test_trl_slow.py
+	$(BIN)/pytest -q -m slow tests/test_trl_grpo_trainer.py
 
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)
@@ -53,7 +53,7 @@ test-ray: $(STAMP)
 # script, as root; left running for the next run: scripts/hpc/stop-slurm.sh stops it).
 test-slurm: $(STAMP)
 	scripts/hpc/start-slurm.sh
-	$(BIN)/pytest -q -m slurm tests/test_slurm.py
+	$(BIN)/pytest -q -m slurm tests/test_slurm_cluster.py
 
 # Apptainer tier: the apptainer sandbox provider on the same tests as bwrap, in a nested apptainer
 # (a Debian sid root filesystem, built once and cached in ~/.cache/raas/hpc; needs root).

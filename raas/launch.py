@@ -3,34 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def terminate(proc: subprocess.Popen[Any], timeout_s: float) -> int:
-    """SIGTERM (a raas server then drains), SIGKILL after ``timeout_s``; the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+from raas.helpers import exited, free_port, terminate, wait_until_answers
 
 
 class ChildServer:
@@ -58,22 +35,9 @@ class ChildServer:
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(
-                    f"{self.proc.args!r} exited with {self.proc.returncode}:\n{tail}"
-                )
-            try:
-                if httpx.get(self.url + self.health_path, timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"{self.url} did not answer within {timeout_s:g} s (log: {self.log_path})"
-        )
+        """Until it answers; raises NotReady (with its log's tail) if it exits or the time
+        runs out."""
+        wait_until_answers(self.url + self.health_path, timeout_s, exited(self.proc, self.log_path))
 
     def stop(self, timeout_s: float = 60.0) -> int:
         code = terminate(self.proc, timeout_s)

@@ -20,12 +20,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
 from raas.client import RolloutClient
 from raas.client.task_files import run_requests
-from raas.launch import EngineProcess, free_port
+from raas.helpers import free_port, wait_until_answers
+from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig
+from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
 from raas.tasks.services import TaskServices
@@ -36,10 +37,8 @@ from raas.wire import RolloutRequest, RolloutResult
 class RunOptions:
     url: str | None = None
     llm: list[str] = field(default_factory=list)
-    model: str = "smollm2"
+    model: str = field(default_factory=lambda: defaults().tokenizer)
     workdir: Path = Path("out/run")
-    run_workers: int = 8
-    eval_workers: int = 4
     quiet_server: bool = True
 
 
@@ -71,26 +70,32 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
         await asyncio.to_thread(engine.wait_ready, 600.0)
         llm = [engine.url]
     port = free_port()
-    settings = ServeSettings(
-        port=port,
-        db=options.workdir / "raas.db",
-        llm=llm,
-        tokenizer=options.model,
-        run_workers=options.run_workers,
-        eval_workers=options.eval_workers,
-        log_level="warning" if options.quiet_server else "info",
+    # The run's own service: configured here, not by RAAS_* variables meant for `raas serve`.
+    settings = validate(
+        {
+            "port": port,
+            "db": options.workdir / "raas.db",
+            "llm": llm,
+            "tokenizer": options.model,
+            "log_level": "warning" if options.quiet_server else "info",
+        }
     )
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), port=port, log_level=settings.log_level)
     )
     task = asyncio.create_task(server.serve())
+    url = f"http://127.0.0.1:{port}"
     try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.05)
+
+        def gone() -> str | None:
+            if not task.done():
+                return None
+            error = None if task.cancelled() else task.exception()
+            return f"the in-process raas serve stopped while starting: {error!r}"
+
+        await asyncio.to_thread(wait_until_answers, url + "/healthz", 60.0, gone)
         console.print(f"raas serving on http://127.0.0.1:{port}, LLM at {', '.join(llm)}")
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         server.should_exit = True
         await task
@@ -150,13 +155,6 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
         f" {tokens / wall_s:.1f} generated tokens/s): mean reward {mean:.3f}, pass rate"
         f" {passed}/{len(rewards)}; " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
     )
-
-
-def write_results(results: list[RolloutResult], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w") as f:
-        for r in results:
-            f.write(r.model_dump_json() + "\n")
 
 
 async def replay(

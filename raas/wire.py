@@ -7,9 +7,11 @@ OpenAPI document is generated from them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import math
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import InitErrorDetails, ValidationError
 
 JobStateName = Literal["queued", "init", "run", "eval", "done", "failed", "timeout", "cancelled"]
 StageName = Literal["init", "run", "eval"]
@@ -23,18 +25,57 @@ def _require_data_source(instance: dict[str, Any]) -> dict[str, Any]:
     return instance
 
 
-Instance = Annotated[dict[str, Any], AfterValidator(_require_data_source)]
+JsonT = TypeVar("JsonT")
+
+
+def reject_non_finite(value: JsonT) -> JsonT:
+    """``value`` itself, or a ValidationError locating each NaN or infinity inside it.
+
+    Python's json (and so FastAPI) reads ``NaN``, ``Infinity`` and ``1e999`` (as inf) into
+    floats; nothing downstream can use them (``int(inf)`` raises, JSON answers cannot hold them),
+    so free-form fields (an instance, sampling_params) are walked once at the door. Raised from a
+    validator, the errors' locations are joined to the field's, so the 422 names the very value:
+    ``["body", "instance", "numbers", 1]``.
+    """
+    errors: list[InitErrorDetails] = []
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
+    while stack:  # a loop, not recursion: a deeply nested body cannot exhaust the stack
+        loc, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            errors.append({"type": "finite_number", "loc": loc, "input": item})
+        elif isinstance(item, dict):
+            keys = [k if isinstance(k, str | int) else str(k) for k in item]
+            # reversed: popped from the end, so the errors come out in document order
+            stack += reversed([((*loc, k), v) for k, v in zip(keys, item.values(), strict=True)])
+        elif isinstance(item, list | tuple):
+            stack += reversed([((*loc, i), v) for i, v in enumerate(item)])
+    if errors:
+        raise ValidationError.from_exception_data("non-finite numbers", errors)
+    return value
+
+
+Instance = Annotated[
+    dict[str, Any], AfterValidator(_require_data_source), AfterValidator(reject_non_finite)
+]
+SamplingParamsIn = Annotated[dict[str, Any], AfterValidator(reject_non_finite)]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RolloutRequest(_Strict):
+class _Request(_Strict):
+    """A submission: every number in it must be finite (``timeout_s`` of NaN or Infinity is a
+    422, not a job that never times out); free-form fields are checked by reject_non_finite."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class RolloutRequest(_Request):
     instance: Instance = Field(
         description="The task instance; `data_source` picks the task handler."
     )
-    sampling_params: dict[str, Any] = Field(
+    sampling_params: SamplingParamsIn = Field(
         default_factory=dict, description="Passed to the task (and its LLM calls)."
     )
     job_id: str | None = Field(
@@ -50,7 +91,7 @@ class RolloutRequest(_Strict):
     priority: int = Field(default=0, description="Higher runs first within each stage queue.")
 
 
-class BatchRequest(_Strict):
+class BatchRequest(_Request):
     jobs: list[RolloutRequest] = Field(min_length=1, max_length=10000)
 
 
@@ -144,11 +185,11 @@ class ServiceStatus(BaseModel):
     llm_servers: list[str]
 
 
-class ProcessRequest(_Strict):
+class ProcessRequest(_Request):
     """ProRL Agent's ``/process`` body."""
 
     instance: Instance
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    sampling_params: SamplingParamsIn = Field(default_factory=dict)
     job_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 

@@ -7,13 +7,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from raas.agent.loop import AgentLoop, LoopConfig
 from raas.agent.tools import select_tools
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
 from raas.llm.types import Generation, SamplingParams
-from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
+from raas.sandbox import BwrapConfig, Sandbox
 from raas.wire import Trajectory
 
 
@@ -45,7 +46,7 @@ def tok() -> Any:
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
-    async with create_sandbox(BwrapConfig()) as sb:
+    async with BwrapConfig().create() as sb:
         yield sb
 
 
@@ -124,5 +125,14 @@ def test_sampling_params_reach_the_config_and_unknown_keys_are_errors() -> None:
         0.3,
         1,
     )
-    with pytest.raises(KeyError, match="temprature"):
+    with pytest.raises(ValidationError) as exc:
         LoopConfig.from_params({"temprature": 0.3})
+    assert [(e["loc"], e["type"]) for e in exc.value.errors()] == [
+        (("temprature",), "extra_forbidden")
+    ]
+    # Bounds and real ints: no float, bool or out-of-range value reaches a backend.
+    for bad in ({"max_turns": 2.5}, {"seed": -1}, {"seed": 2**63}, {"top_p": 0}, {"top_k": True}):
+        with pytest.raises(ValidationError):
+            LoopConfig.from_params(bad)
+    # null keeps the default, as trainers send it
+    assert LoopConfig.from_params({"seed": None, "max_turns": None}, max_turns=6).max_turns == 6

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
+from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import generate_instances
 from raas.wire import RolloutResult
@@ -91,7 +91,7 @@ async def test_batch_names_the_bad_job_and_accepts_none(client: Client) -> None:
         bad = {"instance": {"data_source": "countdown", "numbers": [0], "target": 1}}
         r = await http.post("/v1/rollouts:batch", json={"jobs": [good, bad]})
         assert r.status_code == 422
-        assert r.json()["detail"][0]["loc"] == ["body", "jobs", 1, "instance", "numbers"]
+        assert r.json()["detail"][0]["loc"] == ["body", "jobs", 1, "instance", "numbers", 0]
         assert (await http.get("/v1/rollouts/ok-1")).status_code == 404
         r = await http.post(
             "/v1/rollouts:batch", json={"jobs": [good, {"instance": probe_instance()}]}

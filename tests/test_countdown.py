@@ -84,7 +84,12 @@ async def test_eval_replays_moves_and_rejects_illegal_ones() -> None:
     ("instance", "params", "field"),
     [
         ({"numbers": [1], "target": 2}, {}, "instance.numbers"),
-        ({"numbers": [1, -2], "target": 2}, {}, "instance.numbers"),
+        ({"numbers": [1, -2], "target": 2}, {}, "instance.numbers.1"),
+        ({"numbers": [1, 2.5], "target": 2}, {}, "instance.numbers.1"),
+        ({"numbers": [1, 2], "target": True}, {}, "instance.target"),
+        ({"numbers": [1, 2], "target": 3}, {"max_turns": 2.5}, "sampling_params.max_turns"),
+        ({"numbers": [1, 2], "target": 3}, {"seed": 2**63}, "sampling_params.seed"),
+        ({"numbers": [1, 2], "target": 3}, {"seed": float("inf")}, "sampling_params.seed"),
         ({"numbers": [1, 2], "target": "3"}, {}, "instance.target"),
         ({"numbers": [1, 2], "target": 3}, {"top_k": 5}, "sampling_params.top_k"),
         ({"numbers": [1, 2], "target": 3}, {"temperature": 2}, "sampling_params.temperature"),

@@ -1,5 +1,5 @@
 """The Slurm deployment without Slurm: the sbatch script, its options, the node process and
-the server list. The real cluster run is tests/test_slurm.py (make test-slurm)."""
+the server list. The real cluster run is tests/test_slurm_cluster.py (make test-slurm)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from raas.cli import main
 from raas.client import ServerListError, read_server_list
 from raas.deploy.slurm import SlurmOptionError, SlurmOptions, node_command, render_sbatch
-from raas.launch import free_port
+from raas.helpers import free_port
 
 
 def options(tmp_path: Path, **kw: object) -> SlurmOptions:

@@ -4,6 +4,7 @@ match a teacher-forced forward pass, batching, the prefix cache, weight updates,
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,7 +289,11 @@ async def test_update_weights_between_batches(serve: Any, tmp_path: Path) -> Non
         # An update sent while a generation runs waits for it: the whole generation keeps the
         # old weights.
         running = asyncio.create_task(greedy(200))
-        await asyncio.sleep(0.05)
+        # Only once the generation is admitted does the update have to wait for it.
+        deadline = time.monotonic() + 60
+        while engine.snapshot()["running"] == 0 and not running.done():
+            assert time.monotonic() < deadline, "the generation was never admitted"
+            await asyncio.sleep(0.001)
         response = await update(good)
         assert response.status_code == 200, response.text
         assert response.json() == {"ok": True, "weight_version": 1}

@@ -92,7 +92,7 @@ async def test_a_bad_request_is_not_retried_elsewhere(servers: Any) -> None:
     pool.add(server.url)
     with pytest.raises(BackendError) as exc:
         await pool.generate("s", PROMPT, PARAMS)
-    assert not exc.value.transient and len(fake.requests) == 1 and pool.moves == []
+    assert not exc.value.transient and len(fake.requests) == 1 and not pool.moves
     await pool.stop()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,13 +20,18 @@ from raas.sandbox import (
     BwrapConfig,
     LocalConfig,
     Sandbox,
+    SandboxError,
     SandboxLimits,
     SandboxPool,
     ToolError,
-    create_sandbox,
     procs,
+    sandbox_config,
 )
+from raas.sandbox.apptainer import ApptainerSandbox
 from raas.sandbox.base import runtime_root
+from raas.sandbox.bwrap import BwrapSandbox
+from raas.sandbox.client import ActionClient
+from raas.sandbox.local import LocalSandbox
 from tests.hpc import apptainer_config
 
 MiB = 1024 * 1024
@@ -61,7 +67,7 @@ def config(request: pytest.FixtureRequest) -> BwrapConfig | ApptainerConfig:
 
 @pytest.fixture
 async def sandbox(config: BwrapConfig | ApptainerConfig) -> AsyncIterator[Sandbox]:
-    sb = create_sandbox(config)
+    sb = config.create()
     await sb.start()
     yield sb
     await sb.close()
@@ -165,7 +171,7 @@ async def test_no_network_and_no_host_files(sandbox: Sandbox, tmp_path: Path) ->
 async def test_close_kills_every_process_of_that_sandbox_and_no_other(
     config: BwrapConfig | ApptainerConfig,
 ) -> None:
-    a, b = create_sandbox(config), create_sandbox(config)
+    a, b = config.create(), config.create()
     await asyncio.gather(a.start(), b.start())
     try:
         for sb in (a, b):
@@ -235,7 +241,7 @@ async def test_ipython_keeps_state_and_reports_tracebacks(sandbox: Sandbox) -> N
 async def test_fifty_concurrent_sandboxes_stay_isolated(
     config: BwrapConfig | ApptainerConfig,
 ) -> None:
-    sandboxes = [create_sandbox(config) for _ in range(50)]
+    sandboxes = [config.create() for _ in range(50)]
     all_pids: list[set[int]] = []
     await asyncio.gather(*(sb.start() for sb in sandboxes))
     try:
@@ -281,7 +287,7 @@ async def test_warm_pool_hands_out_started_sandboxes_and_refills(
 
 
 async def test_local_provider_warns_loudly(capfd: pytest.CaptureFixture[str]) -> None:
-    async with create_sandbox(LocalConfig(limits=LIMITS)) as sb:
+    async with LocalConfig(limits=LIMITS).create() as sb:
         assert (await sb.bash("echo local")).output == "local\n"
         pids = sb.host_pids()
     assert "NO isolation" in capfd.readouterr().err
@@ -289,7 +295,60 @@ async def test_local_provider_warns_loudly(capfd: pytest.CaptureFixture[str]) ->
 
 
 async def test_a_missing_image_is_a_clear_error(tmp_path: Path) -> None:
-    sb = create_sandbox(BwrapConfig(image=tmp_path / "nope", limits=LIMITS))
+    sb = BwrapConfig(image=tmp_path / "nope", limits=LIMITS).create()
     with pytest.raises(Exception, match="is not a directory"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()
+
+
+def test_a_config_names_and_creates_its_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAAS_APPTAINER_IMAGE", "from-env.sif")
+    bwrap, local, apptainer = (sandbox_config(n) for n in ("bwrap", "local", "apptainer"))
+    assert bwrap == BwrapConfig() and local == LocalConfig()
+    assert isinstance(apptainer, ApptainerConfig) and apptainer.image == "from-env.sif"
+    assert isinstance(bwrap.create(), BwrapSandbox)
+    assert isinstance(local.create(), LocalSandbox)
+    assert isinstance(apptainer.create(), ApptainerSandbox)
+    with pytest.raises(
+        ValueError, match=r"unknown sandbox type 'docker': .* bwrap, local, apptainer"
+    ):
+        sandbox_config("docker")
+
+
+async def test_bwrap_and_apptainer_sandboxes_never_share_a_host_uid() -> None:
+    bwrap, apptainer = BwrapConfig().create(), ApptainerConfig(image="x").create()
+    assert isinstance(bwrap, BwrapSandbox) and isinstance(apptainer, ApptainerSandbox)
+    try:
+        assert bwrap._sandbox_uid() != apptainer._sandbox_uid()
+    finally:
+        await bwrap.close()
+        await apptainer.close()
+    again = BwrapConfig().create()
+    assert isinstance(again, BwrapSandbox)
+    assert again._sandbox_uid() == BwrapConfig().uid_base  # close gave the slots back
+    await again.close()
+
+
+async def test_a_silent_action_server_is_an_error_naming_its_socket(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    connections: list[asyncio.StreamWriter] = []
+
+    async def hello_then_nothing(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        if len(connections) > 1:
+            writer.write(b'{"hello": {"protocol": 1}}\n')
+
+    server = await asyncio.start_unix_server(hello_then_nothing, str(path))
+    try:
+        with pytest.raises(SandboxError, match=re.escape(f"{path} sent no hello within 0.2 s")):
+            await ActionClient.connect(path, timeout_s=0.2)
+        client = await ActionClient.connect(path, timeout_s=5)
+        try:
+            with pytest.raises(SandboxError, match=r"did not answer bash within 0\.2 s"):
+                await client.call("bash", {"command": "true"}, deadline_s=0.2)
+        finally:
+            await client.close()
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()

@@ -18,7 +18,7 @@ from raas.tasks.datasets import humaneval_problems
 from raas.tasks.math import MathTask
 from raas.tasks.services import TaskServices
 from raas.tasks.stem import StemTask
-from raas.tasks.swe import SweTask, unittest_outcomes
+from raas.tasks.swe import TEST_COMMAND, SweTask, unittest_outcomes
 from tests.policies import ScriptedPolicy, call
 from tests.probe import WAIT_S
 
@@ -187,7 +187,18 @@ async def test_stem_reward_both_ways(run: Run) -> None:
             },
             "instance.FAIL_TO_PASS",
         ),
+        ({**SWE, "FAIL_TO_PASS": ["tests.t.T.test_a", 3]}, "instance.FAIL_TO_PASS.1"),
+        ({**SWE, "snapshot": {"files": {"a.py": None}}}, "instance.snapshot.files.a.py"),
+        ({**SWE, "FAIL_TO_PASS": []}, "instance.FAIL_TO_PASS"),
         ({"data_source": "math", "problem": "1+1"}, "instance.answer"),
+        ({"data_source": "math", "prompt": 5, "answer": "2"}, "instance.prompt"),
+        ({"data_source": "math", "problem": "1+1", "answer": [2]}, "instance.answer"),
+        ({"data_source": "stem", "question": "q", "answer": "about six"}, "instance.answer"),
+        ({"data_source": "stem", "question": "q", "answer": 6, "rel_tol": -1}, "instance.rel_tol"),
+        (
+            {"data_source": "code", "prompt": "def f():", "entry_point": 3, "test": "x"},
+            "instance.entry_point",
+        ),
         (
             {"data_source": "stem", "question": "q", "answer": "E", "choices": {"A": "a"}},
             "instance.answer",
@@ -216,11 +227,19 @@ async def test_malformed_instances_name_the_field(
 
 async def test_the_time_budget_ends_a_long_rollout(run: Run) -> None:
     instance = {"data_source": "math", "problem": "Wait.", "answer": "1"}
-    script = [call("ipython", code=f"import time; time.sleep(2); {i}") for i in range(20)]
-    result = await run(instance, script, timeout_s=3)
+    # The budget covers INIT (a sandbox start) and the kernel's start on a loaded machine too;
+    # each call outlasts what is left of it.
+    script = [call("ipython", code=f"import time; time.sleep(60); {i}") for i in range(20)]
+    result = await run(instance, script, timeout_s=6)
     assert result["state"] == "timeout" and result["stage_failed"] == "run"
     turns = result["trajectory"]["turns"]
     assert 1 <= len(turns) < 20 and len(result["trajectory"]["response_ids"]) > 0
+
+
+def test_swe_tells_the_model_the_command_the_judge_runs() -> None:
+    """The instance's own test_command is not what EVAL runs, so the model is not told it."""
+    text = SweTask().messages({**SWE, "test_command": "pytest -x tests"})[1]["content"]
+    assert f"`{TEST_COMMAND}`" in text and "pytest" not in text
 
 
 def test_unittest_outcomes_across_python_versions() -> None:

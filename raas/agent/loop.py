@@ -7,11 +7,13 @@ given as it goes, so a job that is cancelled or runs out of time keeps every fin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from pydantic import Field, StrictInt
 
 from raas.agent.tools import Tool, call_tool, schema
 from raas.llm.chat import TokenTrajectory, encode, observation_delta, render_text
@@ -20,11 +22,23 @@ from raas.llm.types import Generation, SamplingParams
 from raas.sandbox import Sandbox
 from raas.wire import Trajectory
 
-# The sampling_params keys the loop understands; any other key is the caller's error.
-LOOP_KEYS = {
-    "temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed",
-    "max_turns", "max_context_tokens",
-}  # fmt: skip
+# Bounds far above any real run, so that a typo (or 1e18) is a 422, not a loop that never ends.
+MAX_TURNS = 10_000
+MAX_CONTEXT_TOKENS = 2**24
+
+
+class LoopParams(SamplingParams):
+    """The sampling_params an agent task takes: the sampling keys plus the loop's own limits.
+
+    Its fields are the one list of accepted keys; any other key is an error naming it.
+    """
+
+    max_turns: StrictInt = Field(default=10, ge=1, le=MAX_TURNS)
+    max_context_tokens: StrictInt = Field(default=4096, ge=1, le=MAX_CONTEXT_TOKENS)
+
+    def sampling(self) -> SamplingParams:
+        """The part that goes to the backend on every turn."""
+        return SamplingParams(**self.model_dump(include=set(SamplingParams.model_fields)))
 
 
 class Generator(Protocol):
@@ -44,19 +58,24 @@ class LoopConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], **defaults: Any) -> LoopConfig:
-        unknown = sorted(set(params) - LOOP_KEYS)
-        if unknown:
-            raise KeyError(unknown[0])
-        base = cls(**defaults)
-        sampling = SamplingParams.from_dict({"max_tokens": base.max_tokens, **params})
+    def of(cls, params: LoopParams, repeat_limit: int = 3) -> LoopConfig:
         return cls(
-            max_turns=int(params.get("max_turns", base.max_turns)),
-            max_tokens=sampling.max_tokens,
-            max_context_tokens=int(params.get("max_context_tokens", base.max_context_tokens)),
-            repeat_limit=base.repeat_limit,
-            sampling=sampling,
+            max_turns=params.max_turns,
+            max_tokens=params.max_tokens,
+            max_context_tokens=params.max_context_tokens,
+            repeat_limit=repeat_limit,
+            sampling=params.sampling(),
         )
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], **defaults: Any) -> LoopConfig:
+        """``params`` (a request's sampling_params) over ``defaults`` (LoopParams' fields).
+
+        Raises pydantic's ValidationError, whose errors locate each bad or unknown key; a key
+        given as null keeps its default.
+        """
+        given = {k: v for k, v in params.items() if v is not None}
+        return cls.of(LoopParams.model_validate({**defaults, **given}))
 
 
 @dataclass
@@ -173,4 +192,5 @@ def _closed(gen: Generation, tokenizer: Any) -> bool:
 
 
 def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    return dataclasses.replace(params, max_tokens=max_tokens)
+    # No re-validation needed: max_tokens is min(validated max_tokens, room > 0).
+    return params.model_copy(update={"max_tokens": max_tokens})

@@ -1,1 +1,1 @@
-"""HTTP service: routes, wire schemas, auth. Importing this package imports no web framework."""
+"""HTTP service: routes, auth, errors, metrics. The wire types live in raas.wire."""

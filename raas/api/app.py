@@ -13,23 +13,16 @@ from raas.api.auth import require_api_key
 from raas.api.errors import install_error_handlers
 from raas.api.metrics import PipelineMetrics
 from raas.api.routes import backends, prorl, rollouts, system
-from raas.api.settings import ServeSettings
 from raas.api.state import ServiceState
 from raas.llm.pool import BackendPool
-from raas.pipeline import Pipeline
-from raas.sandbox import ApptainerConfig, BwrapConfig, LocalConfig
+from raas.pipeline import Pipeline, PipelineConfig
+from raas.sandbox import sandbox_config
+from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.services import TaskServices
 
 log = logging.getLogger(__name__)
-
-# `--sandbox NAME`: a provider's config from its defaults (apptainer's image from the environment).
-SANDBOX_CONFIGS: dict[str, type[BwrapConfig | LocalConfig | ApptainerConfig]] = {
-    "bwrap": BwrapConfig,
-    "local": LocalConfig,
-    "apptainer": ApptainerConfig,
-}
 
 
 def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) -> FastAPI:
@@ -47,11 +40,15 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         services = TaskServices(
             llm=llm,
             tokenizer_name=settings.tokenizer,
-            sandbox_config=SANDBOX_CONFIGS[settings.sandbox](),
+            sandbox_config=sandbox_config(settings.sandbox),
             warm_sandboxes=settings.warm_sandboxes,
         )
         pipeline = Pipeline(
-            tasks, store, settings.pipeline_config(), observers=[metrics], services=services
+            tasks,
+            store,
+            PipelineConfig.from_settings(settings),
+            observers=[metrics],
+            services=services,
         )
         metrics.watch(pipeline)
         llm.start()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from raas.pipeline import Draining, JobIdConflict, Overloaded
@@ -25,8 +27,29 @@ def field_error(exc: Exception, prefix: list[str | int]) -> FieldError:
     if isinstance(exc, UnknownTask):
         return FieldError([*prefix, "instance", "data_source"], str(exc), "unknown_task")
     if isinstance(exc, InvalidInstance):
-        return FieldError([*prefix, *exc.field.split(".")], exc.message, "invalid_instance")
+        return FieldError([*prefix, *exc.loc], exc.message, exc.kind)
     raise TypeError(exc)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as something JSON can always hold, for echoing bad input back.
+
+    A 422 repeats the offending ``input`` (and the ``ctx`` of the check that failed); when that
+    is NaN or an infinity, a JSON encoder refuses it, the handler raises, and the client gets a
+    500 and a reset connection instead of the 422. So non-finite floats become their JSON-ish
+    names, bytes their text, and anything else (an exception in ``ctx``) its string.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return str(value)
 
 
 def _detail(message: str, **extra: Any) -> dict[str, Any]:
@@ -34,6 +57,11 @@ def _detail(message: str, **extra: Any) -> dict[str, Any]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer, made safe to encode whatever the body held (see jsonable).
+        return JSONResponse({"detail": jsonable(exc.errors())}, status_code=422)
+
     @app.exception_handler(FieldError)
     async def _field(_: Request, exc: FieldError) -> JSONResponse:
         body = {"detail": [{"loc": ["body", *exc.loc], "msg": exc.message, "type": exc.kind}]}

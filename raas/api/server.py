@@ -10,8 +10,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
 from raas.api.state import ServiceState
+from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 
 log = logging.getLogger(__name__)

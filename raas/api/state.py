@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from raas.api.metrics import PipelineMetrics
-from raas.api.settings import ServeSettings
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
+from raas.settings import ServeSettings
 
 
 @dataclass

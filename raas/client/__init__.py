@@ -1,10 +1,11 @@
-"""The trainer-side SDK. It imports no server code: httpx, pydantic and the wire schemas only."""
+"""The trainer-side SDK. It imports no server code: httpx, pydantic, the wire types and the shared
+helpers only."""
 
 from raas.client.batch import Batch, to_batch
 from raas.client.dapo import DapoReport, collect_groups, reward_varies
 from raas.client.rollout_client import Group, RolloutClient, ServerDown, SyncRolloutClient
-from raas.client.servers import ServerListError, read_server_list
 from raas.client.single_server import AsyncRolloutClient, RaasHTTPError
+from raas.helpers import ServerListError, read_server_list
 
 __all__ = [
     "AsyncRolloutClient",

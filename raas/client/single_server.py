@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from raas.helpers import retry_after_s, wait_retry_after
 from raas.wire import (
     FINAL_STATES,
     BatchSubmitted,
@@ -26,6 +26,24 @@ def with_job_id(request: RolloutRequest) -> RolloutRequest:
     if request.job_id:
         return request
     return request.model_copy(update={"job_id": uuid.uuid4().hex})
+
+
+class Overloaded(Exception):
+    """A 429 (the server's INIT queue is full): worth retrying after ``retry_after_s``."""
+
+    def __init__(self, response: httpx.Response, retry_after_s: float | None) -> None:
+        super().__init__("the server is overloaded")
+        self.response = response
+        self.retry_after_s = retry_after_s
+
+
+def _last_answer(state: RetryCallState) -> httpx.Response:
+    """Out of patience with 429s: the last one is the answer (raised as RaasHTTPError)."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, Overloaded):
+        return exc.response
+    assert exc is not None
+    raise exc
 
 
 class RaasHTTPError(RuntimeError):
@@ -73,41 +91,44 @@ class AsyncRolloutClient:
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        waited = 0.0
-        attempt = 0
-        while True:
+        transport_failures = 0
+
+        def give_up(state: RetryCallState) -> bool:
+            nonlocal transport_failures
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if isinstance(exc, Overloaded):
+                return (state.seconds_since_start or 0.0) >= self.overload_wait_s
+            transport_failures += 1
+            return transport_failures > self.retries
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((httpx.TransportError, Overloaded)),
+            stop=give_up,
+            wait=wait_retry_after(wait_exponential(multiplier=self.backoff_s)),
+            retry_error_callback=_last_answer,
+            reraise=True,
+        )
+        response: httpx.Response = await retrying(self._send, method, path, **kwargs)
+        if response.is_error:
             try:
-                response = await self._http.request(method, path, **kwargs)
-            except httpx.TransportError:
-                if attempt >= self.retries:
-                    raise
-                await asyncio.sleep(self.backoff_s * 2**attempt)
-                attempt += 1
-                continue
-            if response.status_code == 429 and waited < self.overload_wait_s:
-                delay = float(response.headers.get("Retry-After", "1"))
-                waited += delay
-                await asyncio.sleep(delay)
-                continue
-            if response.is_error:
-                try:
-                    detail = response.json().get("detail", response.text)
-                except ValueError:
-                    detail = response.text
-                raise RaasHTTPError(response.status_code, detail)
-            return response.json()
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise RaasHTTPError(response.status_code, detail)
+        return response.json()
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = await self._http.request(method, path, **kwargs)
+        if response.status_code == 429:
+            raise Overloaded(response, retry_after_s(response.headers, 1.0))
+        return response
 
     async def submit(self, request: RolloutRequest) -> Submitted:
         body = with_job_id(request).model_dump(exclude_none=True)

@@ -1,4 +1,5 @@
-"""Running a JSONL file of tasks through a server (what ``raas submit`` does)."""
+"""Task files in, result files out: running a JSONL file of tasks through a server (what
+``raas submit`` and ``raas run`` do)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,11 @@ async def run_requests(
     finally:
         for task in collectors:
             task.cancel()
+
+
+def write_results(results: Iterable[RolloutResult], out: Path) -> None:
+    """One result a line (JSONL), the directory made if need be."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        for r in results:
+            f.write(r.model_dump_json() + "\n")

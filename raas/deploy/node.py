@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-import httpx
-
+from raas.helpers import NotReady, exited, wait_until_answers, write_atomic, write_server_list
 from raas.launch import ChildServer
 
 
@@ -86,22 +85,16 @@ class NodeRunner:
         log = self.args.log_dir / f"raas-{self.job}-{self.host}-{name}.log"
         t0 = time.monotonic()
         child = ChildServer(args, log, dict(os.environ), port=port)
-        deadline = t0 + self.args.ready_timeout_s
-        while not self.stopping.is_set():
-            if child.proc.poll() is not None:
-                child.stop()
-                tail = log.read_text(errors="replace")[-2000:]
-                raise StartFailed(f"{name} exited with {child.proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(child.url + health, timeout=2.0).status_code == 200:
-                    self.say(f"{name} answers on port {port} ({time.monotonic() - t0:.1f} s)")
-                    return child
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                child.stop(timeout_s=30.0)
-                raise StartFailed(f"{name} did not answer within {self.args.ready_timeout_s:g} s")
-            self.stopping.wait(0.2)
+        timeout_s = self.args.ready_timeout_s
+        try:
+            answered = wait_until_answers(
+                child.url + health, timeout_s, exited(child.proc, log, name), self.stopping, 0.2
+            )
+        except NotReady as e:
+            child.stop(timeout_s=30.0)
+            raise StartFailed(str(e)) from e
+        if answered:
+            self.say(f"{name} answers on port {port} ({time.monotonic() - t0:.1f} s)")
         return child
 
     def _serve_args(self) -> list[str]:
@@ -119,7 +112,7 @@ class NodeRunner:
 
     def _publish(self) -> None:
         self.list_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.own_file, f"http://{self.host}:{self.args.port}\n")
+        write_atomic(self.own_file, f"http://{self.host}:{self.args.port}\n")
 
     def _gather(self) -> None:
         """Node 0: the list, once every node's server answers (or until stopped)."""
@@ -128,8 +121,7 @@ class NodeRunner:
                 self.list_dir.glob("node-*.url"), key=lambda p: int(p.stem.split("-")[1])
             )
             if len(files) >= self.args.expect_nodes:
-                urls = "".join(p.read_text() for p in files)
-                _write_atomic(self.args.server_list, urls)
+                write_server_list(self.args.server_list, [p.read_text() for p in files])
                 self.say(f"{len(files)} servers listed in {self.args.server_list}")
                 return
             self.stopping.wait(0.2)
@@ -198,12 +190,6 @@ class NodeRunner:
             return True
         except subprocess.TimeoutExpired:
             return False
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

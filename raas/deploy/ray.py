@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,13 +27,21 @@ from typing import Any
 
 import httpx
 
-from raas.launch import terminate
+from raas.helpers import (
+    NotReady,
+    exited,
+    free_port,
+    guarded,
+    port_free,
+    terminate,
+    wait_until_answers,
+    write_server_list,
+)
+from raas.settings import PER_SERVER, SettingsError, to_flags, validate
 
 log = logging.getLogger(__name__)
 
 RAY_MISSING = "raas's Ray deployment needs Ray, which is not installed: pip install 'raas[ray]'"
-# Chosen per server by the deployment; everything else of `raas serve` passes through.
-RESERVED_OPTIONS = frozenset({"host", "port", "db", "config"})
 
 
 class RayNotInstalled(ImportError):
@@ -56,47 +63,15 @@ def import_ray() -> Any:
 def serve_args(options: Mapping[str, Any]) -> list[str]:
     """``raas serve`` flags for settings named like ``ServeSettings`` fields (``run_workers``,
     ``llm`` as a list, ...), checked here so that a typo fails on the driver, not on every node."""
-    from raas.api.settings import ServeSettings, SettingsError, load_settings
-
-    reserved = RESERVED_OPTIONS & set(options)
+    reserved = PER_SERVER & set(options)
     if reserved:
         raise DeploymentError(f"the deployment sets {sorted(reserved)} itself; leave them out")
-    unknown = set(options) - set(ServeSettings.model_fields)
-    if unknown:
-        raise DeploymentError(f"unknown raas serve options: {sorted(unknown)}")
     try:
-        load_settings(None, options, environ={})
+        flags = to_flags(options)  # an unknown option first, named as a flag
+        validate(options)
     except SettingsError as e:
         raise DeploymentError(str(e)) from e
-    args: list[str] = []
-    for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
-        for v in value if isinstance(value, list | tuple) else [value]:
-            if v is not None:
-                args += [flag, str(v)]
-    return args
-
-
-# -- inside the actor ---------------------------------------------------------------------------
-
-# The child dies with the actor (SIGTERM: raas drains and persists), even when the actor is
-# SIGKILLed, so a crashed or killed actor leaves no server behind. The parent-pid check closes the
-# race where the actor died before prctl ran. exec keeps the pid, so the pid reported is raas's.
-# The signal follows the *thread* that forked: the actor starts children from its main thread,
-# where Ray runs a (non-async, non-threaded) actor's methods. Linux only; elsewhere the child is
-# stopped only by stop() and check().
-_GUARD = (
-    "import ctypes, os, signal, sys\n"
-    "libc = ctypes.CDLL(None)\n"
-    "if hasattr(libc, 'prctl'): libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-    "if os.getppid() != int(sys.argv[1]): sys.exit(3)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """``argv`` (a full path first) as a child that gets SIGTERM when this process dies."""
-    return [sys.executable, "-c", _GUARD, str(os.getpid()), *argv]
+    return flags
 
 
 @dataclass(frozen=True)
@@ -106,23 +81,6 @@ class ServerInfo:
     node_id: str
     returncode: int | None  # None while raas serve runs
     starts: int
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ServerHost:
@@ -157,8 +115,8 @@ class ServerHost:
 
     def _start(self, port: int | None) -> None:
         # The previous port first (the trainer's URL stays valid), a fresh one when it is taken.
-        candidates = [port] if port and _port_free(self.bind_host, port) else []
-        candidates += [_free_port(self.bind_host), _free_port(self.bind_host)]
+        candidates = [port] if port and port_free(self.bind_host, port) else []
+        candidates += [free_port(self.bind_host), free_port(self.bind_host)]
         error = ""
         for p in candidates:
             self.port = p
@@ -178,17 +136,14 @@ class ServerHost:
 
     def _wait_ready(self) -> str:
         assert self.proc is not None
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
-                return f"exited with {self.proc.returncode}; log {self.log_path}:\n{tail}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthz", timeout=2.0).status_code == 200:
-                    return ""
-            time.sleep(0.1)
-        self._terminate(5.0)
-        return f"no answer on {self.url} within {self.ready_timeout_s:g} s (log {self.log_path})"
+        try:
+            wait_until_answers(
+                self.url + "/healthz", self.ready_timeout_s, exited(self.proc, self.log_path)
+            )
+        except NotReady as e:
+            self._terminate(5.0)
+            return f"{e} (log {self.log_path})"
+        return ""
 
     def _terminate(self, timeout_s: float) -> int | None:
         if self.proc is None:
@@ -378,9 +333,7 @@ class RayDeployment:
     def _publish(self) -> None:
         if self.server_list is None:
             return
-        tmp = self.server_list.with_name(self.server_list.name + ".tmp")
-        tmp.write_text("".join(u + "\n" for u in self.urls()))
-        os.replace(tmp, self.server_list)
+        write_server_list(self.server_list, self.urls())
 
     def _alive_nodes(self) -> list[str]:
         return [

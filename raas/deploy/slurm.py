@@ -20,10 +20,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
-from raas.api.settings import ServeSettings
+from raas.settings import ServeSettings, SettingsError, defaults, flag, parse_flags
 
 # Set per node by the deployment: a pass-through copy would clash with them.
 OWN_SERVE_OPTIONS = {
@@ -55,7 +56,7 @@ class SlurmOptions:
     account: str | None = None
     job_name: str = "raas"
     cpus_per_task: int | None = None
-    port: int = 8000
+    port: int = field(default_factory=lambda: defaults().port)
     llm: list[str] = field(default_factory=list)
     llm_ports: list[int] = field(default_factory=list)
     engine_model: str | None = None
@@ -70,42 +71,26 @@ class SlurmOptions:
     serve_args: list[str] = field(default_factory=list)
 
 
-def parse_serve_args(args: Sequence[str]) -> dict[str, str]:
-    """``raas serve`` flags (``--run-workers 16``, ``--run-workers=16``) by settings field."""
-    values: dict[str, str] = {}
-    tokens = [a for a in args if a != "--"]
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if not token.startswith("--"):
-            raise SlurmOptionError("server options", f"expected a --flag, got {token!r}")
-        name, eq, value = token[2:].partition("=")
-        key = name.replace("-", "_")
+def serve_values(args: Sequence[str]) -> dict[str, Any]:
+    """The pass-through ``raas serve`` flags by settings field, checked: an option the
+    deployment sets per node, or a bad value, is a SlurmOptionError naming the flag."""
+    try:
+        values = parse_flags(args, extra=("config",))
+    except SettingsError as e:
+        option, _, message = str(e).partition(": ")
+        raise SlurmOptionError(option, message) from e
+    for key in values:
         if key in OWN_SERVE_OPTIONS:
             why = OWN_SERVE_OPTIONS[key]
-            raise SlurmOptionError(f"--{name}", f"set by raas slurm for each node: {why}")
-        if key != "config" and key not in ServeSettings.model_fields:
-            raise SlurmOptionError(f"--{name}", "not an option of raas serve (raas serve --help)")
-        if not eq:
-            if i + 1 >= len(tokens):
-                raise SlurmOptionError(f"--{name}", "needs a value")
-            i += 1
-            value = tokens[i]
-        values[key] = value
-        i += 1
-    return values
-
-
-def _check_serve_args(args: Sequence[str]) -> None:
-    values = parse_serve_args(args)
-    values.pop("config", None)  # read on the nodes, where the file lives
+            raise SlurmOptionError(flag(key), f"set by raas slurm for each node: {why}")
     try:
-        ServeSettings.model_validate(values)
+        ServeSettings.model_validate({k: v for k, v in values.items() if k != "config"})
     except ValidationError as e:
         # Name the flag as typed, not the settings field.
         err = e.errors()[0]
-        flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "server options"
-        raise SlurmOptionError(flag, f"{err['msg']} (got {err.get('input')!r})") from e
+        option = flag(str(err["loc"][0])) if err["loc"] else "server options"
+        raise SlurmOptionError(option, f"{err['msg']} (got {err.get('input')!r})") from e
+    return values
 
 
 def _port(option: str, port: int) -> None:
@@ -162,7 +147,7 @@ def check(opts: SlurmOptions) -> None:
     for option, text in (("--python", opts.python), ("--server-list", str(opts.server_list))):
         if "\n" in text:
             raise SlurmOptionError(option, "must not contain a newline")
-    _check_serve_args(opts.serve_args)
+    serve_values(opts.serve_args)
 
 
 def node_command(opts: SlurmOptions) -> list[list[str]]:
@@ -182,7 +167,7 @@ def node_command(opts: SlurmOptions) -> list[list[str]]:
     if opts.engine_model:
         groups += [["--engine-model", opts.engine_model], ["--engine-port", str(opts.engine_port)]]
     serve_args = list(opts.serve_args)
-    if opts.engine_model and "tokenizer" not in parse_serve_args(serve_args):
+    if opts.engine_model and "tokenizer" not in serve_values(serve_args):
         serve_args += ["--tokenizer", opts.engine_model]
     return [*groups, ["--", *serve_args]]
 

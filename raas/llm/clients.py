@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from raas.helpers import retry_after_s
 from raas.llm.types import BackendError, Generation, SamplingParams
 
 
@@ -52,7 +53,11 @@ class LLMClient(ABC):
         except httpx.TransportError as e:
             raise BackendError(self.url, f"{type(e).__name__}: {e}", transient=True) from e
         if response.status_code >= 500 or response.status_code == 429:
-            raise BackendError(self.url, f"HTTP {response.status_code}: {response.text[:300]}")
+            raise BackendError(
+                self.url,
+                f"HTTP {response.status_code}: {response.text[:300]}",
+                retry_after_s=retry_after_s(response.headers),
+            )
         if response.is_error:
             raise BackendError(
                 self.url, f"HTTP {response.status_code}: {response.text[:500]}", transient=False

@@ -16,8 +16,12 @@ import heapq
 import itertools
 import logging
 import uuid
+from collections import deque
 from dataclasses import dataclass
 
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from raas.helpers import wait_retry_after
 from raas.llm.clients import LLMClient, base_url, make_client
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
 
@@ -61,6 +65,7 @@ class PoolConfig:
     # A busy backend can miss one check: it is taken out after this many misses in a row.
     misses_to_down: int = 2
     moves_per_request: int = 3
+    moves_kept: int = 1000
 
 
 class BackendPool:
@@ -71,7 +76,8 @@ class BackendPool:
         self._versions: dict[str, int] = {}
         self._order = itertools.count()
         self._pinned: dict[str, str] = {}
-        self.moves: list[Move] = []
+        # The latest moves, for inspection; bounded, as a long-lived service makes many.
+        self.moves: deque[Move] = deque(maxlen=self.config.moves_kept)
         self._health_task: asyncio.Task[None] | None = None
 
     # -- registry ----------------------------------------------------------------------------
@@ -205,19 +211,25 @@ class BackendPool:
     async def _on(
         self, backend: Backend, prompt_ids: list[int], params: SamplingParams
     ) -> Generation:
-        delay = self.config.backoff_s
-        for attempt in range(self.config.retries + 1):
-            backend.requests += 1
-            try:
-                return await backend.client.generate(prompt_ids, params)
-            except BackendError as e:
-                backend.failures += 1
-                backend.last_error = str(e)
-                if not e.transient or attempt == self.config.retries:
-                    raise
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, BackendError) and e.transient),
+            stop=stop_after_attempt(self.config.retries + 1),
+            wait=wait_retry_after(wait_exponential(multiplier=self.config.backoff_s)),
+            reraise=True,
+        )
+        return await retrying(self._request, backend, prompt_ids, params)
+
+    @staticmethod
+    async def _request(
+        backend: Backend, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation:
+        backend.requests += 1
+        try:
+            return await backend.client.generate(prompt_ids, params)
+        except BackendError as e:
+            backend.failures += 1
+            backend.last_error = str(e)
+            raise
 
     # -- health -------------------------------------------------------------------------------
 

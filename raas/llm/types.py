@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "seed")
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+# The largest seed every backend takes (a signed 64-bit integer: vLLM, SGLang, torch).
+MAX_SEED = 2**63 - 1
+# Strict: a JSON 2.5 or true is never silently turned into an int (and ints stay exact).
+Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
+TokenId = Annotated[StrictInt, Field(ge=0)]
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 512
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
+class SamplingParams(BaseModel):
+    """How to sample one generation: the one list of sampling keys, with their bounds.
 
-    @classmethod
-    def from_dict(cls, params: dict[str, Any]) -> SamplingParams:
-        """Only the sampling keys; unknown keys are the caller's to reject."""
-        values = {k: params[k] for k in SAMPLING_KEYS if params.get(k) is not None}
-        if "stop_token_ids" in values:
-            values["stop_token_ids"] = tuple(int(t) for t in values["stop_token_ids"])
-        return cls(**values)
+    A request's ``sampling_params`` is validated through this model (or a task's extension of
+    it, see raas.agent.loop.LoopParams), so an unknown key or a value out of range is an error
+    naming that key, and what reaches a backend is always in range and finite.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # StrictFloat takes ints (JSON 1 is an int) but not bools or strings.
+    temperature: StrictFloat = Field(default=1.0, ge=0.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(default=-1, ge=-1, description="-1: no top-k cut")
+    max_tokens: StrictInt = Field(default=512, ge=1, description="new tokens per generation")
+    stop_token_ids: tuple[TokenId, ...] = ()
+    seed: Seed | None = None
 
 
 @dataclass(frozen=True)
@@ -34,16 +41,22 @@ class Generation:
     backend: str = ""
     cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache
     latency_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class BackendError(Exception):
     """A backend failed. ``transient`` errors are worth retrying (on it, or on another)."""
 
-    def __init__(self, backend: str, message: str, transient: bool = True) -> None:
+    def __init__(
+        self,
+        backend: str,
+        message: str,
+        transient: bool = True,
+        retry_after_s: float | None = None,  # what the backend asked for (Retry-After)
+    ) -> None:
         super().__init__(f"{backend}: {message}")
         self.backend = backend
         self.transient = transient
+        self.retry_after_s = retry_after_s
 
 
 class NoBackendAvailable(Exception):

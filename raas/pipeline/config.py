@@ -1,30 +1,32 @@
-"""How big each stage is and how long a job may take."""
+"""How big each stage is and how long a job may take (from ``ServeSettings``, whose defaults
+are the pipeline's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from raas.pipeline.states import Stage
+from raas.settings import ServeSettings, defaults
+
+
+def _per_stage(settings: ServeSettings, suffix: str) -> dict[Stage, int]:
+    return {stage: getattr(settings, f"{stage.value}_{suffix}") for stage in Stage}
 
 
 @dataclass
 class PipelineConfig:
-    workers: dict[Stage, int] = field(
-        default_factory=lambda: {Stage.INIT: 8, Stage.RUN: 8, Stage.EVAL: 8}
-    )
+    workers: dict[Stage, int] = field(default_factory=lambda: _per_stage(defaults(), "workers"))
     # How many jobs may wait for each stage. A full INIT queue turns submissions away (429); a
     # full RUN or EVAL queue makes the stage before it wait (backpressure), so a slow EVAL cannot
     # pile up unbounded jobs, each holding a sandbox.
-    queue_size: dict[Stage, int] = field(
-        default_factory=lambda: {Stage.INIT: 1024, Stage.RUN: 64, Stage.EVAL: 64}
-    )
+    queue_size: dict[Stage, int] = field(default_factory=lambda: _per_stage(defaults(), "queue"))
     # Budget of stage time per job (queue waits do not count); a request may set its own.
-    job_timeout_s: float | None = 1800.0
+    job_timeout_s: float | None = field(default_factory=lambda: defaults().timeout_s)
     stage_timeout_s: dict[Stage, float | None] = field(
-        default_factory=lambda: {Stage.INIT: None, Stage.RUN: None, Stage.EVAL: None}
+        default_factory=lambda: {stage: None for stage in Stage}
     )
     # How long a cancelled stage may take to stop before it is abandoned.
-    cancel_grace_s: float = 5.0
+    cancel_grace_s: float = field(default_factory=lambda: defaults().cancel_grace_s)
     cleanup_timeout_s: float = 60.0
     retry_after_s: int = 1
 
@@ -35,3 +37,15 @@ class PipelineConfig:
             if self.queue_size.get(stage, 0) < 1:
                 raise ValueError(f"{stage}_queue must be at least 1")
             self.stage_timeout_s.setdefault(stage, None)
+
+    @classmethod
+    def from_settings(cls, settings: ServeSettings) -> PipelineConfig:
+        return cls(
+            workers=_per_stage(settings, "workers"),
+            queue_size=_per_stage(settings, "queue"),
+            job_timeout_s=settings.timeout_s,
+            stage_timeout_s={
+                stage: getattr(settings, f"{stage.value}_timeout_s") for stage in Stage
+            },
+            cancel_grace_s=settings.cancel_grace_s,
+        )

@@ -1,7 +1,7 @@
 """Sandboxes: a library that knows nothing of jobs or tasks.
 
-``create_sandbox(BwrapConfig())`` gives a bubblewrap sandbox (``ApptainerConfig``: an Apptainer
-one); ``SandboxPool`` keeps some warm.
+``BwrapConfig().create()`` gives a bubblewrap sandbox (``ApptainerConfig``: an Apptainer one;
+``sandbox_config(name)``: any provider's, by its type name); ``SandboxPool`` keeps some warm.
 Tools go through the in-sandbox action server (``raas/sandbox/inside``) over a Unix socket.
 """
 
@@ -13,9 +13,10 @@ from raas.sandbox.config import (
     LocalConfig,
     SandboxConfig,
     SandboxLimits,
+    sandbox_config,
 )
 from raas.sandbox.images import resolve_image
-from raas.sandbox.pool import SandboxPool, create_sandbox
+from raas.sandbox.pool import SandboxPool
 
 __all__ = [
     "ApptainerConfig",
@@ -29,6 +30,6 @@ __all__ = [
     "SandboxLimits",
     "SandboxPool",
     "ToolError",
-    "create_sandbox",
     "resolve_image",
+    "sandbox_config",
 ]

@@ -20,23 +20,16 @@ user; the workspace is then a plain directory, capped per file (RLIMIT_FSIZE) bu
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
 import shutil
-import signal
 from pathlib import Path
 
 from raas.sandbox import procs
-from raas.sandbox.base import SOCKET_NAME, Sandbox
-
-# bwrap's uid slots: one raas process never gives a bwrap and an apptainer sandbox the same uid.
-from raas.sandbox.bwrap import PATH, _uid_slots, inside_dir
+from raas.sandbox.base import SOCKET_NAME
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
-
-log = logging.getLogger(__name__)
+from raas.sandbox.namespaced import PATH, NamespacedSandbox, inside_dir
 
 # Mount a size-capped tmpfs on each of the directories, then run the rest (from root's unshare).
 _MOUNT_TMPFS = (
@@ -45,13 +38,11 @@ _MOUNT_TMPFS = (
 )
 
 
-class ApptainerSandbox(Sandbox):
+class ApptainerSandbox(NamespacedSandbox):
     config: ApptainerConfig
 
     def __init__(self, config: ApptainerConfig) -> None:
         super().__init__(config)
-        self._slot: int | None = None
-        self._pidns: int | None = None
 
     def _apptainer_args(self, binary: str, image: Path, user: int | None) -> list[str]:
         cfg = self.config
@@ -83,8 +74,7 @@ class ApptainerSandbox(Sandbox):
         user: int | None = None
         prefix: list[str] = []
         if os.geteuid() == 0 and not self.config.fakeroot:
-            self._slot = _uid_slots.take()
-            user = self.config.uid_base + self._slot
+            user = self._sandbox_uid()
             os.chown(self.dir / "sock", user, user)
             (self.dir / "tmp").mkdir(exist_ok=True)
             prefix = self._tmpfs_prefix(user)
@@ -108,48 +98,21 @@ class ApptainerSandbox(Sandbox):
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                 _MOUNT_TMPFS, "sh", *mounts, "--"]  # fmt: skip
 
-    async def start(self) -> None:
-        await super().start()
-        assert self.process is not None
-        # The process we started ends as apptainer's runtime parent, outside the container;
-        # its child in another PID namespace is the container's init, and every sandbox process
-        # lives in that namespace (/proc reads: off the event loop).
-        self._pidns = await asyncio.to_thread(_container_namespace, self.process.pid)
-        if self._pidns is None:
-            await self.close()
+    def _find_namespace(self, pid: int) -> int | None:
+        # The process we started ends as apptainer's runtime parent, outside the container; its
+        # child in another PID namespace is the container's init.
+        return _container_namespace(pid)
+
+    async def _after_start(self, process: asyncio.subprocess.Process) -> None:
+        await super()._after_start(process)
+        if self._pidns is None:  # without it, close could not find the sandbox's processes
             raise SandboxError(f"sandbox {self.id}: apptainer started no PID namespace")
 
-    def host_pids(self) -> set[int]:
-        if self._pidns is None or self.closed:
-            return set()
-        return procs.in_namespace(self._pidns)
-
-    async def _terminate(self) -> None:
-        process = self.process
-        try:
-            if process is not None and process.returncode is None:
-                await self._kill(process)
-        finally:
-            if self._slot is not None:
-                _uid_slots.give_back(self._slot)
-                self._slot = None
-
-    async def _kill(self, process: asyncio.subprocess.Process) -> None:
-        if self._pidns is not None:
-            # Killing the container's init makes the kernel kill the rest of the namespace, and
-            # apptainer's runtime parent then exits on its own.
-            left = await asyncio.to_thread(procs.empty_namespace, self._pidns, 10.0)
-            if left:
-                log.error("sandbox %s: processes %s survived close", self.id, sorted(left))
-        else:  # it failed before its namespace was found: whatever it started, by ancestry
-            members = await asyncio.to_thread(procs.descendants, process.pid)
-            procs.kill(members)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=5.0)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGKILL)
-            await process.wait()
+    async def _kill_unfound(self, process: asyncio.subprocess.Process) -> None:
+        # Nothing like bwrap's --die-with-parent ties the container to the process we launched:
+        # whatever that process started is killed by ancestry.
+        members = await asyncio.to_thread(procs.descendants, process.pid)
+        procs.kill(members)
 
 
 def _container_namespace(pid: int) -> int | None:

@@ -23,11 +23,16 @@ from types import TracebackType
 from typing import Any
 
 from raas.sandbox.client import ActionClient, BashResult, IPythonResult, SandboxError
-from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig
+from raas.sandbox.config import SandboxConfig
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
 READY = b"RAAS-ACTION-SERVER-READY"
 SOCKET_NAME = "a.sock"
+# The server stops bash and ipython at their own timeout, and the other actions are file
+# operations: an answer later than the action timeout by this much means the server is stuck.
+ANSWER_GRACE_S = 30.0
+# How long a killed sandbox's launched process may take to exit (it reaps its children first).
+EXIT_WAIT_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ def runtime_root() -> Path:
 
 
 class Sandbox(ABC):
-    def __init__(self, config: BwrapConfig | LocalConfig | ApptainerConfig) -> None:
+    def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.limits = config.limits
         self.id = uuid.uuid4().hex[:12]
@@ -78,7 +83,10 @@ class Sandbox(ABC):
         try:
             self.process = await self._launch()
             await self._wait_ready(self.process)
-            self.client = await ActionClient.connect(self.socket_path)
+            self.client = await ActionClient.connect(
+                self.socket_path, timeout_s=self.limits.start_timeout_s
+            )
+            await self._after_start(self.process)
         except BaseException:
             await self.close()
             raise
@@ -86,6 +94,9 @@ class Sandbox(ABC):
     @abstractmethod
     async def _launch(self) -> asyncio.subprocess.Process:
         """Start the action server in this provider's isolation; stdout must be a pipe."""
+
+    async def _after_start(self, process: asyncio.subprocess.Process) -> None:  # noqa: B027
+        """Once the server answers: what the provider needs to know; raising fails the start."""
 
     @abstractmethod
     def host_pids(self) -> set[int]:
@@ -153,7 +164,8 @@ class Sandbox(ABC):
         return self.client
 
     async def call(self, action: str, **args: Any) -> dict[str, Any]:
-        return await self._client().call(action, **args)
+        timeout_s = float(args.get("timeout_s") or self.limits.action_timeout_s)
+        return await self._client().call(action, args, deadline_s=timeout_s + ANSWER_GRACE_S)
 
     async def bash(self, command: str, timeout_s: float | None = None) -> BashResult:
         result = await self.call(
@@ -196,6 +208,15 @@ class Sandbox(ABC):
         """Copy a sandbox file or directory into the host directory ``dest``."""
         result = await self.call("download", path=path)
         await asyncio.to_thread(_untar, base64.b64decode(result["tar_b64"]), dest)
+
+
+async def reap(process: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """Wait for ``process`` to exit, at most ``timeout_s``; False if it is still running."""
+    try:
+        await asyncio.wait_for(process.wait(), timeout=timeout_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _tar(source: Path) -> bytes:

@@ -10,20 +10,15 @@ unprivileged host uid, so process limits count per sandbox and root's powers nev
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import logging
 import os
 import shutil
-import signal
 from pathlib import Path
 
 from raas.sandbox import procs
-from raas.sandbox.base import INSIDE_DIR, SOCKET_NAME, Sandbox, runtime_root
+from raas.sandbox.base import SOCKET_NAME
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
-
-log = logging.getLogger(__name__)
+from raas.sandbox.namespaced import PATH, NamespacedSandbox, inside_dir
 
 SANDBOX_UID = 1000
 # What of the host's /etc a sandbox sees (read-only): enough for programs to run, no secrets.
@@ -33,46 +28,6 @@ HOST_ETC = [
     "debian_version", "python3", "python3.11", "inputrc", "bash.bashrc", "profile", "gitconfig",
     "protocols", "services", "magic", "timezone",
 ]  # fmt: skip
-PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-
-
-class _UidSlots:
-    """Host uids for sandboxes when raas runs as root: one per live sandbox."""
-
-    def __init__(self) -> None:
-        self._used: set[int] = set()
-
-    def take(self) -> int:
-        slot = next(i for i in range(len(self._used) + 1) if i not in self._used)
-        self._used.add(slot)
-        return slot
-
-    def give_back(self, slot: int) -> None:
-        self._used.discard(slot)
-
-
-_uid_slots = _UidSlots()
-_inside_copy: Path | None = None
-
-
-def inside_dir() -> Path:
-    """The action server's code, where any uid can read it (raas may live in root's home)."""
-    global _inside_copy
-    if os.geteuid() != 0:
-        return INSIDE_DIR
-    if _inside_copy is None:
-        files = sorted(p for p in INSIDE_DIR.iterdir() if p.suffix == ".py")
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:12]
-        target = runtime_root() / f"inside-{digest}"
-        if not target.exists():
-            staging = target.with_name(target.name + f".{os.getpid()}")
-            staging.mkdir(mode=0o755, exist_ok=True)
-            for p in files:
-                shutil.copy(p, staging / p.name)
-                (staging / p.name).chmod(0o644)
-            staging.rename(target)
-        _inside_copy = target
-    return _inside_copy
 
 
 def rootfs_args(image: Path | None) -> list[str]:
@@ -101,13 +56,11 @@ def rootfs_args(image: Path | None) -> list[str]:
     return args
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(NamespacedSandbox):
     config: BwrapConfig
 
     def __init__(self, config: BwrapConfig) -> None:
         super().__init__(config)
-        self._slot: int | None = None
-        self._pidns: int | None = None
 
     def _bwrap_args(self) -> list[str]:
         cfg, limits = self.config, self.limits
@@ -150,8 +103,7 @@ class BwrapSandbox(Sandbox):
         (self.dir / "group").write_text(f"sandbox:x:{SANDBOX_UID}:\n")
         user: int | None = None
         if os.geteuid() == 0:
-            self._slot = _uid_slots.take()
-            user = self.config.uid_base + self._slot
+            user = self._sandbox_uid()
             for path in (self.dir, self.dir / "sock"):
                 os.chown(path, user, user)
         with open(self.dir / "stderr.log", "wb") as stderr:  # noqa: ASYNC230 - a local tmp file
@@ -167,35 +119,9 @@ class BwrapSandbox(Sandbox):
             )
         return process
 
-    async def start(self) -> None:
-        await super().start()
-        assert self.process is not None
+    def _find_namespace(self, pid: int) -> int | None:
         # bwrap's child is the PID namespace's init; every sandbox process lives in that namespace.
-        children = await asyncio.to_thread(procs.children_of, self.process.pid)
-        if children:  # /proc reads, off the event loop
-            self._pidns = procs.pid_namespace(children[0])
-
-    def host_pids(self) -> set[int]:
-        if self._pidns is None or self.closed:
-            return set()
-        return procs.in_namespace(self._pidns)
-
-    async def _terminate(self) -> None:
-        process = self.process
-        if process is not None and process.returncode is None:
-            if self._pidns is not None:
-                # Killing the namespace's init makes the kernel kill everything else in it. The
-                # outer bwrap reaps that init and exits: killing the outer one first would leave
-                # the init a zombie for the host's PID 1, which in a container may never reap it.
-                left = await asyncio.to_thread(procs.empty_namespace, self._pidns, 10.0)
-                if left:
-                    log.error("sandbox %s: processes %s survived close", self.id, sorted(left))
-            try:
-                await asyncio.wait_for(process.wait(), timeout=5.0)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGKILL)
-                await process.wait()
-        if self._slot is not None:
-            _uid_slots.give_back(self._slot)
-            self._slot = None
+        # When a start fails before it is known, close's SIGKILL of bwrap is enough: the sandbox
+        # goes with it (--die-with-parent).
+        children = procs.children_of(pid)
+        return procs.pid_namespace(children[0]) if children else None

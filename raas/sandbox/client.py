@@ -12,6 +12,7 @@ from typing import Any
 
 PROTOCOL = 1
 MAX_MESSAGE = 512 * 1024 * 1024
+CLOSE_WAIT_S = 5.0
 
 
 class SandboxError(Exception):
@@ -57,18 +58,25 @@ class ActionClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reading: asyncio.Task[None] | None = None
-        self.hello: dict[str, Any] = {}
 
     @classmethod
-    async def connect(cls, socket_path: Path) -> ActionClient:
-        reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=MAX_MESSAGE)
-        client = cls(reader, writer)
-        line = await reader.readline()
-        hello = json.loads(line).get("hello") if line else None
+    async def connect(cls, socket_path: Path, timeout_s: float) -> ActionClient:
+        """Connect and read the server's hello; SandboxError if that takes over ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer, line = await _hello(socket_path)
+        except TimeoutError:
+            raise SandboxError(
+                f"the action server at {socket_path} sent no hello within {timeout_s:g} s"
+            ) from None
+        try:
+            hello = json.loads(line).get("hello") if line else None
+        except (ValueError, AttributeError):
+            hello = None
         if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
             writer.close()
             raise SandboxError(f"the action server spoke an unknown protocol: {line[:200]!r}")
-        client.hello = hello
+        client = cls(reader, writer)
         client._reading = asyncio.create_task(client._read_answers())
         return client
 
@@ -88,8 +96,10 @@ class ActionClient:
                     future.set_exception(error)
             self._pending.clear()
 
-    async def call(self, action: str, **args: Any) -> dict[str, Any]:
-        """Run one action: ToolError if it was refused, SandboxError if the server is gone."""
+    async def call(self, action: str, args: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        """Run one action: ToolError if it was refused, SandboxError if the server is gone or
+        does not answer within ``deadline_s``.
+        """
         if self._reading is None or self._reading.done():
             raise SandboxError("the action server connection is closed")
         req_id = next(self._ids)
@@ -97,12 +107,18 @@ class ActionClient:
         self._pending[req_id] = future
         message = json.dumps({"id": req_id, "action": action, "args": args}).encode() + b"\n"
         try:
-            self._writer.write(message)
-            await self._writer.drain()
+            async with asyncio.timeout(deadline_s):
+                self._writer.write(message)
+                await self._writer.drain()
+                answer = await future
         except ConnectionError as e:
-            self._pending.pop(req_id, None)
             raise SandboxError(f"lost the action server: {e}") from e
-        answer = await future
+        except TimeoutError:
+            raise SandboxError(
+                f"the action server did not answer {action} within {deadline_s:g} s"
+            ) from None
+        finally:  # an answer that comes after all finds no one waiting and is dropped
+            self._pending.pop(req_id, None)
         if not answer.get("ok"):
             err = answer.get("error") or {}
             raise ToolError(str(err.get("type", "Error")), str(err.get("message", "")))
@@ -115,5 +131,14 @@ class ActionClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reading
         self._writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+            await asyncio.wait_for(self._writer.wait_closed(), timeout=CLOSE_WAIT_S)
+
+
+async def _hello(socket_path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=MAX_MESSAGE)
+    try:
+        return reader, writer, await reader.readline()
+    except BaseException:  # the deadline passed, or the server hung up mid-line
+        writer.close()
+        raise

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+if TYPE_CHECKING:
+    from raas.sandbox.base import Sandbox
 
 MiB = 1024 * 1024
 
@@ -38,15 +41,9 @@ class _Base(BaseModel):
     workdir: str = "/workspace"
 
 
-class BwrapConfig(_Base):
-    """bubblewrap: rootless namespaces, no network unless asked."""
+class _Namespaced(_Base):
+    """What the providers of ``raas.sandbox.namespaced`` (bwrap, apptainer) both take."""
 
-    type: Literal["bwrap"] = "bwrap"
-    image: Path | None = Field(
-        default=None,
-        description="A root filesystem directory; default: the host's /usr read-only.",
-    )
-    network: bool = False
     python: str = Field(
         default="python3", description="The image's Python that runs the action server."
     )
@@ -56,11 +53,34 @@ class BwrapConfig(_Base):
     )
 
 
+class BwrapConfig(_Namespaced):
+    """bubblewrap: rootless namespaces, no network unless asked."""
+
+    type: Literal["bwrap"] = "bwrap"
+    image: Path | None = Field(
+        default=None,
+        description="A root filesystem directory; default: the host's /usr read-only.",
+    )
+    network: bool = False
+
+    def create(self) -> Sandbox:
+        """A bubblewrap sandbox of this config (not started yet)."""
+        from raas.sandbox.bwrap import BwrapSandbox
+
+        return BwrapSandbox(self)
+
+
 class LocalConfig(_Base):
     """No isolation at all: a plain subprocess in a temporary directory. Development only."""
 
     type: Literal["local"] = "local"
     python: str = "python3"
+
+    def create(self) -> Sandbox:
+        """An unisolated local sandbox of this config (not started yet)."""
+        from raas.sandbox.local import LocalSandbox
+
+        return LocalSandbox(self)
 
 
 def default_images_dir() -> Path:
@@ -71,7 +91,7 @@ def default_images_dir() -> Path:
     return Path(cache) / "images"
 
 
-class ApptainerConfig(_Base):
+class ApptainerConfig(_Namespaced):
     """Apptainer (or SingularityCE), as HPC sites run it: a SIF file or a sandbox directory.
 
     ``image`` (and any name given to ``resolve_image``) is a path, or a name looked up in
@@ -105,13 +125,27 @@ class ApptainerConfig(_Base):
         " vanishes with the sandbox (--writable-tmpfs); 'none', read-only. The workspace and"
         " /tmp are writable either way.",
     )
-    python: str = Field(
-        default="python3", description="The image's Python that runs the action server."
-    )
-    uid_base: int = Field(
-        default=1_200_000,
-        description="When raas runs as root, each sandbox runs as its own host uid from here.",
-    )
+
+    def create(self) -> Sandbox:
+        """An Apptainer sandbox of this config (not started yet)."""
+        from raas.sandbox.apptainer import ApptainerSandbox
+
+        return ApptainerSandbox(self)
 
 
 SandboxConfig = Annotated[BwrapConfig | LocalConfig | ApptainerConfig, Field(discriminator="type")]
+_sandbox_configs: TypeAdapter[SandboxConfig] = TypeAdapter(SandboxConfig)
+
+
+def sandbox_types() -> list[str]:
+    """The providers' ``type`` names, in the order of ``SandboxConfig``."""
+    providers = get_args(get_args(SandboxConfig)[0])
+    return [str(provider.model_fields["type"].default) for provider in providers]
+
+
+def sandbox_config(name: str) -> SandboxConfig:
+    """The config of provider ``name`` (its ``type``) with every default."""
+    if name not in sandbox_types():
+        known = ", ".join(sandbox_types())
+        raise ValueError(f"unknown sandbox type {name!r}: the known types are {known}")
+    return _sandbox_configs.validate_python({"type": name})

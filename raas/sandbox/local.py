@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
 from raas.sandbox import procs
-from raas.sandbox.base import INSIDE_DIR, Sandbox, warn_unisolated
+from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, Sandbox, reap, warn_unisolated
 from raas.sandbox.config import LocalConfig
+
+log = logging.getLogger(__name__)
 
 
 class LocalSandbox(Sandbox):
@@ -47,5 +50,6 @@ class LocalSandbox(Sandbox):
         members = {process.pid} | procs.descendants(process.pid)
         procs.kill(members - {process.pid})
         process.send_signal(signal.SIGKILL)
-        await process.wait()
+        if not await reap(process, EXIT_WAIT_S):
+            log.error("sandbox %s: process %d outlived SIGKILL", self.id, process.pid)
         await asyncio.to_thread(procs.wait_gone, members, 10.0)

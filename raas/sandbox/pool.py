@@ -7,24 +7,9 @@ import contextlib
 import logging
 
 from raas.sandbox.base import Sandbox
-from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig
+from raas.sandbox.config import SandboxConfig
 
 log = logging.getLogger(__name__)
-
-
-def create_sandbox(config: BwrapConfig | LocalConfig | ApptainerConfig) -> Sandbox:
-    """A sandbox of the provider that ``config.type`` names (not started yet)."""
-    if isinstance(config, BwrapConfig):
-        from raas.sandbox.bwrap import BwrapSandbox
-
-        return BwrapSandbox(config)
-    if isinstance(config, ApptainerConfig):
-        from raas.sandbox.apptainer import ApptainerSandbox
-
-        return ApptainerSandbox(config)
-    from raas.sandbox.local import LocalSandbox
-
-    return LocalSandbox(config)
 
 
 class SandboxPool:
@@ -34,7 +19,7 @@ class SandboxPool:
     changed anything in it).
     """
 
-    def __init__(self, config: BwrapConfig | LocalConfig | ApptainerConfig, size: int) -> None:
+    def __init__(self, config: SandboxConfig, size: int) -> None:
         if size < 0:
             raise ValueError("a pool size is at least 0")
         self.config = config
@@ -55,7 +40,7 @@ class SandboxPool:
             task.add_done_callback(self._starting.discard)
 
     async def _start_one(self) -> None:
-        sandbox = create_sandbox(self.config)
+        sandbox = self.config.create()
         try:
             await sandbox.start()
         except Exception:
@@ -76,7 +61,7 @@ class SandboxPool:
         try:
             sandbox = self._ready.get_nowait()
         except asyncio.QueueEmpty:
-            sandbox = create_sandbox(self.config)
+            sandbox = self.config.create()
             await sandbox.start()
         self.fill()
         return sandbox

@@ -1,10 +1,11 @@
 """The base of every task whose RUN stage is the agent loop (code, swe, math, stem).
 
-A subclass says which fields an instance needs, what the model is told (``messages``), which
-tools it gets, how the sandbox is set up (``setup``), what of the rollout is judged
-(``artifact``: the answer, the solution file, the patch) and how (``judge``). EVAL is
-``judge(instance, artifact)``, and the artifact is kept in the result's metrics, so a stored
-result can be re-scored without the model (``raas run --replay``).
+A subclass says what an instance holds (``instance_model``, a pydantic model that submission
+validates against), what the model is told (``messages``), which tools it gets, how the
+sandbox is set up (``setup``), what of the rollout is judged (``artifact``: the answer, the
+solution file, the patch) and how (``judge``). EVAL is ``judge(instance, artifact)``, and the
+artifact is kept in the result's metrics, so a stored result can be re-scored without the
+model (``raas run --replay``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from raas.agent.loop import AgentLoop, LoopConfig
+from raas.agent.loop import AgentLoop, LoopConfig, LoopParams
 from raas.agent.tools import select_tools
 from raas.sandbox import Sandbox
-from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskContext, TaskJob
+from raas.tasks.protocol import (
+    RewardInfo,
+    TaskContext,
+    TaskInstance,
+    TaskJob,
+    parse_instance,
+    parse_params,
+)
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
@@ -27,13 +35,15 @@ class AgentContext(TaskContext):
     sandbox: Sandbox | None = None
     answer: str | None = None
     stop_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     closing: list[Sandbox] = field(default_factory=list)  # every sandbox to close at cleanup
 
 
 class AgentTask:
-    name: ClassVar[str]
-    required: ClassVar[tuple[str, ...]] = ()
+    name: str  # an instance attribute for the TaskHandler protocol; subclasses set it
+    # What validate() checks a job against: the instance's fields, and the sampling_params
+    # keys (the sampling keys and the loop's limits). Any other sampling key is an error.
+    instance_model: ClassVar[type[TaskInstance]] = TaskInstance
+    params_model: ClassVar[type[LoopParams]] = LoopParams
     tools: ClassVar[tuple[str, ...]] = ("bash", "editor", "finish", "think")
     needs_sandbox: ClassVar[bool] = True
     system_prompt: ClassVar[str] = "You are a capable agent. Use the tools to solve the task."
@@ -60,20 +70,18 @@ class AgentTask:
     # -- the TaskHandler protocol --------------------------------------------------------------
 
     def validate(self, job: TaskJob) -> None:
-        for key in self.required:
-            if job.instance.get(key) in (None, "", []):
-                raise InvalidInstance(f"instance.{key}", f"{self.name} needs it")
-        try:
-            self.loop_config(job)
-        except KeyError as e:
-            raise InvalidInstance(
-                f"sampling_params.{e.args[0]}", "unknown key for the agent loop"
-            ) from None
-        except (TypeError, ValueError) as e:
-            raise InvalidInstance("sampling_params", str(e)) from None
+        """Raises InvalidInstance locating the first bad field of the instance or params."""
+        parse_instance(self.instance_model, job.instance)
+        self.loop_config(job)
 
     def loop_config(self, job: TaskJob) -> LoopConfig:
-        return LoopConfig.from_params(job.sampling_params, max_turns=self.default_max_turns)
+        params = parse_params(
+            self.params_model,
+            job.sampling_params,
+            f"the {self.name} task",
+            max_turns=self.default_max_turns,
+        )
+        return LoopConfig.of(params)
 
     @staticmethod
     def services_of(job: TaskJob) -> TaskServices:

@@ -12,7 +12,7 @@ from typing import Any
 
 from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
-from raas.tasks.protocol import RewardInfo
+from raas.tasks.protocol import RewardInfo, TaskInstance, Text
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
@@ -20,9 +20,15 @@ SOLUTION = "/workspace/solution.py"
 TEST_TIMEOUT_S = 30.0
 
 
+class CodeInstance(TaskInstance):
+    prompt: Text
+    entry_point: Text
+    test: Text
+
+
 class CodeTask(AgentTask):
     name = "code"
-    required = ("prompt", "entry_point", "test")
+    instance_model = CodeInstance
     tools = ("bash", "editor", "finish", "think")
     system_prompt = (
         "You are an expert Python programmer working in a Linux sandbox. Implement the function"

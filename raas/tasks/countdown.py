@@ -7,9 +7,10 @@ replaced by the result. The episode ends when the target appears, when one numbe
 ``max_turns``. EVAL replays the recorded moves from the original numbers, so the reward does not
 trust anything RUN computed.
 
-sampling_params: ``temperature`` (0..1, the chance each turn that the policy explores with a
-random legal move instead of a solving one), ``seed`` (makes exploration repeatable) and
-``max_turns``.
+Instance (``CountdownInstance``): ``numbers`` (2 to 6 positive integers) and ``target`` (a
+positive integer). sampling_params (``CountdownParams``, nothing else): ``temperature`` (0..1,
+the chance each turn that the policy explores with a random legal move instead of a solving
+one), ``seed`` (makes exploration repeatable) and ``max_turns``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskContext, TaskJob
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from raas.llm.types import Seed
+from raas.tasks.protocol import (
+    RewardInfo,
+    TaskContext,
+    TaskInstance,
+    TaskJob,
+    parse_instance,
+    parse_params,
+)
 from raas.wire import Trajectory
 
 OPS = ("+", "-", "*", "/")
-SAMPLING_KEYS = {"temperature": float, "seed": int, "max_turns": int}
 MOVE_RE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*$")
 SYSTEM_PROMPT = (
     "Reach the target number. Each turn, combine two of your numbers with + - * or / "
@@ -137,64 +147,54 @@ def generate_instances(n: int, seed: int = 0, size: int = 4) -> list[dict[str, A
     return out
 
 
-def _check_instance(job: TaskJob) -> tuple[list[int], int]:
-    numbers = job.instance.get("numbers")
-    target = job.instance.get("target")
-    if (
-        not isinstance(numbers, list)
-        or not 2 <= len(numbers) <= 6
-        or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in numbers)
-    ):
-        raise InvalidInstance("instance.numbers", "must be a list of 2 to 6 positive integers")
-    if not isinstance(target, int) or isinstance(target, bool) or target <= 0:
-        raise InvalidInstance("instance.target", "must be a positive integer")
-    return numbers, target
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 
-def _check_sampling(params: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"temperature": 0.0, "seed": None, "max_turns": 8}
-    for key, value in params.items():
-        kind = SAMPLING_KEYS.get(key)
-        if kind is None:
-            known = ", ".join(sorted(SAMPLING_KEYS))
-            raise InvalidInstance(
-                f"sampling_params.{key}", f"unknown key (countdown takes {known})"
-            )
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidInstance(f"sampling_params.{key}", "must be a number")
-        out[key] = kind(value)
-    if not 0.0 <= out["temperature"] <= 1.0:
-        raise InvalidInstance("sampling_params.temperature", "must be between 0 and 1")
-    if out["max_turns"] < 1:
-        raise InvalidInstance("sampling_params.max_turns", "must be at least 1")
-    return out
+class CountdownInstance(TaskInstance):
+    numbers: list[PositiveInt] = Field(min_length=2, max_length=6)
+    target: PositiveInt
+
+
+class CountdownParams(BaseModel):
+    """The only sampling_params countdown takes (its policy is scripted, not a model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    temperature: StrictFloat = Field(default=0.0, ge=0.0, le=1.0)
+    seed: Seed | None = None
+    # Each turn consumes a number, so at most 5 turns are ever played; the bound is a sanity one.
+    max_turns: StrictInt = Field(default=8, ge=1, le=1000)
 
 
 @dataclass
 class CountdownContext(TaskContext):
     numbers: tuple[int, ...] = ()
     target: int = 0
-    params: dict[str, Any] | None = None
+    params: CountdownParams | None = None
 
 
 class CountdownTask:
     name = "countdown"
+    instance_model: ClassVar[type[CountdownInstance]] = CountdownInstance
+    params_model: ClassVar[type[CountdownParams]] = CountdownParams
+
+    def _parse(self, job: TaskJob) -> tuple[CountdownInstance, CountdownParams]:
+        instance = parse_instance(self.instance_model, job.instance)
+        return instance, parse_params(self.params_model, job.sampling_params, self.name)
 
     def validate(self, job: TaskJob) -> None:
-        _check_instance(job)
-        _check_sampling(job.sampling_params)
+        self._parse(job)
 
     async def init(self, job: TaskJob) -> CountdownContext:
-        numbers, target = _check_instance(job)
-        params = _check_sampling(job.sampling_params)
-        return CountdownContext(job=job, numbers=tuple(numbers), target=target, params=params)
+        instance, params = self._parse(job)
+        return CountdownContext(
+            job=job, numbers=tuple(instance.numbers), target=instance.target, params=params
+        )
 
     async def run(self, context: TaskContext) -> Trajectory:
         ctx = _as_countdown(context)
-        params = ctx.params or {}
-        rng = random.Random(params.get("seed"))
+        params = ctx.params or self.params_model()
+        rng = random.Random(params.seed)
         traj = ctx.trajectory
         pool = list(ctx.numbers)
         traj.messages += [
@@ -202,13 +202,13 @@ class CountdownTask:
             {"role": "user", "content": f"Numbers: {pool}. Target: {ctx.target}."},
         ]
         traj.stop_reason = "max_turns"
-        for turn in range(params.get("max_turns", 8)):
+        for turn in range(params.max_turns):
             moves = legal_moves(pool)
             if not moves:
                 traj.stop_reason = "no_moves"
                 break
             plan = solve(pool, ctx.target)
-            explored = rng.random() < params.get("temperature", 0.0) or not plan
+            explored = rng.random() < params.temperature or not plan
             move = rng.choice(moves) if explored or plan is None else plan[0]
             pool = play(pool, move)
             observation = f"{move} = {pool[-1]}. Numbers: {pool}."

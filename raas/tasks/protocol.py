@@ -9,10 +9,18 @@ context, so it must release what it had acquired before re-raising.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 
-from raas.wire import Trajectory
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from raas.wire import Trajectory, reject_non_finite
+
+Loc = tuple[str | int, ...]
+# A required text field of an instance: a string (never a number turned into one), not empty.
+Text = Annotated[StrictStr, Field(min_length=1)]
 
 
 @dataclass(frozen=True)
@@ -64,14 +72,97 @@ class TaskHandler(Protocol):
 class InvalidInstance(ValueError):
     """A submitted instance or sampling parameter that a handler cannot accept.
 
-    ``field`` names the offending field as a dotted path (``instance.numbers``), so the API can
-    answer 422 with it.
+    ``loc`` locates the offending value from the request's top (``("instance", "numbers", 1)``,
+    ``("sampling_params", "seed")``), list indices included, so the API answers 422 with it as
+    FastAPI does; ``kind`` is the error type (pydantic's, such as ``missing`` or ``int_type``).
     """
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+    def __init__(self, loc: Loc | str, message: str, kind: str = "invalid_instance") -> None:
+        self.loc: Loc = tuple(loc.split(".")) if isinstance(loc, str) else tuple(loc)
         self.message = message
+        self.kind = kind
+        super().__init__(f"{self.field}: {message}")
+
+    @property
+    def field(self) -> str:
+        """``loc`` as a dotted path (``instance.numbers.1``), for messages and logs."""
+        return ".".join(map(str, self.loc))
+
+    @classmethod
+    def from_validation_error(
+        cls,
+        error: ValidationError,
+        prefix: Loc = (),
+        accepted: Iterable[str] = (),
+        owner: str = "the task",
+    ) -> InvalidInstance:
+        """The first of ``error``'s errors, located under ``prefix`` (``("instance",)``).
+
+        An unknown key (pydantic's ``extra_forbidden``) says which keys ``owner`` accepts, so a
+        misspelt sampling parameter can be fixed from the message alone.
+        """
+        first = error.errors(include_url=False)[0]
+        message, kind = str(first["msg"]), str(first["type"])
+        if kind == "extra_forbidden" and accepted:
+            message = f"unknown key ({owner} takes {', '.join(sorted(accepted))})"
+        return cls((*prefix, *first["loc"]), message, kind)
+
+
+class TaskInstance(BaseModel):
+    """The base of a task's instance model: the fields the task reads, typed and bounded.
+
+    Any other key is kept (datasets carry ``instance_id``, ``data_source``, ``extra_info``,
+    ``metadata``...), but no number anywhere in an instance may be NaN or infinite.
+    """
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        # The typed fields refuse NaN through allow_inf_nan; this covers the extra keys too.
+        return reject_non_finite(data)
+
+
+def located_error(loc: Loc, message: str, value: Any = None) -> ValidationError:
+    """An error at ``loc`` (relative to the model) for a model validator to raise.
+
+    A check that spans several fields (a snapshot, or a repo and its commit) still names one
+    field: pydantic joins the location to the model's own, as it does for a field's errors.
+    """
+    # The message goes in through the context: a template would read braces in it as fields.
+    kind = PydanticCustomError("invalid_instance", "{reason}", {"reason": message})
+    return ValidationError.from_exception_data(
+        "instance", [{"type": kind, "loc": loc, "input": value}]
+    )
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def parse_instance(model: type[ModelT], instance: Mapping[str, Any]) -> ModelT:
+    """``instance`` validated by ``model``; InvalidInstance at the first bad field otherwise."""
+    try:
+        return model.model_validate(instance)
+    except ValidationError as e:
+        raise InvalidInstance.from_validation_error(e, ("instance",)) from None
+
+
+def parse_params(
+    model: type[ModelT], params: Mapping[str, Any], owner: str, **defaults: Any
+) -> ModelT:
+    """``sampling_params`` validated by ``model`` over ``defaults``; InvalidInstance otherwise.
+
+    A key given as null means its default, as it always has (trainers send ``"seed": null``).
+    An unknown key is an error whose message lists what ``owner`` accepts.
+    """
+    given = {k: v for k, v in params.items() if v is not None}
+    try:
+        return model.model_validate({**defaults, **given})
+    except ValidationError as e:
+        raise InvalidInstance.from_validation_error(
+            e, ("sampling_params",), model.model_fields, owner
+        ) from None
 
 
 def validate_request(handler: TaskHandler, job: TaskJob) -> None:

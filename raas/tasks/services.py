@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.agent.loop import Generator
-from raas.sandbox import ApptainerConfig, BwrapConfig, LocalConfig, Sandbox, SandboxPool
+from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool
 
 
 @dataclass
 class TaskServices:
     llm: Generator
     tokenizer_name: str = "smollm2"
-    sandbox_config: BwrapConfig | LocalConfig | ApptainerConfig = field(default_factory=BwrapConfig)
+    sandbox_config: SandboxConfig = field(default_factory=BwrapConfig)
     warm_sandboxes: int = 0
     _pool: SandboxPool | None = None
 

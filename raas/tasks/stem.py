@@ -6,38 +6,59 @@ letter); for numeric ``answer`` (a number), optionally ``unit`` and ``rel_tol`` 
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Self
+
+from pydantic import Field, StrictFloat, StrictStr, model_validator
 
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.answers import check_choice, check_numeric, final_answer
-from raas.tasks.math import question_messages
-from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob
+from raas.tasks.math import Scalar, question_messages
+from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
 
+class StemInstance(TaskInstance):
+    question: Text
+    answer: Scalar
+    choices: dict[str, Scalar] | None = None
+    unit: StrictStr | None = None
+    rel_tol: StrictFloat = Field(default=0.01, ge=0.0)
+
+    @model_validator(mode="after")
+    def _answer_fits_the_question(self) -> Self:
+        if self.answer == "":
+            raise located_error(("answer",), "stem needs the answer")
+        if self.choices is not None:
+            if str(self.answer) not in self.choices:
+                letters = ", ".join(sorted(self.choices))
+                raise located_error(
+                    ("answer",), f"must be one of the choices' letters ({letters})", self.answer
+                )
+        elif not _is_number(self.answer):
+            raise located_error(
+                ("answer",), "must be a number (the question has no choices)", self.answer
+            )
+        return self
+
+
+def _is_number(value: str | int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (ValueError, OverflowError):  # OverflowError: float() of an int beyond 1e308
+        return False
+
+
 class StemTask(AgentTask):
     name = "stem"
-    required = ("question", "answer")
+    instance_model = StemInstance
     tools = ("ipython", "finish", "think")
     default_max_turns = 6
     system_prompt = (
         "Answer the science question. You may compute with the ipython tool. Give the final"
         " answer (the letter of the choice, or the number) by calling finish, or as \\boxed{...}."
     )
-
-    def validate(self, job: TaskJob) -> None:
-        super().validate(job)
-        instance = job.instance
-        choices = instance.get("choices")
-        if choices is not None:
-            if not isinstance(choices, dict) or str(instance["answer"]) not in choices:
-                raise InvalidInstance("instance.answer", "must be one of the choices' letters")
-        else:
-            try:
-                float(instance["answer"])
-            except (TypeError, ValueError):
-                raise InvalidInstance("instance.answer", "must be a number") from None
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         suffix = ""

@@ -1,9 +1,14 @@
 """``swe``: fix a repository so that its failing tests pass (SWE-bench format).
 
-Instance: ``problem_statement``, ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` (test ids), a
-``test_command``, and the repository: a bundled ``snapshot`` ({"files": {path: content}}), or
-``repo`` + ``base_commit`` as in SWE-bench / SWE-Gym / R2E-Gym, whose environments come as
+Instance (``SweInstance``): ``problem_statement``, ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
+(unittest test ids), and the repository: a bundled ``snapshot`` ({"files": {path: content}}),
+or ``repo`` + ``base_commit`` as in SWE-bench / SWE-Gym / R2E-Gym, whose environments come as
 images (the Apptainer provider; without one such an instance fails at INIT, saying so).
+
+The tests are always run with ``TEST_COMMAND`` (``python3 -m unittest -v``, from the checkout's
+root, on the listed ids), and that is the command the model is told about: an instance's own
+``test_command`` is kept with the instance but neither shown nor run, since telling the model
+one command and judging with another would teach it the wrong one.
 
 INIT places the repository at /workspace/repo as a git checkout. EVAL takes the agent's
 ``git diff``, applies it to a fresh copy in a fresh sandbox, puts the original test files back
@@ -15,16 +20,19 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
-from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob
+from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
 REPO = "/workspace/repo"
 TEST_TIMEOUT_S = 120.0
+TEST_COMMAND = "python3 -m unittest -v"  # what the judge runs, and what the model is told
 # unittest -v: "test_x (pkg.mod.Class.test_x) ... ok" (3.11+) or "test_x (pkg.mod.Class) ... ok"
 UNITTEST_LINE = re.compile(
     r"^(\w+) \(([\w.]+)\)(?:\n[^\n]*?)?\s\.\.\.\s(ok|FAIL|ERROR|skipped|expected failure|"
@@ -58,9 +66,33 @@ async def materialise(sandbox: Sandbox, files: dict[str, str]) -> None:
         raise SandboxError(f"could not make the git checkout: {result.output[-500:]}")
 
 
+class Snapshot(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    files: dict[str, StrictStr] = Field(description="path in the repository -> file content")
+
+
+class SweInstance(TaskInstance):
+    problem_statement: Text
+    FAIL_TO_PASS: list[StrictStr] = Field(min_length=1)
+    PASS_TO_PASS: list[StrictStr] = Field(default_factory=list)
+    snapshot: Snapshot | None = None
+    repo: StrictStr | None = None
+    base_commit: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _has_a_repository(self) -> Self:
+        if self.snapshot is None and not (self.repo and self.base_commit):
+            raise located_error(
+                ("snapshot",),
+                "swe needs a snapshot (files by path) or a repo and its base_commit",
+            )
+        return self
+
+
 class SweTask(AgentTask):
     name = "swe"
-    required = ("problem_statement", "FAIL_TO_PASS")
+    instance_model = SweInstance
     tools = ("bash", "editor", "finish", "think")
     default_max_turns = 12
     system_prompt = (
@@ -69,24 +101,10 @@ class SweTask(AgentTask):
         " tests). Run the tests with bash. When the fix is complete, call finish."
     )
 
-    def validate(self, job: TaskJob) -> None:
-        super().validate(job)
-        instance = job.instance
-        snapshot = instance.get("snapshot")
-        if snapshot is None and not instance.get("repo"):
-            raise InvalidInstance("instance.snapshot", "swe needs a snapshot or a repo")
-        if snapshot is not None and not isinstance((snapshot or {}).get("files"), dict):
-            raise InvalidInstance("instance.snapshot.files", "must map paths to file contents")
-        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-            value = instance.get(key, [])
-            if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-                raise InvalidInstance(f"instance.{key}", "must be a list of test ids")
-
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
-        command = instance.get("test_command") or "python3 -m unittest"
         task = (
             f"Issue:\n{instance['problem_statement']}\n\nThe repository is at {REPO}; its tests"
-            f" run with `{command}`."
+            f" run with `{TEST_COMMAND}` from there."
         )
         return [
             {"role": "system", "content": self.system_prompt},
@@ -144,7 +162,7 @@ class SweTask(AgentTask):
                     await sandbox.write_file(f"{REPO}/{path}", content)
             ids = " ".join(shlex.quote(t) for t in fail_to_pass + pass_to_pass)
             run = await sandbox.bash(
-                f"cd {REPO} && python3 -m unittest -v {ids} 2>&1", timeout_s=TEST_TIMEOUT_S
+                f"cd {REPO} && {TEST_COMMAND} {ids} 2>&1", timeout_s=TEST_TIMEOUT_S
             )
         outcomes = unittest_outcomes(run.output)
         f2p = {t: outcomes.get(t, "missing") for t in fail_to_pass}

@@ -24,6 +24,9 @@ from raas.wire import (
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 Service = Annotated[ServiceState, Depends(service)]
 MAX_WAIT_S = 300.0
+# `since` is compared with an SQLite INTEGER (signed 64-bit): a larger cursor would overflow
+# there (a 500), so it is a 422 here.
+MAX_CURSOR = 2**63 - 1
 
 
 @router.post("/rollouts", status_code=status.HTTP_202_ACCEPTED, response_model=Submitted)
@@ -49,7 +52,13 @@ async def get_rollout(
     job_id: str,
     svc: Service,
     wait: Annotated[
-        float, Query(ge=0, le=MAX_WAIT_S, description="Long-poll: wait up to this many seconds.")
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            allow_inf_nan=False,
+            description="Long-poll: wait up to this many seconds.",
+        ),
     ] = 0.0,
 ) -> JobStatus:
     view = await svc.pipeline.wait(job_id, wait)
@@ -80,7 +89,9 @@ async def cancel_job(svc: ServiceState, job_id: str) -> JobStatus:
 async def list_results(
     svc: Service,
     state: Annotated[JobStateName | None, Query(description="Only results in this state.")] = None,
-    since: Annotated[int, Query(ge=0, description="Cursor: next_since of the previous page.")] = 0,
+    since: Annotated[
+        int, Query(ge=0, le=MAX_CURSOR, description="Cursor: next_since of the previous page.")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ResultPage:
     """Finished results in the order they finished, including those from before a restart."""

@@ -5,22 +5,7 @@ batching generator underneath, usable without HTTP. Requires torch, transformers
 """
 
 from raas.llm.engine.app import create_engine_app, engine_app
-from raas.llm.engine.generator import (
-    Engine,
-    EngineStopped,
-    GenerationParams,
-    GenerationResult,
-    PromptError,
-    WeightsError,
-)
+from raas.llm.engine.generator import Engine, GenerationParams
 
-__all__ = [
-    "Engine",
-    "EngineStopped",
-    "GenerationParams",
-    "GenerationResult",
-    "PromptError",
-    "WeightsError",
-    "create_engine_app",
-    "engine_app",
-]
+# The rest (EngineStopped, PromptError, WeightsError, GenerationResult) is in .generator.
+__all__ = ["Engine", "GenerationParams", "create_engine_app", "engine_app"]

@@ -28,17 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from _forked import ForkedServer
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
+from raas.bench.forked import ForkedServer
 from raas.client import RolloutClient
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
+from raas.settings import ServeSettings
 from raas.tasks import RewardInfo, TaskRegistry
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.services import TaskServices

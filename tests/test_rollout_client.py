@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
 from raas.client.dapo import collect_groups
 from raas.client.rollout_client import RolloutClient, SyncRolloutClient
 from raas.client.single_server import AsyncRolloutClient
+from raas.settings import ServeSettings
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 from raas.wire import RolloutRequest, Trajectory
 from tests.llm_servers import ServerThread

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from raas.sandbox import BwrapConfig, SandboxPool, create_sandbox, procs
+from raas.sandbox import BwrapConfig, SandboxPool, procs
 
 
 def pct(values: list[float], q: int) -> float:
@@ -83,7 +83,7 @@ async def churn(config: BwrapConfig, n: int, concurrency: int) -> list[str]:
 
     async def one() -> None:
         async with gate:
-            sb = create_sandbox(config)
+            sb = config.create()
             await sb.start()
             await sb.bash("sleep 1000 &")
             await sb.close()
@@ -95,7 +95,7 @@ async def churn(config: BwrapConfig, n: int, concurrency: int) -> list[str]:
 
 async def bench(args: argparse.Namespace) -> None:
     config = BwrapConfig()
-    async with create_sandbox(config) as sb:
+    async with config.create() as sb:
         for _ in range(20):
             await sb.bash("echo hi")
         ours = await timed(args.calls, lambda: sb.bash("echo hi"))
@@ -115,7 +115,7 @@ async def bench(args: argparse.Namespace) -> None:
 
     cold = []
     for _ in range(args.starts):
-        sandbox = create_sandbox(config)
+        sandbox = config.create()
         start = time.perf_counter()
         await sandbox.start()
         cold.append(time.perf_counter() - start)

@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
 from raas.client import AsyncRolloutClient, RaasHTTPError, RolloutClient
 from raas.client.task_files import TaskFileError, read_requests, run_requests
+from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 from raas.wire import RolloutRequest
 from tests.probe import ProbeTask, probe_instance

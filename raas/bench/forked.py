@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from raas.launch import free_port
+from raas.helpers import free_port, wait_until_answers
 
 
 class ForkedServer:
@@ -28,14 +25,13 @@ class ForkedServer:
 
     def __enter__(self) -> ForkedServer:
         self.proc.start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + self.health).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError(f"the benchmark's server {self.proc.name} did not start")
+        wait_until_answers(self.url + self.health, 120.0, self._gone)
+        return self
+
+    def _gone(self) -> str | None:
+        if self.proc.is_alive():
+            return None
+        return f"the benchmark's server {self.proc.name} exited with {self.proc.exitcode}"
 
     def cpu_s(self) -> float:
         """CPU time (user + system) the process has used so far, its children not included."""

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
 from raas.client.integrations.trl import make_rollout_func
 from raas.client.integrations.trl import raas_reward as reward_from_raas
 from raas.llm.engine import create_engine_app
 from raas.llm.models import load_model
+from raas.settings import ServeSettings
 from tests.llm_servers import ServerThread
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
 from raas.llm.engine import create_engine_app
+from raas.settings import ServeSettings
 from raas.tasks.datasets import humaneval
 from tests.llm_servers import ServerThread
 from tests.test_tasks import SWE

@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _forked import ForkedServer
-
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
+from raas.bench.forked import ForkedServer
 from raas.client import RolloutClient, collect_groups, reward_varies
+from raas.settings import ServeSettings
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 from raas.wire import Trajectory
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 import uvicorn
-from _forked import ForkedServer
 
 from raas.api.app import create_app
-from raas.api.settings import ServeSettings
+from raas.bench.forked import ForkedServer
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, Stage
+from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 from raas.wire import Trajectory

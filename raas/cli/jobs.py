@@ -1,0 +1,91 @@
+"""Talking to a running server: `raas status` and `raas submit`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from raas.cli.output import run_client
+
+
+@click.command()
+@click.argument("url")
+@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+def status(url: str, api_key: str | None) -> None:
+    """Show a server's queues, active jobs per stage and totals."""
+    from raas.client import AsyncRolloutClient
+
+    async def fetch() -> Any:
+        async with AsyncRolloutClient(url, api_key=api_key) as client:
+            return await client.status()
+
+    st = run_client(fetch())
+    click.echo(
+        f"{url}: {'accepting' if st.accepting else 'draining'}, up {st.uptime_s:.0f} s,"
+        f" {st.in_flight} jobs in flight"
+    )
+    for name, s in st.stages.items():
+        click.echo(
+            f"  {name:<5} active {s.active}/{s.workers}  queued {s.queued}/{s.queue_capacity}"
+        )
+    click.echo("  finished: " + ", ".join(f"{k} {v}" for k, v in st.finished.items()))
+    click.echo("  tasks: " + ", ".join(st.tasks))
+
+
+@click.command()
+@click.argument("url")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write results as JSONL.  [default: FILE.results.jsonl]",
+)
+@click.option("--sampling-params", default=None, help="JSON object merged under each line's own.")
+@click.option("--timeout-s", type=float, help="Per-job budget for lines that set none.")
+@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+def submit(
+    url: str,
+    file: Path,
+    out: Path | None,
+    sampling_params: str | None,
+    timeout_s: float | None,
+    api_key: str | None,
+) -> None:
+    """Run every task in FILE (JSONL) on the server at URL and write the results.
+
+    Each line is a task instance (with `data_source`) or a full request
+    (`{"instance": ..., "sampling_params": ..., "job_id": ...}`).
+    """
+    from rich.progress import Progress
+
+    from raas.client import RolloutClient
+    from raas.client.task_files import TaskFileError, read_requests, run_requests, write_results
+
+    try:
+        params = json.loads(sampling_params) if sampling_params else None
+        requests = read_requests(file, params, timeout_s)
+    except (TaskFileError, json.JSONDecodeError) as e:
+        raise click.UsageError(str(e)) from e
+    out = out or file.with_suffix(".results.jsonl")
+    with Progress() as progress:
+        bar = progress.add_task(f"{file.name}", total=len(requests))
+
+        async def go() -> Any:
+            async with RolloutClient(url, api_key=api_key) as client:
+                return await run_requests(client, requests, lambda _: progress.advance(bar))
+
+        results = run_client(go())
+    write_results(results, out)
+    by_state: dict[str, int] = {}
+    for r in results:
+        by_state[r.state] = by_state.get(r.state, 0) + 1
+    rewards = [r.reward for r in results if r.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    click.echo(
+        f"{len(results)} results in {out}: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items()))
+        + f"; mean reward {mean:.3f}"
+    )

@@ -1,0 +1,87 @@
+"""The main job: `raas run` (tasks through a service, with progress and a table) and `raas demo`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from raas.settings import defaults
+
+
+@click.command()
+@click.option(
+    "--model", default=defaults().tokenizer, show_default=True, help="Model of the engine."
+)
+def demo(model: str) -> None:
+    """Start the embedded engine and the service, run a mix of bundled code, SWE-style and math
+    tasks in bubblewrap sandboxes, and print the results."""
+    from raas.demo import run_demo
+
+    sys.exit(run_demo(model))
+
+
+@click.command()
+@click.argument(
+    "tasks", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--bundled", "bundled_name", help="A bundled set instead of a file (raas datasets list)."
+)
+@click.option("--limit", type=int, help="Only the first N tasks.")
+@click.option("--url", help="A running raas server; default: start one here.")
+@click.option("--llm", multiple=True, help="Inference servers for the in-process service.")
+@click.option(
+    "--model",
+    default=defaults().tokenizer,
+    show_default=True,
+    help="Model (and tokenizer) of the embedded engine started when no --llm is given.",
+)
+@click.option("--sampling-params", default=None, help="JSON object merged under each task's own.")
+@click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-job budget.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("out/run/results.jsonl"),
+    show_default=True,
+)
+@click.option(
+    "--replay",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Re-score the results in this file (no model) instead of running.",
+)
+def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: str | None,
+        llm: tuple[str, ...], model: str, sampling_params: str | None, timeout_s: float,
+        out: Path, replay: Path | None) -> None:  # fmt: skip
+    """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
+    with a progress bar, a result table and a summary; results go to --out as JSONL."""
+    from rich.console import Console
+
+    from raas.client.task_files import write_results
+    from raas.run import RunOptions, requests_for, result_table, run_tasks, summary
+    from raas.run import replay as do_replay
+    from raas.tasks.datasets import DatasetError, bundled, load_file
+
+    if (tasks is None) == (bundled_name is None):
+        raise click.UsageError("give a task file or --bundled NAME (one of them)")
+    try:
+        items = load_file(tasks) if tasks is not None else bundled(str(bundled_name))
+        params = json.loads(sampling_params) if sampling_params else {}
+        requests = requests_for(items[:limit] if limit else items, params, timeout_s)
+    except (DatasetError, json.JSONDecodeError, ValueError) as e:
+        raise click.UsageError(str(e)) from e
+    console = Console()
+    if replay is not None:
+        rows = asyncio.run(do_replay(items, replay, console))
+        for instance_id, old, new in rows:
+            console.print(f"{instance_id}: stored reward {old}, re-scored {new}")
+        return
+    options = RunOptions(url=url, llm=list(llm), model=model, workdir=out.parent)
+    results, wall = asyncio.run(run_tasks(requests, options, console))
+    console.print(result_table(results, f"{len(results)} rollouts"))
+    console.print(summary(results, wall))
+    write_results(results, out)
+    console.print(f"results in {out}")

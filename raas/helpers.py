@@ -1,0 +1,212 @@
+"""Helpers every layer shares: free ports, waiting until an HTTP endpoint answers, guarded child
+processes, atomic writes, the server list, and retries that honour ``Retry-After``.
+
+Standard library, httpx and tenacity only, and nothing of raas, so that the trainer-side client,
+the LLM and sandbox libraries and the server can all use them.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tenacity import RetryCallState
+from tenacity.wait import wait_base
+
+# -- ports ------------------------------------------------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_free(host: str, port: int) -> bool:
+    """Could a server bind ``host:port`` now (as uvicorn binds, with SO_REUSEADDR)?"""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+# -- waiting until a server answers -----------------------------------------------------------
+
+
+class NotReady(RuntimeError):
+    """A server did not answer in time, or what was to serve it has gone."""
+
+
+def wait_until_answers(
+    url: str,
+    timeout_s: float,
+    gone: Callable[[], str | None] | None = None,
+    stop: threading.Event | None = None,
+    interval_s: float = 0.1,
+) -> bool:
+    """Poll ``GET url`` until it answers 200. True once it does; False if ``stop`` is set first.
+
+    ``gone`` is asked before every try and returns why the server can no longer come up (its
+    process exited), which is raised at once instead of waiting out the deadline.
+    """
+    deadline = time.monotonic() + timeout_s
+    while stop is None or not stop.is_set():
+        reason = gone() if gone is not None else None
+        if reason is not None:
+            raise NotReady(reason)
+        try:
+            if httpx.get(url, timeout=min(2.0, timeout_s)).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        if time.monotonic() >= deadline:
+            raise NotReady(f"{url} did not answer within {timeout_s:g} s")
+        if stop is not None:
+            stop.wait(interval_s)
+        else:
+            time.sleep(interval_s)
+    return False
+
+
+def exited(
+    proc: subprocess.Popen[Any], log: Path | None = None, name: str | None = None
+) -> Callable[[], str | None]:
+    """For ``wait_until_answers(gone=...)``: the child's exit code and the tail of its log."""
+
+    def reason() -> str | None:
+        if proc.poll() is None:
+            return None
+        tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+        who = name or repr(proc.args)
+        return f"{who} exited with {proc.returncode}" + (f":\n{tail}" if tail else "")
+
+    return reason
+
+
+# -- child processes --------------------------------------------------------------------------
+
+# The child gets SIGTERM when the process that started it dies, even by SIGKILL, so a crashed
+# parent leaves no server behind. The parent-pid check closes the race where the parent died
+# before prctl ran; exec keeps the pid. The signal follows the *thread* that forked. Linux only.
+_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "libc = ctypes.CDLL(None)\n"
+    "if hasattr(libc, 'prctl'): libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(3)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def guarded(argv: Sequence[str]) -> list[str]:
+    """``argv`` (a full path first) as a child that gets SIGTERM when this process dies."""
+    return [sys.executable, "-c", _GUARD, str(os.getpid()), *argv]
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float) -> int:
+    """SIGTERM (a raas server then drains), SIGKILL after ``timeout_s``; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` in one rename: a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class ServerListError(RuntimeError):
+    pass
+
+
+def write_server_list(path: Path, urls: Sequence[str]) -> None:
+    """The list a deployment writes for the trainer, one ``http://host:port`` a line."""
+    write_atomic(path, "".join(u.rstrip("\n") + "\n" for u in urls))
+
+
+def read_server_list(path: str | Path, wait: float = 0.0, poll_s: float = 0.5) -> list[str]:
+    """The URLs in ``path``; with ``wait`` > 0, wait up to that many seconds for it to appear.
+
+    Deployments write the file in one rename once every server answers, so a file that exists
+    is complete. Blank lines and ``#`` comments are skipped.
+    """
+    path = Path(path)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                waited = f" after waiting {wait:g} s" if wait > 0 else ""
+                raise ServerListError(f"no server list at {path}{waited}") from None
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+            continue
+        urls = []
+        for n, line in enumerate(text.splitlines(), 1):
+            url = line.strip()
+            if not url or url.startswith("#"):
+                continue
+            if not url.startswith(("http://", "https://")):
+                raise ServerListError(f"{path}: line {n} is not an http(s) URL: {url!r}")
+            urls.append(url)
+        if not urls:
+            raise ServerListError(f"{path} lists no servers")
+        return [u.rstrip("/") for u in urls]
+
+
+# -- retries ----------------------------------------------------------------------------------
+
+
+def retry_after_s(headers: Mapping[str, str], default: float | None = None) -> float | None:
+    """``Retry-After`` in seconds (delta-seconds or an HTTP date), or ``default``."""
+    value = headers.get("retry-after") or headers.get("Retry-After")
+    if value is None:
+        return default
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return default
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+class wait_retry_after(wait_base):
+    """Wait what the server asked for (the exception's ``retry_after_s``), else ``fallback``."""
+
+    def __init__(self, fallback: wait_base) -> None:
+        self.fallback = fallback
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        asked = getattr(exc, "retry_after_s", None)
+        if isinstance(asked, int | float):
+            return float(asked)
+        return float(self.fallback(retry_state))

@@ -1,0 +1,137 @@
+"""What bwrap and apptainer sandboxes share: a PID namespace of their own, and a host uid each.
+
+Each sandbox's processes live in one PID namespace, found once it has started: listing and
+killing them goes by that namespace, so a process that double-forks or calls setsid is still
+found, and nothing outside the sandbox is ever touched. As root, each sandbox runs as its own
+unprivileged host uid (a slot above the config's ``uid_base``), so RLIMIT_NPROC counts per
+sandbox and root's powers never enter; the slots are one table for both providers, so one raas
+process never gives a bwrap and an apptainer sandbox the same uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import signal
+from abc import abstractmethod
+from pathlib import Path
+
+from raas.sandbox import procs
+from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, Sandbox, reap, runtime_root
+from raas.sandbox.config import ApptainerConfig, BwrapConfig
+
+log = logging.getLogger(__name__)
+
+# Both start the action server with a clean environment: the usual tool directories of an image.
+PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+EMPTY_NAMESPACE_S = 10.0
+
+
+class _UidSlots:
+    """Host uids for sandboxes when raas runs as root: one per live sandbox."""
+
+    def __init__(self) -> None:
+        self._used: set[int] = set()
+
+    def take(self) -> int:
+        slot = next(i for i in range(len(self._used) + 1) if i not in self._used)
+        self._used.add(slot)
+        return slot
+
+    def give_back(self, slot: int) -> None:
+        self._used.discard(slot)
+
+
+_uid_slots = _UidSlots()
+_inside_copy: Path | None = None
+
+
+def inside_dir() -> Path:
+    """The action server's code, where any uid can read it (raas may live in root's home)."""
+    global _inside_copy
+    if os.geteuid() != 0:
+        return INSIDE_DIR
+    if _inside_copy is None:
+        files = sorted(p for p in INSIDE_DIR.iterdir() if p.suffix == ".py")
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:12]
+        target = runtime_root() / f"inside-{digest}"
+        if not target.exists():
+            staging = target.with_name(target.name + f".{os.getpid()}")
+            staging.mkdir(mode=0o755, exist_ok=True)
+            for p in files:
+                shutil.copy(p, staging / p.name)
+                (staging / p.name).chmod(0o644)
+            staging.rename(target)
+        _inside_copy = target
+    return _inside_copy
+
+
+class NamespacedSandbox(Sandbox):
+    """A sandbox that is one PID namespace; subclasses launch it and say how to find it."""
+
+    config: BwrapConfig | ApptainerConfig
+
+    def __init__(self, config: BwrapConfig | ApptainerConfig) -> None:
+        super().__init__(config)
+        self._slot: int | None = None
+        self._pidns: int | None = None
+
+    def _sandbox_uid(self) -> int:
+        """This sandbox's own host uid (for raas running as root), held until it is closed."""
+        if self._slot is None:
+            self._slot = _uid_slots.take()
+        return self.config.uid_base + self._slot
+
+    @abstractmethod
+    def _find_namespace(self, pid: int) -> int | None:
+        """The PID namespace of the sandbox that process ``pid`` (the one launched) started.
+
+        Runs in a thread: it reads /proc.
+        """
+
+    async def _after_start(self, process: asyncio.subprocess.Process) -> None:
+        self._pidns = await asyncio.to_thread(self._find_namespace, process.pid)
+
+    def host_pids(self) -> set[int]:
+        if self._pidns is None or self.closed:
+            return set()
+        return procs.in_namespace(self._pidns)
+
+    async def _terminate(self) -> None:
+        process = self.process
+        try:
+            if process is not None and process.returncode is None:
+                await self._kill(process)
+        finally:
+            if self._slot is not None:
+                _uid_slots.give_back(self._slot)
+                self._slot = None
+
+    async def _kill(self, process: asyncio.subprocess.Process) -> None:
+        if self._pidns is not None:
+            # Killing the namespace's init makes the kernel kill everything else in it, and the
+            # launched process then reaps that init and exits. Killing the launched one first
+            # would leave the init a zombie for the host's PID 1, which in a container may never
+            # reap it.
+            left = await asyncio.to_thread(procs.empty_namespace, self._pidns, EMPTY_NAMESPACE_S)
+            if left:
+                log.error("sandbox %s: processes %s survived close", self.id, sorted(left))
+        else:
+            await self._kill_unfound(process)
+        if await reap(process, EXIT_WAIT_S):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGKILL)
+        if not await reap(process, EXIT_WAIT_S):
+            log.error("sandbox %s: process %d outlived SIGKILL", self.id, process.pid)
+
+    async def _kill_unfound(self, process: asyncio.subprocess.Process) -> None:
+        """Kill what ``process`` started when it failed before its namespace was found.
+
+        By default nothing: a provider whose sandbox dies with the launched process needs no more
+        than the SIGKILL that follows.
+        """

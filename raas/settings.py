@@ -1,0 +1,268 @@
+"""Settings of ``raas serve``: the one place a default lives.
+
+Sources, later ones winning: the defaults below, a TOML file (``--config``; flat keys or a
+``[serve]`` table), ``RAAS_<NAME>`` environment variables, then flags. The ``serve`` command's
+options are generated from these fields (``raas.cli.serve``), so its ``--help`` shows these
+defaults and descriptions; deployments turn settings into flags with ``to_flags`` and read flags
+back with ``parse_flags``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import tomllib
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings import SettingsError as SourceError
+
+ENV_PREFIX = "RAAS_"
+# Set for each server by a deployment (Slurm, Ray), never passed through to all of them.
+PER_SERVER = frozenset({"host", "port", "db"})
+SandboxName = Literal["bwrap", "local", "apptainer"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class SettingsError(ValueError):
+    """Bad settings, in one line naming the key."""
+
+
+# The TOML file of the settings being loaded (a source has no other way to get it).
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config", default=None)
+
+
+class _TomlFile(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads the whole file at once
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        if path is None:
+            return {}
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise SettingsError(f"cannot read config file {path}: {e}") from e
+        table = data.get("serve", data)
+        return dict(table) if isinstance(table, dict) else {}
+
+
+class ServeSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        env_parse_none_str="none",
+        env_ignore_empty=True,
+    )
+
+    host: str = Field(default="127.0.0.1", description="Address to bind.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to bind.")
+    db: Path = Field(default=Path("raas.db"), description="SQLite file for durable results.")
+    init_workers: int = Field(default=8, ge=1, description="Concurrent INIT stages (set-up).")
+    run_workers: int = Field(
+        default=8, ge=1, description="Concurrent RUN stages (agent loops; LLM slots)."
+    )
+    eval_workers: int = Field(default=8, ge=1, description="Concurrent EVAL stages (reward).")
+    init_queue: int = Field(
+        default=1024, ge=1, description="Jobs that may wait for INIT; beyond it a submit is 429."
+    )
+    run_queue: int = Field(default=64, ge=1, description="Jobs that may wait for RUN.")
+    eval_queue: int = Field(default=64, ge=1, description="Jobs that may wait for EVAL.")
+    timeout_s: float | None = Field(
+        default=1800.0,
+        gt=0,
+        description="Per-job budget of time inside stages (queue waits do not count).",
+    )
+    init_timeout_s: float | None = Field(
+        default=None, gt=0, description="Limit on the INIT stage alone."
+    )
+    run_timeout_s: float | None = Field(
+        default=None, gt=0, description="Limit on the RUN stage alone."
+    )
+    eval_timeout_s: float | None = Field(
+        default=None, gt=0, description="Limit on the EVAL stage alone."
+    )
+    cancel_grace_s: float = Field(
+        default=5.0, ge=0, description="How long a cancelled stage may take to stop."
+    )
+    drain_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="On SIGTERM, how long jobs in flight may finish before they are cancelled.",
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="Require 'Authorization: Bearer KEY' on every route but /healthz.",
+    )
+    llm: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="An inference server to register at start (repeatable; RAAS_LLM:"
+        " comma-separated).",
+    )
+    llm_protocol: Literal["vllm", "sglang", "verl"] = Field(
+        default="vllm", description="Protocol of --llm and /add_llm_server servers."
+    )
+    llm_capacity: int = Field(
+        default=8, ge=1, description="Sessions each --llm server is sized for."
+    )
+    tokenizer: str = Field(
+        default="smollm2",
+        description="The served model's tokenizer: smollm2, tiny or a directory.",
+    )
+    sandbox: SandboxName = Field(
+        default="bwrap",
+        description="Sandbox provider for agent tasks ('local' has no isolation; 'apptainer'"
+        " runs $RAAS_APPTAINER_IMAGE from $RAAS_APPTAINER_IMAGES, see `raas images`).",
+    )
+    warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes kept started ahead.")
+    log_level: LogLevel = Field(default="info", description="Logging level.")
+
+    @field_validator("llm", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        # The environment gives one string; a TOML file or flags give a list.
+        if isinstance(value, str):
+            return [a.strip() for a in value.split(",") if a.strip()]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _TomlFile(settings_cls)
+
+
+def defaults() -> ServeSettings:
+    """The defaults alone: no file, no environment."""
+    return ServeSettings.model_construct()
+
+
+def load_settings(
+    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> ServeSettings:
+    """Merge the sources, later ones winning: defaults, TOML file, environment, ``overrides``
+    (flags; a None or empty value means the flag was not given)."""
+    given = {k: v for k, v in (overrides or {}).items() if v not in (None, ())}
+    token = _config_file.set(config_file)
+    try:
+        return ServeSettings(**given)
+    except ValidationError as e:
+        raise SettingsError(f"invalid settings: {_problems(e)}") from e
+    except SourceError as e:
+        raise SettingsError(str(e)) from e
+    finally:
+        _config_file.reset(token)
+
+
+def validate(values: Mapping[str, Any]) -> ServeSettings:
+    """Settings from these values and the defaults alone (no file, no environment)."""
+    try:
+        return ServeSettings.model_validate(dict(values))
+    except ValidationError as e:
+        raise SettingsError(f"invalid settings: {_problems(e)}") from e
+
+
+def _problems(e: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+        for err in e.errors()
+    )
+
+
+# -- settings as command-line flags ------------------------------------------------------------
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def is_list(name: str) -> bool:
+    annotation = ServeSettings.model_fields[name].annotation
+    return typing.get_origin(annotation) is list
+
+
+def to_flags(values: Mapping[str, Any]) -> list[str]:
+    """``raas serve`` flags for settings named like ``ServeSettings`` fields (lists repeat the
+    flag); ``parse_flags`` reads them back."""
+    args: list[str] = []
+    for name, value in values.items():
+        if name not in ServeSettings.model_fields:
+            raise SettingsError(f"{flag(name)}: not an option of raas serve (raas serve --help)")
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if v is not None:
+                args += [flag(name), str(v)]
+    return args
+
+
+def parse_flags(args: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any]:
+    """``raas serve`` flags (``--run-workers 16``, ``--run-workers=16``) by field name; list
+    fields collect their repeats. ``extra`` names flags that are not fields but are allowed
+    (``config``). Values stay strings: ``validate`` types them."""
+    values: dict[str, Any] = {}
+    tokens = [a for a in args if a != "--"]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--"):
+            raise SettingsError(f"server options: expected a --flag, got {token!r}")
+        name, eq, value = token[2:].partition("=")
+        key = name.replace("-", "_")
+        if key not in extra and key not in ServeSettings.model_fields:
+            raise SettingsError(f"--{name}: not an option of raas serve (raas serve --help)")
+        if not eq:
+            if i + 1 >= len(tokens):
+                raise SettingsError(f"--{name}: needs a value")
+            i += 1
+            value = tokens[i]
+        if key in ServeSettings.model_fields and is_list(key):
+            values.setdefault(key, []).append(value)
+        else:
+            values[key] = value
+        i += 1
+    return values
+
+
+def choices(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a Literal field (for a Choice option), else None."""
+    annotation = _unwrap(ServeSettings.model_fields[name].annotation)
+    if typing.get_origin(annotation) is Literal:
+        return tuple(str(a) for a in typing.get_args(annotation))
+    return None
+
+
+def scalar_type(name: str) -> type:
+    """The Python type a flag's value converts to (a list field: its items')."""
+    annotation = _unwrap(ServeSettings.model_fields[name].annotation)
+    if typing.get_origin(annotation) is list:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation if isinstance(annotation, type) else str
+
+
+def _unwrap(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def fields() -> Iterator[tuple[str, FieldInfo]]:
+    yield from ServeSettings.model_fields.items()

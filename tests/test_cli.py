@@ -1,0 +1,45 @@
+"""The command line: help, usage errors, the serve options generated from the settings."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from raas.cli import main
+from raas.settings import ServeSettings
+
+
+def test_serve_help_shows_each_default_once_from_the_model() -> None:
+    text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    for name, info in ServeSettings.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        assert len(re.findall(rf"(?:^| ){option} (?:[A-Z]+|\[)", text)) == 1, option
+        default = info.get_default(call_default_factory=True)
+        if default not in (None, []):
+            assert f"[default: {default}]" in text, name
+
+
+def test_help_explains_the_commands() -> None:
+    runner = CliRunner()
+    top = runner.invoke(main, ["--help"])
+    assert top.exit_code == 0
+    for command in ("serve", "status", "submit", "export", "bench", "demo"):
+        assert command in top.output
+    serve = runner.invoke(main, ["serve", "--help"])
+    assert "--run-workers" in serve.output and "RAAS_" in serve.output
+
+
+def test_serve_refuses_bad_settings_with_a_usage_error() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "raas", "serve", "--run-workers", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2 and "run_workers" in run.stderr
+
+
+def test_bench_names_what_exists() -> None:
+    result = CliRunner().invoke(main, ["bench", "nope"])
+    assert result.exit_code == 2 and "pipeline" in result.output

@@ -1,0 +1,64 @@
+"""ServeSettings: its sources and their order, the pipeline's defaults, flags and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raas.pipeline import PipelineConfig, Stage
+from raas.settings import (
+    ServeSettings,
+    SettingsError,
+    load_settings,
+    parse_flags,
+    to_flags,
+    validate,
+)
+
+
+def test_precedence_file_then_env_then_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "raas.toml"
+    config.write_text('[serve]\nrun_workers = 3\neval_workers = 5\ninit_workers = 7\ndb = "x.db"\n')
+    env = {"RAAS_EVAL_WORKERS": "11", "RAAS_INIT_WORKERS": "13", "RAAS_API_KEY": "k"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RAAS_LLM", "http://a:1, http://b:2")
+    monkeypatch.setenv("RAAS_RUN_TIMEOUT_S", "none")
+    settings = load_settings(config, {"init_workers": 17, "port": None})
+    assert (settings.run_workers, settings.eval_workers, settings.init_workers) == (3, 11, 17)
+    assert settings.db == Path("x.db") and settings.api_key == "k" and settings.port == 8000
+    assert settings.llm == ["http://a:1", "http://b:2"] and settings.run_timeout_s is None
+    cfg = PipelineConfig.from_settings(settings)
+    assert cfg.workers[Stage.RUN] == 3 and cfg.queue_size[Stage.INIT] == 1024
+
+
+def test_the_pipeline_s_defaults_are_the_settings_defaults() -> None:
+    cfg, settings = PipelineConfig(), ServeSettings.model_construct()
+    assert (
+        cfg.workers
+        == {Stage.INIT: 8, Stage.RUN: 8, Stage.EVAL: 8}
+        == {stage: getattr(settings, f"{stage.value}_workers") for stage in Stage}
+    )
+    assert (cfg.job_timeout_s, cfg.cancel_grace_s) == (settings.timeout_s, settings.cancel_grace_s)
+
+
+def test_flags_round_trip_through_the_settings() -> None:
+    values = {"run_workers": 16, "llm": ["http://a:1", "http://b:2"], "sandbox": "local"}
+    flags = to_flags(values)
+    assert flags.count("--llm") == 2
+    assert validate(parse_flags(flags)).model_dump(include=set(values)) == values
+
+
+def test_bad_settings_name_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "raas.toml"
+    config.write_text("run_wokers = 3\n")
+    with pytest.raises(SettingsError, match="run_wokers"):
+        load_settings(config, {})
+    with pytest.raises(SettingsError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.toml", {})
+    monkeypatch.setenv("RAAS_EVAL_WORKERS", "zero")
+    with pytest.raises(SettingsError, match="eval_workers"):
+        load_settings(None, {})
