@@ -63,8 +63,8 @@ class ActionClient:
     async def connect(cls, socket_path: Path, timeout_s: float) -> ActionClient:
         """Connect and read the server's hello; SandboxError if that takes over ``timeout_s``."""
         try:
-            async with asyncio.timeout(timeout_s):
-                reader, writer, line = await _hello(socket_path)
+            # wait_for, not asyncio.timeout: this module is also type-checked as Python 3.10.
+            reader, writer, line = await asyncio.wait_for(_hello(socket_path), timeout_s)
         except TimeoutError:
             raise SandboxError(
                 f"the action server at {socket_path} sent no hello within {timeout_s:g} s"
@@ -96,6 +96,11 @@ class ActionClient:
                     future.set_exception(error)
             self._pending.clear()
 
+    async def _send(self, message: bytes, future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+        self._writer.write(message)
+        await self._writer.drain()
+        return await future
+
     async def call(self, action: str, args: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """Run one action: ToolError if it was refused, SandboxError if the server is gone or
         does not answer within ``deadline_s``.
@@ -107,10 +112,7 @@ class ActionClient:
         self._pending[req_id] = future
         message = json.dumps({"id": req_id, "action": action, "args": args}).encode() + b"\n"
         try:
-            async with asyncio.timeout(deadline_s):
-                self._writer.write(message)
-                await self._writer.drain()
-                answer = await future
+            answer = await asyncio.wait_for(self._send(message, future), deadline_s)
         except ConnectionError as e:
             raise SandboxError(f"lost the action server: {e}") from e
         except TimeoutError:
