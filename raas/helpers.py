@@ -1,5 +1,6 @@
 """Helpers every layer shares: free ports, waiting until an HTTP endpoint answers, guarded child
-processes, atomic writes, the server list, and retries that honour ``Retry-After``.
+processes, atomic writes, the server list, retries that honour ``Retry-After``, and reading a
+model field's annotation.
 
 Standard library, httpx and tenacity only, and nothing of raas, so that the trainer-side client,
 the LLM and sandbox libraries and the server can all use them.
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,3 +213,18 @@ class wait_retry_after(wait_base):
         if isinstance(asked, int | float):
             return float(asked)
         return float(self.fallback(retry_state))
+
+
+# -- annotations ------------------------------------------------------------------------------
+
+
+def without_none(annotation: Any) -> tuple[Any, bool]:
+    """``X | None`` as ``(X, True)``; anything else as ``(annotation, False)`` (a union of
+    several types other than None stays as it is)."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return annotation, False
+    args = typing.get_args(annotation)
+    rest = [a for a in args if a is not type(None)]
+    if len(rest) != 1:
+        return annotation, False
+    return rest[0], len(rest) < len(args)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import tomllib
-import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,6 +25,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 from pydantic_settings import SettingsError as SourceError
+
+from raas.helpers import without_none
 
 ENV_PREFIX = "RAAS_"
 # Set for each server by a deployment (Slurm, Ray), never passed through to all of them.
@@ -241,7 +242,7 @@ def parse_flags(args: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any
 
 def choices(name: str) -> tuple[str, ...] | None:
     """The allowed values of a Literal field (for a Choice option), else None."""
-    annotation = _unwrap(ServeSettings.model_fields[name].annotation)
+    annotation = without_none(ServeSettings.model_fields[name].annotation)[0]
     if typing.get_origin(annotation) is Literal:
         return tuple(str(a) for a in typing.get_args(annotation))
     return None
@@ -249,20 +250,9 @@ def choices(name: str) -> tuple[str, ...] | None:
 
 def scalar_type(name: str) -> type:
     """The Python type a flag's value converts to (a list field: its items')."""
-    annotation = _unwrap(ServeSettings.model_fields[name].annotation)
+    annotation = without_none(ServeSettings.model_fields[name].annotation)[0]
     if typing.get_origin(annotation) is list:
         annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) is Annotated:
         annotation = typing.get_args(annotation)[0]
     return annotation if isinstance(annotation, type) else str
-
-
-def _unwrap(annotation: Any) -> Any:
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0] if len(args) == 1 else annotation
-    return annotation
-
-
-def fields() -> Iterator[tuple[str, FieldInfo]]:
-    yield from ServeSettings.model_fields.items()

@@ -37,6 +37,7 @@ class FakeBackend:
         self.protocol = protocol
         self.requests: list[dict[str, Any]] = []
         self.fail_with: int | None = None
+        self.fail_times = -1  # with fail_with: how many requests fail (negative: all)
         app = FastAPI()
         self.app = app
 
@@ -52,8 +53,9 @@ class FakeBackend:
         async def completions(request: Request) -> Any:
             body = await request.json()
             self.requests.append(body)
-            if self.fail_with:
-                return _error(self.fail_with)
+            if self.fail_with and self.fail_times != 0:
+                self.fail_times -= 1
+                return _error(self.fail_with, {"Retry-After": "0"})
             ids, lps, finish = scripted(
                 body["prompt"], body["max_tokens"], body.get("stop_token_ids", [])
             )
@@ -113,10 +115,10 @@ class FakeBackend:
             return {"response_ids": ids, "logprobs": lps}
 
 
-def _error(status: int) -> Any:
+def _error(status: int, headers: dict[str, str] | None = None) -> Any:
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": "told to fail"}, status_code=status)
+    return JSONResponse({"error": "told to fail"}, status_code=status, headers=headers)
 
 
 class ServerThread:

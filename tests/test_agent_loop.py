@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
-from raas.agent.loop import AgentLoop, LoopConfig
+from raas.agent.loop import AgentLoop, LoopConfig, LoopParams
 from raas.agent.tools import select_tools
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
 from raas.llm.types import Generation, SamplingParams
 from raas.sandbox import BwrapConfig, Sandbox
+from raas.tasks.protocol import InvalidInstance, parse_params
 from raas.wire import Trajectory
 
 
@@ -117,22 +117,25 @@ async def test_unknown_tools_and_bad_arguments_are_observations(tok: Any, sandbo
     assert result.stop_reason == "finish"
 
 
+def config(params: dict[str, Any], **defaults: Any) -> LoopConfig:
+    """What an agent task makes of a request's sampling_params."""
+    return LoopConfig.of(parse_params(LoopParams, params, "the loop", **defaults))
+
+
 def test_sampling_params_reach_the_config_and_unknown_keys_are_errors() -> None:
-    cfg = LoopConfig.from_params({"temperature": 0.3, "max_turns": 4, "max_tokens": 64, "seed": 1})
+    cfg = config({"temperature": 0.3, "max_turns": 4, "max_tokens": 64, "seed": 1})
     assert (cfg.max_turns, cfg.max_tokens, cfg.sampling.temperature, cfg.sampling.seed) == (
         4,
         64,
         0.3,
         1,
     )
-    with pytest.raises(ValidationError) as exc:
-        LoopConfig.from_params({"temprature": 0.3})
-    assert [(e["loc"], e["type"]) for e in exc.value.errors()] == [
-        (("temprature",), "extra_forbidden")
-    ]
+    with pytest.raises(InvalidInstance) as exc:
+        config({"temprature": 0.3})
+    assert (exc.value.loc, exc.value.kind) == (("sampling_params", "temprature"), "extra_forbidden")
     # Bounds and real ints: no float, bool or out-of-range value reaches a backend.
     for bad in ({"max_turns": 2.5}, {"seed": -1}, {"seed": 2**63}, {"top_p": 0}, {"top_k": True}):
-        with pytest.raises(ValidationError):
-            LoopConfig.from_params(bad)
+        with pytest.raises(InvalidInstance):
+            config(bad)
     # null keeps the default, as trainers send it
-    assert LoopConfig.from_params({"seed": None, "max_turns": None}, max_turns=6).max_turns == 6
+    assert config({"seed": None, "max_turns": None}, max_turns=6).max_turns == 6

@@ -3,6 +3,7 @@ model stack. One list says what it may load."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -29,8 +30,6 @@ print(json.dumps(bad))
     "module", ["raas.client", "raas.client.batch", "raas.client.integrations.trl"]
 )
 def test_client_loads_no_server_code(module: str) -> None:
-    import json
-
     run = subprocess.run(
         [sys.executable, "-c", CHECK, module, json.dumps(ALLOWED_RAAS), json.dumps(FORBIDDEN)],
         capture_output=True,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from raas.helpers import retry_after_s
 from raas.llm.clients import SGLangClient, VerlClient, VLLMClient, base_url
 from raas.llm.pool import BackendPool, PoolConfig
 from raas.llm.types import BackendError, NoBackendAvailable, SamplingParams
@@ -94,6 +98,26 @@ async def test_a_bad_request_is_not_retried_elsewhere(servers: Any) -> None:
         await pool.generate("s", PROMPT, PARAMS)
     assert not exc.value.transient and len(fake.requests) == 1 and not pool.moves
     await pool.stop()
+
+
+async def test_a_transient_failure_is_retried_on_the_same_backend(servers: Any) -> None:
+    fake, server = servers("vllm")
+    fake.fail_with, fake.fail_times = 503, 2
+    # A backoff no test could wait out: the backend's Retry-After (0) is what is waited.
+    pool = BackendPool(PoolConfig(retries=2, backoff_s=3600))
+    backend = pool.add(server.url)
+    gen = await asyncio.wait_for(pool.generate("s", PROMPT, PARAMS), timeout=60)
+    assert gen.token_ids == scripted(PROMPT, PARAMS.max_tokens, [])[0]
+    assert (len(fake.requests), backend.failures, backend.healthy) == (3, 2, True)
+    assert not pool.moves
+    await pool.stop()
+
+
+def test_retry_after_in_seconds_or_as_a_date() -> None:
+    assert retry_after_s({"Retry-After": "7"}) == 7.0
+    assert retry_after_s({}, 1.0) == 1.0 and retry_after_s({"Retry-After": "soon"}) is None
+    later = email.utils.formatdate(time.time() + 120, usegmt=True)
+    assert 100 < (retry_after_s({"retry-after": later}) or 0) <= 120
 
 
 async def test_least_loaded_assignment_by_capacity_and_stickiness(servers: Any) -> None:

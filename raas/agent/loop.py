@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,16 +65,6 @@ class LoopConfig:
             repeat_limit=repeat_limit,
             sampling=params.sampling(),
         )
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any], **defaults: Any) -> LoopConfig:
-        """``params`` (a request's sampling_params) over ``defaults`` (LoopParams' fields).
-
-        Raises pydantic's ValidationError, whose errors locate each bad or unknown key; a key
-        given as null keeps its default.
-        """
-        given = {k: v for k, v in params.items() if v is not None}
-        return cls.of(LoopParams.model_validate({**defaults, **given}))
 
 
 @dataclass

@@ -22,10 +22,7 @@ def known() -> list[str]:
 @click.argument("name")
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
-    """Run benchmark NAME (e.g. `raas bench pipeline -- --jobs 96`); prints, never asserts.
-
-    Benchmarks: pipeline, tools, llm, dapo, scale.
-    """
+    """Run benchmark NAME (e.g. `raas bench pipeline -- --jobs 96`); prints, never asserts."""
     if name not in known():
         raise click.UsageError(f"no benchmark {name!r} (have: {', '.join(known())})")
     module = importlib.import_module(f"raas.bench.{name}")

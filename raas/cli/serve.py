@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from raas.settings import choices, fields, flag, is_list, scalar_type
+from raas.settings import ServeSettings, choices, flag, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
     "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
@@ -29,7 +29,7 @@ def _param_type(name: str) -> Any:
 
 
 def _help(name: str) -> str:
-    info = dict(fields())[name]
+    info = ServeSettings.model_fields[name]
     default = info.get_default(call_default_factory=True)
     text = info.description or ""
     if default not in (None, [], ""):
@@ -40,7 +40,7 @@ def _help(name: str) -> str:
 def settings_options(f: F) -> F:
     """One option a ``ServeSettings`` field, in field order; an option not given is None (so
     the environment and the file can supply it)."""
-    for name, _ in reversed(list(fields())):
+    for name in reversed(list(ServeSettings.model_fields)):
         f = click.option(
             flag(name),
             name,

@@ -9,7 +9,6 @@ with its name (``error_type``). A field added to the wire type becomes a column 
 from __future__ import annotations
 
 import json
-import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from raas.helpers import without_none
 from raas.store.sqlite import iter_finished
 from raas.wire import RolloutResult
 
@@ -36,20 +36,15 @@ class Column:
     kind: Kind
 
 
-def _unwrap(annotation: Any) -> tuple[Any, bool]:
-    """The annotation without ``None``, and whether it was optional."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return (args[0] if len(args) == 1 else Any), len(args) < len(typing.get_args(annotation))
-    return annotation, False
+SCALARS: dict[Any, Kind] = {str: "text", float: "float", int: "int", bool: "bool"}
 
 
 def _kind(annotation: Any) -> Kind:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is str or origin is Literal:
+    if origin is Literal:
         return "text"
-    if annotation in (float, int, bool):
-        return {float: "float", int: "int", bool: "bool"}[annotation]  # type: ignore[return-value]
+    if annotation in SCALARS:
+        return SCALARS[annotation]
     if origin is list and args and args[0] in (int, float):
         return "ints" if args[0] is int else "floats"
     return "json"
@@ -57,7 +52,7 @@ def _kind(annotation: Any) -> Kind:
 
 def _columns(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[Column]:
     for name, info in model.model_fields.items():
-        annotation, optional = _unwrap(info.annotation)
+        annotation, optional = without_none(info.annotation)
         path = (*prefix, name)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             for sub in _columns(annotation, path):

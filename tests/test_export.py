@@ -1,0 +1,49 @@
+"""Export columns come from the wire's RolloutResult: the table a trainer reads offline."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from raas.store.export import columns, flat_row, parquet_schema
+from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
+
+# The columns exports have always had; a new wire field adds one, none may vanish.
+COLUMNS = {
+    "job_id", "state", "data_source", "instance_id", "reward", "stage_failed", "error_type",
+    "error_message", "prompt_ids", "response_ids", "loss_mask", "logprobs", "stop_reason",
+    "messages_json", "turns_json", "metrics_json", "queue_s", "init_s", "run_s", "eval_s",
+    "total_s",
+}  # fmt: skip
+
+
+def result() -> RolloutResult:
+    return RolloutResult(
+        job_id="j", state="failed", stage_failed="run",
+        error=ErrorInfo(type="timeout", message="too slow"), reward=None,
+        metrics={"artifact": {"answer": "4"}},
+        trajectory=Trajectory(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 0],
+                              logprobs=[-0.5, 0.0], messages=[{"role": "user", "content": "hi"}],
+                              stop_reason="max_turns"),
+        timing=Timing(queue_s=0.1, init_s=0.2, run_s=0.3, eval_s=0.0, total_s=0.6),
+        instance_id="i", data_source="math",
+    )  # fmt: skip
+
+
+def test_columns_are_the_wire_fields_flattened() -> None:
+    assert {c.name for c in columns()} == COLUMNS
+    row = flat_row(result())
+    assert set(row) == COLUMNS
+    assert (row["error_type"], row["error_message"], row["stage_failed"]) == (
+        "timeout", "too slow", "run"
+    )  # fmt: skip
+    assert (row["response_ids"], row["loss_mask"], row["run_s"]) == ([3, 4], [1, 0], 0.3)
+    assert json.loads(row["metrics_json"]) == {"artifact": {"answer": "4"}}
+    assert json.loads(row["messages_json"]) == [{"role": "user", "content": "hi"}]
+
+
+def test_a_row_fits_the_parquet_schema() -> None:
+    table = pa.Table.from_pylist([flat_row(result())], schema=parquet_schema(pa))
+    assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
+    assert table.column("error_type").to_pylist() == ["timeout"]
