@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from raas.wire import ErrorInfo, RolloutResult
+from raas.store import dashboard
+from raas.store.dashboard import JobFilter
+from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
 
@@ -47,7 +49,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     reward      REAL,
     result      TEXT,
     attempts    INTEGER NOT NULL DEFAULT 1,
-    attempt_errors TEXT   -- JSON list of ErrorInfo: why each earlier attempt was run again
+    attempt_errors TEXT,  -- JSON list of ErrorInfo: why each earlier attempt was run again
+    -- Copied out of the result, so that the dashboard counts and filters without parsing it.
+    error_type  TEXT,
+    error_kind  TEXT,
+    response_tokens INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
 """
@@ -55,7 +61,23 @@ CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
 ADDED_COLUMNS = {
     "attempts": "INTEGER NOT NULL DEFAULT 1",
     "attempt_errors": "TEXT",
+    "error_type": "TEXT",
+    "error_kind": "TEXT",
+    "response_tokens": "INTEGER",
 }
+# What the added result columns hold, read from the result of a row written before them.
+BACKFILL = """
+UPDATE jobs SET error_type = json_extract(result, '$.error.type'),
+    error_kind = json_extract(result, '$.error.kind'),
+    response_tokens = json_array_length(result, '$.trajectory.response_ids')
+WHERE result IS NOT NULL
+"""
+# On columns a database made before them lacks until it is opened once: made after they are.
+INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_errors ON jobs(error_type, error_kind);
+CREATE INDEX IF NOT EXISTS jobs_source_seq ON jobs(data_source, seq);
+CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs(finished_at);
+"""
 
 
 @dataclass(frozen=True)
@@ -86,6 +108,9 @@ def connect(path: str | Path) -> sqlite3.Connection:
     for name, decl in ADDED_COLUMNS.items():
         if name not in have:
             conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+    if "error_type" not in have:
+        conn.execute(BACKFILL)
+    conn.executescript(INDEXES)
     return conn
 
 
@@ -203,14 +228,21 @@ class ResultStore:
     async def save_result(self, job_id: str, state: str, result: RolloutResult) -> int:
         """Write a finished result; returns its place in finish order (the paging cursor)."""
         payload = result.model_dump_json()
-        reward = result.reward
+        error = result.error
+        columns = (
+            result.reward,
+            payload,
+            error.type if error else None,
+            error.kind if error else None,
+            len(result.trajectory.response_ids),
+        )
 
         def _save(conn: sqlite3.Connection) -> int:
             self._seq += 1
             conn.execute(
-                "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?"
-                " WHERE job_id = ?",
-                (state, self._seq, time.time(), reward, payload, job_id),
+                "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
+                " error_type = ?, error_kind = ?, response_tokens = ? WHERE job_id = ?",
+                (state, self._seq, time.time(), *columns, job_id),
             )
             return self._seq
 
@@ -243,6 +275,16 @@ class ResultStore:
             return list(_iter_finished(conn, state, since, limit))
 
         return await self._call(_page)
+
+    async def summaries(
+        self, where: JobFilter, before: int | None = None, limit: int = 100
+    ) -> tuple[list[JobSummary], int | None]:
+        """Finished jobs newest first (the dashboard's list), and the next page's cursor."""
+        return await self._call(lambda conn: dashboard.summaries(conn, where, before, limit))
+
+    async def stats(self) -> DashboardStats:
+        """Counts over every finished job: by state, by error, in recent windows."""
+        return await self._call(dashboard.stats)
 
 
 def _iter_finished(
