@@ -14,6 +14,8 @@ import httpx
 from raas.api.auth import COOKIE, session_token
 from raas.llm.chat import encode, token_texts
 from raas.llm.models import load_tokenizer
+from raas.store.sqlite import JobRecord, ResultStore
+from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 from tests.probe import WAIT_S, ProbeTask, probe_instance
 
 KEY = "dash-s3cret"
@@ -54,6 +56,9 @@ async def test_without_the_key_the_page_and_its_data_are_refused(client: Client)
         wrong = await http.get("/ui", params={"key": "nope"})
         assert wrong.status_code == 401 and "not the server's" in wrong.text
         assert (await http.post("/ui/login", data={"key": "nope"})).status_code == 401
+        # Anyone may post the form: a body past a few kB is not read on.
+        huge = await http.post("/ui/login", data={"key": "x" * 10_000})
+        assert huge.status_code == 413
         # The header opens everything, as on every route.
         for path in READS[:3]:
             assert (await http.get(path, headers=AUTH)).status_code == 200, path
@@ -202,6 +207,34 @@ async def test_results_of_an_earlier_process_and_an_older_database_are_listed(
         crashed = await http.get("/v1/dashboard/jobs", params={"error_type": "RuntimeError"})
         (crash,) = crashed.json()["jobs"]
         assert crash["job_id"] == "crash" and crash["response_tokens"] == 3
+
+
+async def test_the_counts_follow_a_result_written_over_and_survive_a_reopen(
+    tmp_path: Path,
+) -> None:
+    def result(state: str, error: str | None) -> RolloutResult:
+        return RolloutResult(
+            job_id="j", state=state, data_source="probe", trajectory=Trajectory(),
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+            error=ErrorInfo(type=error, message="m", kind="policy") if error else None,
+        )  # fmt: skip
+
+    store = ResultStore(tmp_path / "tally.db")
+    await store.open()
+    await store.add_jobs([JobRecord("j", "queued", "probe", None, {}, 0.0)])
+    await store.save_result("j", "failed", result("failed", "PolicyError"))
+    failed = await store.stats()
+    assert failed.finished == {"failed": 1} and [f.type for f in failed.failures] == ["PolicyError"]
+    await store.save_result("j", "done", result("done", None))
+    done = await store.stats()
+    assert done.finished == {"done": 1} and done.failures == []
+    await store.close()
+    reopened = ResultStore(tmp_path / "tally.db")
+    await reopened.open()
+    assert (await reopened.stats()).model_dump(exclude={"throughput"}) == done.model_dump(
+        exclude={"throughput"}
+    )
+    await reopened.close()
 
 
 # -- tokens -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from pydantic import TypeAdapter
 
 from raas.store import dashboard
-from raas.store.dashboard import JobFilter
+from raas.store.dashboard import JobFilter, Tally
 from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
@@ -142,6 +142,7 @@ class ResultStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raas-store")
         self._conn: sqlite3.Connection | None = None
         self._seq = 0
+        self._tally = Tally()  # used on the store's thread only
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -158,6 +159,7 @@ class ResultStore:
             self._conn = connect(self.path)
             (max_seq,) = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
             self._seq = int(max_seq)
+            self._tally = Tally.count(self._conn)
 
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, _open)
@@ -193,6 +195,7 @@ class ResultStore:
                     " created_at) VALUES (?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+            self._tally.sources.update(r.data_source for r in records)
 
         await self._call(_add)
 
@@ -228,22 +231,28 @@ class ResultStore:
     async def save_result(self, job_id: str, state: str, result: RolloutResult) -> int:
         """Write a finished result; returns its place in finish order (the paging cursor)."""
         payload = result.model_dump_json()
-        error = result.error
-        columns = (
-            result.reward,
-            payload,
-            error.type if error else None,
-            error.kind if error else None,
-            len(result.trajectory.response_ids),
-        )
+        error_type = result.error.type if result.error else None
+        error_kind = result.error.kind if result.error else None
+        columns = (result.reward, payload, error_type, error_kind)
 
         def _save(conn: sqlite3.Connection) -> int:
             self._seq += 1
-            conn.execute(
+            before = conn.execute(
+                "SELECT state, error_type, error_kind FROM jobs"
+                " WHERE job_id = ? AND seq IS NOT NULL",
+                (job_id,),
+            ).fetchone()
+            written = conn.execute(
                 "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
                 " error_type = ?, error_kind = ?, response_tokens = ? WHERE job_id = ?",
-                (state, self._seq, time.time(), *columns, job_id),
-            )
+                (state, self._seq, time.time(), *columns, len(result.trajectory.response_ids),
+                 job_id),
+            ).rowcount  # fmt: skip
+            if before is not None:  # a result written over: its counts go
+                old_state, old_type, old_kind = before
+                self._tally.add(old_state, old_type, old_kind, -1)
+            if written:
+                self._tally.add(state, error_type, error_kind)
             return self._seq
 
         return await self._call(_save)
@@ -284,7 +293,7 @@ class ResultStore:
 
     async def stats(self) -> DashboardStats:
         """Counts over every finished job: by state, by error, in recent windows."""
-        return await self._call(dashboard.stats)
+        return await self._call(lambda conn: dashboard.stats(conn, self._tally))
 
 
 def _iter_finished(
