@@ -27,6 +27,7 @@ from raas.wire import DashboardStats, JobSummaryPage, TokenView, Trajectory
 router = APIRouter(tags=["dashboard"])
 Service = Annotated[ServiceState, Depends(service)]
 HTML = {"text/html": {"schema": {"type": "string"}}}
+LOGIN_MAX_BYTES = 4096
 LOGIN_BODY = {
     "required": True,
     "content": {
@@ -80,7 +81,15 @@ async def login(request: Request, svc: Service) -> Response:
     root = request.scope.get("root_path", "")
     if not expected:  # nothing to sign in to
         return _to_page(root)
-    form = parse_qs((await request.body()).decode("latin-1"), keep_blank_values=True)
+    body = b""
+    async for chunk in request.stream():  # anyone may post here: little is read
+        body += chunk
+        if len(body) > LOGIN_MAX_BYTES:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                detail=f"a sign-in form is at most {LOGIN_MAX_BYTES} bytes",
+            )
+    form = parse_qs(body.decode("latin-1"), keep_blank_values=True)
     given = (form.get("key") or [""])[0].encode("latin-1")
     if not secrets.compare_digest(given, expected.encode()):
         return login_page(wrong=True)
