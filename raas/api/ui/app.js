@@ -52,7 +52,9 @@ function reward(r) {
 }
 
 function when(unix) {
-  return new Date(unix * 1000).toLocaleTimeString([], { hour12: false });
+  const d = new Date(unix * 1000);
+  const time = d.toLocaleTimeString([], { hour12: false });
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
 }
 
 function badge(state) {
@@ -68,9 +70,13 @@ function wide(el) {
   return el;
 }
 
+// A table; a heading written "label:num" heads a column of numbers (aligned right).
 function table(head, rows, attrs) {
   return h("table", attrs || {},
-    h("thead", {}, h("tr", {}, head.map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, head.map((c) => {
+      const [label, cls] = c.split(":");
+      return h("th", { class: cls || null }, label);
+    }))),
     h("tbody", {}, rows));
 }
 
@@ -103,6 +109,13 @@ function poll(fn) {
     if (mine === view && again) timer = setTimeout(tick, POLL_MS);
   };
   tick();
+}
+
+// The overview's address with one filter set (null: removed).
+function withParam(key, value) {
+  const q = hashQuery();
+  if (value === null || value === "") q.delete(key); else q.set(key, String(value));
+  return `#/?${q}`;
 }
 
 function hashQuery() {
@@ -154,23 +167,22 @@ function backendsCard(backends) {
     h("td", { class: "num" }, String(b.requests)),
     h("td", { class: "num" }, String(b.failures)),
     h("td", { class: "err", title: b.last_error || "" }, b.last_error || "")));
-  return card("LLM backends", table(["health", "url", "protocol", "sessions", "requests", "failures", "last error"], rows, { id: "backends" }));
+  return card("LLM backends", table(["health", "url", "protocol", "sessions:num", "requests:num", "failures:num", "last error"], rows, { id: "backends" }));
 }
 
 function failuresCard(stats) {
   if (!stats.failures.length) return card("Failures by type", h("p", { class: "muted", id: "failures" }, "No job has failed."));
   const rows = stats.failures.map((f) => h("tr", { "data-failure": f.type },
-    h("td", {}, h("a", { href: `#/?error_type=${encodeURIComponent(f.type)}`, title: "list these jobs" }, f.type)),
+    h("td", {}, h("a", { href: `#/?${new URLSearchParams({ error_type: f.type })}`, title: "list these jobs" }, f.type)),
     h("td", {}, h("span", { class: `kind ${f.kind}` }, f.kind)),
     h("td", { class: "num" }, String(f.count))));
-  return card("Failures by type", table(["error", "kind", "jobs"], rows, { id: "failures" }));
+  return card("Failures by type", table(["error", "kind", "jobs:num"], rows, { id: "failures" }));
 }
 
 function filterForm(q, stats) {
   const set = (key, value) => {
-    const next = hashQuery();
-    if (value === "" || value === null) next.delete(key); else next.set(key, value);
-    next.delete("before");
+    const next = new URLSearchParams(withParam(key, value).slice(3));
+    next.delete("before"); // a new filter starts from the newest
     location.hash = `#/?${next}`;
   };
   const select = (key, options) => h("select", { name: key, onchange: (e) => set(key, e.target.value) },
@@ -238,17 +250,20 @@ async function overview(mine) {
     `up ${seconds(status.uptime_s)} · tasks: ${status.tasks.join(", ")}`;
   const rows = [...runningRows(running, q), ...finishedRows(page)];
   const nav = h("p", { class: "pager" },
-    q.get("before") ? h("a", { href: `#/?${(() => { const n = hashQuery(); n.delete("before"); return n; })()}` }, "← newest") : null,
-    page.next_before ? h("a", { href: `#/?${(() => { const n = hashQuery(); n.set("before", page.next_before); return n; })()}` }, "older →") : null);
-  const jobs = wide(card("Jobs", filterForm(q, stats),
-    rows.length ? table(["job", "state", "data_source", "reward", "error / stop", "turns", "tokens", "time", "finished"], rows, { id: "jobs" })
+    q.get("before") ? h("a", { href: withParam("before", null) }, "← newest") : null,
+    page.next_before ? h("a", { href: withParam("before", page.next_before) }, "older →") : null);
+  // Someone typing in a filter keeps the very element (and what is typed so far).
+  const active = document.activeElement;
+  const old = document.getElementById("filters");
+  const form = old && old.contains(active) ? old : filterForm(q, stats);
+  const jobs = wide(card("Jobs", form,
+    rows.length ? table(["job", "state", "data_source", "reward:num", "error / stop", "turns:num", "tokens:num", "time:num", "finished"], rows, { id: "jobs" })
       : h("p", { class: "muted", id: "jobs" }, "No job matches."),
     nav));
-  const focused = document.activeElement && document.activeElement.name;
   main.replaceChildren(
     h("div", { class: "grid" }, stagesCard(status), throughputCard(stats), failuresCard(stats)),
     wide(backendsCard(backends)), jobs);
-  if (focused) { const el = main.querySelector(`[name="${focused}"]`); if (el) el.focus(); }
+  if (form === old && document.activeElement !== active) active.focus();
   document.body.dataset.loaded = "overview";
 }
 
@@ -298,7 +313,7 @@ function turnsTable(turns) {
     h("td", { class: "num" }, t.tools_s !== undefined ? seconds(t.tools_s) : ""),
     h("td", {}, t.finish_reason || t.action || ""),
     h("td", {}, (t.tool_calls || []).map((c) => c.name).join(", "))));
-  return table(["turn", "backend", "prompt tok", "output tok", "cached", "generate", "tools", "finish", "calls"], rows, { id: "turns" });
+  return table(["turn:num", "backend", "prompt tok:num", "output tok:num", "cached:num", "generate:num", "tools:num", "finish", "calls"], rows, { id: "turns" });
 }
 
 function pretty(value) {
