@@ -291,6 +291,76 @@ class ServiceStatus(BaseModel):
     llm_servers: list[str]
 
 
+# -- the dashboard's own routes (/v1/dashboard/...): what /v1/rollouts and /v1/status lack -------
+
+
+class JobSummary(BaseModel):
+    """A finished job as the dashboard lists it: the result without its trajectory."""
+
+    job_id: str
+    state: JobStateName
+    data_source: str
+    task: str | None = None
+    reward: float | None = None
+    error_type: str | None = None
+    error_kind: ErrorKind | None = None
+    error_message: str | None = Field(default=None, description="Cut at 300 characters.")
+    stage_failed: StageName | None = None
+    stop_reason: str | None = None
+    turns: int
+    response_tokens: int
+    total_s: float | None = Field(default=None, description="Seconds from submission to result.")
+    attempts: int = 1
+    finished_at: float = Field(description="Unix time the result was written.")
+
+
+class JobSummaryPage(BaseModel):
+    jobs: list[JobSummary] = Field(description="Newest first.")
+    next_before: int | None = Field(
+        description="Pass as `before` for the older jobs; null when this page is the last."
+    )
+
+
+class FailureCount(BaseModel):
+    type: str = Field(description="The error's type (`NoBackendAvailable`, `JobTimeout`...).")
+    kind: ErrorKind
+    count: int
+
+
+class Throughput(BaseModel):
+    window_s: float
+    finished: int = Field(description="Jobs finished in the window.")
+    response_tokens: int = Field(description="Response tokens of those jobs.")
+
+
+class DashboardStats(BaseModel):
+    """What the database says: every result, from this process and the ones before it."""
+
+    finished: dict[str, int] = Field(description="Finished jobs by state.")
+    failures: list[FailureCount] = Field(description="Finished jobs by error, most first.")
+    throughput: list[Throughput] = Field(description="Over the last minute and 10 minutes.")
+    data_sources: list[str] = Field(description="Every data_source a job was submitted with.")
+
+
+class TokenView(BaseModel):
+    """A job's trajectory token by token (the result's, or a running job's so far), each token's
+    text decoded with the server's tokenizer: a character spread over several tokens is shown
+    on its last one."""
+
+    job_id: str
+    state: JobStateName
+    tokenizer: str | None = Field(description="What decoded the texts; null when none could.")
+    note: str | None = Field(default=None, description="Why the texts are missing, if they are.")
+    prompt_ids: list[int]
+    prompt_text: list[str | None] | None = Field(
+        description="One per prompt id (null for an id the tokenizer does not know)."
+    )
+    response_ids: list[int]
+    response_text: list[str | None] | None
+    loss_mask: list[int]
+    logprobs: list[float]
+
+
 # A ProRL instance may leave data_source out (ProRL Agent's server reads it as "swebench") and
 # may name a task the ProRL way ("swebench", "deepcoder_lcb", "codecontests"...): the /process
 # route maps those names to raas tasks, so only the finite-number check happens here.

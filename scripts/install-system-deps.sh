@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The Debian packages raas needs on the host: bubblewrap (sandboxes), tmux (the tool-latency
-# baseline in `raas bench tools`), and IPython for the host-/usr sandboxes' python3.
+# baseline in `raas bench tools`), IPython for the host-/usr sandboxes' python3, and Chromium
+# (headless: the dashboard's browser tests).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v tmux >/dev/null || missing+=(tmux)
+command -v chromium >/dev/null || missing+=(chromium)
 /usr/bin/python3 -c 'import ipykernel, jupyter_client' 2>/dev/null \
     || missing+=(python3-ipykernel python3-jupyter-client)
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -6,10 +6,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from raas.api.app import create_app
 from raas.launch import ServerProcess
 from raas.pipeline import Pipeline, PipelineConfig, Stage
+from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import CountdownTask
@@ -63,6 +66,26 @@ def make_pipeline(tmp_path: Path, registry: TaskRegistry) -> Callable[..., Any]:
             await store.close()
 
     return factory
+
+
+ApiClient = Callable[..., Any]
+
+
+@pytest.fixture
+def client(tmp_path: Path, registry: TaskRegistry) -> ApiClient:
+    """``async with client(**settings) as http``: an httpx client on the app (ASGI), with its
+    lifespan running, on ``tmp_path / "api.db"`` unless ``db`` says otherwise."""
+
+    @asynccontextmanager
+    async def make(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+        defaults: dict[str, Any] = {"db": tmp_path / "api.db", "cancel_grace_s": 0.05}
+        app = create_app(ServeSettings(**{**defaults, **settings}), registry)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://raas") as http:
+                yield http
+
+    return make
 
 
 @pytest.fixture

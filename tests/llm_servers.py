@@ -162,12 +162,25 @@ class AgentBackend:
     keeps jobs in flight long enough for a test to break something under them.
     """
 
-    def __init__(self, script: Callable[[str], str], latency_s: float = 0.0) -> None:
+    HOLD_S = 600.0  # a test that never releases a held request is stopped by its own deadline
+
+    def __init__(
+        self,
+        script: Callable[[str], str],
+        latency_s: float = 0.0,
+        hold: Callable[[str], bool] | None = None,
+        logprobs: Callable[[list[int]], list[float]] | None = None,
+    ) -> None:
+        """``hold(prompt_text)`` true: that request is answered only after release() (a job
+        that stays in flight); ``holding`` is set once one waits. ``logprobs(ids)``: the
+        answer's logprobs (-0.1 each by default)."""
         from raas.llm.chat import encode
         from raas.llm.models import load_tokenizer
 
         tok = load_tokenizer("tiny")
         self.calls = 0
+        self.holding = threading.Event()
+        self._released = threading.Event()
         app = self.app = _server_app("agent")
 
         @app.post("/v1/completions")
@@ -175,7 +188,11 @@ class AgentBackend:
             body = await request.json()
             self.calls += 1
             await asyncio.sleep(latency_s)
-            ids = encode(tok, script(tok.decode(body["prompt"]))) + [tok.eos_token_id]
+            prompt = tok.decode(body["prompt"])
+            if hold is not None and hold(prompt):
+                self.holding.set()
+                await asyncio.to_thread(self._released.wait, self.HOLD_S)
+            ids = encode(tok, script(prompt)) + [tok.eos_token_id]
             return {
                 "id": "cmpl-agent",
                 "object": "text_completion",
@@ -184,9 +201,15 @@ class AgentBackend:
                         "index": 0,
                         "text": "",
                         "token_ids": ids,
-                        "logprobs": {"token_logprobs": [-0.1] * len(ids)},
+                        "logprobs": {
+                            "token_logprobs": logprobs(ids) if logprobs else [-0.1] * len(ids)
+                        },
                         "finish_reason": "stop",
                     }
                 ],
                 "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
             }
+
+    def release(self) -> None:
+        """Answer the held requests (and any later ones) at once."""
+        self._released.set()

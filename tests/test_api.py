@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from raas.api.app import create_app
 from raas.helpers import free_port
-from raas.settings import ServeSettings
-from raas.tasks import TaskRegistry
 from raas.tasks.countdown import generate_instances
 from raas.wire import RolloutResult
 from tests.probe import WAIT_S, ProbeTask, probe_instance
 
 Client = Callable[..., Any]
-
-
-@pytest.fixture
-def client(tmp_path: Path, registry: TaskRegistry) -> Client:
-    @asynccontextmanager
-    async def make(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-        defaults: dict[str, Any] = {"db": tmp_path / "api.db", "cancel_grace_s": 0.05}
-        app = create_app(ServeSettings(**{**defaults, **settings}), registry)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://raas") as http:
-                yield http
-
-    return make
 
 
 async def result_of(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:

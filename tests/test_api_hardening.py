@@ -304,6 +304,18 @@ async def test_every_status_the_routes_answer_is_documented(
         await http.post("/add_llm_server", json={"address": "http://127.0.0.1:9"})
         await http.post("/add_llm_server", json={"address": "http://:9"})
         await http.post("/clear_llm_server")
+        await http.get("/ui")
+        await http.get("/ui", params={"key": KEY})
+        await http.get("/ui", headers={"Authorization": "Bearer nope"})
+        await http.post("/ui/login", data={"key": KEY})
+        await http.post("/ui/login", data={"key": "nope"})
+        await http.get("/ui/assets/app.js")
+        await http.get("/ui/assets/nope.js")
+        await http.get("/v1/dashboard/stats")
+        await http.get("/v1/dashboard/jobs", params={"state": "done"})
+        await http.get("/v1/dashboard/jobs", params={"limit": 0})
+        await http.get("/v1/dashboard/jobs/a/tokens")
+        await http.get("/v1/dashboard/jobs/nope/tokens")
         probe.release("a", "init")
         await http.post("/stop")
         await http.post("/v1/rollouts", json={"instance": probe_instance()})
@@ -312,7 +324,7 @@ async def test_every_status_the_routes_answer_is_documented(
         await http.post("/start")
         await http.post("/process", json={"instance": probe_instance()})
     statuses = {status for _, _, status in seen}
-    assert {200, 201, 202, 204, 401, 404, 409, 413, 422, 429, 503} <= statuses
+    assert {200, 201, 202, 204, 303, 401, 404, 409, 413, 422, 429, 503} <= statuses
     undocumented = sorted(
         (method, path, status)
         for method, path, status in seen

@@ -18,7 +18,7 @@ from raas.api.body_limit import BodyLimitMiddleware
 from raas.api.errors import PathMethods, install_error_handlers, responses
 from raas.api.metrics import PipelineMetrics
 from raas.api.openapi import document_api_key, document_instances
-from raas.api.routes import backends, gateway, prorl, rollouts, system
+from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.state import ServiceState
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig
@@ -85,7 +85,14 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         )
         metrics.watch(pipeline)
         llm.start()
-        app.state.service = ServiceState(settings, pipeline, metrics, llm, gateway=services.gateway)
+        app.state.service = ServiceState(
+            settings,
+            pipeline,
+            metrics,
+            llm,
+            gateway=services.gateway,
+            tokenizer=services.tokenizer_async,
+        )
         await pipeline.start()
         await _report_backends(llm)
         log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
@@ -123,7 +130,8 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
 
     guarded = responses(401, 413)
     methods.add(app.router.routes)  # FastAPI's pages and /healthz
-    for router in (rollouts.router, system.router, backends.router, prorl.router, gateway.router):
+    routers = (rollouts, system, backends, prorl, gateway, dashboard)
+    for router in (module.router for module in routers):
         app.include_router(router, responses=guarded)
         methods.add(router.routes)
 

@@ -3,6 +3,12 @@
 The gateway's OpenAI-style paths (``job_paths``) also take a job's own token (what its agent
 program gets as OPENAI_API_KEY); a job token opens no other path.
 
+A browser cannot send the header on a page load, so the dashboard (/ui) has a session cookie:
+given the key once (the login form's POST /ui/login, or ``/ui?key=KEY``), the server sets
+``raas_ui``, HttpOnly and SameSite=Strict, holding a digest of the key (never the key itself;
+changing the key ends every session). The cookie opens GET and HEAD only, so a page elsewhere
+can make the browser change nothing (and SameSite=Strict keeps it off cross-site requests).
+
 A pure ASGI middleware, so the key is checked before anything else happens: before a body is
 read or parsed, before routing (an unknown path without the key is a 401, not a 404), and on
 FastAPI's own pages (/docs, /redoc, /openapi.json) as on the routes.
@@ -10,14 +16,24 @@ FastAPI's own pages (/docs, /redoc, /openapi.json) as on the routes.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 from collections.abc import Callable, Collection
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import parse_qs
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-OPEN_PATHS = frozenset({"/healthz"})
+from raas.api.ui import login_page
+
+UI_PATH = "/ui"
+LOGIN_PATH = "/ui/login"  # checks the key itself (raas.api.routes.dashboard)
+OPEN_PATHS = frozenset({"/healthz", LOGIN_PATH})
 UNAUTHORIZED = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+COOKIE = "raas_ui"
+COOKIE_METHODS = frozenset({"GET", "HEAD"})
 JOB_UNAUTHORIZED = "unknown or closed job token: send 'Authorization: Bearer <job token>'"
 
 
@@ -28,6 +44,52 @@ def bearer_token(scope: Scope) -> bytes | None:
             scheme, _, token = bytes(value).partition(b" ")
             return token.strip() if scheme.lower() == b"bearer" else None
     return None
+
+
+def session_token(api_key: bytes) -> bytes:
+    """The dashboard cookie's value for ``api_key``: a digest, so the cookie does not hold the
+    key (which also opens the routes that change things)."""
+    return hmac.new(api_key, b"raas dashboard session v1", hashlib.sha256).hexdigest().encode()
+
+
+def cookie_token(scope: Scope) -> bytes | None:
+    """The value of the request's ``raas_ui`` cookie."""
+    for name, value in scope.get("headers", ()):
+        if name == b"cookie":
+            try:
+                morsel = SimpleCookie(bytes(value).decode("latin-1")).get(COOKIE)
+            except CookieError:
+                continue
+            if morsel is not None:
+                return morsel.value.encode("latin-1")
+    return None
+
+
+def logged_in(api_key: bytes, scope: Scope, root: str) -> Response:
+    """Where a right key given to the dashboard leads: the page, with the session cookie."""
+    response = RedirectResponse(root + UI_PATH, status_code=303)
+    response.set_cookie(
+        COOKIE,
+        session_token(api_key).decode(),
+        path=root or "/",
+        httponly=True,
+        samesite="strict",
+        secure=scope.get("scheme") == "https",
+    )
+    return response
+
+
+def _query_key(scope: Scope) -> bytes | None:
+    """``key`` of the query string; the query is then blanked in ``scope``, so that uvicorn's
+    access log (which reads it after the answer) does not write the key down."""
+    query: bytes = scope.get("query_string", b"")
+    if b"key=" not in query:
+        return None
+    keys = parse_qs(query.decode("latin-1"), keep_blank_values=True).get("key")
+    if not keys:
+        return None
+    scope["query_string"] = b"key=(redacted)"
+    return keys[0].encode("latin-1")
 
 
 class ApiKeyMiddleware:
@@ -46,6 +108,7 @@ class ApiKeyMiddleware:
         # Compared as bytes: a header may hold any byte, and compare_digest refuses a str
         # that is not ASCII (a 500 where a 401 is due).
         self.expected = api_key.encode() if api_key else None
+        self.session = session_token(self.expected) if self.expected else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is None or scope["type"] not in ("http", "websocket"):
@@ -56,6 +119,10 @@ class ApiKeyMiddleware:
         if root and path.startswith(root):
             path = path[len(root) :]
         token = bearer_token(scope)
+        given = _query_key(scope) if path == UI_PATH and scope["type"] == "http" else None
+        if given is not None and secrets.compare_digest(given, self.expected):
+            await logged_in(self.expected, scope, root)(scope, receive, send)
+            return
         if (
             path in OPEN_PATHS
             or (token is not None and secrets.compare_digest(token, self.expected))
@@ -65,11 +132,15 @@ class ApiKeyMiddleware:
                 and path in self.job_paths
                 and self.job_token(token)
             )
+            or self._session(scope)
         ):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": UNAUTHORIZED})
+            return
+        if path == UI_PATH:
+            await login_page(wrong=given is not None)(scope, receive, send)
             return
         body: dict[str, object] = {"detail": UNAUTHORIZED}
         if path in self.job_paths:  # OpenAI's clients read OpenAI's error shape
@@ -77,3 +148,10 @@ class ApiKeyMiddleware:
                               "param": None, "code": "invalid_api_key"}}  # fmt: skip
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
+
+    def _session(self, scope: Scope) -> bool:
+        """Does the request read (GET, HEAD) with the dashboard's session cookie?"""
+        if self.session is None or scope.get("method") not in COOKIE_METHODS:
+            return False
+        cookie = cookie_token(scope)
+        return cookie is not None and secrets.compare_digest(cookie, self.session)

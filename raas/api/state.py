@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 
@@ -23,6 +25,8 @@ class ServiceState:
     prorl_jobs: dict[str, set[str]] = field(default_factory=dict)
     # Agent programs' OpenAI-style sessions, one per job (raas.api.routes.gateway).
     gateway: Gateway | None = None
+    # The served model's tokenizer, loaded off the event loop (the dashboard decodes with it).
+    tokenizer: Callable[[], Awaitable[Any]] | None = None
 
 
 async def service(request: Request) -> ServiceState:

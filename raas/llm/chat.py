@@ -39,6 +39,45 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+REPLACEMENT = "\ufffd"
+MAX_SPLIT = 4  # a UTF-8 character has at most 4 bytes, so spans at most 4 byte-level tokens
+
+
+def token_texts(tokenizer: Any, ids: list[int]) -> list[str | None]:
+    """Each token's text, special tokens included; None for an id the tokenizer lacks.
+
+    A character whose bytes are spread over several tokens (an emoji in a byte-level BPE)
+    decodes to U+FFFD token by token: it is shown whole on its last token, the others empty.
+    """
+    size = len(tokenizer)
+    known = [i if 0 <= i < size else None for i in ids]
+    pieces = iter(
+        tokenizer.batch_decode(
+            [[i] for i in known if i is not None],
+            skip_special_tokens=False,
+            clean_up_tokenization_spaces=False,
+        )
+    )
+    texts: list[str | None] = [None if i is None else str(next(pieces)) for i in known]
+    start: int | None = None
+    for k, text in enumerate(texts):
+        if start is None and (text is None or REPLACEMENT not in text):
+            continue
+        if text is None:  # an unknown id ends any character being put together
+            start = None
+            continue
+        start = k if start is None else start
+        joint = tokenizer.decode(
+            ids[start : k + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        if REPLACEMENT not in joint or k - start + 1 >= MAX_SPLIT:
+            if REPLACEMENT not in joint:
+                texts[start:k] = [""] * (k - start)
+                texts[k] = joint
+            start = None
+    return texts
+
+
 def supports_tools(tokenizer: Any) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
 

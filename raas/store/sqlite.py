@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from raas.wire import ErrorInfo, RolloutResult
+from raas.store import dashboard
+from raas.store.dashboard import JobFilter, Tally
+from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
 
@@ -47,7 +49,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     reward      REAL,
     result      TEXT,
     attempts    INTEGER NOT NULL DEFAULT 1,
-    attempt_errors TEXT   -- JSON list of ErrorInfo: why each earlier attempt was run again
+    attempt_errors TEXT,  -- JSON list of ErrorInfo: why each earlier attempt was run again
+    -- Copied out of the result, so that the dashboard counts and filters without parsing it.
+    error_type  TEXT,
+    error_kind  TEXT,
+    response_tokens INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
 """
@@ -55,7 +61,23 @@ CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
 ADDED_COLUMNS = {
     "attempts": "INTEGER NOT NULL DEFAULT 1",
     "attempt_errors": "TEXT",
+    "error_type": "TEXT",
+    "error_kind": "TEXT",
+    "response_tokens": "INTEGER",
 }
+# What the added result columns hold, read from the result of a row written before them.
+BACKFILL = """
+UPDATE jobs SET error_type = json_extract(result, '$.error.type'),
+    error_kind = json_extract(result, '$.error.kind'),
+    response_tokens = json_array_length(result, '$.trajectory.response_ids')
+WHERE result IS NOT NULL
+"""
+# On columns a database made before them lacks until it is opened once: made after they are.
+INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_errors ON jobs(error_type, error_kind);
+CREATE INDEX IF NOT EXISTS jobs_source_seq ON jobs(data_source, seq);
+CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs(finished_at);
+"""
 
 
 @dataclass(frozen=True)
@@ -86,6 +108,9 @@ def connect(path: str | Path) -> sqlite3.Connection:
     for name, decl in ADDED_COLUMNS.items():
         if name not in have:
             conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+    if "error_type" not in have:
+        conn.execute(BACKFILL)
+    conn.executescript(INDEXES)
     return conn
 
 
@@ -117,6 +142,7 @@ class ResultStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raas-store")
         self._conn: sqlite3.Connection | None = None
         self._seq = 0
+        self._tally = Tally()  # used on the store's thread only
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -133,6 +159,7 @@ class ResultStore:
             self._conn = connect(self.path)
             (max_seq,) = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
             self._seq = int(max_seq)
+            self._tally = Tally.count(self._conn)
 
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, _open)
@@ -168,6 +195,7 @@ class ResultStore:
                     " created_at) VALUES (?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+            self._tally.sources.update(r.data_source for r in records)
 
         await self._call(_add)
 
@@ -203,15 +231,28 @@ class ResultStore:
     async def save_result(self, job_id: str, state: str, result: RolloutResult) -> int:
         """Write a finished result; returns its place in finish order (the paging cursor)."""
         payload = result.model_dump_json()
-        reward = result.reward
+        error_type = result.error.type if result.error else None
+        error_kind = result.error.kind if result.error else None
+        columns = (result.reward, payload, error_type, error_kind)
 
         def _save(conn: sqlite3.Connection) -> int:
             self._seq += 1
-            conn.execute(
-                "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?"
-                " WHERE job_id = ?",
-                (state, self._seq, time.time(), reward, payload, job_id),
-            )
+            before = conn.execute(
+                "SELECT state, error_type, error_kind FROM jobs"
+                " WHERE job_id = ? AND seq IS NOT NULL",
+                (job_id,),
+            ).fetchone()
+            written = conn.execute(
+                "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
+                " error_type = ?, error_kind = ?, response_tokens = ? WHERE job_id = ?",
+                (state, self._seq, time.time(), *columns, len(result.trajectory.response_ids),
+                 job_id),
+            ).rowcount  # fmt: skip
+            if before is not None:  # a result written over: its counts go
+                old_state, old_type, old_kind = before
+                self._tally.add(old_state, old_type, old_kind, -1)
+            if written:
+                self._tally.add(state, error_type, error_kind)
             return self._seq
 
         return await self._call(_save)
@@ -243,6 +284,16 @@ class ResultStore:
             return list(_iter_finished(conn, state, since, limit))
 
         return await self._call(_page)
+
+    async def summaries(
+        self, where: JobFilter, before: int | None = None, limit: int = 100
+    ) -> tuple[list[JobSummary], int | None]:
+        """Finished jobs newest first (the dashboard's list), and the next page's cursor."""
+        return await self._call(lambda conn: dashboard.summaries(conn, where, before, limit))
+
+    async def stats(self) -> DashboardStats:
+        """Counts over every finished job: by state, by error, in recent windows."""
+        return await self._call(lambda conn: dashboard.stats(conn, self._tally))
 
 
 def _iter_finished(

@@ -1,0 +1,195 @@
+"""The dashboard: the page at /ui, its files, its login, and the reads the other routes lack.
+
+The page itself reads /v1/status, /v1/backends, /v1/rollouts:running and /v1/rollouts/{id};
+the routes here add what those do not give: finished jobs as a filterable list without their
+trajectories, counts over every result in the database (by state, by error, recent
+throughput), and a trajectory's tokens decoded with the server's tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+
+from raas.api.auth import logged_in
+from raas.api.errors import responses
+from raas.api.routes.rollouts import FinalStateName
+from raas.api.state import ServiceState, service
+from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
+from raas.llm.chat import token_texts
+from raas.store.dashboard import JobFilter
+from raas.wire import DashboardStats, JobSummaryPage, TokenView, Trajectory
+
+router = APIRouter(tags=["dashboard"])
+Service = Annotated[ServiceState, Depends(service)]
+HTML = {"text/html": {"schema": {"type": "string"}}}
+LOGIN_MAX_BYTES = 4096
+LOGIN_BODY = {
+    "required": True,
+    "content": {
+        "application/x-www-form-urlencoded": {
+            "schema": {
+                "type": "object",
+                "properties": {"key": {"type": "string", "description": "The API key."}},
+                "required": ["key"],
+            }
+        }
+    },
+}
+
+
+@router.get(
+    "/ui",
+    response_class=Response,
+    responses={
+        200: {"content": HTML, "description": "The dashboard (one page; `#/jobs/ID` shows a job)."},
+        303: {
+            "description": "`?key=` held the API key: the session cookie is set, and the page"
+            " is loaded again without the key in its address."
+        },
+        401: {"content": HTML, "description": "No key, or a wrong one: a form that asks for it."},
+    },
+)
+async def dashboard(
+    key: Annotated[
+        str | None,
+        Query(description="The API key, once: it is exchanged for an HttpOnly session cookie."),
+    ] = None,
+) -> Response:
+    """The dashboard page. With an API key, open it as ``/ui?key=KEY`` or sign in on the form;
+    the session cookie that either sets opens the GET routes the page reads."""
+    return page()
+
+
+@router.post(
+    "/ui/login",
+    response_class=Response,
+    status_code=status.HTTP_303_SEE_OTHER,
+    responses={
+        303: {"description": "The key is right: the session cookie is set; on to /ui."},
+        401: {"content": HTML, "description": "The key is wrong: the form again."},
+    },
+    openapi_extra={"requestBody": LOGIN_BODY},
+)
+async def login(request: Request, svc: Service) -> Response:
+    """The dashboard's sign-in form (``key``, form-encoded): sets the session cookie."""
+    expected = svc.settings.api_key
+    root = request.scope.get("root_path", "")
+    if not expected:  # nothing to sign in to
+        return _to_page(root)
+    body = b""
+    async for chunk in request.stream():  # anyone may post here: little is read
+        body += chunk
+        if len(body) > LOGIN_MAX_BYTES:
+            raise HTTPException(
+                status.HTTP_413_CONTENT_TOO_LARGE,
+                detail=f"a sign-in form is at most {LOGIN_MAX_BYTES} bytes",
+            )
+    form = parse_qs(body.decode("latin-1"), keep_blank_values=True)
+    given = (form.get("key") or [""])[0].encode("latin-1")
+    if not secrets.compare_digest(given, expected.encode()):
+        return login_page(wrong=True)
+    return logged_in(expected.encode(), request.scope, root)
+
+
+def _to_page(root: str) -> Response:
+    return Response(status_code=303, headers={"Location": root + "/ui"})
+
+
+@router.get(
+    "/ui/assets/{name}",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/javascript": {}, "text/css": {}}, "description": "The file."},
+        **responses(404),
+    },
+)
+async def ui_asset(name: str) -> Response:
+    """The page's script and style sheet."""
+    media = ASSETS.get(name)
+    if media is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no dashboard file {name!r}")
+    return Response(asset(name), media_type=media, headers=HEADERS)
+
+
+@router.get("/v1/dashboard/stats", response_model=DashboardStats)
+async def dashboard_stats(svc: Service) -> DashboardStats:
+    """Every finished job in the database (before restarts too): by state, by error type, and
+    how many finished in the last minute and 10 minutes."""
+    return await svc.pipeline.store.stats()
+
+
+@router.get("/v1/dashboard/jobs", response_model=JobSummaryPage)
+async def dashboard_jobs(
+    svc: Service,
+    state: FinalStateName | None = None,
+    data_source: str | None = None,
+    error_type: Annotated[str | None, Query(description="Only jobs that failed so.")] = None,
+    min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    before: Annotated[
+        int | None, Query(ge=1, description="Cursor: next_before of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> JobSummaryPage:
+    """Finished jobs newest first, without their trajectories (GET /v1/rollouts/{id} has one);
+    /v1/rollouts:running lists the jobs in flight."""
+    where = JobFilter(state, data_source, error_type, min_reward, max_reward)
+    jobs, next_before = await svc.pipeline.store.summaries(where, before, limit)
+    return JobSummaryPage(jobs=jobs, next_before=next_before)
+
+
+@router.get(
+    "/v1/dashboard/jobs/{job_id}/tokens", response_model=TokenView, responses=responses(404)
+)
+async def dashboard_tokens(job_id: str, svc: Service) -> TokenView:
+    """A job's trajectory token by token, with each token's text (a running job's so far)."""
+    view = await svc.pipeline.lookup(job_id)
+    if view is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
+    if view.result is not None:
+        traj = view.result.trajectory
+    else:
+        job = svc.pipeline.active(job_id)
+        traj = job.partial_trajectory() if job is not None else Trajectory()
+    # Copies: a running job's lists grow while the texts are decoded off the event loop.
+    prompt, response = list(traj.prompt_ids), list(traj.response_ids)
+    texts, name, note = await _decode(svc, prompt, response)
+    return TokenView(
+        job_id=job_id,
+        state=view.state.value,
+        tokenizer=name,
+        note=note,
+        prompt_ids=prompt,
+        prompt_text=texts[0] if texts else None,
+        response_ids=response,
+        response_text=texts[1] if texts else None,
+        loss_mask=list(traj.loss_mask),
+        logprobs=list(traj.logprobs),
+    )
+
+
+Texts = tuple[list[str | None], list[str | None]]
+
+
+async def _decode(
+    svc: ServiceState, prompt: list[int], response: list[int]
+) -> tuple[Texts | None, str | None, str | None]:
+    """The texts of both token lists, the tokenizer's name; or why there are none."""
+    name = svc.settings.tokenizer
+    if svc.tokenizer is None:
+        return None, None, "the server has no tokenizer"
+    if not prompt and not response:
+        return ([], []), name, None
+    try:
+        tokenizer: Any = await svc.tokenizer()
+        texts = await asyncio.to_thread(
+            lambda: (token_texts(tokenizer, prompt), token_texts(tokenizer, response))
+        )
+    except Exception as e:  # a tokenizer that cannot load or decode: show the ids
+        return None, None, f"tokenizer {name} could not decode: {e}"
+    return texts, name, None

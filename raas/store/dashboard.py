@@ -1,0 +1,137 @@
+"""The dashboard's reads of the results table: pages of job summaries with filters, counts by
+state and by error, throughput over recent windows.
+
+Plain functions of a connection, run on the store's own thread (``ResultStore`` methods). A
+summary reads a few fields out of each listed row's result with SQLite's JSON functions (a page
+is small). The counts over every result are a Tally, counted once when the store opens and kept
+as results are written: counting the table on each of the dashboard's polls (every 2 s) would
+hold the thread that writes results (125 ms at 200,000 results).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from raas.wire import DashboardStats, FailureCount, JobSummary, Throughput
+
+MESSAGE_CHARS = 300
+WINDOWS_S = (60.0, 600.0)
+
+# Each field of a JobSummary and the SQL that reads it from a row.
+_FIELDS = {
+    "job_id": "job_id",
+    "state": "state",
+    "data_source": "COALESCE(data_source, '')",
+    "task": "json_extract(result, '$.task')",
+    "reward": "reward",
+    "error_type": "error_type",
+    "error_kind": "error_kind",
+    "error_message": f"substr(json_extract(result, '$.error.message'), 1, {MESSAGE_CHARS})",
+    "stage_failed": "json_extract(result, '$.stage_failed')",
+    "stop_reason": "json_extract(result, '$.trajectory.stop_reason')",
+    "turns": "COALESCE(json_array_length(result, '$.trajectory.turns'), 0)",
+    "response_tokens": "COALESCE(response_tokens, 0)",
+    "total_s": "json_extract(result, '$.timing.total_s')",
+    "attempts": "attempts",
+    "finished_at": "finished_at",
+}
+_SUMMARY = f"SELECT seq, {', '.join(_FIELDS.values())} FROM jobs"
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which finished jobs to list; None is no filter."""
+
+    state: str | None = None
+    data_source: str | None = None
+    error_type: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses, args = ["seq IS NOT NULL"], []
+        for sql, value in (
+            ("state = ?", self.state),
+            ("data_source = ?", self.data_source),
+            ("error_type = ?", self.error_type),
+            ("reward >= ?", self.min_reward),
+            ("reward <= ?", self.max_reward),
+        ):
+            if value is not None:
+                clauses.append(sql)
+                args.append(value)
+        return " AND ".join(clauses), args
+
+
+def summaries(
+    conn: sqlite3.Connection, where: JobFilter, before: int | None, limit: int
+) -> tuple[list[JobSummary], int | None]:
+    """Up to ``limit`` finished jobs newest first, older than the cursor ``before``; and the
+    cursor of the next page (None when there is none)."""
+    sql, args = where.where()
+    if before is not None:
+        sql += " AND seq < ?"
+        args.append(before)
+    rows = conn.execute(
+        f"{_SUMMARY} WHERE {sql} ORDER BY seq DESC LIMIT ?", [*args, limit + 1]
+    ).fetchall()
+    jobs = [JobSummary(**dict(zip(_FIELDS, row[1:], strict=True))) for row in rows[:limit]]
+    more = len(rows) > limit
+    return jobs, (rows[limit - 1][0] if more else None)
+
+
+@dataclass
+class Tally:
+    """Finished jobs by state and by error, and every data_source, of the whole table."""
+
+    states: Counter[str] = field(default_factory=Counter)
+    errors: Counter[tuple[str, str]] = field(default_factory=Counter)
+    sources: set[str] = field(default_factory=set)
+
+    @classmethod
+    def count(cls, conn: sqlite3.Connection) -> Tally:
+        # Each count from an index alone (jobs_state_seq, jobs_errors): the rows are large.
+        tally = cls()
+        tally.states.update(
+            dict(conn.execute("SELECT state, COUNT(*) FROM jobs WHERE seq IS NOT NULL GROUP BY 1"))
+        )
+        errors = conn.execute(
+            "SELECT error_type, error_kind, COUNT(*) FROM jobs WHERE error_type IS NOT NULL"
+            " GROUP BY 1, 2"
+        )
+        tally.errors.update({(t, k or "infra"): n for t, k, n in errors})
+        tally.sources.update(
+            s for (s,) in conn.execute("SELECT DISTINCT data_source FROM jobs") if s is not None
+        )
+        return tally
+
+    def add(self, state: str, error_type: str | None, error_kind: str | None, n: int = 1) -> None:
+        """Count ``n`` results (-1: one taken back, when a result is written over)."""
+        self.states[state] += n
+        if error_type is not None:
+            self.errors[error_type, error_kind or "infra"] += n
+
+
+def stats(conn: sqlite3.Connection, tally: Tally, now: float | None = None) -> DashboardStats:
+    now = time.time() if now is None else now
+    most_first = sorted((-n, t, k) for (t, k), n in tally.errors.items() if n > 0)
+    failures = [
+        FailureCount.model_validate({"type": t, "kind": k, "count": -n}) for n, t, k in most_first
+    ]
+    throughput = []
+    for window in WINDOWS_S:
+        n, tokens = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(response_tokens), 0) FROM jobs WHERE finished_at >= ?",
+            (now - window,),
+        ).fetchone()
+        throughput.append(Throughput(window_s=window, finished=n, response_tokens=tokens))
+    return DashboardStats(
+        finished={s: n for s, n in sorted(tally.states.items()) if n > 0},
+        failures=failures,
+        throughput=throughput,
+        data_sources=sorted(tally.sources),
+    )
