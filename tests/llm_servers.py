@@ -159,15 +159,23 @@ class AgentBackend:
 
     The answer is encoded with the tiny model's tokenizer (SmolLM2's) and ends with its
     end-of-turn token, so raas parses real tool calls out of real token ids. ``latency_s``
-    keeps jobs in flight long enough for a test to break something under them.
+    keeps jobs in flight long enough for a test to break something under them. Each token's
+    logprob is -0.1, or ``logprob(position, token)``; ``returned`` keeps every answer as
+    (prompt ids, token ids, logprobs), what a test compares a recorded trajectory with.
     """
 
-    def __init__(self, script: Callable[[str], str], latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        script: Callable[[str], str],
+        latency_s: float = 0.0,
+        logprob: Callable[[int, int], float] | None = None,
+    ) -> None:
         from raas.llm.chat import encode
         from raas.llm.models import load_tokenizer
 
         tok = load_tokenizer("tiny")
         self.calls = 0
+        self.returned: list[tuple[list[int], list[int], list[float]]] = []
         app = self.app = _server_app("agent")
 
         @app.post("/v1/completions")
@@ -176,6 +184,8 @@ class AgentBackend:
             self.calls += 1
             await asyncio.sleep(latency_s)
             ids = encode(tok, script(tok.decode(body["prompt"]))) + [tok.eos_token_id]
+            logprobs = [logprob(i, t) if logprob else -0.1 for i, t in enumerate(ids)]
+            self.returned.append((list(body["prompt"]), ids, logprobs))
             return {
                 "id": "cmpl-agent",
                 "object": "text_completion",
@@ -184,7 +194,7 @@ class AgentBackend:
                         "index": 0,
                         "text": "",
                         "token_ids": ids,
-                        "logprobs": {"token_logprobs": [-0.1] * len(ids)},
+                        "logprobs": {"token_logprobs": logprobs},
                         "finish_reason": "stop",
                     }
                 ],
