@@ -9,6 +9,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.llm.types import SamplingParams
@@ -18,7 +20,7 @@ from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.datasets import humaneval_problems
 from raas.tasks.harness import HarnessContext, HarnessTask
-from raas.tasks.protocol import TaskJob
+from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 from tests.conftest import FIXTURES
@@ -332,3 +334,15 @@ async def test_the_openai_package_in_a_sandbox_records_exactly_what_the_backend_
     # No network: neither the model server on the host's loopback nor the host's address.
     assert report["backend"] == "ConnectionRefusedError"
     assert report["outside"] != "connected" and report["interfaces"] == ["lo"]
+
+
+async def test_mini_swe_agent_without_an_agents_environment_fails_saying_what_to_build(
+    tmp_path: Path,
+) -> None:
+    instance, _ = humaneval_instance()
+    result = await run_job(tmp_path, {**instance, "agent": "mini-swe-agent"}, FakeGateway([]))
+    assert (result["state"], result["stage_failed"]) == ("failed", "init")
+    assert result["error"]["kind"] == "infra" and "--agents-venv" in result["error"]["message"]
+    with pytest.raises(InvalidInstance) as err:
+        HarnessTask().validate(TaskJob("j", {**instance, "agent": "claude-code"}, {}))
+    assert err.value.loc[:2] == ("instance", "agent")
