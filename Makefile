@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults test-trl test-verl example-verl test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
+.PHONY: demo test test-faults test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,25 @@ test-verl: $(VERL_STAMP) system-deps
 example-verl: $(VERL_STAMP) system-deps
 	$(VERL_VENV)/bin/python examples/verl/agent_loop.py --out out/verl_agent_loop
 
+# Agent frameworks from PyPI that harness tasks run ("agent": "mini-swe-agent"), in an
+# environment of their own: mini-swe-agent's litellm wants openai<3 and its datasets
+# huggingface-hub<2, which raas's environment does not have. The sandbox's python3 must be of
+# this Python's minor version (the harness checks). litellm 1.106 imports mcp undeclared.
+AGENTS_VENV := .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+
+$(AGENTS_STAMP):
+	test -x $(AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
+	$(AGENTS_VENV)/bin/pip install --quiet 'mini-swe-agent==2.4.6' 'litellm==1.106.2' 'mcp==2.3.0'
+	touch $(AGENTS_STAMP)
+
+agents-venv: $(AGENTS_STAMP)
+
+# mini-swe-agent, unmodified, in a bwrap sandbox against raas's gateway (a scripted model).
+test-harness-agents: $(STAMP) $(AGENTS_STAMP) system-deps
+	RAAS_AGENTS_VENV=$(AGENTS_VENV) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
+
 # Fault tier: a real server process with real sandboxes, broken on purpose (SIGKILL and restart,
 # a backend killed, an action server killed, a hanging judge, a trainer that hangs up).
 test-faults: $(STAMP) system-deps
@@ -115,4 +134,4 @@ example-grpo: $(STAMP) system-deps
 	$(BIN)/python examples/grpo_cpu/train.py --steps 20 --out out/grpo_cpu
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) $(AGENTS_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -41,6 +41,7 @@ class RunOptions:
     model: str = field(default_factory=lambda: defaults().tokenizer)
     workdir: Path = Path("out/run")
     quiet_server: bool = True
+    agents_venv: Path | None = None  # the in-process service's (ServeSettings.agents_venv)
 
 
 def requests_for(
@@ -79,6 +80,7 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
             "llm": llm,
             "tokenizer": options.model,
             "log_level": "warning" if options.quiet_server else "info",
+            "agents_venv": options.agents_venv,
         }
     )
     server = uvicorn.Server(

@@ -140,6 +140,11 @@ class ServeSettings(BaseSettings):
         " runs $RAAS_APPTAINER_IMAGE from $RAAS_APPTAINER_IMAGES, see `raas images`).",
     )
     warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes kept started ahead.")
+    agents_venv: Path | None = Field(
+        default=None,
+        description="A virtual environment holding agent frameworks that harness tasks run"
+        ' (`"agent": "mini-swe-agent"`); `make agents-venv` builds .venv-agents.',
+    )
     log_level: LogLevel = Field(default="info", description="Logging level.")
 
     @field_validator("llm", mode="before")

@@ -159,7 +159,9 @@ class AgentBackend:
 
     The answer is encoded with the tiny model's tokenizer (SmolLM2's) and ends with its
     end-of-turn token, so raas parses real tool calls out of real token ids. ``latency_s``
-    keeps jobs in flight long enough for a test to break something under them.
+    keeps jobs in flight long enough for a test to break something under them. Each token's
+    logprob is -0.1, or ``logprob(position, token)``; ``returned`` keeps every answer as
+    (prompt ids, token ids, logprobs), what a test compares a recorded trajectory with.
     """
 
     HOLD_S = 600.0  # a test that never releases a held request is stopped by its own deadline
@@ -169,11 +171,11 @@ class AgentBackend:
         script: Callable[[str], str],
         latency_s: float = 0.0,
         hold: Callable[[str], bool] | None = None,
-        logprobs: Callable[[list[int]], list[float]] | None = None,
+        logprob: Callable[[int, int], float] | None = None,
     ) -> None:
         """``hold(prompt_text)`` true: that request is answered only after release() (a job
-        that stays in flight); ``holding`` is set once one waits. ``logprobs(ids)``: the
-        answer's logprobs (-0.1 each by default)."""
+        that stays in flight); ``holding`` is set once one waits. ``logprob(position, token)``:
+        each token's logprob (-0.1 by default)."""
         from raas.llm.chat import encode
         from raas.llm.models import load_tokenizer
 
@@ -181,6 +183,7 @@ class AgentBackend:
         self.calls = 0
         self.holding = threading.Event()
         self._released = threading.Event()
+        self.returned: list[tuple[list[int], list[int], list[float]]] = []
         app = self.app = _server_app("agent")
 
         @app.post("/v1/completions")
@@ -193,6 +196,8 @@ class AgentBackend:
                 self.holding.set()
                 await asyncio.to_thread(self._released.wait, self.HOLD_S)
             ids = encode(tok, script(prompt)) + [tok.eos_token_id]
+            logprobs = [logprob(i, t) if logprob else -0.1 for i, t in enumerate(ids)]
+            self.returned.append((list(body["prompt"]), ids, logprobs))
             return {
                 "id": "cmpl-agent",
                 "object": "text_completion",
@@ -201,9 +206,7 @@ class AgentBackend:
                         "index": 0,
                         "text": "",
                         "token_ids": ids,
-                        "logprobs": {
-                            "token_logprobs": logprobs(ids) if logprobs else [-0.1] * len(ids)
-                        },
+                        "logprobs": {"token_logprobs": logprobs},
                         "finish_reason": "stop",
                     }
                 ],

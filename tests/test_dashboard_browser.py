@@ -52,9 +52,9 @@ def script(prompt: str) -> str:
     return f"{STEP} Done. {call('finish', message='solved')}"
 
 
-def logprobs(ids: list[int]) -> list[float]:
+def logprob(position: int, token: int) -> float:
     """From sure to unsure and back, so that the token view has every shade."""
-    return [-3.0 * (i % 8) / 7 for i in range(len(ids))]
+    return -3.0 * (position % 8) / 7
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Dashboard:
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     tmp = tmp_path_factory.mktemp("dashboard")
-    model = AgentBackend(script, hold=lambda prompt: _is(HELD, prompt), logprobs=logprobs)
+    model = AgentBackend(script, hold=lambda prompt: _is(HELD, prompt), logprob=logprob)
     backend = ServerThread(model.app).start()
     args = ["--api-key", KEY, "--llm", backend.url, "--tokenizer", "tiny", "--max-attempts", "1"]
     server = ServerProcess(tmp / "raas.db", tmp / "serve.log", args)
@@ -180,7 +180,7 @@ def test_a_job_page_shows_the_conversation_and_the_tokens(
     shades = {t.attrs.get("style") for t in tokens if t.attrs["data-mask"] == "1"}
     assert len(shades) == 8, shades
     lp = [t.attrs["title"] for t in tokens if t.attrs["data-mask"] == "1"][1]
-    assert f"logprob {logprobs([0, 0])[1]:.3f}" in lp and f"p {math.exp(-3 / 7):.3f}" in lp
+    assert f"logprob {logprob(1, 0):.3f}" in lp and f"p {math.exp(-3 / 7):.3f}" in lp
 
     browser.screenshot(
         dashboard.page("#/jobs/solved"), SCREENSHOTS / "trajectory.png", size=(1400, 2400)

@@ -238,10 +238,15 @@ async def test_a_bad_request_is_an_openai_error_naming_the_field(
         with pytest.raises(openai.BadRequestError) as err:
             await agent.responses.create(model="m", input=[{"type": "image_generation_call"}])
         assert isinstance(err.value.body, dict) and err.value.body["param"] == "input[0].type"
-        status, _, raw = await session.handle("POST", "/v1/chat/completions", {}, b"{nope")
+        auth = {"authorization": f"Bearer {session.token}"}
+        status, _, raw = await session.handle("POST", "/v1/chat/completions", auth, b"{nope")
         assert status == 400 and "not valid JSON" in json.loads(raw)["error"]["message"]
-        status, _, raw = await session.handle("POST", "/v1/embeddings", {}, b"{}")
+        status, _, raw = await session.handle("POST", "/v1/embeddings", auth, b"{}")
         assert status == 404 and json.loads(raw)["error"]["code"] == "unknown_url"
+        # The session checks the token itself (the sandbox's relay reaches it whatever is sent).
+        for wrong in ({}, {"authorization": "Bearer raas-other"}, {"authorization": "Basic x"}):
+            status, _, raw = await session.handle("POST", "/v1/chat/completions", wrong, b"{}")
+            assert status == 401 and json.loads(raw)["error"]["code"] == "invalid_api_key"
     assert session.calls == 0 and session.segments == []
 
 

@@ -5,9 +5,13 @@ against a fake gateway session that scripts OpenAI answers; EVAL is the wrapped 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig
@@ -15,9 +19,11 @@ from raas.sandbox import BwrapConfig
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.datasets import humaneval_problems
-from raas.tasks.harness import HarnessTask
+from raas.tasks.harness import HarnessContext, HarnessTask
+from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
+from tests.conftest import FIXTURES
 from tests.llm_servers import AgentBackend, ServerThread
 from tests.policies import call
 from tests.probe import WAIT_S
@@ -107,6 +113,7 @@ async def run_job(
     instance: dict[str, Any],
     gateway: FakeGateway | None,
     services: TaskServices | None = None,
+    task: HarnessTask | None = None,
 ) -> dict[str, Any]:
     """One harness job through a pipeline: with a scripted ``gateway`` (no model), or with
     ``services`` whose real gateway generates on their backends."""
@@ -115,7 +122,7 @@ async def run_job(
     if gateway is not None:
         services.gateway = gateway  # type: ignore[assignment]
     registry = TaskRegistry()
-    registry.register(HarnessTask())
+    registry.register(task or HarnessTask())
     store = ResultStore(tmp_path / "raas.db")
     await store.open()
     pipeline = Pipeline(
@@ -212,3 +219,130 @@ async def test_the_reference_agent_through_the_real_gateway_records_a_trajectory
     generated = [t for t, m in zip(traj["response_ids"], traj["loss_mask"], strict=True) if m]
     assert 0 < len(generated) < len(traj["response_ids"])  # the tool output is masked out
     assert all(lp == -0.1 for lp, m in zip(traj["logprobs"], traj["loss_mask"], strict=True) if m)
+
+
+AGENT_INSIDE = "/tmp/raas-test/gateway_agent.py"
+
+
+class FixtureAgentHarness(HarnessTask):
+    """The harness task, with tests/fixtures/gateway_agent.py written into the sandbox at INIT
+    (a bind would need the checkout to be readable by the sandbox's uid)."""
+
+    async def init(self, job: TaskJob) -> HarnessContext:
+        ctx = await super().init(job)
+        try:
+            assert ctx.sandbox is not None
+            await ctx.sandbox.write_file(AGENT_INSIDE, (FIXTURES / "gateway_agent.py").read_text())
+        except BaseException:
+            await self.cleanup(ctx)
+            raise
+        return ctx
+
+
+def outward_address() -> str:
+    """This host's address on its default route (no packet is sent), else a private one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            address = str(s.getsockname()[0])
+        except OSError:
+            return "10.0.0.1"
+    return "10.0.0.1" if address.startswith(("0.", "127.")) else address
+
+
+async def test_the_openai_package_in_a_sandbox_records_exactly_what_the_backend_generated(
+    tmp_path: Path,
+) -> None:
+    """Issue 15's end-to-end test: the real openai package, inside a bwrap sandbox, drives a
+    tool conversation through the relay, the real GatewaySession and backend pool, against a
+    vLLM-protocol model server; then compacts its context, and tries another job's token, the
+    model server's port and an outside address."""
+    instance, solution = humaneval_instance()
+    write = (
+        f"cat > /workspace/solution.py <<'RAAS_EOF'\n{solution}\nRAAS_EOF\necho WRITTEN-$((6*7))"
+    )
+    check = "cd /workspace && python3 -c 'import solution; print(solution.__name__)'"
+
+    def model(prompt: str) -> str:
+        if "Summary of the work so far" in prompt:
+            return "Done." + call("finish", answer="done")
+        return call("bash", command=check if "WRITTEN-42" in prompt else write)
+
+    # Each token its own logprob, so that a shift between tokens and logprobs shows.
+    backend = AgentBackend(model, logprob=lambda i, token: -((token * 7 + i) % 1000 + 1) / 1000)
+    server = ServerThread(backend.app).start()
+    llm = BackendPool()
+    llm.add(server.url, "vllm", 8)
+    services = TaskServices(llm=llm, tokenizer_name="tiny", sandbox_config=BwrapConfig())
+    other = services.gateway.open("job-2", SamplingParams(max_tokens=64), Trajectory())
+    listener = socket.create_server(("0.0.0.0", 0))  # open to the host's network, not to a sandbox
+    address = outward_address()
+    outside = f"{address}:{listener.getsockname()[1]}"
+    if address != "10.0.0.1":  # the host itself reaches it: a refusal inside is the sandbox's
+        socket.create_connection((address, listener.getsockname()[1]), 2).close()
+    command = (
+        f"OTHER_TOKEN={other.token} BACKEND_PORT={server.port} OUTSIDE={outside}"
+        f" python3 -s {AGENT_INSIDE}"
+    )
+    try:
+        result = await run_job(
+            tmp_path, {**instance, "agent_command": command}, None, services, FixtureAgentHarness()
+        )
+    finally:
+        listener.close()
+        await llm.stop()
+        server.stop()
+    assert (result["state"], result["reward"]) == ("done", 1.0), result
+    metrics = result["metrics"]
+    assert metrics["stop_reason"] == "agent_exit_0", metrics["agent_output"]
+    [line] = [x for x in metrics["agent_output"].splitlines() if x.startswith("REPORT ")]
+    report = json.loads(line.removeprefix("REPORT "))
+
+    # Three calls reached the model; the segments hold exactly the tokens it returned.
+    assert len(backend.returned) == 3 and metrics["gateway_calls"] == 3
+    (p1, gen1, lp1), (p2, gen2, lp2), (p3, gen3, lp3) = backend.returned
+    first, second = metrics["segments"]  # the compaction began a second segment
+    assert metrics["gateway_segments"] == 2 and metrics["gateway_drift"] == 0
+    assert first["prompt_ids"] == p1 and second["prompt_ids"] == p3
+    for seg in (first, second):
+        assert len(seg["response_ids"]) == len(seg["loss_mask"]) == len(seg["logprobs"])
+    observation = first["response_ids"][len(gen1) : -len(gen2)]
+    assert first["response_ids"] == gen1 + observation + gen2
+    assert first["loss_mask"] == [1] * len(gen1) + [0] * len(observation) + [1] * len(gen2)
+    assert first["logprobs"] == lp1 + [0.0] * len(observation) + lp2  # one-to-one, in order
+    assert p2 == p1 + gen1 + observation  # the model saw its own tokens again, not a re-render
+    assert "WRITTEN-42" in load_tokenizer("tiny").decode(observation)
+    assert (second["response_ids"], second["loss_mask"], second["logprobs"]) == (
+        gen3, [1] * len(gen3), lp3
+    )  # fmt: skip
+    # The result's trajectory is the first segment.
+    traj = result["trajectory"]
+    assert (traj["response_ids"], traj["logprobs"]) == (first["response_ids"], first["logprobs"])
+    assert [t["segment"] for t in traj["turns"]] == [0, 0, 1]
+    # What the agent got back is what the model generated, logprobs included.
+    assert [c["completion_tokens"] for c in report["calls"]] == [len(gen1), len(gen2), len(gen3)]
+    assert [c["logprobs"] for c in report["calls"]] == [len(gen1), len(gen2), len(gen3)]
+    assert [c["logprob_sum"] for c in report["calls"]] == [
+        round(sum(lp), 6) for lp in (lp1, lp2, lp3)
+    ]
+    assert [c["tools"] for c in report["calls"]] == [["bash"], ["bash"], ["finish"]]
+
+    # Another job's token is refused on every route; neither session was touched by it.
+    assert report["other_token"] == report["no_token"] == {"chat": 401, "responses": 401,
+                                                           "models": 401}  # fmt: skip
+    assert other.calls == 0 and other.segments == [] and other.trajectory.turns == []
+    # No network: neither the model server on the host's loopback nor the host's address.
+    assert report["backend"] == "ConnectionRefusedError"
+    assert report["outside"] != "connected" and report["interfaces"] == ["lo"]
+
+
+async def test_mini_swe_agent_without_an_agents_environment_fails_saying_what_to_build(
+    tmp_path: Path,
+) -> None:
+    instance, _ = humaneval_instance()
+    result = await run_job(tmp_path, {**instance, "agent": "mini-swe-agent"}, FakeGateway([]))
+    assert (result["state"], result["stage_failed"]) == ("failed", "init")
+    assert result["error"]["kind"] == "infra" and "--agents-venv" in result["error"]["message"]
+    with pytest.raises(InvalidInstance) as err:
+        HarnessTask().validate(TaskJob("j", {**instance, "agent": "claude-code"}, {}))
+    assert err.value.loc[:2] == ("instance", "agent")

@@ -125,6 +125,14 @@ async def test_swe_resolves_only_a_real_fix(run: Run) -> None:
     assert nothing["reward"] == 0.0 and nothing["metrics"]["patch_applied"] is False
 
 
+async def test_a_swe_fix_after_running_the_tests_leaves_no_bytecode_in_the_patch(run: Run) -> None:
+    tests = call("bash", command="cd /workspace/repo && python3 -m unittest 2>&1 | tail -1")
+    fixed = await run(SWE, [sed("s/a - b/a + b/"), tests, call("finish")])
+    patch = fixed["metrics"]["artifact"]["patch"]
+    assert (fixed["reward"], fixed["metrics"]["patch_applied"]) == (1.0, True), fixed["metrics"]
+    assert "+    return a + b" in patch and "pycache" not in patch and ".pyc" not in patch
+
+
 async def test_swe_without_an_image_fails_at_init_saying_why(run: Run) -> None:
     real = {**SWE, "repo": "astropy/astropy", "base_commit": "abc123"}
     del real["snapshot"]

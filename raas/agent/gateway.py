@@ -127,7 +127,13 @@ class GatewaySession:
     # -- the one entry point ------------------------------------------------------------------
 
     async def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply:
-        """Serve one request; every failure is an OpenAI-shaped error answer, never a raise."""
+        """Serve one request; every failure is an OpenAI-shaped error answer, never a raise.
+
+        ``headers`` (names in lower case) must carry this session's token: the sandbox's relay
+        reaches this session whatever token the agent sends, so the check is made here.
+        """
+        if not self.authorized(headers):
+            return await unauthorized()
         try:
             path = "/" + path.split("?", 1)[0].strip("/")
             if not path.startswith("/v1/"):
@@ -149,6 +155,12 @@ class GatewaySession:
         except Exception as e:  # a bug must not take the agent's connection down with a 500 page
             err = OpenAIError(500, f"{type(e).__name__}: {e}", None, "server_error")
             return _reply(500, err.body())
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        """Whether ``headers`` hold ``Authorization: Bearer <this session's token>``."""
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        given = token.strip().encode("utf-8", "replace")
+        return scheme.lower() == "bearer" and secrets.compare_digest(given, self.token.encode())
 
     # -- routes -------------------------------------------------------------------------------
 

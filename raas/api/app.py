@@ -75,6 +75,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tokenizer_name=settings.tokenizer,
             sandbox_config=sandbox_config(settings.sandbox, runtime_dir=runtime.path),
             warm_sandboxes=settings.warm_sandboxes,
+            agents_venv=settings.agents_venv,
         )
         pipeline = Pipeline(
             tasks,

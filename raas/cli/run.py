@@ -50,13 +50,18 @@ def demo(model: str) -> None:
     show_default=True,
 )
 @click.option(
+    "--agents-venv",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The in-process service's agents environment (raas serve --agents-venv).",
+)
+@click.option(
     "--replay",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Re-score the results in this file (no model) instead of running.",
 )
 def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: str | None,
         llm: tuple[str, ...], model: str, sampling_params: str | None, timeout_s: float,
-        out: Path, replay: Path | None) -> None:  # fmt: skip
+        out: Path, agents_venv: Path | None, replay: Path | None) -> None:  # fmt: skip
     """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
@@ -86,7 +91,9 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
         for instance_id, old, new in rows:
             console.print(f"{instance_id}: stored reward {old}, re-scored {new}")
         return
-    options = RunOptions(url=url, llm=list(llm), model=model, workdir=out.parent)
+    options = RunOptions(
+        url=url, llm=list(llm), model=model, workdir=out.parent, agents_venv=agents_venv
+    )
     results, wall = run_client(run_tasks(requests, options, console))
     console.print(result_table(results, f"{len(results)} rollouts"))
     console.print(summary(results, wall))

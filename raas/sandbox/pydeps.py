@@ -87,16 +87,21 @@ def python_version() -> str:
 
 
 def staged_binds(
-    distribution: str, dirs: dict[str, str] | None = None, dest: str = DEST
+    distribution: str | None,
+    dirs: dict[str, str] | None = None,
+    dest: str = DEST,
+    bytecode: bool = False,
 ) -> dict[str, str]:
     """Like ``package_binds``, but from a world-readable copy under ``runtime_root()``.
 
     As root, raas runs a sandbox as an unprivileged uid, which may not traverse to the host's
-    site-packages (a clone under a 0700 directory, a home directory); so the closure, and each
-    of ``dirs`` (``{host dir: sandbox path}``), is copied once into a directory of its own whose
-    name is a digest of what it holds, and bound from there. Blocking: call it off the loop.
+    site-packages (a clone under a 0700 directory, a home directory); so the closure (none for
+    ``distribution`` None), and each of ``dirs`` (``{host dir: sandbox path}``), is copied once
+    into a directory of its own whose name is a digest of what it holds, and bound from there.
+    ``bytecode`` keeps the ``__pycache__`` directories: the sandbox cannot write them, and a
+    large package (litellm) imports seconds slower without. Blocking: call it off the loop.
     """
-    key = (distribution, tuple(sorted((dirs or {}).items())), dest)
+    key = (distribution, tuple(sorted((dirs or {}).items())), dest, bytecode)
     binds = dict(_staged(*key))
     if not all(Path(host).exists() for host in binds):  # the copy was removed (a /tmp clean-up)
         _staged.cache_clear()
@@ -106,19 +111,20 @@ def staged_binds(
 
 @functools.cache
 def _staged(
-    distribution: str, dirs_items: tuple[tuple[str, str], ...], dest: str
+    distribution: str | None, dirs_items: tuple[tuple[str, str], ...], dest: str, bytecode: bool
 ) -> tuple[tuple[str, str], ...]:
     # Once a process: the digest walks every file of the closure (thousands of stats), and the
     # installed packages do not change under a running server.
     from raas.sandbox.runtime import runtime_root
 
     dirs = dict(dirs_items)
-    sources = {f"py/{top}": host for top, host in _closure(distribution) if host.exists()}
+    closure = _closure(distribution) if distribution is not None else ()
+    sources = {f"py/{top}": host for top, host in closure if host.exists()}
     sources |= {f"dir{i}": Path(host) for i, host in enumerate(sorted(dirs))}
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"bytecode={bytecode}\n".encode())
     for name, host in sorted(sources.items()):
         for path in sorted(host.rglob("*")) if host.is_dir() else [host]:
-            if path.is_file() and "__pycache__" not in path.parts:
+            if path.is_file() and (bytecode or "__pycache__" not in path.parts):
                 stat = path.stat()
                 digest.update(f"{name}:{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     root = runtime_root() / f"py-{digest.hexdigest()[:16]}"
@@ -129,7 +135,7 @@ def _staged(
                 target = staging / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if host.is_dir():
-                    ignore = shutil.ignore_patterns("__pycache__")
+                    ignore = None if bytecode else shutil.ignore_patterns("__pycache__")
                     shutil.copytree(host, target, ignore=ignore, symlinks=False)
                 else:
                     shutil.copy2(host, target)
@@ -140,7 +146,7 @@ def _staged(
             shutil.rmtree(staging, ignore_errors=True)
             if not root.is_dir():  # another process staged the same set first: that is fine
                 raise
-    binds = {str(root / "py"): dest}
+    binds = {str(root / "py"): dest} if closure else {}
     for i, source in enumerate(sorted(dirs)):
         binds[str(root / f"dir{i}")] = dirs[source]
     return tuple(binds.items())

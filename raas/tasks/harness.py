@@ -3,15 +3,20 @@
 RUN opens a gateway session for the job (``services.gateway.open(job_id, params, trajectory)``;
 the session records every model call into the trajectory), exposes it inside the sandbox
 (``Sandbox.expose``: ``http://127.0.0.1:PORT/v1``, no network), and runs the agent's command
-line (the instance's ``agent_command``, default the reference agent of raas.harness_agents)
-with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the session's token), ``RAAS_MESSAGES`` (the task's
-chat as JSON), ``RAAS_TASK`` (the same as text) and ``RAAS_ANSWER_FILE``, within
-``agent_timeout_s``. EVAL is the judge of the task the instance names (``judge``: code, swe or
-math), on the same artifact that task takes (solution file, patch, answer).
+line with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the session's token), ``RAAS_MESSAGES`` (the
+task's chat as JSON), ``RAAS_TASK`` (the same as text), ``RAAS_ANSWER_FILE`` and
+``RAAS_MAX_TURNS``, within ``agent_timeout_s``. EVAL is the judge of the task the instance names
+(``judge``: code, swe or math), on the same artifact that task takes (solution file, patch,
+answer).
 
-The sandbox's python3 gets ``openai`` and what it requires bound read-only from raas's own
-environment at /.raas/py (raas.sandbox.pydeps), and the agents at /.raas/agents; its compiled
-parts (pydantic_core, jiter) need the sandbox's python3 to be raas's Python minor version.
+The instance's ``agent`` picks a bundled agent: its packages are bound read-only into the
+sandbox, on ``PYTHONPATH``, and its command line is the default one (``agent_command`` replaces
+it). ``reference`` (raas.harness_agents.reference) gets ``openai`` and what it requires from
+raas's own environment at /.raas/py (raas.sandbox.pydeps); ``mini-swe-agent`` gets the
+site-packages of the service's agents environment (``agents_venv``: mini-swe-agent's
+dependencies, litellm's among them, conflict with raas's own) at /.raas/agent-py. Compiled
+parts (pydantic_core, jiter) need the sandbox's python3 to be the environment's Python minor
+version, which is checked first. The agents' launchers are at /.raas/agents.
 """
 
 from __future__ import annotations
@@ -43,14 +48,24 @@ from raas.wire import Trajectory
 
 AGENTS_DIR = Path(__file__).resolve().parent.parent / "harness_agents"
 AGENTS_INSIDE = "/.raas/agents"
+AGENT_PY_INSIDE = "/.raas/agent-py"  # an agents environment's site-packages
 IO_DIR = "/tmp/raas-harness"
 DEFAULT_AGENT_TIMEOUT_S = 600.0
+AgentName = Literal["reference", "mini-swe-agent"]
+COMMANDS: dict[str, str] = {
+    "reference": f"python3 -s {AGENTS_INSIDE}/reference.py",
+    "mini-swe-agent": f"python3 -s {AGENTS_INSIDE}/mini_swe_agent.py",
+}
 
 
 class HarnessInstance(TaskInstance):
     judge: Literal["code", "swe", "math"]
+    agent: AgentName = Field(
+        default="reference",
+        description="A bundled agent: its packages are bound in, its command is the default.",
+    )
     agent_command: str | None = Field(
-        default=None, min_length=1, description="A shell command line; default: the reference."
+        default=None, min_length=1, description="A shell command line; default: the agent's."
     )
     agent_timeout_s: float | None = Field(default=None, gt=0, le=24 * 3600)
 
@@ -58,6 +73,7 @@ class HarnessInstance(TaskInstance):
 @dataclass
 class HarnessContext(AgentContext):
     agent_output: str | None = None  # the end of what the agent program printed
+    agent_site: Path | None = None  # the agents environment's site-packages (not the reference)
     # What the gateway recorded (calls, segments with their tokens, drift), for the result.
     gateway_metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -71,7 +87,7 @@ class HarnessTask(AgentTask):
         "swe": SweTask(),
         "math": MathTask(),
     }
-    default_agent = f"python3 -s {AGENTS_INSIDE}/reference.py"
+    default_max_turns = 20  # model calls the agent may make (RAAS_MAX_TURNS)
 
     def wrapped(self, instance: dict[str, Any]) -> AgentTask:
         return self.judges[str(instance["judge"])]
@@ -87,9 +103,14 @@ class HarnessTask(AgentTask):
     async def init(self, job: TaskJob) -> HarnessContext:
         self.validate(job)
         services = self.services_of(job)
+        agent = HarnessInstance.model_validate(job.instance).agent
         ctx = HarnessContext(job=job)
         try:
-            ctx.sandbox = sandbox = await asyncio.to_thread(_agent_sandbox, services)
+            if agent != "reference":
+                ctx.agent_site = await asyncio.to_thread(agents_site_packages, services)
+            ctx.sandbox = sandbox = await asyncio.to_thread(
+                _agent_sandbox, services, ctx.agent_site
+            )
             ctx.closing.append(sandbox)
             await sandbox.start()
             await self.wrapped(job.instance).setup(ctx)
@@ -105,9 +126,9 @@ class HarnessTask(AgentTask):
         services = self.services_of(job)
         gateway = services.gateway
         instance = HarnessInstance.model_validate(job.instance)
-        command = instance.agent_command or self.default_agent
-        if instance.agent_command is None:
-            await _check_python(sandbox)
+        command = instance.agent_command or COMMANDS[instance.agent]
+        if instance.agent_command is None or instance.agent != "reference":
+            await _check_python(sandbox, ctx.agent_site)
         config = self.loop_config(job)  # the job's sampling and its cap of tokens a call
         params = config.sampling.model_copy(update={"max_tokens": config.max_tokens})
         session = gateway.open(job.job_id, params, ctx.trajectory)
@@ -123,7 +144,8 @@ class HarnessTask(AgentTask):
                 "RAAS_MESSAGES": f"{IO_DIR}/messages.json",
                 "RAAS_TASK": f"{IO_DIR}/task.md",
                 "RAAS_ANSWER_FILE": f"{IO_DIR}/answer.txt",
-                "PYTHONPATH": _pythonpath(sandbox),
+                "RAAS_MAX_TURNS": str(config.max_turns),
+                "PYTHONPATH": _pythonpath(sandbox, ctx.agent_site),
             }
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
             workdir = shlex.quote(sandbox.config.workdir)
@@ -167,33 +189,64 @@ def _harness(context: TaskContext) -> HarnessContext:
     return context
 
 
-def _agent_sandbox(services: TaskServices) -> Sandbox:
-    """A sandbox of the service's kind with openai and the agents bound in (not started;
-    blocking: the first call copies them somewhere the sandbox's uid can read)."""
+def _agent_sandbox(services: TaskServices, site: Path | None) -> Sandbox:
+    """A sandbox of the service's kind with the launchers and the agent's packages (openai's
+    closure, else the agents environment's ``site``) bound in. Not started; blocking: the
+    first call copies them where the sandbox's uid can read."""
     config = services.sandbox_config
     if isinstance(config, BwrapConfig | ApptainerConfig):
-        staged = staged_binds("openai", {str(AGENTS_DIR): AGENTS_INSIDE})
+        launchers = {str(AGENTS_DIR): AGENTS_INSIDE}
+        if site is None:
+            staged = staged_binds("openai", launchers)
+        else:
+            staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
         config = config.model_copy(update={"ro_binds": {**config.ro_binds, **staged}})
     return config.create()
 
 
-def _pythonpath(sandbox: Sandbox) -> str:
-    if isinstance(sandbox.config, BwrapConfig | ApptainerConfig):
+def agents_site_packages(services: TaskServices) -> Path:
+    """The site-packages of the service's agents environment (where mini-swe-agent lives)."""
+    venv = services.agents_venv
+    if venv is None:
+        raise SandboxError(
+            "the mini-swe-agent agent needs an agents environment: start raas serve with"
+            " --agents-venv DIR (RAAS_AGENTS_VENV), a virtual environment holding"
+            " mini-swe-agent (`make agents-venv` builds .venv-agents)"
+        )
+    found = sorted(Path(venv).glob("lib/python3.*/site-packages"))
+    if len(found) != 1 or not (found[0] / "minisweagent").is_dir():
+        raise SandboxError(
+            f"agents_venv {venv} is not a virtual environment with mini-swe-agent installed"
+            " (`make agents-venv` builds one)"
+        )
+    return found[0]
+
+
+def _pythonpath(sandbox: Sandbox, site: Path | None) -> str:
+    bound = isinstance(sandbox.config, BwrapConfig | ApptainerConfig)
+    if site is not None:
+        return AGENT_PY_INSIDE if bound else str(site)
+    if bound:
         return DEST
     return ":".join(package_dirs("openai"))  # the local provider: host paths
 
 
-async def _check_python(sandbox: Sandbox) -> None:
+async def _check_python(sandbox: Sandbox, site: Path | None) -> None:
+    if site is None:
+        want, where = python_version(), "raas's Python"
+        remedy = "give the instance an agent_command with its own environment"
+    else:  # .../lib/python3.11/site-packages
+        want, where = site.parent.name.removeprefix("python"), "the agents environment's Python"
+        remedy = "build the agents environment (--agents-venv) with the sandbox's Python"
     result = await sandbox.bash(
         "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'", timeout_s=30
     )
     version = result.output.strip()
-    if version != python_version():
+    if version != want:
         raise SandboxError(
-            f"the sandbox's python3 is {version or 'missing'}, raas's Python is"
-            f" {python_version()}: the openai package bound in from raas's environment has"
-            " compiled parts (pydantic_core, jiter) that load only into the same minor version;"
-            " give the instance an agent_command with its own environment"
+            f"the sandbox's python3 is {version or 'missing'}, {where} is {want}: the packages"
+            " bound in from there have compiled parts (pydantic_core, jiter) that load only"
+            f" into the same minor version; {remedy}"
         )
 
 

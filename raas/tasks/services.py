@@ -6,6 +6,7 @@ import asyncio
 import functools
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from raas.agent.gateway import Gateway
@@ -19,6 +20,9 @@ class TaskServices:
     tokenizer_name: str = "smollm2"
     sandbox_config: SandboxConfig = field(default_factory=BwrapConfig)
     warm_sandboxes: int = 0
+    # A virtual environment holding agent frameworks for harness tasks (mini-swe-agent), whose
+    # dependencies conflict with raas's own; its site-packages is bound into their sandboxes.
+    agents_venv: Path | None = None
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.

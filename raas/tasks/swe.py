@@ -66,12 +66,15 @@ def is_test_file(path: str) -> bool:
 
 
 async def materialise(sandbox: Sandbox, files: dict[str, str]) -> None:
-    """The snapshot as a git checkout with one commit, tagged ``base``."""
+    """The snapshot as a git checkout with one commit, tagged ``base``. Python's bytecode is
+    ignored (as a repository's .gitignore would): an agent that ran the tests must not put
+    binary .pyc files into its patch, which would then not apply."""
     for path, content in sorted(files.items()):
         await sandbox.write_file(f"{REPO}/{path}", content)
     result = await sandbox.bash(
-        f"cd {REPO} && git init -q && git config user.email agent@raas && git config"
-        " user.name agent && git add -A && git commit -q -m base && git tag base && echo ok"
+        f"cd {REPO} && git init -q && printf '__pycache__/\\n*.py[co]\\n' >> .git/info/exclude"
+        " && git config user.email agent@raas && git config user.name agent && git add -A"
+        " && git commit -q -m base && git tag base && echo ok"
     )
     if result.exit_code != 0:
         raise SandboxError(f"could not make the git checkout: {result.output[-500:]}")
