@@ -133,12 +133,13 @@ def overlay_venv(venv: Path) -> None:
     pip.write_text(f"#!{python}\nimport sys\nfrom pip._internal.cli.main import main\n"
                    "sys.exit(main())\n")  # fmt: skip
     pip.chmod(0o755)
-    subprocess.run(
+    install = subprocess.run(
         [pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", ROOT],
-        check=True,
         timeout=300,
         capture_output=True,
+        text=True,
     )
+    assert install.returncode == 0, f"installing the checkout into {venv}:\n{install.stderr}"
 
 
 def tracked_entries() -> list[str]:
