@@ -87,8 +87,8 @@ agents-venv: $(AGENTS_STAMP)
 test-harness-agents: $(STAMP) $(AGENTS_STAMP) system-deps
 	RAAS_AGENTS_VENV=$(AGENTS_VENV) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
 
-# README tier: the README's shell blocks that start SmolLM2 on the CPU (the others run in make
-# test), each as written, in a scratch directory with a .venv of its own (tests/test_readme.py).
+# README tier: the README's shell blocks too slow for make test (SmolLM2 on the CPU, the agents'
+# venv; the others run in make test), each as written, in a scratch directory with a .venv of its own (tests/test_readme.py).
 test-readme: $(STAMP) system-deps
 	$(BIN)/pytest -q -m readme tests/test_readme.py
 

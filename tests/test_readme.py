@@ -6,13 +6,14 @@ and ``scripts/...`` resolve, while what a block writes stays there), with a ``.v
 own: an overlay of the running environment's packages with this checkout installed editable, so
 ``.venv/bin/raas`` is the code under test and a block's ``pip install`` changes nothing outside.
 A block runs in a process group of its own, and in a network namespace of its own when the test
-runs as root (its fixed ports, 8000 and up, collide with nothing); whatever it started in the
-background is killed when it ends, and the test fails if any of it survives.
+runs as root (its fixed ports, 8000 and up, collide with nothing), unless it downloads
+(``NETWORK``); whatever it started in the background is killed when it ends, and the test fails
+if any of it survives.
 
 A block that is not listed below runs in the default suite. ``SKIP`` lists the blocks that do
-not run here and why; ``HEAVY`` the ones that start SmolLM2 on the CPU, which run with
-``make test-readme`` (marker ``readme``). A listed block that is no longer in the README fails
-the listing test, so the lists cannot go stale.
+not run here and why; ``HEAVY`` the ones too slow for ``make test`` (SmolLM2 on the CPU, the
+agents' environment), which run with ``make test-readme`` (marker ``readme``). A listed block
+that is no longer in the README fails the listing test, so the lists cannot go stale.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ HEAVY = {
     " converts the model on a first start, then 8 HumanEval rollouts",
     "The embedded engine :: .venv/bin/raas engine --model smollm2 --port 8001 &": "starts"
     " SmolLM2 on the CPU",
+    "Agents raas did not write: the gateway and harness tasks :: make agents-venv": "builds"
+    " .venv-agents from PyPI (about 730 MB, minutes), then mini-swe-agent's rollout",
+}
+# Blocks that download (pip): they run on the host's network, not in a namespace of their own.
+# None of them listens on a fixed port.
+NETWORK = {
+    "Writing a task :: .venv/bin/pip install --quiet -e examples/my_task",
+    "Agents raas did not write: the gateway and harness tasks :: make agents-venv",
 }
 # What a block's output must hold, beyond its exit status (matched with runs of whitespace as
 # one space: rich folds lines off a terminal).
@@ -56,6 +65,10 @@ EXPECT = {
         r'"job_id":"cd-7","state":"done","stage":null,"result":\{',
         r"1 results in results\.jsonl: done 1",
         r"wrote 2 results to rollouts\.parquet",
+    ],
+    "Dashboard :: export RAAS_API_KEY=$(python3 -c 'import secrets;"
+    " print(secrets.token_hex(16))')": [
+        r"\b401 open http://localhost:8003/ui\?key=[0-9a-f]{32}",
     ],
     "Writing a task :: .venv/bin/pip install --quiet -e examples/my_task": [
         r"errors done \S+ 1 \d+ \S+",  # the table: task, state, reward, turns, tokens, why
@@ -112,7 +125,7 @@ BLOCKS = bash_blocks(README.read_text())
 def test_the_lists_name_blocks_that_exist() -> None:
     keys = [b.key for b in BLOCKS]
     assert len(set(keys)) == len(keys), "two blocks share a key: give one another first line"
-    for listed in (SKIP, HEAVY, EXPECT):
+    for listed in (SKIP, HEAVY, EXPECT, NETWORK):
         assert set(listed) <= set(keys), set(listed) - set(keys)
     assert not set(SKIP) & set(HEAVY)
 
@@ -224,7 +237,8 @@ def run_block(block: Block, cwd: Path, deadline_s: float) -> Outcome:
     script = cwd / f"readme-block-{block.line}.sh"
     script.write_text(block.text)
     command = ["bash", "-e", "-o", "pipefail", str(script)]
-    if NETNS:  # loopback of its own: the block's fixed ports are free, its servers unreachable
+    if NETNS and block.key not in NETWORK:
+        # loopback of its own: the block's fixed ports are free, its servers unreachable
         command = [
             "unshare",
             "--net",
