@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
+.PHONY: demo test test-readme test-faults test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,11 @@ agents-venv: $(AGENTS_STAMP)
 # mini-swe-agent, unmodified, in a bwrap sandbox against raas's gateway (a scripted model).
 test-harness-agents: $(STAMP) $(AGENTS_STAMP) system-deps
 	RAAS_AGENTS_VENV=$(AGENTS_VENV) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
+
+# README tier: the README's shell blocks too slow for make test (SmolLM2 on the CPU, the agents'
+# venv; the others run in make test), each as written, in a scratch directory with a .venv of its own (tests/test_readme.py).
+test-readme: $(STAMP) system-deps
+	$(BIN)/pytest -q -m readme tests/test_readme.py
 
 # Fault tier: a real server process with real sandboxes, broken on purpose (SIGKILL and restart,
 # a backend killed, an action server killed, a hanging judge, a trainer that hangs up).

@@ -11,7 +11,8 @@ import pytest
 
 # What `raas.client` may load of raas: itself, the wire types and the shared helpers.
 ALLOWED_RAAS = ("raas", "raas.client", "raas.wire", "raas.helpers")
-FORBIDDEN = ("fastapi", "starlette", "uvicorn", "torch", "transformers")
+# The metrics logger imports tensorboard and wandb only when asked to write to them.
+FORBIDDEN = ("fastapi", "starlette", "uvicorn", "torch", "transformers", "tensorboard", "wandb")
 
 CHECK = """
 import importlib, json, sys
@@ -31,6 +32,7 @@ print(json.dumps(bad))
     [
         "raas.client",
         "raas.client.batch",
+        "raas.client.metrics",
         "raas.client.integrations.trl",
         "raas.client.integrations.verl_bridge",
     ],

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from raas.sandbox import Sandbox, SandboxError, ToolError
 
@@ -16,7 +17,13 @@ class ToolOutcome:
     answer: str | None = None
 
 
+@runtime_checkable
 class Tool(Protocol):
+    """A tool: its name, description and JSON-schema parameters are what the model is shown;
+    a call gets the parsed arguments and the job's sandbox (None for tasks without one). A
+    mistake of the model's (a bad argument, a refused action) is best returned as an
+    observation, or raised as ToolError, so the model can correct itself."""
+
     name: str
     description: str
     parameters: dict[str, Any]
@@ -129,11 +136,24 @@ BUILTIN_TOOLS: dict[str, Tool] = {
 }
 
 
-def select_tools(names: list[str]) -> dict[str, Tool]:
-    unknown = [n for n in names if n not in BUILTIN_TOOLS]
+def select_tools(tools: Iterable[str | Tool]) -> dict[str, Tool]:
+    """The tools by name, in order: each a built-in tool's name or a Tool object (a task's own)."""
+    items = list(tools)
+    unknown = [t for t in items if isinstance(t, str) and t not in BUILTIN_TOOLS]
     if unknown:
         raise ValueError(f"unknown tools {unknown} (have: {', '.join(BUILTIN_TOOLS)})")
-    return {n: BUILTIN_TOOLS[n] for n in names}
+    chosen: dict[str, Tool] = {}
+    for item in items:
+        tool = BUILTIN_TOOLS[item] if isinstance(item, str) else item
+        if not (isinstance(tool, Tool) and callable(tool) and isinstance(tool.parameters, dict)):
+            raise TypeError(
+                f"{item!r} is not a tool: it needs name, description, parameters (a JSON schema)"
+                " and async __call__(args, sandbox)"
+            )
+        if tool.name in chosen:
+            raise ValueError(f"two tools are named {tool.name!r}")
+        chosen[tool.name] = tool
+    return chosen
 
 
 async def call_tool(

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raas.agent.loop import LoopParams
-from raas.agent.tools import BUILTIN_TOOLS, schema
+from raas.agent.tools import schema, select_tools
 from raas.tasks import TaskHandler, TaskRegistry, UnknownTask
 from raas.tasks.protocol import InvalidInstance
 from raas.wire import ProRLMessage, ProRLResult, ProRLTiming, RolloutResult, Trajectory
@@ -162,10 +162,11 @@ def prorl_call(
 
 def tool_schemas(handler: TaskHandler | None) -> list[dict[str, Any]]:
     """The tools an agent task shows the model, as ChatCompletion function schemas."""
-    names = getattr(handler, "tools", ())
-    if not isinstance(names, tuple | list):
+    tools = getattr(handler, "tools", ())
+    try:
+        return [schema(tool) for tool in select_tools(tools).values()]
+    except (TypeError, ValueError):  # not an agent task's tools
         return []
-    return [schema(BUILTIN_TOOLS[n]) for n in names if isinstance(n, str) and n in BUILTIN_TOOLS]
 
 
 def _echo(value: Any) -> str | int | None:

@@ -3,6 +3,7 @@ helpers only."""
 
 from raas.client.batch import Batch, to_batch
 from raas.client.dapo import DapoReport, collect_groups, reward_varies
+from raas.client.metrics import MetricsLogger, dapo_metrics, rollout_metrics
 from raas.client.rollout_client import Group, RolloutClient, ServerDown, SyncRolloutClient
 from raas.client.single_server import AsyncRolloutClient, RaasHTTPError
 from raas.helpers import ServerListError, read_server_list
@@ -13,6 +14,7 @@ __all__ = [
     "Batch",
     "DapoReport",
     "Group",
+    "MetricsLogger",
     "RaasHTTPError",
     "RolloutClient",
     "RolloutRequest",
@@ -21,7 +23,9 @@ __all__ = [
     "ServerListError",
     "SyncRolloutClient",
     "collect_groups",
+    "dapo_metrics",
     "read_server_list",
     "reward_varies",
+    "rollout_metrics",
     "to_batch",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from raas.agent.loop import AgentLoop, LoopConfig, LoopParams
-from raas.agent.tools import select_tools
+from raas.agent.tools import Tool, select_tools
 from raas.sandbox import Sandbox
 from raas.tasks.protocol import (
     RewardInfo,
@@ -44,10 +44,15 @@ class AgentTask:
     # keys (the sampling keys and the loop's limits). Any other sampling key is an error.
     instance_model: ClassVar[type[TaskInstance]] = TaskInstance
     params_model: ClassVar[type[LoopParams]] = LoopParams
-    tools: ClassVar[tuple[str, ...]] = ("bash", "editor", "finish", "think")
+    # The tools the model gets: built-in tools by name, or Tool objects (see raas.agent.tools).
+    tools: ClassVar[tuple[str | Tool, ...]] = ("bash", "editor", "finish", "think")
     needs_sandbox: ClassVar[bool] = True
     system_prompt: ClassVar[str] = "You are a capable agent. Use the tools to solve the task."
     default_max_turns: ClassVar[int] = 8
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        select_tools(cls.tools)  # a misnamed or malformed tool fails where the task is defined
 
     # -- what subclasses provide ---------------------------------------------------------------
 
@@ -109,7 +114,7 @@ class AgentTask:
         loop = AgentLoop(
             services.llm,
             tokenizer,
-            select_tools(list(self.tools)),
+            select_tools(self.tools),
             ctx.sandbox,
             self.loop_config(ctx.job),
         )
