@@ -13,10 +13,10 @@ from pathlib import Path
 from rich.console import Console
 
 from raas.client.task_files import write_results
-from raas.run import RunOptions, requests_for, result_table, run_tasks, summary
+from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled
 
-DEMO_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "max_tokens": 256, "max_turns": 4, "seed": 0}
+DEMO_SAMPLING = {**CPU_SAMPLING, "temperature": 0.7, "top_p": 0.95, "seed": 0}
 
 
 def run_demo(model: str = "smollm2", workdir: Path = Path("out/demo")) -> int:

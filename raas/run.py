@@ -33,6 +33,11 @@ from raas.tasks.agentic import AgentTask
 from raas.tasks.services import TaskServices
 from raas.wire import RolloutRequest, RolloutResult
 
+# Sampling for a run on the embedded CPU engine, under the tasks' own: SmolLM2-135M generates about
+# 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
+# tasks' defaults, 512 tokens a turn and 8 turns, kept a first run silent for minutes).
+CPU_SAMPLING: dict[str, Any] = {"max_tokens": 256, "max_turns": 4}
+
 
 @dataclass
 class RunOptions:
@@ -173,6 +178,7 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     passed = sum(1 for r in rewards if r >= 1.0)
     tokens = sum(generated_tokens(r) for r in results)
+    wall_s = max(wall_s, 1e-9)  # an empty task file finishes at once
     return (
         f"{len(results)} rollouts in {wall_s:.1f} s ({60 * len(results) / wall_s:.1f} per minute,"
         f" {tokens / wall_s:.1f} generated tokens/s): mean reward {mean:.3f}, pass rate"

@@ -7,12 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from raas.cli import main
 from raas.helpers import free_port
 from raas.settings import ServeSettings
 from raas.store.sqlite import connect
+from raas.wire import RolloutRequest
 
 
 def test_serve_help_shows_each_default_once_from_the_model() -> None:
@@ -126,3 +128,31 @@ def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> No
     assert lines[0] == "tasks.jsonl: 2 jobs"
     assert any(line.startswith("tasks.jsonl: 0/2 finished (0 not done)") for line in lines)
     assert lines[-1].startswith("tasks.jsonl: 2/2 finished (1 not done)")
+
+
+def test_raas_run_on_the_cpu_engine_sizes_sampling_for_it_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --url or --llm raas run starts the CPU engine: jobs get 256 tokens a turn and 4
+    turns under the user's own params, and it says so; with a server given, the tasks' own."""
+    import raas.run
+
+    sent: list[RolloutRequest] = []
+
+    async def capture(requests: list[RolloutRequest], *args: object) -> tuple[list[object], float]:
+        sent.extend(requests)
+        return [], 0.0
+
+    monkeypatch.setattr(raas.run, "run_tasks", capture)
+    out = str(tmp_path / "r.jsonl")
+    base = ["run", "--bundled", "math", "--limit", "1", "--out", out]
+    cpu = CliRunner().invoke(main, [*base, "--sampling-params", '{"max_turns": 2}'])
+    assert cpu.exit_code == 0, cpu.output
+    assert "256 tokens a turn, 2 turns" in " ".join(cpu.output.split())
+    assert sent.pop().sampling_params == {"max_tokens": 256, "max_turns": 2}
+    remote = CliRunner().invoke(main, [*base, "--url", "http://127.0.0.1:9"])
+    assert remote.exit_code == 0, remote.output
+    assert "tokens a turn" not in remote.output
+    assert sent.pop().sampling_params == {}
+    bad = CliRunner().invoke(main, [*base, "--sampling-params", "[1]"])
+    assert bad.exit_code == 2 and "must be a JSON object" in bad.output

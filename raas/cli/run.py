@@ -41,7 +41,12 @@ def demo(model: str) -> None:
     show_default=True,
     help="Model (and tokenizer) of the embedded engine started when no --llm is given.",
 )
-@click.option("--sampling-params", default=None, help="JSON object merged under each task's own.")
+@click.option(
+    "--sampling-params",
+    default=None,
+    help="JSON object merged under each task's own. Without --url or --llm (the embedded CPU"
+    ' engine) it starts from {"max_tokens": 256, "max_turns": 4}.',
+)
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-job budget.")
 @click.option(
     "--out",
@@ -67,7 +72,7 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
     from rich.console import Console
 
     from raas.client.task_files import write_results
-    from raas.run import RunOptions, requests_for, result_table, run_tasks, summary
+    from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled, load_file
 
@@ -82,10 +87,20 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
     try:
         items = load_file(tasks) if tasks is not None else bundled(str(bundled_name))
         params = json.loads(sampling_params) if sampling_params else {}
+        if not isinstance(params, dict):
+            raise ValueError("--sampling-params must be a JSON object")
+        on_cpu = url is None and not llm and replay is None
+        if on_cpu:
+            params = {**CPU_SAMPLING, **params}
         requests = requests_for(items[:limit] if limit else items, params, timeout_s)
     except (DatasetError, json.JSONDecodeError, ValueError) as e:
         raise click.UsageError(str(e)) from e
     console = Console()
+    if on_cpu:
+        console.print(
+            f"sampling sized for the CPU engine: {params['max_tokens']} tokens a turn,"
+            f" {params['max_turns']} turns (--sampling-params sets others)"
+        )
     if replay is not None:
         rows = asyncio.run(do_replay(items, replay, console))
         for instance_id, old, new in rows:
