@@ -185,8 +185,10 @@ async def test_stem_reward_both_ways(run: Run) -> None:
         await run(choice, [call("finish", answer="(A)")]),
         await run(numeric, [call("finish", answer="6.02 m/s")]),
         await run(numeric, [call("finish", answer="12 m/s")]),
+        await run(numeric, [call("finish", answer="12 or 6 m/s")]),  # a hedge
+        await run(numeric, ["So v = 3 * 2 = 6 m/s."]),  # a reply's end: its last number
     ]
-    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize(
