@@ -146,6 +146,7 @@ def run_both(sides: dict[str, Side], tasks: dict[str, list[GoldTask]]) -> dict[s
     gold, sabotaged = asyncio.run(go())
     wall = time.perf_counter() - start
     failures: list[str] = []
+    retried: list[str] = []  # infra failures (no verdict on the task), run again
     passed: Counter[str] = Counter()
     total: Counter[str] = Counter()
     for name, results in (("gold", gold), ("sabotaged", sabotaged)):
@@ -153,6 +154,7 @@ def run_both(sides: dict[str, Side], tasks: dict[str, list[GoldTask]]) -> dict[s
         for task, result in zip(tasks[name], results, strict=True):
             key = f"{task.kind} {name}"
             total[key] += 1
+            retried += [f"{task.instance_id} ({name}): {e.message}" for e in result.attempt_errors]
             problems = problems_of(result, side.oracle, expected_reward(name))
             if problems:
                 way = side.oracle.way(task)
@@ -160,7 +162,8 @@ def run_both(sides: dict[str, Side], tasks: dict[str, list[GoldTask]]) -> dict[s
                 failures += [f"{label}: {p}" for p in problems]
             else:
                 passed[key] += 1
-    return {"failures": failures, "passed": passed, "total": total, "wall_s": wall}
+    return {"failures": failures, "retried": retried, "passed": passed, "total": total,
+            "wall_s": wall}  # fmt: skip
 
 
 def report(outcome: dict[str, Any]) -> str:
@@ -168,6 +171,7 @@ def report(outcome: dict[str, Any]) -> str:
         f"{key}: {outcome['passed'][key]}/{n} as expected" for key, n in outcome["total"].items()
     ]
     lines.append(f"{sum(outcome['total'].values())} rollouts in {outcome['wall_s']:.0f} s")
+    lines += [f"run again after an infra failure: {r}" for r in outcome["retried"]]
     return "\n".join(lines)
 
 
