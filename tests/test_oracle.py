@@ -228,3 +228,45 @@ def test_the_oracle_demo_scores_its_sabotage_zero(tmp_path: Path) -> None:
     want = [0.0 if sabotage_of(r["data_source"], r["instance_id"], 0.5, 0) else 1.0
             for r in results]  # fmt: skip
     assert [r["reward"] for r in results] == want and 0.0 in want and 1.0 in want
+
+
+class OracleGenerator:
+    """The oracle in-process, as the agent loop's LLM."""
+
+    def __init__(self, oracle: Oracle) -> None:
+        self.oracle = oracle
+
+    async def generate(self, session: str, prompt_ids: list[int], params: Any) -> Any:
+        from raas.llm.types import Generation
+
+        out = self.oracle.generate(prompt_ids, params.max_tokens, frozenset(params.stop_token_ids))
+        return Generation(out.token_ids, out.logprobs, out.finish_reason, backend="oracle")
+
+
+async def test_the_bookkeeping_check_catches_a_misplaced_mask_or_logprob() -> None:
+    """The tier's check of the tokens, on a trajectory of the real loop (stem: no sandbox)."""
+    from raas.agent.loop import AgentLoop, LoopConfig
+    from raas.agent.tools import select_tools
+    from raas.oracle.catalogue import HANDLERS
+    from raas.wire import Trajectory
+
+    oracle = Oracle(load_tokenizer("oracle"))
+    task = gold_tasks("stem")[0]
+    handler = HANDLERS["stem"]
+    loop = AgentLoop(OracleGenerator(oracle), oracle.tokenizer,
+                     select_tools(list(handler.tools)), None, LoopConfig())  # fmt: skip
+    traj = Trajectory()
+    await loop.run("s", handler.messages(task.instance), traj)
+    result = RolloutResult.model_validate(
+        {"job_id": "s", "state": "done", "reward": 1.0, "instance_id": task.instance_id,
+         "trajectory": traj.model_dump(), "data_source": "stem",
+         "timing": {"queue_s": 0, "init_s": 0, "run_s": 0, "eval_s": 0, "total_s": 0}}
+    )  # fmt: skip
+    assert problems_of(result, oracle, 1.0) == []
+    assert problems_of(result, oracle, 0.0)[0].startswith("reward 1.0, not 0.0")
+    masked = result.model_copy(deep=True)
+    masked.trajectory.loss_mask[0] = 0
+    assert "loss_mask is not 1 exactly" in " ".join(bookkeeping_problems(masked, oracle))
+    shifted = result.model_copy(deep=True)
+    shifted.trajectory.logprobs = shifted.trajectory.logprobs[1:] + [0.0]
+    assert "logprobs are not the oracle's" in " ".join(bookkeeping_problems(shifted, oracle))
