@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-readme test-faults test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
+.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -96,6 +96,11 @@ test-readme: $(STAMP) system-deps
 # a backend killed, an action server killed, a hanging judge, a trainer that hangs up).
 test-faults: $(STAMP) system-deps
 	$(BIN)/pytest -q -m faults tests/test_faults.py
+
+# Oracle tier: every bundled task (164 + 24 + 200 + 120) through a real server with the oracle
+# policy (raas.oracle), gold and sabotaged; -s shows the per-kind counts.
+test-oracle: $(STAMP) system-deps
+	$(BIN)/pytest -q -s -m oracle tests/test_oracle.py
 
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)

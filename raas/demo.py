@@ -3,30 +3,66 @@
 It starts the embedded engine with SmolLM2-135M-Instruct and the service, and runs a small mix
 of bundled code, SWE-style and math tasks in real bubblewrap sandboxes. The small model rarely
 solves one: the rewards are what the tests and answer checks say.
+
+``raas demo --oracle`` runs the same mix, and two stem questions, with the oracle policy
+(``raas.oracle``) in the engine's place: gold tool-call trajectories through the same path, so
+every reward is 1.0 unless ``--sabotage`` makes some answers wrong on purpose (those must be 0.0).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from raas.client.task_files import write_results
+from raas.oracle.sabotage import sabotage_of
 from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled
 
 DEMO_SAMPLING = {**CPU_SAMPLING, "temperature": 0.7, "top_p": 0.95, "seed": 0}
+# The oracle's trajectories take the tasks' own turn limits (up to 6 turns for swe) and write a
+# whole patch or function in a turn.
+ORACLE_SAMPLING = {"max_tokens": 1024, "seed": 0}
 
 
-def run_demo(model: str = "smollm2", workdir: Path = Path("out/demo")) -> int:
+def demo_tasks(model: str) -> list[dict[str, Any]]:
+    tasks = bundled("demo")
+    if model == "oracle":
+        tasks += random.Random(0).sample(bundled("stem"), 2)
+    return tasks
+
+
+def run_demo(
+    model: str = "smollm2", workdir: Path = Path("out/demo"), engine_args: list[str] | None = None
+) -> int:
     console = Console(width=max(Console().width, 120))
-    requests = requests_for(bundled("demo"), DEMO_SAMPLING, timeout_s=300)
-    options = RunOptions(model=model, workdir=workdir)
+    sampling = ORACLE_SAMPLING if model == "oracle" else DEMO_SAMPLING
+    requests = requests_for(demo_tasks(model), sampling, timeout_s=300)
+    options = RunOptions(model=model, workdir=workdir, engine_args=list(engine_args or []))
     results, wall = asyncio.run(run_tasks(requests, options, console))
-    console.print(result_table(results, f"raas demo: {model} on bundled code, swe and math tasks"))
+    kinds = "code, swe, math and stem" if model == "oracle" else "code, swe and math"
+    console.print(result_table(results, f"raas demo: {model} on bundled {kinds} tasks"))
     console.print(summary(results, wall))
+    if model == "oracle":
+        console.print(sabotaged_line(results, options.engine_args))
     out = workdir / "results.jsonl"
     write_results(results, out)
     console.print(f"results (trajectories with token ids, masks, logprobs) in {out}")
     return 0 if all(r.state in {"done", "failed", "timeout"} for r in results) else 1
+
+
+def sabotaged_line(results: list[Any], engine_args: list[str]) -> str:
+    """Which rollouts the oracle answered wrong on purpose (they must score 0.0)."""
+    fraction = float(engine_args[engine_args.index("--sabotage") + 1]) if engine_args else 0.0
+    wrong = [
+        f"{r.instance_id} ({way}: reward {r.reward})"
+        for r in results
+        if (way := sabotage_of(r.data_source, str(r.instance_id), fraction, 0)) is not None
+    ]
+    if not wrong:
+        return "the oracle answered every task with its gold trajectory (each should score 1.0)"
+    return "answered wrong on purpose (each should score 0.0): " + ", ".join(wrong)

@@ -47,6 +47,7 @@ class RunOptions:
     workdir: Path = Path("out/run")
     quiet_server: bool = True
     agents_venv: Path | None = None  # the in-process service's (ServeSettings.agents_venv)
+    engine_args: list[str] = field(default_factory=list)  # for the engine started here
 
 
 def requests_for(
@@ -73,7 +74,9 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
     llm = list(options.llm)
     if not llm:
         console.print(f"starting the embedded engine with {options.model} ...")
-        engine = EngineProcess(options.model, options.workdir / "engine.log")
+        engine = EngineProcess(
+            options.model, options.workdir / "engine.log", extra_args=options.engine_args
+        )
         await asyncio.to_thread(engine.wait_ready, 600.0)
         llm = [engine.url]
     port = free_port()

@@ -291,6 +291,21 @@ def test_check_numeric_tolerances() -> None:
     assert parse_number("1,23") == 23.0  # not a thousands separator: two numbers
 
 
+@pytest.mark.parametrize(
+    ("prediction", "right"),
+    [
+        ("3.1 or 3.2", False),  # a hedge: its last number is right, the answer is not
+        ("between 3 and 3.2", False),
+        ("3.2 m/s^2", True),  # the exponent is no second value
+        ("3.2 m/s (3.19 m/s)", True),  # within the tolerance
+        (r"3.2 \times 10^{0} J", True),
+    ],
+)
+def test_check_numeric_one_value(prediction: str, right: bool) -> None:
+    assert check_numeric(prediction, 3.2, one_value=True) is right
+    assert check_numeric(prediction, 3.2)  # read by its last number, each is right
+
+
 # --- the bundled sets -----------------------------------------------------------------------------
 
 MATH = load("math_bundle.jsonl")

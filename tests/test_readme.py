@@ -61,6 +61,9 @@ NETWORK = {
 # What a block's output must hold, beyond its exit status (matched with runs of whitespace as
 # one space: rich folds lines off a terminal).
 EXPECT = {
+    "Two commands :: .venv/bin/raas demo --oracle": [
+        r"mean reward 1\.000, pass rate 10/10; done 10",
+    ],
     "Using it :: .venv/bin/raas serve --port 8000 --run-workers 8 --eval-workers 32 &": [
         r'"job_id":"cd-7","state":"done","stage":null,"result":\{',
         r"1 results in results\.jsonl: done 1",

@@ -10,6 +10,8 @@ import asyncio
 import os
 import re
 import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -188,6 +190,38 @@ async def test_close_kills_every_process_of_that_sandbox_and_no_other(
     finally:
         await b.close()
     assert not any(procs.alive(p) for p in b_pids)
+
+
+UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork"]
+
+
+def test_a_pinned_namespace_keeps_its_number_after_its_processes_died() -> None:
+    """The kernel gives a freed namespace's number to the next namespace made (often the very
+    next); a sandbox closing by "kill everything in namespace N" then killed a sandbox that had
+    just started in the reused N. Pinned (as a sandbox pins its own until closed), N stays taken.
+    """
+    holder = subprocess.Popen([*UNSHARE, "sleep", "100"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not (children := procs.children_of(holder.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        number = procs.pid_namespace(children[0])
+        assert number is not None
+        pin = procs.pin_namespace(number, holder.pid)
+        assert pin is not None
+    finally:
+        procs.kill(set(procs.children_of(holder.pid)))
+        holder.wait(10)
+    try:
+        made = []
+        for _ in range(10):  # new namespaces, each reading its own number
+            out = subprocess.run([*UNSHARE, "readlink", "/proc/self/ns/pid"], text=True,
+                                 capture_output=True, timeout=10).stdout  # fmt: skip
+            made.append(int(out.strip().removeprefix("pid:[").removesuffix("]")))
+        assert number not in made
+    finally:
+        os.close(pin)
 
 
 async def test_editor(sandbox: Sandbox) -> None:

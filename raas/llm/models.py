@@ -31,6 +31,9 @@ TINY_INIT_RANGE = 0.3  # peaked enough that greedy decoding depends on the conte
 TINY_VERSION = f"seed={TINY_SEED} init={TINY_INIT_RANGE}"
 TINY_VERSION_FILE = "raas_tiny_version.txt"
 MODEL_MARKER = "model.safetensors"
+# Names whose tokenizer is SmolLM2's: the model itself, the tiny test model, and the oracle policy
+# (raas.oracle, which has no weights: `raas engine --model oracle` serves it).
+SMOLLM2_TOKENIZER = ("smollm2", "tiny", "oracle")
 TOKENIZER_MARKER = "tokenizer_config.json"
 
 
@@ -84,7 +87,7 @@ def _staging(dest: Path) -> Path:
 def tokenizer_missing(name: str) -> str | None:
     """Why ``load_tokenizer(name)`` cannot work here, found without loading it (a start-up check
     that costs no transformers import); None when it can."""
-    if name in ("smollm2", "tiny"):
+    if name in SMOLLM2_TOKENIZER:
         try:
             smollm2_gguf()
         except ModelNotFound as e:
@@ -107,7 +110,8 @@ def tokenizer_missing(name: str) -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name: str = "smollm2") -> Any:
-    """The tokenizer of a model: "smollm2" and "tiny" share SmolLM2's (ChatML, EOS ``<|im_end|>``).
+    """The tokenizer of a model: "smollm2", "tiny" and "oracle" share SmolLM2's (ChatML, EOS
+    ``<|im_end|>``).
 
     The first load reads the GGUF file (seconds) and saves the tokenizer under :func:`cache_dir`;
     later loads read the saved files. Any other name is a local directory with tokenizer files.
@@ -115,7 +119,7 @@ def load_tokenizer(name: str = "smollm2") -> Any:
     _offline()
     from transformers import AutoTokenizer
 
-    if name not in ("smollm2", "tiny"):
+    if name not in SMOLLM2_TOKENIZER:
         return AutoTokenizer.from_pretrained(str(Path(name)), local_files_only=True)
     dest = cache_dir() / SMOLLM2_DIR
     if (dest / TOKENIZER_MARKER).is_file():
@@ -251,6 +255,8 @@ def load_model(name: str) -> tuple[PreTrainedModel, Any]:
         return _smollm2(), load_tokenizer("smollm2")
     if name == "tiny":
         return _tiny(), load_tokenizer("smollm2")
+    if name == "oracle":
+        raise ModelNotFound("the oracle has no weights: `raas engine --model oracle` serves it")
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
         raise ModelNotFound(

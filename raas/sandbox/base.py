@@ -138,7 +138,13 @@ class Sandbox(ABC):
         if not line.startswith(READY):
             if self._stderr_reader is not None:  # it failed: its stderr ends soon
                 await asyncio.wait({self._stderr_reader}, timeout=STDERR_WAIT_S)
-            raise SandboxError(f"sandbox {self.id} failed to start: {self._stderr_tail()}")
+            # How it ended says what the (often empty) stderr does not: a signal, a status.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), timeout=STDERR_WAIT_S)
+            status = "still running" if process.returncode is None else process.returncode
+            raise SandboxError(
+                f"sandbox {self.id} failed to start (exit status {status}): {self._stderr_tail()}"
+            )
 
     async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
         while chunk := await stream.read(65536):

@@ -80,6 +80,7 @@ class NamespacedSandbox(Sandbox):
         super().__init__(config)
         self._slot: int | None = None
         self._pidns: int | None = None
+        self._pin: int | None = None  # holds the namespace's number while the sandbox has it
 
     def _sandbox_uid(self) -> int:
         """This sandbox's own host uid (for raas running as root), held until it is closed."""
@@ -95,7 +96,11 @@ class NamespacedSandbox(Sandbox):
         """
 
     async def _after_start(self, process: asyncio.subprocess.Process) -> None:
-        self._pidns = await asyncio.to_thread(self._find_namespace, process.pid)
+        ns = await asyncio.to_thread(self._find_namespace, process.pid)
+        if ns is not None:
+            self._pin = await asyncio.to_thread(procs.pin_namespace, ns, process.pid)
+        # Unpinned, the number may already name another sandbox's namespace: not ours to kill.
+        self._pidns = ns if self._pin is not None else None
 
     def host_pids(self) -> set[int]:
         if self._pidns is None or self.closed:
@@ -111,6 +116,9 @@ class NamespacedSandbox(Sandbox):
             if self._slot is not None:
                 _uid_slots.give_back(self._slot)
                 self._slot = None
+            if self._pin is not None:  # only now may the number name another namespace
+                os.close(self._pin)
+                self._pin = None
 
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         if self._pidns is not None:

@@ -42,6 +42,29 @@ def start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def pin_namespace(ns: int, near: int) -> int | None:
+    """An open file descriptor on PID namespace ``ns``, found on ``near`` or a descendant of it;
+    None if no such process is left.
+
+    A namespace is known by its inode number, and the kernel gives a freed number to the next
+    namespace made, often at once: a sandbox that went on killing "everything in namespace N"
+    after its own namespace died killed a sandbox just started in the next one (its start failed
+    with SIGKILL and no error output). While this descriptor is open the namespace, and its
+    number, stay taken.
+    """
+    for pid in [near, *sorted(descendants(near))]:
+        if pid_namespace(pid) != ns:
+            continue
+        try:
+            fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if os.fstat(fd).st_ino == ns:
+            return fd
+        os.close(fd)
+    return None
+
+
 def children_of(pid: int) -> list[int]:
     return [p for p in _pids() if parent_of(p) == pid]
 

@@ -9,8 +9,8 @@ Pure functions, no I/O:
   answer (a marker around it removed) if given, else the marked answer in the text.
 - ``check_math(prediction, ground_truth)``: symbolic equivalence with math_verify.
 - ``check_choice(prediction, correct, n_choices)``: a multiple-choice letter.
-- ``check_numeric(prediction, truth, rel_tol, abs_tol)``: the last number in the prediction, with
-  a tolerance.
+- ``check_numeric(prediction, truth, rel_tol, abs_tol, one_value)``: the last number in the
+  prediction (with ``one_value``: every number in it), with a tolerance.
 
 How ``check_math`` feeds math_verify (measured with math-verify 0.9.0):
 
@@ -64,6 +64,7 @@ __all__ = [
     "marked_answer",
     "parse_choice",
     "parse_number",
+    "parse_numbers",
 ]
 
 MAX_CHARS = 4000
@@ -422,24 +423,24 @@ def _to_float(s: str) -> float:
     return float(s.replace(",", ""))
 
 
-def parse_number(prediction: str | None) -> float | None:
-    """The last number in ``prediction``, or None.
+def parse_numbers(prediction: str | None) -> list[float]:
+    """Every number in ``prediction``, in order.
 
     Reads integers and decimals with an optional sign (``-3``, ``.5``; a Unicode minus or dash
     too), thousands separators (``1,234.5``, ``1{,}234``, ``1\\,234``), scientific notation
     (``6.02e23``, ``6.02E+23``, ``6.02 \\times 10^{23}``, ``6.02 x 10^23``, ``6.02·10²³``,
     ``10^{-3}``), fractions (``3/4``, ``\\frac{3}{4}``). Numbers that belong to a unit or a
     formula are skipped: exponents (``m/s^2``, ``cm^{3}``) and digits glued to a letter (``H2O``,
-    ``CO2``), so ``9.8 m/s^2`` gives 9.8. Text after the number (a unit) is ignored.
+    ``CO2``), so ``9.8 m/s^2`` gives only 9.8.
     """
     if not prediction:
-        return None
+        return []
     text = prediction.replace("\u2212", "-").replace("\u2013", "-").replace("\u2009", " ")
     text = _SUPERSCRIPT_RUN_RE.sub(lambda m: "^{" + m.group().translate(_SUPERSCRIPTS) + "}", text)
     text = text.replace("{,}", ",")
     text = re.sub(r"(?<=\d)\\[,;: !](?=\d)", "", text)
     text = text.replace("\\left", "").replace("\\right", "").replace("$", " ")
-    value: float | None = None
+    values: list[float] = []
     for m in _NUMBER_RE.finditer(text):
         start = m.start()
         before = text[:start].rstrip("{( ")
@@ -464,19 +465,33 @@ def parse_number(prediction: str | None) -> float | None:
         except (ValueError, ZeroDivisionError, OverflowError):
             continue
         if math.isfinite(v):
-            value = v
-    return value
+            values.append(v)
+    return values
+
+
+def parse_number(prediction: str | None) -> float | None:
+    """The last number in ``prediction`` (see parse_numbers), or None."""
+    values = parse_numbers(prediction)
+    return values[-1] if values else None
 
 
 def check_numeric(
-    prediction: str | None, truth: float, rel_tol: float = 1e-2, abs_tol: float = 0.0
+    prediction: str | None,
+    truth: float,
+    rel_tol: float = 1e-2,
+    abs_tol: float = 0.0,
+    one_value: bool = False,
 ) -> bool:
     """Whether the last number in ``prediction`` (see parse_number) is close to ``truth``.
 
     ``math.isclose(value, truth, rel_tol=rel_tol, abs_tol=abs_tol)``: relative to the larger of the
-    two magnitudes, so give ``abs_tol`` when ``truth`` may be 0. Never raises.
+    two magnitudes, so give ``abs_tol`` when ``truth`` may be 0. With ``one_value`` (an answer
+    given as the answer: a finish tool's, a box's), every number in it must be that close too,
+    so that a hedge (``3.1 or 3.2``, ``between 3 and 4``) is wrong rather than read by its last
+    number. Never raises.
     """
-    value = parse_number(prediction)
-    if value is None or not math.isfinite(truth):
+    values = parse_numbers(prediction)
+    if not values or not math.isfinite(truth):
         return False
-    return math.isclose(value, truth, rel_tol=rel_tol, abs_tol=abs_tol)
+    checked = values if one_value else values[-1:]
+    return all(math.isclose(v, truth, rel_tol=rel_tol, abs_tol=abs_tol) for v in checked)

@@ -21,6 +21,8 @@ reward 1.0 if they all pass, else 0.0 with the (first) failure in the metrics.
 from __future__ import annotations
 
 import json
+import secrets
+import shlex
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
@@ -240,14 +242,17 @@ class CodeTask(AgentTask):
         parsed = CodeInstance.model_validate(instance)
         if parsed.reward_model is not None:
             return await judge_contest(code, parsed.reward_model.ground_truth, services)
-        harness = (
-            f"{code}\n\n\n{instance['test']}\n\n\ncheck({instance['entry_point']})\n"
-            "print('ALL TESTS PASSED')\n"
-        )
+        mark = secrets.token_hex(16)
         async with fresh_sandbox(services) as sandbox:
-            await sandbox.write_file("/workspace/check.py", harness)
-            result = await sandbox.bash("python3 /workspace/check.py", timeout_s=TEST_TIMEOUT_S)
-        passed = result.exit_code == 0 and "ALL TESTS PASSED" in result.output
+            await sandbox.write_file(SOLUTION, code)
+            await sandbox.write_file("/workspace/tests.py", str(instance["test"]))
+            await sandbox.write_file("/workspace/check.py", HUMANEVAL_HARNESS)
+            result = await sandbox.bash(
+                f"printf '%s\\n' {mark} | python3 /workspace/check.py {SOLUTION}"
+                f" /workspace/tests.py {shlex.quote(str(instance['entry_point']))}",
+                timeout_s=TEST_TIMEOUT_S,
+            )
+        passed = result.exit_code == 0 and mark in result.output.splitlines()
         metrics: dict[str, Any] = {"passed": passed, "timed_out": result.timed_out}
         if not passed:
             metrics["test_output"] = result.output[-2000:]
@@ -284,6 +289,31 @@ async def judge_contest(code: str, tests: ContestTests, services: TaskServices) 
         metrics["failure"] = summary.get("failure") or result.output[-2000:]
     return RewardInfo(1.0 if passed else 0.0, metrics)
 
+
+# Runs in the judge's sandbox, on the image's python3 (3.8 or newer): argv is the solution, the
+# tests (HumanEval's ``def check(candidate)``) and the entry point. It passes by printing a random
+# mark it read from stdin before the solution ran: a solution that prints a success line and
+# exits 0 before any test runs (a shortcut the oracle's sabotage takes, and which passed when
+# the pass line was a fixed text after the tests) cannot know the mark. The tests run in the
+# solution's namespace, as HumanEval's do (some call the prompt's helpers).
+HUMANEVAL_HARNESS = r"""
+import sys
+
+
+def main():
+    mark = sys.stdin.readline().strip()
+    solution, tests, entry_point = sys.argv[1:4]
+    namespace = {"__name__": "solution"}
+    with open(solution) as f:
+        exec(compile(f.read(), solution, "exec"), namespace)
+    with open(tests) as f:
+        exec(compile(f.read(), tests, "exec"), namespace)
+    namespace["check"](namespace[entry_point])
+    print(mark)
+
+
+main()
+"""
 
 # Runs in the sandbox, on the image's python3 (3.8 or newer): argv is the tests file, the
 # solution and the seconds each case may take. Prints one JSON line: how many passed in a row,

@@ -70,7 +70,10 @@ class StemTask(AgentTask):
 
     async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
         text = last_assistant_text(trajectory)
-        return {"answer": final_answer(text, ctx.answer) or text[-200:] or None}
+        given = final_answer(text, ctx.answer)
+        # "given": the finish tool's answer or a box, where one value is expected (a hedge such
+        # as "3.1 or 3.2" is wrong); else the reply's end, read by its last number.
+        return {"answer": given or text[-200:] or None, "given": given is not None}
 
     async def judge(
         self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
@@ -80,5 +83,8 @@ class StemTask(AgentTask):
             correct = check_choice(answer, str(instance["answer"]), len(instance["choices"]))
         else:
             rel_tol = float(instance.get("rel_tol", 0.01))
-            correct = check_numeric(answer, float(instance["answer"]), rel_tol=rel_tol)
+            correct = check_numeric(
+                answer, float(instance["answer"]), rel_tol=rel_tol,
+                one_value=bool(artifact.get("given")),
+            )  # fmt: skip
         return RewardInfo(1.0 if correct else 0.0, {"correct": correct})

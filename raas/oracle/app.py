@@ -1,0 +1,183 @@
+"""The oracle's HTTP face: the engine's part of vLLM's protocol, answered by :class:`Oracle`.
+
+``/health``, ``/v1/models``, ``/v1/completions`` (token ids in, token ids and logprobs out, with
+the same request model as the engine) and ``/v1/chat/completions`` (rendered with the
+tokenizer's template; Hermes tool calls in the reply come back as ``tool_calls``), plus
+``/v1/oracle/stats``. It has no weights: ``/update_weights`` is a 422 that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+import raas
+from raas.llm.chat import encode
+from raas.llm.engine.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    Usage,
+)
+from raas.llm.openai_chat import (
+    OpenAIError,
+    bad,
+    chat_completion,
+    chat_messages,
+    chat_tools,
+    render_prompt,
+    sampling,
+)
+from raas.llm.toolcalls import HermesParser, ParsedOutput
+from raas.llm.types import SamplingParams
+from raas.oracle.model import Generated, Oracle
+
+MAX_MODEL_LEN = 1 << 20  # the oracle has no context limit of its own
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
+    created = int(time.time())
+    tokenizer = oracle.tokenizer
+    app = FastAPI(
+        title="raas oracle",
+        version=raas.__version__,
+        summary="Gold tool-call trajectories for raas's bundled tasks, over vLLM's protocol",
+    )
+    app.state.oracle = oracle
+
+    @app.get("/health", tags=["system"])
+    async def health() -> dict[str, str]:
+        return {}
+
+    @app.get("/v1/models", tags=["openai"])
+    async def models() -> ModelList:
+        card = ModelCard(id=served_name, created=created, root=served_name,
+                         max_model_len=MAX_MODEL_LEN)  # fmt: skip
+        return ModelList(data=[card])
+
+    @app.post("/v1/completions", tags=["openai"], response_model=None)
+    async def completions(body: CompletionRequest) -> CompletionResponse | JSONResponse:
+        if body.model is not None and body.model != served_name:
+            return _error(404, f"The model `{body.model}` does not exist.", "NotFoundError",
+                          "model")  # fmt: skip
+        if isinstance(body.prompt, str):
+            prompt = encode(tokenizer, body.prompt)
+        else:
+            prompt = list(body.prompt)
+        out = await asyncio.to_thread(
+            oracle.generate,
+            prompt,
+            body.max_tokens or MAX_MODEL_LEN,
+            frozenset(body.stop_token_ids or ()),
+        )
+        return _completion(body, out, served_name, tokenizer)
+
+    @app.post("/v1/chat/completions", tags=["openai"])
+    async def chat_completions(request: Request) -> Any:
+        try:
+            try:
+                body = await request.json()
+            except ValueError as e:
+                raise OpenAIError(400, f"the body is not valid JSON: {e}", None) from None
+            if not isinstance(body, dict):
+                raise OpenAIError(400, "the body must be a JSON object", None)
+            if body.get("stream"):
+                raise bad("stream", "streaming is not supported here")
+            messages = chat_messages(body.get("messages"))
+            tools = None if body.get("tool_choice") == "none" else chat_tools(body.get("tools"))
+            params = sampling(SamplingParams(max_tokens=MAX_MODEL_LEN), body,
+                              ("max_completion_tokens", "max_tokens"))  # fmt: skip
+        except OpenAIError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        prompt = render_prompt(tokenizer, messages, tools)
+        out = await asyncio.to_thread(oracle.generate, prompt, params.max_tokens)
+        text = str(tokenizer.decode(out.token_ids, skip_special_tokens=True))
+        parsed = HermesParser().parse(text) if tools else ParsedOutput(content=text)
+        return chat_completion(served_name, parsed, out.finish_reason, len(prompt),
+                               len(out.token_ids))  # fmt: skip
+
+    @app.post("/update_weights", tags=["engine"])
+    async def update_weights() -> JSONResponse:
+        detail = [{"loc": ["body", "path"], "msg": "the oracle has no weights to update",
+                   "type": "no_weights"}]  # fmt: skip
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.get("/v1/oracle/stats", tags=["oracle"])
+    async def stats() -> dict[str, Any]:
+        return {"sabotage": oracle.sabotage, "seed": oracle.seed, "tasks": len(oracle.tasks),
+                **oracle.counts}  # fmt: skip
+
+    return app
+
+
+def _completion(
+    body: CompletionRequest, out: Generated, served_name: str, tokenizer: Any
+) -> CompletionResponse:
+    shown = out.token_ids
+    if out.finish_reason == "stop" and not body.include_stop_str_in_output:
+        shown = shown[:-1]  # like vLLM: the stop token is in token_ids, not in the text
+    logprobs = None
+    if body.logprobs is not None:
+        names = [
+            f"token_id:{t}"
+            if body.return_tokens_as_token_ids
+            else str(tokenizer.decode([t], skip_special_tokens=False))
+            for t in out.token_ids
+        ]
+        offsets = [0, *itertools.accumulate(len(n) for n in names)][: len(names)]
+        top = None
+        if body.logprobs:  # the oracle's only candidate is the token it gives
+            top = [{n: lp} for n, lp in zip(names, out.logprobs, strict=True)]
+        logprobs = CompletionLogprobs(
+            text_offset=offsets, token_logprobs=out.logprobs, tokens=names, top_logprobs=top
+        )
+    choice = CompletionChoice(
+        text=str(tokenizer.decode(shown, skip_special_tokens=body.skip_special_tokens)),
+        token_ids=out.token_ids if body.return_token_ids else None,
+        prompt_token_ids=out.prompt_ids if body.return_token_ids else None,
+        logprobs=logprobs,
+        finish_reason="stop" if out.finish_reason == "stop" else "length",
+        stop_reason=out.stop_reason,
+    )
+    prompt_tokens = len(out.prompt_ids)
+    return CompletionResponse(
+        id=f"cmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=served_name,
+        choices=[choice],
+        usage=Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(out.token_ids),
+            total_tokens=prompt_tokens + len(out.token_ids),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=0),
+        ),
+    )
+
+
+def create_oracle_app(
+    sabotage: float = 0.0, seed: int = 0, served_name: str | None = None
+) -> FastAPI:
+    """The oracle on SmolLM2's tokenizer (what raas renders prompts with by default)."""
+    from raas.llm.models import load_tokenizer
+
+    return oracle_app(Oracle(load_tokenizer("oracle"), sabotage, seed), served_name or "oracle")
+
+
+def serve_oracle(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
