@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import aiohttp
+import orjson
 
 from raas.helpers import retry_after_s
 from raas.llm.types import BackendError, Generation, SamplingParams
@@ -56,6 +57,14 @@ class Answer:
     @property
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
+
+
+def _loads(body: bytes) -> Any:
+    """JSON as the stdlib reads it (NaN, Infinity and big ints too), at orjson's speed."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 class LLMClient(ABC):
@@ -103,7 +112,9 @@ class LLMClient(ABC):
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            response = await self._send("POST", path, json.dumps(body).encode())
+            # orjson: a prompt of thousands of token ids goes out on every turn (json.dumps
+            # takes ~15x longer on such a list).
+            response = await self._send("POST", path, orjson.dumps(body))
         except TRANSPORT_ERRORS as e:
             raise BackendError(self.url, f"{type(e).__name__}: {e}", transient=True) from e
         if response.status >= 500 or response.status == 429:
@@ -117,7 +128,7 @@ class LLMClient(ABC):
                 self.url, f"HTTP {response.status}: {response.text[:500]}", transient=False
             )
         try:
-            data: dict[str, Any] = json.loads(response.body)
+            data: dict[str, Any] = _loads(response.body)
         except ValueError as e:
             raise BackendError(self.url, f"answered with no JSON: {response.text[:200]}") from e
         return data
