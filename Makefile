@@ -119,7 +119,7 @@ test-hpc: $(STAMP)
 	scripts/hpc/make-apptainer-env.sh
 	$(BIN)/pytest -q -m hpc
 
-bench-pipeline: $(STAMP)
+bench-pipeline: $(STAMP) system-deps
 	$(BIN)/raas bench pipeline
 
 bench-tools: $(STAMP) system-deps

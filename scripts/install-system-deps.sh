@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Debian packages raas needs on the host: bubblewrap (sandboxes), tmux (the tool-latency
 # baseline in `raas bench tools`), IPython for the host-/usr sandboxes' python3, and Chromium
-# (headless: the dashboard's browser tests).
+# (headless: the dashboard's browser tests); and, where it can, wrk (the load generator of
+# `raas bench pipeline`, which falls back to Python clients and says so without it; nothing else
+# needs it).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
@@ -9,6 +11,14 @@ command -v tmux >/dev/null || missing+=(tmux)
 command -v chromium >/dev/null || missing+=(chromium)
 /usr/bin/python3 -c 'import ipykernel, jupyter_client' 2>/dev/null \
     || missing+=(python3-ipykernel python3-jupyter-client)
+if ! command -v wrk >/dev/null; then
+    if [ "$(id -u)" -eq 0 ]; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; } \
+            || echo "could not install wrk: raas bench pipeline uses Python clients instead" >&2
+    else
+        echo "optional: sudo apt-get install wrk (raas bench pipeline's load generator)" >&2
+    fi
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "raas needs these Debian packages: sudo apt-get install ${missing[*]}" >&2

@@ -6,7 +6,11 @@ that embeds rollouts). Pipeline: raas's three pools, 8 RUN workers, INIT and EVA
 RUN never starves. Prints jobs/s, LLM-slot utilisation and the throughput ratio.
 
 Part 2, service overhead: no-op jobs end to end over HTTP (submit, then long-poll the result),
-against a bare HTTP round trip and the in-process pipeline measured in the same run.
+driven by a load generator that is not the bottleneck (wrk, a compiled one, with a Lua script
+for the two-request cycle; several Python processes where wrk is missing, said so), against its
+floor measured in the same run: bare HTTP round trips (GET /healthz) on the same connections.
+Prints jobs/s, the server's CPU per job (from /proc) and the ratios to the floor; then the same
+jobs from one Python client (httpx, a few in flight), as a trainer would send them.
 Prints medians and ratios; asserts nothing.
 """
 
@@ -23,6 +27,7 @@ import httpx
 import uvicorn
 
 from raas.api.app import create_app
+from raas.bench import jobload
 from raas.bench.forked import ForkedServer
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, Stage
 from raas.settings import ServeSettings
@@ -174,16 +179,6 @@ async def http_noop(url: str, n_jobs: int, concurrency: int) -> tuple[list[float
         return latencies, time.perf_counter() - start
 
 
-async def http_roundtrip(url: str, n: int) -> list[float]:
-    out = []
-    async with httpx.AsyncClient(base_url=url) as http:
-        for _ in range(n):
-            start = time.perf_counter()
-            await http.get("/healthz")
-            out.append(time.perf_counter() - start)
-    return out
-
-
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
@@ -192,11 +187,59 @@ def ms(values: list[float]) -> str:
     return f"p50 {1000 * statistics.median(values):.2f} ms, p99 {1000 * pct(values, 99):.2f} ms"
 
 
+def _loaded(
+    server: ForkedServer, args: argparse.Namespace, cycle: bool
+) -> tuple[jobload.LoadRun, float]:
+    """A load run on the server, and the server's CPU seconds during it."""
+    before = server.cpu_s()
+    run = jobload.run_load(server.url, args.connections, args.load_s, cycle)
+    return run, server.cpu_s() - before
+
+
+def overhead(server: ForkedServer, args: argparse.Namespace) -> None:
+    if jobload.wrk_path() is None:
+        print(f"  {jobload.MISSING_WRK}")
+    print(f"  load: {jobload.generator_name(args.connections)}, {args.load_s:g} s a run,"
+          f" medians of {args.repeats} runs")  # fmt: skip
+    jobload.run_load(server.url, args.connections, 1.0, cycle=True)  # warm up
+    bare, jobs = [], []
+    for _ in range(args.repeats):  # alternated, so both see the same machine
+        bare.append(_loaded(server, args, cycle=False))
+        jobs.append(_loaded(server, args, cycle=True))
+    rt_rate = statistics.median(r.requests_per_s for r, _ in bare)
+    rt_cpu = statistics.median(cpu / r.requests for r, cpu in bare)
+    rt_p50 = statistics.median(r.p50_s for r, _ in bare)
+    job_rate = statistics.median(r.jobs_per_s for r, _ in jobs)
+    job_cpu = statistics.median(cpu / max(r.jobs, 1) for r, cpu in jobs)
+    job_p50 = statistics.median(r.p50_s for r, _ in jobs)
+    job_p99 = statistics.median(r.p99_s for r, _ in jobs)
+    failed = sum(r.failed for r, _ in jobs)
+    print(f"  floor, bare HTTP round trips (GET /healthz): {rt_rate:.0f} requests/s,"
+          f" p50 {1000 * rt_p50:.2f} ms; server CPU {1000 * rt_cpu:.3f} ms a request")  # fmt: skip
+    print(f"  job cycle (POST /v1/rollouts, long-poll GET): {job_rate:.0f} jobs/s; a request"
+          f" p50 {1000 * job_p50:.2f} ms, p99 {1000 * job_p99:.2f} ms, failed {failed}"
+    )  # fmt: skip
+    print(f"  server CPU per job: {1000 * job_cpu:.3f} ms (~{1 / job_cpu:.0f} jobs/s a core),"
+          f" {job_cpu / (2 * rt_cpu):.1f}x the floor's two bare requests")  # fmt: skip
+    print(f"  jobs/s vs the floor (bare round trips / 2): {job_rate / (rt_rate / 2):.2f}")
+    # One Python client in the trainer's process, as before: the client is its bottleneck.
+    lat, wall = asyncio.run(http_noop(server.url, args.noop_jobs, args.concurrency))
+    print(f"  one Python client (httpx), {args.concurrency} in flight: {args.noop_jobs / wall:.0f}"
+          f" jobs/s, {ms(lat)}")  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="raas bench pipeline", description=__doc__)
     parser.add_argument("--jobs", type=int, default=96, help="jobs per design in part 1")
     parser.add_argument("--noop-jobs", type=int, default=500, help="no-op jobs in part 2")
-    parser.add_argument("--concurrency", type=int, default=4, help="HTTP clients in part 2")
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="jobs in flight from the Python client"
+    )
+    parser.add_argument(
+        "--connections", type=int, default=8, help="load generator connections in part 2"
+    )
+    parser.add_argument("--load-s", type=float, default=5.0, help="seconds a load run")
+    parser.add_argument("--repeats", type=int, default=3, help="load runs of each kind")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
@@ -211,19 +254,9 @@ def main(argv: list[str]) -> int:
               f" LLM-slot utilisation {100 * p_util:5.1f}%")  # fmt: skip
         print(f"  throughput ratio pipeline/coupled: {p_rate / c_rate:.2f}x")
 
-        print(f"part 2: {args.noop_jobs} no-op jobs")
+        print("part 2: no-op jobs")
         inproc = asyncio.run(in_process_noop(args.noop_jobs, tmpdir / "n.db"))
         print(f"  in-process pipeline, one at a time (submit -> persisted result): {ms(inproc)}")
         with ForkedServer(_serve_noop, tmpdir / "h.db") as server:
-            bare = asyncio.run(http_roundtrip(server.url, args.noop_jobs))
-            cpu_before = server.cpu_s()
-            lat, wall = asyncio.run(http_noop(server.url, args.noop_jobs, args.concurrency))
-            server_ms = 1000 * (server.cpu_s() - cpu_before) / args.noop_jobs
-        print(f"  bare HTTP round trip (GET /healthz): {ms(bare)}")
-        print(f"  HTTP end to end, {args.concurrency} concurrent clients (POST + long-poll GET):"
-              f" {args.noop_jobs / wall:.0f} jobs/s, {ms(lat)}")  # fmt: skip
-        print(f"  server CPU per job: {server_ms:.2f} ms (~{1000 / server_ms:.0f} jobs/s a core);"
-              " the Python client shares the 2 cores and limits the rate above")  # fmt: skip
-        print(f"  added latency per job vs. a bare round trip at p50:"
-              f" {statistics.median(lat) / statistics.median(bare):.1f}x")  # fmt: skip
+            overhead(server, args)
     return 0

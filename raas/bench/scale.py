@@ -8,7 +8,9 @@ a tool that runs no sandbox. So the workload is I/O-bound: the server waits on H
 CPU only on its own work.
 
 Part 1: the server's CPU seconds (its own process, from /proc) divided by the agent turns and
-the jobs it served, i.e. how many concurrent rollouts one core of a node can drive.
+the jobs it served, i.e. how many concurrent rollouts one core of a node can drive. Its floor,
+same run: the CPU of the one request a turn makes to the model, alone (raas's LLM client in
+this process, as many in flight, the same prompt length).
 Part 2: throughput (jobs/s) with 1, 2 and 4 server processes behind one RolloutClient, each
 server kept full (its RUN workers all busy), and the efficiency against linear (k servers: k
 times one). Every process, the client's and the fake model's included, shares this machine's
@@ -33,7 +35,9 @@ from raas.api.app import create_app
 from raas.bench.forked import ForkedServer, serve_fake_vllm
 from raas.client import RolloutClient
 from raas.llm.chat import encode
+from raas.llm.clients import VLLMClient
 from raas.llm.models import load_tokenizer
+from raas.llm.types import SamplingParams
 from raas.settings import ServeSettings
 from raas.tasks import RewardInfo, TaskRegistry
 from raas.tasks.agentic import AgentContext, AgentTask
@@ -130,6 +134,25 @@ async def run_jobs(urls: list[str], jobs: int, in_flight: int, tag: str) -> tupl
         return time.perf_counter() - start, turns
 
 
+async def request_cpu(llm_url: str, prompt_tokens: int, requests: int, in_flight: int) -> float:
+    """CPU seconds of this process per bare request to the model (the floor of a turn)."""
+    client = VLLMClient(llm_url, model="fake")
+    prompt = list(range(prompt_tokens))
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one() -> None:
+        async with gate:
+            await client.generate(prompt, SamplingParams(max_tokens=64))
+
+    try:
+        await asyncio.gather(*(one() for _ in range(in_flight)))  # connections up
+        start = time.process_time()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        return (time.process_time() - start) / requests
+    finally:
+        await client.aclose()
+
+
 def cpu_cost(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
     with ForkedServer(_serve_raas, tmp / "cpu.db", llm_url, args.workers) as server:
         asyncio.run(run_jobs([server.url], args.workers, args.workers, "warm"))
@@ -140,10 +163,14 @@ def cpu_cost(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
             cpu = server.cpu_s() - before
             costs.append((cpu / turns, cpu / args.jobs, args.jobs / wall, cpu / wall))
     per_turn, per_job, rate, busy = (statistics.median(c[i] for c in costs) for i in range(4))
+    # A turn's prompt is the job's conversation so far: about 300 tokens here.
+    floor = asyncio.run(request_cpu(llm_url, 300, 4 * args.workers, args.workers))
     print(f"part 1: one server, {args.jobs} jobs of {args.turns} turns, {args.workers} in flight,"
           f" LLM latency {args.llm_latency_ms:g} ms; medians of {args.repeats}")  # fmt: skip
     print(f"  server CPU per agent turn: {1000 * per_turn:.2f} ms; per job: {1000 * per_job:.1f} ms"
           f" ({busy:.2f} cores busy at {rate:.1f} jobs/s)")  # fmt: skip
+    print(f"  floor, one bare request to the model (raas's LLM client alone, {args.workers} in"
+          f" flight): {1000 * floor:.2f} ms CPU; a turn is {per_turn / floor:.1f}x it")  # fmt: skip
     print(f"  one core drives about {1 / per_turn:.0f} agent turns/s, i.e. about"
           f" {1 / per_turn * args.real_turn_s:.0f} concurrent rollouts whose turns take"
           f" {args.real_turn_s:g} s of model and tool time")  # fmt: skip

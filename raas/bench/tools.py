@@ -3,7 +3,10 @@
 - `echo hi` round trip through the full path (host client -> Unix socket -> action server ->
   pty bash -> back) in a bubblewrap sandbox; baseline: a tmux shell driven by send-keys and
   polled with capture-pane, the design ProRL replaced. p50/p95 and the ratio.
-- sandbox cold start, acquire from a warm pool, IPython `1+1`.
+- sandbox cold start, against its floors in the same run: bare bwrap (``/bin/true`` in the
+  same namespaces) and bwrap running the image's ``python3 -I -S -c "import asyncio"`` (the
+  interpreter and the event loop's import, which the action server needs); acquire from a warm
+  pool, IPython `1+1`.
 - host processes left over after starting and closing many sandboxes (must be 0).
 Prints; asserts nothing.
 """
@@ -22,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from raas.sandbox import BwrapConfig, SandboxPool, procs
+from raas.sandbox.base import SERVER_PYTHON_FLAGS
+from raas.sandbox.bwrap import rootfs_args
 
 
 def pct(values: list[float], q: int) -> float:
@@ -72,6 +77,18 @@ class TmuxShell:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+async def bare_bwrap(config: BwrapConfig, command: list[str]) -> None:
+    """bwrap in a sandbox's namespaces and root filesystem, running ``command``: a floor."""
+    process = await asyncio.create_subprocess_exec(
+        "bwrap", "--die-with-parent", "--unshare-all", "--new-session",
+        *rootfs_args(config.image), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        "--", *command,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    if await asyncio.wait_for(process.wait(), 30) != 0:
+        raise RuntimeError(f"bare bwrap {command} exited with {process.returncode}")
+
+
 def host_processes() -> set[int]:
     return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()}
 
@@ -120,6 +137,9 @@ async def bench(args: argparse.Namespace) -> None:
         await sandbox.start()
         cold.append(time.perf_counter() - start)
         await sandbox.close()
+    true = await timed(args.starts, lambda: bare_bwrap(config, ["/bin/true"]))
+    python = [config.python, *SERVER_PYTHON_FLAGS, "-c", "import asyncio"]
+    interpreter = await timed(args.starts, lambda: bare_bwrap(config, python))
     pool = SandboxPool(config, size=4)
     pool.fill()
     warm = []
@@ -131,6 +151,11 @@ async def bench(args: argparse.Namespace) -> None:
         await sandbox.close()
     await pool.close()
     print(f"sandbox cold start (bwrap + action server + bash), {args.starts} starts: {ms(cold)}")
+    p50 = statistics.median(cold)
+    print(f"  floor, bare bwrap running /bin/true:                   {ms(true)};"
+          f" cold start {p50 / statistics.median(true):.1f}x it")  # fmt: skip
+    print(f"  floor, bare bwrap running python3 -I -S, import asyncio: {ms(interpreter)};"
+          f" cold start {p50 / statistics.median(interpreter):.1f}x it")  # fmt: skip
     print(f"acquire from a warm pool (size 4), {args.starts} acquires:        {ms(warm)}")
     print(f"IPython 1+1, {args.ipython} calls: {ms(ipy)}")
     left = await churn(config, args.churn, args.concurrency)

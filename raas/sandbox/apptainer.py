@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 
 from raas.sandbox import procs
+from raas.sandbox.base import SERVER_PYTHON_FLAGS
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
@@ -69,7 +70,7 @@ class ApptainerSandbox(NamespacedSandbox):
             args += ["--bind", f"{host}:{target}:ro"]
         if user is not None:  # a size-capped /tmp of its own (unprivileged: apptainer's own)
             args += ["--bind", f"{self.dir / 'tmp'}:/tmp"]
-        args += [str(image), cfg.python, "-s", "/.raas/inside/server.py"]
+        args += [str(image), cfg.python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
         return args + self.server_args(listen_fd, "/tmp")
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:

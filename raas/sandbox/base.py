@@ -34,6 +34,10 @@ from raas.sandbox.config import SandboxConfig
 from raas.sandbox.runtime import record_launch, runtime_root
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
+# How the image's python3 runs the action server: isolated (-I: no user site, no PYTHON*
+# variables, no script directory on the path) and without the site module (-S), which costs a
+# third of an interpreter's start; the ipython action loads site itself before jupyter_client.
+SERVER_PYTHON_FLAGS = ("-I", "-S")
 READY = b"RAAS-ACTION-SERVER-READY"
 SOCKET_NAME = "a.sock"
 # The server stops bash and ipython at their own timeout, and the other actions are file

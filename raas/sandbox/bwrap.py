@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 from raas.sandbox import procs
-from raas.sandbox.base import INSIDE_DIR
+from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
 from raas.sandbox.namespaced import PATH, NamespacedSandbox
@@ -162,7 +162,7 @@ class BwrapSandbox(NamespacedSandbox):
 
     def _command(self, listen_fd: int) -> list[str]:
         """What bwrap runs: it must be on bwrap's own command line, which holds no host path."""
-        command = [self.config.python, "-s", "/.raas/inside/server.py"]
+        command = [self.config.python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
         return ["--", *command, *self.server_args(listen_fd, "/tmp")]
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:

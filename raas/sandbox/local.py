@@ -7,7 +7,14 @@ import logging
 import signal
 
 from raas.sandbox import procs
-from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, Sandbox, reap, warn_unisolated
+from raas.sandbox.base import (
+    EXIT_WAIT_S,
+    INSIDE_DIR,
+    SERVER_PYTHON_FLAGS,
+    Sandbox,
+    reap,
+    warn_unisolated,
+)
 from raas.sandbox.config import LocalConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +35,7 @@ class LocalSandbox(Sandbox):
         args = self.server_args(listen_fd, str(self.dir / "tmp"))
         return await asyncio.create_subprocess_exec(
             self.config.python,
-            "-s",
+            *SERVER_PYTHON_FLAGS,
             str(INSIDE_DIR / "server.py"),
             *args,
             stdin=asyncio.subprocess.DEVNULL,

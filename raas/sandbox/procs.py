@@ -12,10 +12,22 @@ import time
 from pathlib import Path
 
 PROC = Path("/proc")
+# These run on every sandbox's start and close, over every process of the host: plain os calls
+# on string paths, not pathlib (a scan of a few hundred processes took 5 ms with it).
 
 
 def _pids() -> list[int]:
-    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat.rsplit(b")", 1)[1].split()
 
 
 def pid_namespace(pid: int) -> int | None:
@@ -26,20 +38,14 @@ def pid_namespace(pid: int) -> int | None:
 
 
 def parent_of(pid: int) -> int | None:
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
 
 
 def start_time(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot: with the PID, it names one process."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def pin_namespace(ns: int, near: int) -> int | None:
@@ -100,11 +106,8 @@ def kill(pids: set[int]) -> None:
 
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    fields = _stat(pid)
+    return fields is not None and fields[0] != b"Z"
 
 
 def empty_namespace(ns: int, timeout_s: float) -> set[int]:

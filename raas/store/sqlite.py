@@ -4,18 +4,21 @@ Every job is recorded when it is accepted and its result is written before the j
 finished, so a restart loses nothing: finished results are read back, and jobs that were in
 flight are found and reported as failed. All SQLite calls run on one dedicated thread (SQLite
 connections belong to a thread, and one writer keeps the finish order simple), never on the event
-loop.
+loop. The calls made in one turn of the event loop go to that thread together, in order, and
+their answers come back together: a hop between threads costs more than a small SQLite
+statement, and a job makes about six calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,9 +34,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _log_failure(future: Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("could not record a job state: %s", future.exception())
+# One call to the store thread: what it runs, and the event loop's future for its answer
+# (None for a note that nobody waits for).
+_Call = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any] | None"]
+_Answer = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
 SCHEMA = """
@@ -143,10 +147,52 @@ class ResultStore:
         self._conn: sqlite3.Connection | None = None
         self._seq = 0
         self._tally = Tally()  # used on the store's thread only
+        self._pending: list[_Call] = []  # calls of this event-loop turn, not yet sent
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._with_conn, fn)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._enqueue(fn, future)
+        return await future
+
+    def _note(self, fn: Callable[[sqlite3.Connection], None]) -> None:
+        """Run ``fn`` on the store thread after the calls made before it; nobody waits."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a script): straight to the thread
+            self._executor.submit(self._run_batch, [(fn, None)], None)
+            return
+        self._enqueue(fn, None)
+
+    def _enqueue(
+        self, fn: Callable[[sqlite3.Connection], Any], future: asyncio.Future[Any] | None
+    ) -> None:
+        self._pending.append((fn, future))
+        if len(self._pending) == 1:  # the first of this turn: send them all at its end
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._executor.submit(self._run_batch, batch, asyncio.get_running_loop())
+
+    def _run_batch(self, batch: list[_Call], loop: asyncio.AbstractEventLoop | None) -> None:
+        """On the store thread: every call in order; the answers go back in one wake-up."""
+        answers: list[_Answer] = []
+        for fn, future in batch:
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = self._with_conn(fn)
+            except Exception as e:
+                error = e
+            if future is not None:
+                answers.append((future, value, error))
+            elif error is not None:
+                log.error("could not record a job state: %s", error)
+        if answers and loop is not None:
+            # RuntimeError: the loop has closed, so nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_deliver, answers)
 
     def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:
@@ -170,6 +216,7 @@ class ResultStore:
                 self._conn.close()
                 self._conn = None
 
+        self._flush()  # what was asked before closing runs before it
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, _close)
         self._executor.shutdown(wait=True)
@@ -211,8 +258,7 @@ class ResultStore:
                 "UPDATE jobs SET state = ? WHERE job_id = ? AND seq IS NULL", (state, job_id)
             )
 
-        future = self._executor.submit(self._with_conn, _note)
-        future.add_done_callback(_log_failure)
+        self._note(_note)
 
     def note_attempt(self, job_id: str, attempts: int, errors: list[ErrorInfo]) -> None:
         """Record that a job runs again (and why) without waiting, as ``note_state`` does."""
@@ -225,8 +271,7 @@ class ResultStore:
                 (attempts, payload, job_id),
             )
 
-        future = self._executor.submit(self._with_conn, _note)
-        future.add_done_callback(_log_failure)
+        self._note(_note)
 
     async def save_result(self, job_id: str, state: str, result: RolloutResult) -> int:
         """Write a finished result; returns its place in finish order (the paging cursor)."""
@@ -294,6 +339,16 @@ class ResultStore:
     async def stats(self) -> DashboardStats:
         """Counts over every finished job: by state, by error, in recent windows."""
         return await self._call(lambda conn: dashboard.stats(conn, self._tally))
+
+
+def _deliver(answers: list[_Answer]) -> None:
+    for future, value, error in answers:
+        if future.cancelled():  # its caller stopped waiting (the call has run all the same)
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
 
 
 def _iter_finished(

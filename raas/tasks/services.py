@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,9 @@ class TaskServices:
 
     async def tokenizer_async(self) -> Any:
         """The tokenizer, loaded off the event loop the first time (it reads files)."""
+        loaded = _loaded.get(self.tokenizer_name)
+        if loaded is not None:  # every job after the first: no hop to a thread
+            return loaded
         return await asyncio.to_thread(self.tokenizer)
 
     async def sandbox(self) -> Sandbox:
@@ -56,16 +58,17 @@ class TaskServices:
 
 
 _tokenizer_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer(name: str) -> Any:
-    from raas.llm.models import load_tokenizer
-
-    return load_tokenizer(name)
+_loaded: dict[str, Any] = {}  # the tokenizers loaded so far, by name (a handful at most)
 
 
 def _tokenizer(name: str) -> Any:
-    # One loader at a time: transformers' lazy imports are not safe to race from many threads.
-    with _tokenizer_lock:
-        return _load_tokenizer(name)
+    loaded = _loaded.get(name)
+    if loaded is None:
+        # One loader at a time: transformers' lazy imports are not safe to race from threads.
+        with _tokenizer_lock:
+            loaded = _loaded.get(name)
+            if loaded is None:
+                from raas.llm.models import load_tokenizer
+
+                loaded = _loaded[name] = load_tokenizer(name)
+    return loaded

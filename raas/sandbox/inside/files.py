@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import io
 import os
-import tarfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from editor import ToolError
+
+if TYPE_CHECKING:
+    import tarfile
 
 
 def read_file(path: str, max_bytes: int) -> dict[str, Any]:
@@ -59,6 +61,8 @@ def _safe_members(tar: tarfile.TarFile, dest: str) -> list[tarfile.TarInfo]:
 
 
 def upload(dest: str, tar_b64: str) -> dict[str, Any]:
+    import tarfile  # here: a third of the server's imports, and only trees moving need it
+
     os.makedirs(dest, exist_ok=True)
     data = base64.b64decode(tar_b64)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
@@ -73,6 +77,8 @@ def upload(dest: str, tar_b64: str) -> dict[str, Any]:
 def download(path: str) -> dict[str, Any]:
     if not os.path.exists(path):
         raise ToolError(f"{path} does not exist")
+    import tarfile
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")

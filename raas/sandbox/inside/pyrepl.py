@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -31,6 +32,12 @@ class IPythonSession:
         self.lock = asyncio.Lock()
 
     def _start(self) -> None:
+        if sys.flags.no_site:  # the server starts without site (-S): jupyter is in site-packages
+            import site
+
+            site.main()
+        if "ssl" in sys.modules and sys.modules["ssl"] is None:  # kept out by server.py
+            del sys.modules["ssl"]
         try:
             from jupyter_client.manager import (  # type: ignore[import-not-found, unused-ignore]
                 KernelManager,

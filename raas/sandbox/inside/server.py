@@ -15,20 +15,27 @@ Standard library only, Python 3.8+: the image's own python3 runs it.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import os
-import resource
-import socket
 import sys
-from typing import Any, Callable
 
-from editor import Editor, ToolError
-from files import download, read_file, upload, write_file
-from pyrepl import IPythonSession, KernelUnavailable
-from relay import Relay, Send
-from shell import Shell
+# Started with -I, so this file's directory is not on the path: the modules beside it are.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The server never speaks TLS: asyncio goes without ssl (OpenSSL's loading is a tenth of the
+# start-up). The ipython action lifts this before importing jupyter_client.
+sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import socket  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+from editor import Editor, ToolError  # noqa: E402
+from files import download, read_file, upload, write_file  # noqa: E402
+from pyrepl import IPythonSession, KernelUnavailable  # noqa: E402
+from relay import Relay, Send  # noqa: E402
+from shell import Shell  # noqa: E402
 
 PROTOCOL = 2
 READY = "RAAS-ACTION-SERVER-READY"
@@ -40,7 +47,7 @@ class BadRequest(Exception):
 
 
 class ActionServer:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: SimpleNamespace) -> None:
         self.args = args
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -222,7 +229,8 @@ class ActionServer:
             # Not inheritable, before the shell starts: it is not for the agent's processes.
             listener = socket.socket(fileno=self.args.listen_fd)
             listener.set_inheritable(False)
-        await self.shell.start()
+        # bash starts while the server answers: the start ends sooner, and a command waits for it.
+        self.shell.start_soon()
         if listener is not None:
             server = await asyncio.start_unix_server(
                 self.connection, sock=listener, limit=MAX_MESSAGE
@@ -237,7 +245,7 @@ class ActionServer:
             await server.serve_forever()
 
 
-def apply_limits(args: argparse.Namespace) -> None:
+def apply_limits(args: SimpleNamespace) -> None:
     limits = [
         (resource.RLIMIT_AS, args.memory_bytes),
         (resource.RLIMIT_NPROC, args.max_processes),
@@ -249,20 +257,41 @@ def apply_limits(args: argparse.Namespace) -> None:
             resource.setrlimit(kind, (value, value))
 
 
+# The options (all "--name VALUE"): their types and defaults. Parsed by hand: argparse (and the
+# gettext and locale it imports) would be a tenth of the server's start-up.
+OPTIONS: dict[str, Any] = {
+    "socket": (str, None),  # a Unix socket path to listen on
+    "listen_fd": (int, None),  # or an inherited listening Unix socket
+    "workdir": (str, "/workspace"),
+    "scratch": (str, "/tmp"),
+    "timeout": (float, 120.0),  # default seconds per action
+    "max_output": (int, 64 * 1024),
+    "max_file": (int, 64 * 1024 * 1024),
+    "memory_bytes": (int, None),
+    "max_processes": (int, None),
+    "file_size_bytes": (int, None),
+}
+
+
+def parse_args(argv: list[str]) -> SimpleNamespace:
+    values: dict[str, Any] = {name: default for name, (_, default) in OPTIONS.items()}
+    if len(argv) % 2:
+        sys.exit(f"server.py: every option takes a value: {argv}")
+    for flag, text in zip(argv[::2], argv[1::2]):
+        name = flag[2:].replace("-", "_")
+        if not flag.startswith("--") or name not in OPTIONS:
+            sys.exit(f"server.py: unknown option {flag}")
+        try:
+            values[name] = OPTIONS[name][0](text)
+        except ValueError:
+            sys.exit(f"server.py: {flag} {text!r} is not a valid {OPTIONS[name][0].__name__}")
+    if (values["socket"] is None) == (values["listen_fd"] is None):
+        sys.exit("server.py: give exactly one of --socket and --listen-fd")
+    return SimpleNamespace(**values)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="raas action server (runs inside a sandbox)")
-    listen = parser.add_mutually_exclusive_group(required=True)
-    listen.add_argument("--socket", help="a Unix socket path to listen on")
-    listen.add_argument("--listen-fd", type=int, help="an inherited listening Unix socket")
-    parser.add_argument("--workdir", default="/workspace")
-    parser.add_argument("--scratch", default="/tmp")
-    parser.add_argument("--timeout", type=float, default=120.0, help="default seconds per action")
-    parser.add_argument("--max-output", type=int, default=64 * 1024)
-    parser.add_argument("--max-file", type=int, default=64 * 1024 * 1024)
-    parser.add_argument("--memory-bytes", type=int, default=None)
-    parser.add_argument("--max-processes", type=int, default=None)
-    parser.add_argument("--file-size-bytes", type=int, default=None)
-    args = parser.parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.workdir, exist_ok=True)
     os.chdir(args.workdir)
     apply_limits(args)

@@ -46,6 +46,7 @@ class Shell:
         self._buffer: OutputBuffer | None = None
         self._wakeup = asyncio.Event()
         self._eof = False
+        self._starting: asyncio.Future[None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -118,7 +119,22 @@ class Shell:
                 continue
             data = data[n:]
 
+    def start_soon(self) -> None:
+        """Start bash in the background: the server answers meanwhile, and the first command
+        waits for it (a bash that fails to start is started again by that command)."""
+
+        async def start() -> None:
+            async with self.lock:
+                await self.start()
+
+        self._starting = asyncio.ensure_future(start())
+        self._starting.add_done_callback(lambda task: task.cancelled() or task.exception())
+
     async def run(self, command: str, timeout_s: float, max_output: int) -> dict[str, Any]:
+        if self._starting is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._starting)
+            self._starting = None
         async with self.lock:
             if not self.alive:
                 await self._restart()
