@@ -42,6 +42,7 @@ CPU_SAMPLING: dict[str, Any] = {"max_tokens": 256, "max_turns": 4}
 @dataclass
 class RunOptions:
     url: str | None = None
+    api_key: str | None = None  # the --url server's
     llm: list[str] = field(default_factory=list)
     model: str = field(default_factory=lambda: defaults().tokenizer)
     workdir: Path = Path("out/run")
@@ -120,7 +121,7 @@ async def run_tasks(
     async with service(options, console) as url:
         with Counting(console, len(requests), "rollouts") as progress:
             start = time.perf_counter()
-            async with RolloutClient(url) as client:
+            async with RolloutClient(url, api_key=options.api_key) as client:
                 results = await run_requests(
                     client, requests, on_result=progress.advance, on_interrupt=say_cancelling
                 )

@@ -155,4 +155,47 @@ def test_raas_run_on_the_cpu_engine_sizes_sampling_for_it_unless_told(
     assert "tokens a turn" not in remote.output
     assert sent.pop().sampling_params == {}
     bad = CliRunner().invoke(main, [*base, "--sampling-params", "[1]"])
-    assert bad.exit_code == 2 and "must be a JSON object" in bad.output
+    assert bad.exit_code == 2 and "--sampling-params: give a JSON object" in bad.output
+
+
+def test_submit_and_run_say_what_a_server_answered_not_that_none_is_running(
+    tmp_path: Path,
+) -> None:
+    """A key the server refuses (401) or a URL with a path (404) is the server's answer and
+    what to do, and --api-key / RAAS_API_KEY reaches `raas run --url` too."""
+    from raas.api.app import create_app
+    from raas.settings import validate
+    from tests.llm_servers import ServerThread
+
+    keyed = create_app(validate({"db": tmp_path / "keyed.db", "api_key": "sesame"}))
+    server = ServerThread(keyed).start()
+    bare = ServerThread(create_app(validate({"db": tmp_path / "bare.db"}))).start()
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"data_source": "countdown", "numbers": [2, 5, 10], "target": 20}\n')
+    out = ["--out", str(tmp_path / "r.jsonl")]
+    try:
+        for argv, wants in [
+            (["submit", server.url, str(tasks), *out], ["401", "--api-key KEY"]),
+            (["run", str(tasks), "--url", server.url, *out], ["401", "--api-key KEY"]),
+            (["submit", bare.url + "/v1/rollouts", str(tasks), *out], ["404", "base URL"]),
+            (["submit", bare.url.removeprefix("http://"), str(tasks), *out], ["http://"]),
+        ]:
+            result = CliRunner().invoke(main, argv)
+            last = result.output.strip().splitlines()[-1]
+            assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+            assert all(w in last for w in wants) and "is answering" not in last, last
+        ok = CliRunner().invoke(
+            main, ["run", str(tasks), "--url", server.url, *out], env={"RAAS_API_KEY": "sesame"}
+        )
+        assert ok.exit_code == 0 and "done 1" in ok.output, ok.output
+    finally:
+        server.stop()
+        bare.stop()
+
+
+def test_raas_run_refuses_a_model_it_cannot_start_in_one_line() -> None:
+    result = CliRunner().invoke(main, ["run", "--bundled", "math", "--model", "orcle"])
+    assert result.exit_code == 2, result.output
+    assert "'orcle' is not a model: smollm2, tiny, oracle" in " ".join(result.output.split())
+    bad = CliRunner().invoke(main, ["run", "--bundled", "math", "--sampling-params", "t=1"])
+    assert bad.exit_code == 2 and "--sampling-params" in bad.output and "JSON" in bad.output

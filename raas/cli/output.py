@@ -20,14 +20,25 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
     import httpx
 
     from raas.client import RaasHTTPError, ServerDown
+    from raas.helpers import NotReady
 
     try:
         return asyncio.run(coro)
-    except RaasHTTPError as e:
+    except NotReady as e:  # an engine or service started here did not come up
         raise click.ClickException(str(e)) from e
+    except RaasHTTPError as e:
+        raise click.ClickException(_said(e)) from e
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
         raise click.ClickException(f"bad server URL: {e} (give it as http://HOST:PORT)") from e
     except ServerDown as e:
+        # A server that answered (401, 404) or a URL httpx cannot use is not one that is down.
+        for url, error in e.errors.items():
+            if isinstance(error, RaasHTTPError):
+                raise click.ClickException(f"{url}: {_said(error)}") from e
+            if isinstance(error, httpx.UnsupportedProtocol | httpx.InvalidURL):
+                raise click.ClickException(
+                    f"bad server URL {url}: {error} (give it as http://HOST:PORT)"
+                ) from e
         raise click.ClickException(
             f"{e} (start one with `raas serve --port PORT`, or check the URL and port)"
         ) from e
@@ -37,6 +48,15 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
             f"no raas server is answering{where}: {e or type(e).__name__}"
             " (start one with `raas serve --port PORT`, or check the URL and port)"
         ) from e
+
+
+def _said(error: Any) -> str:
+    """A server's error answer, with what to do for the two a person gets by mistake."""
+    hint = {
+        401: " (give the server's key: --api-key KEY or RAAS_API_KEY)",
+        404: " (give the server's base URL, http://HOST:PORT, without a path)",
+    }.get(error.status_code, "")
+    return f"{error}{hint}"
 
 
 def _url_of(error: BaseException) -> str:

@@ -59,10 +59,14 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 @click.option("--url", help="A running raas server; default: start one here.")
 @click.option("--llm", multiple=True, help="Inference servers for the in-process service.")
 @click.option(
+    "--api-key", envvar="RAAS_API_KEY", help="Bearer token of the --url server (or RAAS_API_KEY)."
+)
+@click.option(
     "--model",
     default=defaults().tokenizer,
     show_default=True,
-    help="Model (and tokenizer) of the embedded engine started when no --llm is given.",
+    help="Model (and tokenizer) of the embedded engine started when no --llm is given:"
+    " smollm2, tiny, oracle (the oracle policy), or a model directory.",
 )
 @SABOTAGE
 @click.option(
@@ -89,7 +93,8 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     help="Re-score the results in this file (no model) instead of running.",
 )
 def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: str | None,
-        llm: tuple[str, ...], model: str, sabotage: float | None, sampling_params: str | None,
+        llm: tuple[str, ...], api_key: str | None, model: str, sabotage: float | None,
+        sampling_params: str | None,
         timeout_s: float, out: Path, agents_venv: Path | None,
         replay: Path | None) -> None:  # fmt: skip
     """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
@@ -97,10 +102,16 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
     from rich.console import Console
 
     from raas.client.task_files import write_results
+    from raas.llm.models import is_model
     from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled, load_file
 
+    if url is None and not llm and not is_model(model):
+        raise click.BadParameter(
+            f"{model!r} is not a model: smollm2, tiny, oracle, or a directory with config.json",
+            param_hint="--model",
+        )
     if sabotage is not None and (url or llm):
         raise click.UsageError("--sabotage is for the oracle started here (not with --url/--llm)")
     if (tasks is None) == (bundled_name is None):
@@ -115,13 +126,18 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
         items = load_file(tasks) if tasks is not None else bundled(str(bundled_name))
         params = json.loads(sampling_params) if sampling_params else {}
         if not isinstance(params, dict):
-            raise ValueError("--sampling-params must be a JSON object")
+            raise json.JSONDecodeError("not an object", str(sampling_params), 0)
         # The oracle is no CPU model: its trajectories take the tasks' own limits.
         on_cpu = url is None and not llm and replay is None and model != "oracle"
         if on_cpu:
             params = {**CPU_SAMPLING, **params}
         requests = requests_for(items[:limit] if limit else items, params, timeout_s)
-    except (DatasetError, json.JSONDecodeError, ValueError) as e:
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(
+            f"give a JSON object, as '{{\"temperature\": 0.3}}' ({e})",
+            param_hint="--sampling-params",
+        ) from e
+    except (DatasetError, ValueError) as e:
         raise click.UsageError(str(e)) from e
     console = Console()
     if on_cpu:
@@ -136,6 +152,7 @@ def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: st
         return
     options = RunOptions(
         url=url,
+        api_key=api_key,
         llm=list(llm),
         model=model,
         workdir=out.parent,

@@ -34,6 +34,7 @@ class Server:
     status: ServiceStatus | None = None
     sent_since_status: int = 0
     down_until: float = 0.0
+    last_error: Exception | None = None  # why it was last set aside
 
     @property
     def up(self) -> bool:
@@ -61,7 +62,12 @@ class Group:
 
 
 class ServerDown(Exception):
-    pass
+    """No server can take a job; ``errors`` holds each server's last error (by URL): a server
+    that answered with an error (a 401, a 404) is not one that is down."""
+
+    def __init__(self, message: str, errors: dict[str, Exception] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or {}
 
 
 class RolloutClient:
@@ -135,6 +141,7 @@ class RolloutClient:
         if server.up:
             log.warning("server %s is not answering (%s); setting it aside", server.url, error)
         server.down_until = time.monotonic() + self.down_for_s
+        server.last_error = error
 
     async def _pick(self, exclude: set[str] | None = None) -> Server:
         if time.monotonic() - self._status_at > self.status_every_s:
@@ -142,7 +149,8 @@ class RolloutClient:
         candidates = [s for s in self.servers if s.up and s.url not in (exclude or set())]
         if not candidates:
             raise ServerDown(
-                "no raas server is answering: " + ", ".join(s.url for s in self.servers)
+                "no raas server is answering: " + ", ".join(s.url for s in self.servers),
+                {s.url: s.last_error for s in self.servers if s.last_error is not None},
             )
         return min(candidates, key=lambda s: s.load)
 

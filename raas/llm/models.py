@@ -108,6 +108,11 @@ def tokenizer_missing(name: str) -> str | None:
     return f"neither a directory nor a hub id in the Hugging Face cache ({hub})"
 
 
+def is_model(name: str) -> bool:
+    """Can the embedded engine serve ``name``: a named model, or a directory with config.json."""
+    return name in SMOLLM2_TOKENIZER or (Path(name).expanduser() / "config.json").is_file()
+
+
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name: str = "smollm2") -> Any:
     """The tokenizer of a model: "smollm2", "tiny" and "oracle" share SmolLM2's (ChatML, EOS
@@ -260,7 +265,8 @@ def load_model(name: str) -> tuple[PreTrainedModel, Any]:
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
         raise ModelNotFound(
-            f"unknown model {name!r}: use 'smollm2', 'tiny', or a directory with config.json "
+            f"unknown model {name!r}: use 'smollm2', 'tiny', 'oracle', or a directory with"
+            " config.json "
             "and safetensors weights"
         )
     model = _from_dir(path)
