@@ -26,7 +26,8 @@ def wait_for_state(url: str, job_id: str, state: str) -> None:
     """Readiness wait for a condition in another process, bounded by a deadline."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
-        if httpx.get(f"{url}/v1/rollouts/{job_id}").json()["state"] == state:
+        answer = httpx.get(f"{url}/v1/rollouts/{job_id}")  # a 404 until it is submitted
+        if answer.status_code == 200 and answer.json()["state"] == state:
             return
         time.sleep(0.02)
     raise AssertionError(f"{job_id} never reached {state}")
