@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -66,6 +67,44 @@ async def test_run_requests_returns_results_in_submission_order(
             )
     assert [r.job_id for r in results] == [f"r{i}" for i in range(7)]
     assert sorted(seen) == sorted(r.job_id for r in results)
+
+
+class HoldsTheBatchAnswer(httpx.AsyncBaseTransport):
+    """Lets the app take a batch submission, then never hands its answer back to the client."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.taken = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path.endswith(":batch"):
+            self.taken.set()
+            await asyncio.Event().wait()  # the answer is still on the wire when Ctrl-C comes
+        return response
+
+
+async def test_a_batch_cut_off_on_the_wire_is_cancelled_on_the_server(
+    tmp_path: Path, registry: TaskRegistry
+) -> None:
+    app = create_app(ServeSettings(db=tmp_path / "w.db"), registry)
+    async with app.router.lifespan_context(app):
+        transport = HoldsTheBatchAnswer(httpx.ASGITransport(app=app))
+        async with RolloutClient("http://raas", transport=transport) as client:
+            requests = [
+                RolloutRequest(instance=probe_instance(init="block"), job_id=f"w{i}")
+                for i in range(2)
+            ]
+            told: list[int] = []
+            run = asyncio.create_task(run_requests(client, requests, on_interrupt=told.append))
+            await asyncio.wait_for(transport.taken.wait(), 30)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+        async with AsyncRolloutClient("http://raas", transport=httpx.ASGITransport(app=app)) as c:
+            states = [(await c.get(f"w{i}")).state for i in range(2)]
+    assert told == [2]
+    assert states == ["cancelled", "cancelled"]
 
 
 def test_read_requests_merges_sampling_params(tmp_path: Path) -> None:

@@ -169,6 +169,12 @@ class RolloutClient:
             server = await self._pick(tried)
             # Counted before the submission is sent, so that concurrent submits spread out.
             server.sent_since_status += len(requests)
+            ids = [str(r.job_id) for r in requests]
+            # Recorded before the answer: if this is cancelled mid-request, the server may
+            # already hold the jobs, and cancel() must know where to find them.
+            for job_id, request in zip(ids, requests, strict=True):
+                self._where[job_id] = server
+                self._requests[job_id] = request
             try:
                 await server.client.submit_batch(requests)
             except httpx.TransportError as e:
@@ -176,10 +182,6 @@ class RolloutClient:
                 self._set_aside(server, e)
                 tried.add(server.url)
                 continue
-            ids = [str(r.job_id) for r in requests]
-            for job_id, request in zip(ids, requests, strict=True):
-                self._where[job_id] = server
-                self._requests[job_id] = request
             return ids
 
     async def wait(self, job_id: str, poll_s: float = 30.0) -> RolloutResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
+from raas.client.single_server import with_job_id
 from raas.wire import RolloutRequest, RolloutResult
 
 
@@ -78,15 +80,20 @@ async def run_requests(
     pending = list(requests)
     try:
         for start in range(0, len(pending), batch_size):
-            ids = await client.submit_batch(pending[start : start + batch_size])
-            submitted.extend(ids)
+            batch = [with_job_id(r) for r in pending[start : start + batch_size]]
+            # Counted as submitted before the answer: a Ctrl-C while the batch is on the wire
+            # may leave it running on the server, so it is cancelled with the rest.
+            submitted.extend(str(r.job_id) for r in batch)
+            ids = await client.submit_batch(batch)
             collectors.extend(asyncio.create_task(collect(job_id)) for job_id in ids)
         return list(await asyncio.gather(*collectors))
     except asyncio.CancelledError:
         # Cancelling the gather cancelled the collectors: a job is unfinished unless its
         # collector came back with the result.
         unfinished = [
-            j for j, c in zip(submitted, collectors, strict=False) if c.cancelled() or not c.done()
+            j
+            for j, c in itertools.zip_longest(submitted, collectors)
+            if c is None or c.cancelled() or not c.done()
         ]
         if unfinished:
             if on_interrupt is not None:
