@@ -8,6 +8,7 @@ the LLM and sandbox libraries and the server can all use them.
 
 from __future__ import annotations
 
+import difflib
 import email.utils
 import os
 import signal
@@ -18,7 +19,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,9 @@ def without_none(annotation: Any) -> tuple[Any, bool]:
     if len(rest) != 1:
         return annotation, False
     return rest[0], len(rest) < len(args)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the choice closest to a mistyped ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""

@@ -31,7 +31,7 @@ from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
 from raas.tasks.services import TaskServices
-from raas.wire import RolloutRequest, RolloutResult
+from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 # Sampling for a run on the embedded CPU engine, under the tasks' own: SmolLM2-135M generates about
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
@@ -169,11 +169,13 @@ def result_table(results: list[RolloutResult], title: str) -> Table:
     return table
 
 
-def infra_failures(results: list[RolloutResult]) -> int:
-    """Rollouts that ended without a verdict because nothing could run them (kind infra)."""
-    return sum(
-        1 for r in results if r.state != "done" and r.error is not None and r.error.kind == "infra"
-    )
+def infra_errors(results: list[RolloutResult]) -> list[ErrorInfo]:
+    """Why rollouts ended without a verdict because nothing could run them (kind infra)."""
+    return [
+        r.error
+        for r in results
+        if r.state != "done" and r.error is not None and r.error.kind == "infra"
+    ]
 
 
 def summary(results: list[RolloutResult], wall_s: float) -> str:
@@ -188,7 +190,7 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
         f" {tokens / wall_s:.1f} generated tokens/s): mean reward {mean:.3f}, pass rate"
         f" {passed}/{len(rewards)}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
-        + (f" ({infra} of them for infra reasons)" if (infra := infra_failures(results)) else "")
+        + (f" ({infra} of them for infra reasons)" if (infra := len(infra_errors(results))) else "")
     )
 
 

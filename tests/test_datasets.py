@@ -63,6 +63,8 @@ def test_bundled_sets() -> None:
     assert sorted({d["data_source"] for d in demo}) == ["code", "math", "swe"]
     with pytest.raises(DatasetError, match="no bundled set 'nope'"):
         bundled("nope")
+    with pytest.raises(DatasetError, match="did you mean 'humaneval'"):
+        bundled("humanevl")
 
 
 def test_datasets_cli(tmp_path: Path) -> None:

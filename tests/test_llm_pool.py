@@ -196,7 +196,7 @@ async def test_health_checks_take_backends_out_and_back(servers: Any) -> None:
     assert backend.healthy  # one missed check is not enough
     await pool.check_health()
     assert not backend.healthy
-    with pytest.raises(NoBackendAvailable):
+    with pytest.raises(NoBackendAvailable, match=r"down: health check: unreachable \(.+\)"):
         pool.backend_for("s")
     await pool.stop()
 
@@ -208,7 +208,7 @@ async def test_one_backend_whose_check_raises_leaves_the_others_checked(servers:
     pool = BackendPool(PoolConfig(misses_to_down=1))
     good, gone, odd = pool.add(alive.url), pool.add(dead.url), pool.add(broken.url)
 
-    async def raises() -> bool:
+    async def raises() -> str | None:
         raise httpx.InvalidURL("Invalid non-printable ASCII character in URL")
 
     odd.client.health = raises  # type: ignore[method-assign]

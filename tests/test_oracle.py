@@ -97,8 +97,8 @@ def bookkeeping_problems(result: RolloutResult, oracle: Oracle) -> list[str]:
     # attempt's first turn has the same prompt, and the oracle the same answer).
     generated = {}
     for gen in oracle.generations(str(result.instance_id)):
-        if ids[: len(gen.prompt_ids)] == gen.prompt_ids:
-            generated[len(gen.prompt_ids)] = gen
+        if ids[: len(gen.prompt_token_ids)] == gen.prompt_token_ids:
+            generated[len(gen.prompt_token_ids)] = gen
     gens = [generated[n] for n in sorted(generated)]
     if len(gens) != len(traj.turns):
         return [f"{len(traj.turns)} turns but {len(gens)} generations of the oracle match"]
@@ -106,7 +106,7 @@ def bookkeeping_problems(result: RolloutResult, oracle: Oracle) -> list[str]:
     mask = [0] * len(traj.response_ids)
     start = len(traj.prompt_ids)
     for turn, gen in zip(traj.turns, gens, strict=True):
-        at, end = len(gen.prompt_ids), len(gen.prompt_ids) + len(gen.token_ids)
+        at, end = len(gen.prompt_token_ids), len(gen.prompt_token_ids) + len(gen.token_ids)
         if ids[at:end] != gen.token_ids:
             found.append(f"turn {turn['turn']}: the tokens are not those the oracle generated")
         if traj.logprobs[at - start : end - start] != gen.logprobs:
@@ -119,7 +119,7 @@ def bookkeeping_problems(result: RolloutResult, oracle: Oracle) -> list[str]:
     if any(lp != 0.0 for lp, m in zip(traj.logprobs, mask, strict=True) if not m):
         found.append("an inserted token has a logprob")
     last = gens[-1] if gens else None
-    if last is not None and ids != last.prompt_ids + last.token_ids:
+    if last is not None and ids != last.prompt_token_ids + last.token_ids:
         found.append("prompt_ids + response_ids is not the last prompt plus the last output")
     return found
 

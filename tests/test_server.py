@@ -240,7 +240,9 @@ def test_submit_fails_when_nothing_could_run_the_jobs(start_server: Any, tmp_pat
     tasks.write_text(json.dumps({"data_source": "math", "problem": "1+1?", "answer": "2"}) + "\n")
     result = CliRunner().invoke(main, ["submit", server.url, str(tasks)])
     assert result.exit_code == 1, result.output
-    assert "1 of 1 rollouts could not run (errors of kind infra" in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "1 of 1 rollouts could not run (errors of kind infra):" in last
+    assert "NoBackendAvailable: no LLM backend is registered" in last  # the cause, said last
 
 
 def test_the_result_table_fits_80_columns_without_losing_the_why() -> None:

@@ -315,6 +315,8 @@ async def test_an_unknown_data_source_is_a_422_naming_it(
         reg.get("codecontests")
     assert "openai/gsm8k" in exc.value.known and "aime*" in exc.value.known
     assert "codecontests" not in reg and "openai/gsm8k" in reg
+    with pytest.raises(UnknownTask, match="did you mean 'openai/gsm8k'"):
+        reg.get("openai/gsm8")
 
     @asynccontextmanager
     async def client() -> AsyncIterator[httpx.AsyncClient]:

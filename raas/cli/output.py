@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import textwrap
 import time
+from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import click
 
 T = TypeVar("T")
+CAUSE_CHARS = 300  # of an error's cause on the last line
 
 
 def run_client(coro: Coroutine[Any, Any, T]) -> T:
@@ -81,12 +84,16 @@ def setup_logging(level: str) -> None:
 def exit_for_infra(results: list[Any]) -> None:
     """Exit 1 when rollouts failed because nothing could run them (kind infra): a run whose
     backends or sandboxes were missing is not a success, whatever the rewards say."""
-    from raas.run import infra_failures
+    from raas.run import infra_errors
 
-    if failed := infra_failures(results):
+    if errors := infra_errors(results):
+        failed = len(errors)
+        # The commonest cause, on the last line a person reads (the table cuts it short).
+        cause, times = Counter(f"{e.type}: {e.message}" for e in errors).most_common(1)[0]
+        more = f" ({times} of them; the others: the why column)" if times < failed else ""
         raise click.ClickException(
-            f"{failed} of {len(results)} rollouts could not run (errors of kind infra: see the"
-            " why column or the results file)"
+            f"{failed} of {len(results)} rollouts could not run (errors of kind infra){more}:"
+            f" {textwrap.shorten(cause, CAUSE_CHARS)}"
         )
 
 

@@ -133,13 +133,18 @@ class LLMClient(ABC):
             raise BackendError(self.url, f"answered with no JSON: {response.text[:200]}") from e
         return data
 
-    async def health(self) -> bool:
-        """True when the server answers its health route (a server without one counts if up)."""
+    async def health(self) -> str | None:
+        """None when the server answers its health route (a server without one counts if up),
+        else why not, said so that a person can act on it (the pool reports it as the cause)."""
         try:
             response = await self._send("GET", "/health", timeout_s=HEALTH_TIMEOUT_S)
-        except TRANSPORT_ERRORS:
-            return False
-        return response.status < 400 or response.status == 404
+        except TimeoutError:
+            return f"no answer to GET /health within {HEALTH_TIMEOUT_S:g} s"
+        except aiohttp.ClientError as e:
+            return f"unreachable ({e or type(e).__name__})"
+        if response.status < 400 or response.status == 404:
+            return None
+        return f"GET /health answered {response.status}"
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         start = time.perf_counter()

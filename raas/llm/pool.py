@@ -190,7 +190,7 @@ class BackendPool:
         if not self._backends:
             return "no LLM backend is registered (POST /v1/backends or /add_llm_server)"
         states = ", ".join(
-            f"{b.url} ({'healthy' if b.healthy else 'down'}: {b.last_error or 'no error'})"
+            f"{b.url} ({'healthy' if b.healthy else 'down'}: {b.last_error or 'no error recorded'})"
             for b in self.backends()
         )
         return f"every LLM backend is down or failed this request: {states}"
@@ -284,10 +284,12 @@ class BackendPool:
     async def _healthy(backend: Backend) -> bool:
         """One backend's check; whatever it raises counts against that backend alone."""
         try:
-            return await backend.client.health()
+            why_not = await backend.client.health()
         except Exception as e:
-            backend.last_error = f"health check: {type(e).__name__}: {e}"
-            return False
+            why_not = f"{type(e).__name__}: {e}"
+        if why_not is not None:
+            backend.last_error = f"health check: {why_not}"
+        return why_not is None
 
     def start(self) -> None:
         if self._health_task is None:

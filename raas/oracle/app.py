@@ -9,9 +9,8 @@ tokenizer's template; Hermes tool calls in the reply come back as ``tool_calls``
 from __future__ import annotations
 
 import asyncio
-import itertools
+import dataclasses
 import time
-import uuid
 from typing import Any
 
 import uvicorn
@@ -20,15 +19,12 @@ from fastapi.responses import JSONResponse
 
 import raas
 from raas.llm.chat import encode
+from raas.llm.engine.completion import completion_response
 from raas.llm.engine.protocol import (
-    CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
-    PromptTokensDetails,
-    Usage,
 )
 from raas.llm.openai_chat import (
     OpenAIError,
@@ -41,7 +37,7 @@ from raas.llm.openai_chat import (
 )
 from raas.llm.toolcalls import HermesParser, ParsedOutput
 from raas.llm.types import SamplingParams
-from raas.oracle.model import Generated, Oracle
+from raas.oracle.model import Oracle
 
 MAX_MODEL_LEN = 1 << 20  # the oracle has no context limit of its own
 
@@ -86,7 +82,9 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
             body.max_tokens or MAX_MODEL_LEN,
             frozenset(body.stop_token_ids or ()),
         )
-        return _completion(body, out, served_name, tokenizer)
+        if not body.logprobs:
+            out = dataclasses.replace(out, top_logprobs=None)
+        return completion_response(body, out, served_name, tokenizer)
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat_completions(request: Request) -> Any:
@@ -124,50 +122,6 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
                 **oracle.counts}  # fmt: skip
 
     return app
-
-
-def _completion(
-    body: CompletionRequest, out: Generated, served_name: str, tokenizer: Any
-) -> CompletionResponse:
-    shown = out.token_ids
-    if out.finish_reason == "stop" and not body.include_stop_str_in_output:
-        shown = shown[:-1]  # like vLLM: the stop token is in token_ids, not in the text
-    logprobs = None
-    if body.logprobs is not None:
-        names = [
-            f"token_id:{t}"
-            if body.return_tokens_as_token_ids
-            else str(tokenizer.decode([t], skip_special_tokens=False))
-            for t in out.token_ids
-        ]
-        offsets = [0, *itertools.accumulate(len(n) for n in names)][: len(names)]
-        top = None
-        if body.logprobs:  # the oracle's only candidate is the token it gives
-            top = [{n: lp} for n, lp in zip(names, out.logprobs, strict=True)]
-        logprobs = CompletionLogprobs(
-            text_offset=offsets, token_logprobs=out.logprobs, tokens=names, top_logprobs=top
-        )
-    choice = CompletionChoice(
-        text=str(tokenizer.decode(shown, skip_special_tokens=body.skip_special_tokens)),
-        token_ids=out.token_ids if body.return_token_ids else None,
-        prompt_token_ids=out.prompt_ids if body.return_token_ids else None,
-        logprobs=logprobs,
-        finish_reason="stop" if out.finish_reason == "stop" else "length",
-        stop_reason=out.stop_reason,
-    )
-    prompt_tokens = len(out.prompt_ids)
-    return CompletionResponse(
-        id=f"cmpl-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=served_name,
-        choices=[choice],
-        usage=Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=len(out.token_ids),
-            total_tokens=prompt_tokens + len(out.token_ids),
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=0),
-        ),
-    )
 
 
 def create_oracle_app(

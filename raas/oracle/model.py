@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import Any
 
 from raas.llm.chat import encode
+from raas.llm.engine.completion import GenerationResult
 from raas.oracle.catalogue import GoldTask, catalogue
 from raas.oracle.policy import UNKNOWN, chatml, next_reply, turns_after_task
 from raas.oracle.sabotage import sabotage_of
@@ -30,15 +30,6 @@ def token_logprob(token: int) -> float:
     return -((token * 7919) % 100 + 1) / 1000
 
 
-@dataclass(frozen=True)
-class Generated:
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" or "length"
-    stop_reason: int | None
-
-
 class Oracle:
     def __init__(self, tokenizer: Any, sabotage: float = 0.0, seed: int = 0) -> None:
         if not 0.0 <= sabotage <= 1.0:
@@ -49,7 +40,7 @@ class Oracle:
         self.tasks = catalogue()
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._kept: dict[str, deque[Generated]] = {}
+        self._kept: dict[str, deque[GenerationResult]] = {}
 
     def way(self, task: GoldTask) -> str | None:
         """How ``task`` is sabotaged here, or None (gold)."""
@@ -77,7 +68,7 @@ class Oracle:
 
     def generate(
         self, prompt_ids: list[int], max_tokens: int, stop_token_ids: frozenset[int] = frozenset()
-    ) -> Generated:
+    ) -> GenerationResult:
         task, text = self.reply(prompt_ids)
         ids = encode(self.tokenizer, text) + [self.tokenizer.eos_token_id]
         finish, stop_reason = "stop", None
@@ -87,7 +78,17 @@ class Oracle:
                 break
         if len(ids) > max_tokens:
             ids, finish, stop_reason = ids[:max_tokens], "length", None
-        out = Generated(list(prompt_ids), ids, [token_logprob(t) for t in ids], finish, stop_reason)
+        logprobs = [token_logprob(t) for t in ids]
+        out = GenerationResult(
+            prompt_token_ids=list(prompt_ids),
+            token_ids=ids,
+            logprobs=logprobs,
+            # The oracle is certain: the token it gives is its only candidate.
+            top_logprobs=[[(t, lp)] for t, lp in zip(ids, logprobs, strict=True)],
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            stopped_on_token=finish == "stop",
+        )
         name = task.instance_id if task is not None else ""
         with self._lock:
             self.counts["generations"] += 1
@@ -96,7 +97,7 @@ class Oracle:
                 self._kept.setdefault(name, deque(maxlen=KEPT_PER_TASK)).append(out)
         return out
 
-    def generations(self, instance_id: str) -> list[Generated]:
+    def generations(self, instance_id: str) -> list[GenerationResult]:
         """What the oracle generated for a task, oldest first (the last ``KEPT_PER_TASK``)."""
         with self._lock:
             return list(self._kept.get(instance_id, ()))

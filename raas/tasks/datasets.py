@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raas.helpers import did_you_mean
 from raas.tasks.countdown import generate_instances
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -176,6 +177,7 @@ def bundled(name: str) -> list[dict[str, Any]]:
     try:
         return BUNDLED[name].load()
     except KeyError:
+        have = ", ".join(sorted(BUNDLED))
         raise DatasetError(
-            f"no bundled set {name!r} (have: {', '.join(sorted(BUNDLED))})"
+            f"no bundled set {name!r} ({did_you_mean(name, BUNDLED)}have: {have})"
         ) from None

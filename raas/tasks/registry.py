@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
+from raas.helpers import did_you_mean
 from raas.tasks import sources
 from raas.tasks.protocol import TaskHandler
 
@@ -34,7 +35,8 @@ class UnknownTask(KeyError):
 
     def __str__(self) -> str:
         known = ", ".join(self.known) or "none"
-        return f"no task handler for data_source {self.data_source!r} (known: {known})"
+        hint = did_you_mean(self.data_source, self.known)
+        return f"no task handler for data_source {self.data_source!r} ({hint}known: {known})"
 
 
 class TaskRegistry:

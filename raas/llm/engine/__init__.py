@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from raas.llm.engine.app import create_engine_app, engine_app
     from raas.llm.engine.generator import Engine, GenerationParams
 
-# The rest (EngineStopped, PromptError, WeightsError, GenerationResult) is in .generator.
+# The rest: EngineStopped, PromptError, WeightsError in .generator; GenerationResult in .completion.
 __all__ = ["Engine", "GenerationParams", "create_engine_app", "engine_app"]
 _HOMES = {
     "Engine": "generator",

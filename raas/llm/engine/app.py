@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -15,27 +14,23 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 import raas
+from raas.llm.engine.completion import completion_response
 from raas.llm.engine.generator import (
     Engine,
     EngineStopped,
     GenerationParams,
-    GenerationResult,
     PromptError,
     WeightsError,
 )
 from raas.llm.engine.protocol import (
-    CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     EngineStatsResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
-    PromptTokensDetails,
     UpdateWeightsRequest,
     UpdateWeightsResponse,
-    Usage,
 )
 from raas.llm.models import load_model
 from raas.llm.openai_chat import (
@@ -169,7 +164,7 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
             raise APIError(499, "the client closed the request", "ClientClosedRequest") from e
         finally:  # a client that left, or this handler cancelled: generate nothing more
             engine.abort(future)
-        return _completion(body, result, served_name, tokenizer)
+        return completion_response(body, result, served_name, tokenizer)
 
     @app.post("/v1/chat/completions", tags=["openai"], responses=_ERRORS)
     async def chat_completions(request: Request) -> Any:
@@ -278,71 +273,3 @@ async def _disconnect(request: Request) -> None:
         if message["type"] == "http.disconnect":
             return
         await asyncio.sleep(0.05)  # more body than expected: do not spin on a server that answers
-
-
-def _completion(
-    body: CompletionRequest, result: GenerationResult, served_name: str, tokenizer: Any
-) -> CompletionResponse:
-    tokens = result.token_ids
-    shown = tokens
-    if result.stopped_on_token and not body.include_stop_str_in_output:
-        shown = tokens[:-1]  # like vLLM: the stop token is in token_ids, not in the text
-    text = str(tokenizer.decode(shown, skip_special_tokens=body.skip_special_tokens))
-    logprobs = None
-    if body.logprobs is not None:
-        logprobs = _logprobs(body, result, tokenizer)
-    choice = CompletionChoice(
-        text=text,
-        token_ids=tokens if body.return_token_ids else None,
-        prompt_token_ids=result.prompt_token_ids if body.return_token_ids else None,
-        logprobs=logprobs,
-        finish_reason="stop" if result.finish_reason == "stop" else "length",
-        stop_reason=result.stop_reason,
-    )
-    prompt_tokens = len(result.prompt_token_ids)
-    return CompletionResponse(
-        id=f"cmpl-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=served_name,
-        choices=[choice],
-        usage=Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=len(tokens),
-            total_tokens=prompt_tokens + len(tokens),
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
-        ),
-    )
-
-
-def _logprobs(
-    body: CompletionRequest, result: GenerationResult, tokenizer: Any
-) -> CompletionLogprobs:
-    names: dict[int, str] = {}
-
-    def name(token: int) -> str:
-        if token not in names:
-            names[token] = (
-                f"token_id:{token}"
-                if body.return_tokens_as_token_ids
-                else str(tokenizer.decode([token], skip_special_tokens=False))
-            )
-        return names[token]
-
-    strings = [name(t) for t in result.token_ids]
-    offsets: list[int] = []
-    at = 0
-    for s in strings:
-        offsets.append(at)
-        at += len(s)
-    top = None
-    if result.top_logprobs is not None:
-        top = []
-        for token, logprob, alternatives in zip(
-            result.token_ids, result.logprobs, result.top_logprobs, strict=True
-        ):
-            entry = {name(t): lp for t, lp in alternatives}
-            entry.setdefault(name(token), logprob)
-            top.append(entry)
-    return CompletionLogprobs(
-        text_offset=offsets, token_logprobs=result.logprobs, tokens=strings, top_logprobs=top
-    )

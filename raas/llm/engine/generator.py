@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from raas.llm.engine.completion import GenerationResult
 from raas.llm.engine.kv import KV, KVCache, assemble, clone, row_view
 from raas.llm.engine.prefix_cache import PrefixCache
 
@@ -58,19 +59,6 @@ class GenerationParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= GREEDY_TEMPERATURE
-
-
-@dataclass
-class GenerationResult:
-    prompt_token_ids: list[int]
-    token_ids: list[int]  # including the stop token (EOS or a stop id) that ended it
-    logprobs: list[float]  # one per token of token_ids
-    top_logprobs: list[list[tuple[int, float]]] | None
-    finish_reason: str  # "stop" or "length"
-    stop_reason: int | None  # the stop token id, None for EOS and length
-    stopped_on_token: bool  # the last token is the EOS or stop token that ended generation
-    cached_tokens: int  # prompt tokens served from the prefix cache
-    weight_version: int
 
 
 @dataclass
