@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import email.utils
+import errno
 import os
 import signal
 import socket
@@ -47,6 +48,27 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+class PortBusy(RuntimeError):
+    """A server's address cannot be bound (in use, or not this machine's)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (as uvicorn binds, with SO_REUSEADDR), for a server to
+    listen on. Binding before the app starts means a busy port is said first, in one line,
+    not after the app has logged that it is ready."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortBusy(f"{host}:{port} is in use (pass --port N, or stop what holds it)") from e
+        raise PortBusy(f"{host}:{port} cannot be bound: {e.strerror}") from e
+    return sock
 
 
 # -- waiting until a server answers -----------------------------------------------------------

@@ -86,6 +86,28 @@ def test_a_wrong_server_address_is_one_line_that_says_what_to_do() -> None:
     assert bare.exit_code == 1 and "give it as http://HOST:PORT" in bare.output
 
 
+@pytest.mark.parametrize(
+    "command", [["serve", "--db", "{tmp}/busy.db"], ["engine", "--model", "oracle"]]
+)
+def test_a_busy_port_is_one_line_before_anything_starts(
+    command: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        args = [a.format(tmp=tmp_path) for a in command] + ["--port", str(port)]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert (
+        result.output
+        == f"Error: 127.0.0.1:{port} is in use (pass --port N, or stop what holds it)\n"
+    )
+    assert "ready" not in caplog.text and not (tmp_path / "busy.db").exists()
+
+
 def test_serve_refuses_a_tokenizer_it_cannot_load(tmp_path: Path) -> None:
     from raas.llm.models import tokenizer_missing
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from raas.helpers import PortBusy, listening_socket
 from raas.settings import ServeSettings, choices, flag, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
@@ -72,7 +73,10 @@ def serve(config_file: Path | None, **options: Any) -> None:
         raise click.UsageError(str(e)) from e
     setup_logging(settings.log_level)
     check_tokenizer(settings.tokenizer)
-    run_server(settings)
+    try:
+        run_server(settings)
+    except PortBusy as e:
+        raise click.ClickException(str(e)) from e
 
 
 def check_tokenizer(name: str) -> None:
@@ -120,14 +124,18 @@ def engine(
 ) -> None:
     """Serve a model on the CPU, speaking vLLM's /v1/completions (token ids in, ids + logprobs
     out), with /v1/models, /health and POST /update_weights {path}."""
+    if model != "oracle" and (sabotage is not None or sabotage_seed is not None):
+        raise click.UsageError("--sabotage and --sabotage-seed are for --model oracle")
+    try:
+        sock = listening_socket(host, port)  # a busy port is said before the model loads
+    except PortBusy as e:
+        raise click.ClickException(str(e)) from e
     if model == "oracle":
         from raas.oracle.app import create_oracle_app, serve_oracle
 
         app = create_oracle_app(sabotage or 0.0, sabotage_seed or 0, served_name=served_name)
-        serve_oracle(app, host=host, port=port)
+        serve_oracle(app, sock)
         return
-    if sabotage is not None or sabotage_seed is not None:
-        raise click.UsageError("--sabotage and --sabotage-seed are for --model oracle")
     try:
         from raas.llm.engine import create_engine_app
         from raas.llm.engine.server import serve_engine
@@ -145,4 +153,4 @@ def engine(
         )
     except ModelNotFound as e:
         raise click.ClickException(str(e)) from e
-    serve_engine(app, host=host, port=port)
+    serve_engine(app, sock)
