@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,25 @@ async def test_bad_input_is_422_naming_the_field(
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == loc
     assert status.json()["in_flight"] == 0
+
+
+async def test_a_body_not_sent_as_json_is_a_415_saying_how(client: Client) -> None:
+    body = json.dumps({"instance": {"data_source": "probe"}})
+    async with client() as http:
+        form = await http.post(  # what curl -d sends
+            "/v1/rollouts",
+            content=body,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        bare = await http.post("/v1/rollouts", content=body, headers={"content-type": ""})
+        listed = await http.post("/v1/rollouts", json=[1])  # JSON, but not an object: a 422
+    assert form.status_code == 415 and bare.status_code == 415
+    assert (
+        "Content-Type: application/json (got 'application/x-www-form-urlencoded'"
+        in (form.json()["detail"])
+    )
+    assert "(got none;" in bare.json()["detail"]
+    assert listed.status_code == 422 and listed.json()["detail"][0]["loc"] == ["body"]
 
 
 async def test_batch_names_the_bad_job_and_accepts_none(client: Client) -> None:

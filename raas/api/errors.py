@@ -155,7 +155,9 @@ def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if (unsupported := _not_json(request, exc)) is not None:
+            return unsupported
         # FastAPI's own answer, made safe to encode whatever the body held (see jsonable).
         return JSONResponse({"detail": jsonable(exc.errors())}, status_code=422)
 
@@ -182,3 +184,20 @@ def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
     @app.exception_handler(JobIdConflict)
     async def _conflict(_: Request, exc: JobIdConflict) -> JSONResponse:
         return JSONResponse(_detail(str(exc), job_id=exc.job_id), status_code=409)
+
+
+def _not_json(request: Request, exc: RequestValidationError) -> JSONResponse | None:
+    """A 415 that says how to send the body, when it was not sent as JSON: curl's ``-d`` alone
+    sends a form, which FastAPI reads as a string and pydantic answers in its own words."""
+    content_type = request.headers.get("content-type", "")
+    errors = exc.errors()
+    if "json" in content_type or not errors or list(errors[0].get("loc", ())) != ["body"]:
+        return None
+    said = f"{content_type!r}" if content_type else "none"
+    return JSONResponse(
+        _detail(
+            f"the body must be JSON sent with Content-Type: application/json (got {said};"
+            " with curl: -H 'content-type: application/json')"
+        ),
+        status_code=415,
+    )
