@@ -37,6 +37,17 @@ def test_help_explains_the_commands() -> None:
     assert "--run-workers" in serve.output and "RAAS_" in serve.output
 
 
+def test_every_command_is_said_whole_in_80_columns() -> None:
+    from raas.cli.bench import known
+
+    listing = CliRunner().invoke(main, ["--help"], terminal_width=80).output
+    commands = listing.split("Commands:\n", 1)[1].splitlines()
+    assert len(commands) == len(main.commands)
+    assert all(len(line) <= 80 and not line.endswith("...") for line in commands), listing
+    bench_help = CliRunner().invoke(main, ["bench", "--help"]).output
+    assert ", ".join(known()[:-1]) + " or " + known()[-1] in " ".join(bench_help.split())
+
+
 def test_serve_refuses_bad_settings_with_a_usage_error() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "raas", "serve", "--run-workers", "0"],

@@ -18,11 +18,17 @@ def known() -> list[str]:
     return sorted(n for n in names if n not in NOT_BENCHMARKS and not n.startswith("_"))
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.command(
+    short_help="Run a benchmark (raas bench NAME -- -h): prints, never asserts.",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.argument("name")
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
-    """Run benchmark NAME (e.g. `raas bench pipeline -- --jobs 96`); prints, never asserts."""
+    """Run benchmark NAME: dapo, gateway, llm, pipeline, scale, soak or tools. Its own options
+    come after `--`: `raas bench pipeline -- --help`, `raas bench pipeline -- --jobs 96`.
+    Benchmarks print medians and ratios against a baseline measured in the same run; they
+    never assert."""
     if name not in known():
         raise click.UsageError(f"no benchmark {name!r} (have: {', '.join(known())})")
     module = importlib.import_module(f"raas.bench.{name}")

@@ -8,7 +8,7 @@ from typing import Literal
 import click
 
 
-@click.group()
+@click.group(short_help="Apptainer images for the apptainer sandbox provider.")
 def images() -> None:
     """Apptainer images for the `apptainer` sandbox provider (no network needed).
 

@@ -43,7 +43,7 @@ def status(url: str, api_key: str | None) -> None:
         click.echo(f"  LLM {b.url} [{b.protocol}] {health}, sessions {b.sessions}/{b.capacity}")
 
 
-@click.command()
+@click.command(short_help="The jobs in flight on a server: stage, turns, tokens, time.")
 @click.argument("url")
 @click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
 def jobs(url: str, api_key: str | None) -> None:
@@ -73,7 +73,7 @@ def jobs(url: str, api_key: str | None) -> None:
     console.print(table)
 
 
-@click.command()
+@click.command(short_help="Run a task file on the server at URL; results as JSONL.")
 @click.argument("url")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(

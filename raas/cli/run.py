@@ -28,7 +28,7 @@ def engine_args(model: str, sabotage: float | None) -> list[str]:
     return ["--sabotage", str(sabotage)]
 
 
-@click.command()
+@click.command(short_help="A mix of bundled tasks end to end on the embedded engine.")
 @click.option(
     "--model", default=defaults().tokenizer, show_default=True, help="Model of the engine."
 )
@@ -48,7 +48,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     sys.exit(run_demo(model, engine_args=engine_args(model, sabotage)))
 
 
-@click.command()
+@click.command(short_help="Run a task file or a bundled set, with progress and a table.")
 @click.argument(
     "tasks", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )

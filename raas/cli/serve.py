@@ -53,7 +53,9 @@ def settings_options(f: F) -> F:
     return f
 
 
-@click.command(epilog=SERVE_HELP_EPILOG)
+@click.command(
+    short_help="Run the rollout service: HTTP API, stage pools, results.", epilog=SERVE_HELP_EPILOG
+)
 @click.option(
     "--config",
     "config_file",
@@ -91,7 +93,7 @@ def check_tokenizer(name: str) -> None:
         )
 
 
-@click.command()
+@click.command(short_help="Serve a model on the CPU over vLLM's protocol (or the oracle).")
 @click.option(
     "--model",
     default="smollm2",

@@ -19,7 +19,11 @@ SLURM_HELP_EPILOG = (
 )
 
 
-@click.command(epilog=SLURM_HELP_EPILOG, context_settings={"ignore_unknown_options": True})
+@click.command(
+    short_help="Write (or submit) an sbatch script: a raas server per node.",
+    epilog=SLURM_HELP_EPILOG,
+    context_settings={"ignore_unknown_options": True},
+)
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes; one server each.")
 @click.option("--partition", help="Slurm partition (sbatch --partition).")
 @click.option(
