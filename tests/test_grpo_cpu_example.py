@@ -48,6 +48,17 @@ def test_the_trainer_never_samples_a_heldout_question(example: ModuleType) -> No
     assert len(seen) > 1000 and not seen & held and not (seen | held) & shots
 
 
+def test_training_questions_take_the_powers_in_turn(example: ModuleType) -> None:
+    """Any window of len(POWERS) questions asks for every power once, so no step's groups all
+    pull the count of zeros one way."""
+    stream = example.training_questions(1, set())
+    powers = [
+        q["question"].count("0", q["question"].index("*")) for q in itertools.islice(stream, 50)
+    ]
+    for start in range(0, 50 - len(example.POWERS)):
+        assert sorted(powers[start : start + len(example.POWERS)]) == sorted(example.POWERS)
+
+
 def test_wilson_interval(example: ModuleType) -> None:
     assert example.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     low, high = example.wilson(30, 150)

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import copy
 import csv
+import itertools
 import json
 import math
 import os
@@ -56,6 +57,7 @@ from raas.llm.models import load_model
 CSV_FIELDS = [
     "step", "wall_s", "train_reward", "rollouts", "groups_kept", "groups_dropped",
     "heldout_n", "heldout_pass", "heldout_ci_low", "heldout_ci_high", "heldout_finish",
+    "heldout_by_power",
     "entropy", "kl", "loss", "rollout_s", "train_s", "eval_s", "weight_version",
 ]  # fmt: skip
 
@@ -106,12 +108,18 @@ def heldout_pairs(n: int, seed: int) -> list[tuple[int, int]]:
 
 
 def training_questions(seed: int, held: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
-    """Endless training questions, none of them in ``held`` or a worked example."""
+    """Endless training questions, none of them in ``held`` or a worked example.
+
+    The powers take turns: a step's few groups then cover them all. Drawn at random, a step's
+    groups could all ask for one power, and its update would move every power's answer toward
+    that one's count of zeros (the held-out rate then swings from one power to another).
+    """
     rng = random.Random(f"train-{seed}")
-    while True:
-        x, k = rng.randint(SMALLEST, LARGEST), rng.choice(POWERS)
-        if (x, k) not in held and (x, k) not in SHOTS:
-            yield question(x, k, "train")
+    for k in itertools.cycle(POWERS):
+        x = rng.randint(SMALLEST, LARGEST)
+        while (x, k) in held or (x, k) in SHOTS:
+            x = rng.randint(SMALLEST, LARGEST)
+        yield question(x, k, "train")
 
 
 def wilson(passes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -130,23 +138,30 @@ class HeldOut:
     n: int
     finished: int  # replies that were a finish call, right or wrong
     seconds: float
+    by_power: dict[int, tuple[int, int]]  # k: (passes, questions)
 
     @property
     def rate(self) -> float:
         return self.passes / self.n
 
 
-async def evaluate(client: RolloutClient, tasks: list[dict[str, Any]], max_tokens: int) -> HeldOut:
-    """The held-out set, greedily, through raas like the rollouts."""
+async def evaluate(client: RolloutClient, pairs: list[tuple[int, int]], max_tokens: int) -> HeldOut:
+    """The held-out questions ``(x, k)``, answered greedily, through raas like the rollouts."""
     started = time.perf_counter()
+    tasks = [question(x, k, "heldout") for x, k in pairs]
     sampling = {"temperature": 0.0, "max_tokens": max_tokens, "max_turns": 1}
     groups = await client.generate_groups(tasks, 1, sampling)
     results = [g.results[0] for g in groups]
+    by_power: dict[int, tuple[int, int]] = {}
+    for (_, k), r in zip(pairs, results, strict=True):
+        passes, n = by_power.get(k, (0, 0))
+        by_power[k] = (passes + (r.reward == 1.0), n + 1)
     return HeldOut(
         passes=sum(1 for r in results if r.reward == 1.0),
         n=len(results),
         finished=sum(1 for r in results if r.trajectory.stop_reason == "finish"),
         seconds=time.perf_counter() - started,
+        by_power=dict(sorted(by_power.items())),
     )
 
 
@@ -303,6 +318,7 @@ def heldout_columns(result: HeldOut) -> dict[str, Any]:
         "heldout_ci_low": round(low, 4),
         "heldout_ci_high": round(high, 4),
         "heldout_finish": round(result.finished / result.n, 4),
+        "heldout_by_power": " ".join(f"{k}:{p}/{n}" for k, (p, n) in result.by_power.items()),
         "eval_s": round(result.seconds, 1),
     }
 
@@ -312,7 +328,6 @@ async def train(args: argparse.Namespace, raas_url: str, engine_url: str, t0: fl
     csv_path = args.out / "grpo.csv"
     write_csv_row(csv_path, None)
     pairs = heldout_pairs(args.heldout, args.seed)
-    heldout = [question(x, k, "heldout") for x, k in pairs]
     questions = training_questions(args.seed, set(pairs))
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "max_turns": 1}
     budget_s = args.max_minutes * 60
@@ -322,7 +337,7 @@ async def train(args: argparse.Namespace, raas_url: str, engine_url: str, t0: fl
         return version
 
     async with RolloutClient([raas_url]) as client, httpx.AsyncClient(timeout=300) as http:
-        result = await evaluate(client, heldout, args.max_tokens)
+        result = await evaluate(client, pairs, args.max_tokens)
         row: dict[str, Any] = {"step": 0, "wall_s": round(time.perf_counter() - t0, 1)}
         row |= heldout_columns(result) | {"weight_version": version}
         write_csv_row(csv_path, row)
@@ -385,7 +400,7 @@ async def train(args: argparse.Namespace, raas_url: str, engine_url: str, t0: fl
                 time.perf_counter() - t0 + slowest_step + eval_s > budget_s
             )
             if step % args.eval_every == 0 or last:
-                result = await evaluate(client, heldout, args.max_tokens)
+                result = await evaluate(client, pairs, args.max_tokens)
                 eval_s = result.seconds
                 row |= heldout_columns(result)
                 line += f"; held-out {result.passes}/{result.n} ({result.seconds:.0f} s)"
@@ -443,8 +458,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="At most; --max-minutes stops it.")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="The whole run's budget.")
-    parser.add_argument("--groups", type=int, default=4, help="B: informative groups a step.")
-    parser.add_argument("--n", type=int, default=8, help="Samples a prompt.")
+    parser.add_argument("--groups", type=int, default=8, help="B: informative groups a step.")
+    parser.add_argument("--n", type=int, default=4, help="Samples a prompt.")
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--kl-coef", type=float, default=0.02)
     parser.add_argument("--temperature", type=float, default=0.7, help="Of the rollouts.")
