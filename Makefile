@@ -141,7 +141,7 @@ bench-soak: $(STAMP) system-deps
 # GRPO on the CPU over HTTP: starts raas engine and raas serve, 20 steps (about 50 minutes here).
 example-grpo: $(STAMP) system-deps
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/pip install --quiet -e '.[examples]'
-	$(BIN)/python examples/grpo_cpu/train.py --steps 20 --out out/grpo_cpu
+	$(BIN)/python examples/grpo_cpu/train.py --out out/grpo_cpu
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(AGENTS_VENV) .pytest_cache .mypy_cache .ruff_cache

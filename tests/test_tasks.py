@@ -191,6 +191,20 @@ async def test_stem_reward_both_ways(run: Run) -> None:
     assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
 
 
+async def test_stem_finish_only_scores_the_finish_call_alone(run: Run) -> None:
+    instance = {"data_source": "stem", "question": "What is 37 * 100?", "answer": 3700,
+                "rel_tol": 0.0}  # fmt: skip
+    strict = {**instance, "finish_only": True}
+    results = [
+        await run(instance, ["37 * 100 = 3700"]),  # plain text: read from the reply's end
+        await run(strict, ["37 * 100 = 3700"]),  # plain text: no answer at all
+        await run(strict, [call("finish", answer="3700")]),
+        await run(strict, [call("finish", answer="37000")]),
+    ]
+    assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
+    assert results[1]["metrics"]["artifact"] == {"answer": None}
+
+
 @pytest.mark.parametrize(
     ("instance", "field"),
     [
@@ -216,6 +230,10 @@ async def test_stem_reward_both_ways(run: Run) -> None:
         ({"data_source": "math", "problem": "1+1", "answer": [2]}, "instance.answer"),
         ({"data_source": "stem", "question": "q", "answer": "about six"}, "instance.answer"),
         ({"data_source": "stem", "question": "q", "answer": 6, "rel_tol": -1}, "instance.rel_tol"),
+        (
+            {"data_source": "stem", "question": "q", "answer": 6, "finish_only": 1},
+            "instance.finish_only",
+        ),
         (
             {"data_source": "code", "prompt": "def f():", "entry_point": 3, "test": "x"},
             "instance.entry_point",

@@ -6,26 +6,33 @@ Three processes:
     raas serve   (the rollout service: sandboxes, agent loop, reward)  --> calls the engine
     this script  (the policy in torch)  --> submits tasks to raas, trains on the results
 
-Each step: DAPO dynamic sampling fills B groups of n rollouts whose rewards differ (the groups
-with one reward everywhere carry no GRPO signal and are dropped; jobs still running when B are in
-hand are cancelled); one clipped policy-gradient step on the GRPO advantages; the new weights go
-to a safetensors file, and the engine loads them with POST /update_weights before the next step.
+The task: "What is 347 * 10000?", answered by calling the finish tool (raas's ``stem`` task,
+numeric, exact, ``finish_only``: a reply in plain text scores 0). The answer depends on both
+numbers (chance is about 0); SmolLM2-135M copies the digits and often gets the zeros wrong, so it
+succeeds sometimes from the start. Two worked examples in the prompt show the tool call.
 
-The task is raas's ``stem`` task with two-choice addition questions ("What is 7 + 15?  A) 22
-B) 24"): the reward is 1 when the answer names the right letter. SmolLM2-135M gets some right
-from the start, so groups carry signal from step one.
+Each step: DAPO dynamic sampling fills B groups of n rollouts whose rewards differ (jobs still
+running when B are in hand are cancelled); one policy-gradient step on the GRPO advantages of the
+tempered policy, with a KL penalty to the initial weights (the guard against collapse); the new
+weights go to a safetensors file, and the engine loads them (POST /update_weights). Before
+training and every few steps, a held-out set of questions the trainer never samples is answered
+greedily through raas, like the rollouts: its pass rate, with a 95% Wilson interval, is the result.
 
-    python examples/grpo_cpu/train.py --steps 20      # starts the engine and the service
-    python examples/grpo_cpu/train.py --raas URL --engine URL --steps 20
+    python examples/grpo_cpu/train.py                 # starts the engine and the service
+    python examples/grpo_cpu/train.py --raas URL --engine URL
 
-Writes ``OUT/rewards.csv`` (one row a step) and ``OUT/rewards.png`` (needs matplotlib).
+Writes ``OUT/grpo.csv`` (one row a step, written as it goes) and ``OUT/heldout.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import csv
+import itertools
+import json
+import math
 import os
 import random
 import signal
@@ -34,11 +41,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
+from transformers.cache_utils import DynamicCache
 
 from raas.client import RolloutClient, collect_groups, reward_varies, to_batch
 from raas.client.rollout_client import Group
@@ -46,57 +55,199 @@ from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
 
 CSV_FIELDS = [
-    "step", "mean_reward", "rollouts", "groups_kept", "groups_dropped", "jobs_cancelled",
-    "rollout_s", "train_s", "loss", "weight_version",
+    "step", "wall_s", "train_reward", "rollouts", "groups_kept", "groups_dropped",
+    "heldout_n", "heldout_pass", "heldout_ci_low", "heldout_ci_high", "heldout_finish",
+    "heldout_by_power",
+    "entropy", "kl", "loss", "rollout_s", "train_s", "eval_s", "weight_version",
 ]  # fmt: skip
 
-
-def addition_questions(seed: int) -> Iterator[dict[str, Any]]:
-    """Endless two-choice addition questions in the ``stem`` task's instance format."""
-    rng = random.Random(seed)
-    i = 0
-    while True:
-        a, b = rng.randint(2, 20), rng.randint(2, 20)
-        wrong = a + b + rng.choice([-3, -2, -1, 1, 2, 3])
-        right_first = rng.random() < 0.5
-        choices = {"A": str(a + b), "B": str(wrong)} if right_first else {
-            "A": str(wrong), "B": str(a + b)}  # fmt: skip
-        yield {
-            "data_source": "stem",
-            "instance_id": f"add-{seed}-{i}",
-            "question": f"What is {a} + {b}?",
-            "choices": choices,
-            "answer": "A" if right_first else "B",
-        }
-        i += 1
+SYSTEM = "Answer by calling finish with the number."
+SMALLEST, LARGEST = 10, 999  # the first factor
+POWERS = (1, 2, 3, 4, 5)  # the second factor is 10 ** k
+# The worked examples, (x, k): with general products instead (23 * 47, 512 * 38) the base model
+# answers 0 of 48 held-out questions; with these, about a fifth.
+SHOTS = ((423, 1), (58, 3))
 
 
-def policy_loss(model: Any, rows: dict[str, torch.Tensor], clip: float, micro_batch: int) -> float:
-    """Clipped policy gradient (PPO's surrogate) over the batch, backward in micro-batches.
+# -- the task ----------------------------------------------------------------------------------
 
-    The loss weights from ``to_batch`` already sum to one over the batch, so micro-batch losses
-    add up to the batch's loss. Logits are computed only where the loss mask is 1: the vocabulary
-    projection of every prompt token would cost a fifth of the forward pass for nothing.
+
+def finish_call(answer: int) -> str:
+    body = json.dumps({"name": "finish", "arguments": {"answer": str(answer)}})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def question(x: int, k: int, tag: str) -> dict[str, Any]:
+    """One ``stem`` instance: "What is x * 10**k?", with the worked examples before it."""
+    text = f"What is {x} * {10**k}?"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for a, j in SHOTS:
+        messages += [
+            {"role": "user", "content": f"What is {a} * {10**j}?"},
+            {"role": "assistant", "content": finish_call(a * 10**j)},
+            {"role": "tool", "content": "finished"},
+        ]
+    messages.append({"role": "user", "content": text})
+    return {
+        "data_source": "stem",
+        "instance_id": f"{tag}-{x}x10^{k}",
+        "question": text,
+        "prompt": messages,
+        "answer": x * 10**k,
+        "rel_tol": 0.0,
+        "finish_only": True,
+    }
+
+
+def heldout_pairs(n: int, seed: int) -> list[tuple[int, int]]:
+    """``n`` distinct (x, k), the held-out set: never sampled for training, none a worked
+    example."""
+    rng = random.Random(f"heldout-{seed}")
+    pairs = [(x, k) for x in range(SMALLEST, LARGEST + 1) for k in POWERS if (x, k) not in SHOTS]
+    return rng.sample(pairs, n)
+
+
+def training_questions(seed: int, held: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    """Endless training questions, none of them in ``held`` or a worked example.
+
+    The powers take turns: a step's few groups then cover them all. Drawn at random, a step's
+    groups could all ask for one power, and its update would move every power's answer toward
+    that one's count of zeros (the held-out rate then swings from one power to another).
     """
-    total = 0.0
+    rng = random.Random(f"train-{seed}")
+    for k in itertools.cycle(POWERS):
+        x = rng.randint(SMALLEST, LARGEST)
+        while (x, k) in held or (x, k) in SHOTS:
+            x = rng.randint(SMALLEST, LARGEST)
+        yield question(x, k, "train")
+
+
+def wilson(passes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a pass rate (95% for z = 1.96): sound near 0 and 1 too."""
+    if n == 0:
+        return 0.0, 1.0
+    p = passes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class HeldOut:
+    passes: int
+    n: int
+    finished: int  # replies that were a finish call, right or wrong
+    seconds: float
+    by_power: dict[int, tuple[int, int]]  # k: (passes, questions)
+
+    @property
+    def rate(self) -> float:
+        return self.passes / self.n
+
+
+async def evaluate(client: RolloutClient, pairs: list[tuple[int, int]], max_tokens: int) -> HeldOut:
+    """The held-out questions ``(x, k)``, answered greedily, through raas like the rollouts."""
+    started = time.perf_counter()
+    tasks = [question(x, k, "heldout") for x, k in pairs]
+    sampling = {"temperature": 0.0, "max_tokens": max_tokens, "max_turns": 1}
+    groups = await client.generate_groups(tasks, 1, sampling)
+    results = [g.results[0] for g in groups]
+    by_power: dict[int, tuple[int, int]] = {}
+    for (_, k), r in zip(pairs, results, strict=True):
+        passes, n = by_power.get(k, (0, 0))
+        by_power[k] = (passes + (r.reward == 1.0), n + 1)
+    return HeldOut(
+        passes=sum(1 for r in results if r.reward == 1.0),
+        n=len(results),
+        finished=sum(1 for r in results if r.trajectory.stop_reason == "finish"),
+        seconds=time.perf_counter() - started,
+        by_power=dict(sorted(by_power.items())),
+    )
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+
+def shared_prefix(rows: dict[str, torch.Tensor]) -> int:
+    """How many leading tokens every row shares, short of the first generated token: the system
+    prompt and the worked examples are the same in every rollout."""
+    ids = rows["input_ids"]
+    same = (ids == ids[:1]).all(dim=0).int().cumprod(dim=0)
+    return max(0, min(int(same.sum()), int(rows["prompt_lengths"].min()) - 1))
+
+
+def response_logits(
+    model: Any, part: dict[str, torch.Tensor], prefix: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits at the generated tokens (loss mask 1) and those tokens.
+
+    The shared prefix runs once, as a batch of one, and its keys and values are repeated for the
+    rows (gradients flow back through them): the rows' own tokens are a tenth of a row here.
+    Logits are computed only where the loss mask is 1.
+    """
+    ids, rows = part["input_ids"], part["input_ids"].shape[0]
+    cache = DynamicCache()
+    if prefix:
+        model.model(input_ids=ids[:1, :prefix], past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(rows)
+    positions = torch.arange(prefix, ids.shape[1]).expand(rows, -1)
+    hidden = model.model(
+        input_ids=ids[:, prefix:],
+        attention_mask=part["attention_mask"],
+        past_key_values=cache,
+        position_ids=positions,
+        use_cache=True,
+    ).last_hidden_state[:, :-1]
+    where = part["loss_mask"][:, prefix + 1 :].bool()
+    return model.lm_head(hidden[where]).float(), ids[:, prefix + 1 :][where]
+
+
+@dataclass
+class StepStats:
+    loss: float = 0.0
+    entropy: float = 0.0  # of the sampling policy, per generated token
+    kl: float = 0.0  # to the initial weights, per generated token (k3 estimator)
+
+
+def grpo_loss(
+    model: Any,
+    reference: Any,
+    rows: dict[str, torch.Tensor],
+    temperature: float,
+    kl_coef: float,
+    micro_batch: int,
+) -> StepStats:
+    """The GRPO loss over the batch (backward in micro-batches) and its entropy and KL.
+
+    The policy is the tempered model (logits / temperature): that is what sampled the rollouts.
+    One update a batch, from the weights that generated it (max_staleness=0), so the importance
+    ratio is 1 and PPO's clip never binds: the surrogate is the advantage-weighted log-likelihood.
+    The KL term is Schulman's k3 estimator of KL(policy || reference) at the sampled tokens. The
+    loss weights of ``to_batch`` sum to one over the batch, so micro-batch terms add up.
+    """
+    stats = StepStats()
+    prefix = shared_prefix(rows)
     for start in range(0, rows["input_ids"].shape[0], micro_batch):
         part = {k: v[start : start + micro_batch] for k, v in rows.items()}
-        hidden = model.model(
-            input_ids=part["input_ids"], attention_mask=part["attention_mask"]
-        ).last_hidden_state[:, :-1]
-        where = part["loss_mask"][:, 1:].bool()
-        targets = part["input_ids"][:, 1:][where]
-        logits = model.lm_head(hidden[where]).float()
-        logprobs = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
-        ratio = torch.exp(logprobs - part["old_logprobs"][:, 1:][where])
-        advantage = part["token_advantages"][:, 1:][where]
-        surrogate = torch.minimum(
-            ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + clip) * advantage
-        )
-        loss = -(surrogate * part["loss_weights"][:, 1:][where]).sum()
+        logits, targets = response_logits(model, part, prefix)
+        logprobs_all = torch.log_softmax(logits / temperature, -1)
+        logprobs = logprobs_all.gather(-1, targets[:, None]).squeeze(-1)
+        with torch.no_grad():
+            ref_logits, _ = response_logits(reference, part, prefix)
+            ref = torch.log_softmax(ref_logits / temperature, -1).gather(-1, targets[:, None])
+            entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+        where = part["loss_mask"][:, prefix + 1 :].bool()
+        advantage = part["token_advantages"][:, prefix + 1 :][where]
+        weight = part["loss_weights"][:, prefix + 1 :][where]
+        log_ratio = ref.squeeze(-1) - logprobs
+        kl = torch.exp(log_ratio) - log_ratio - 1
+        surrogate = torch.exp(logprobs - logprobs.detach()) * advantage
+        loss = (weight * (kl_coef * kl - surrogate)).sum()
         loss.backward()
-        total += float(loss.detach())
-    return total
+        stats.loss += float(loss.detach())
+        stats.entropy += float((weight * entropy).sum())
+        stats.kl += float((weight * kl.detach()).sum())
+    return stats
 
 
 def save_weights(model: Any, out: Path) -> Path:
@@ -110,6 +261,45 @@ def save_weights(model: Any, out: Path) -> Path:
     return path
 
 
+class Trainer:
+    """The policy in torch: only the top layers train (a backward pass through all 30 layers of
+    SmolLM2-135M costs more than the rollouts); the reference is a frozen copy of the start."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        torch.manual_seed(args.seed)
+        self.args = args
+        self.model, tokenizer = load_model(args.model)
+        self.reference = copy.deepcopy(self.model).eval()
+        for p in [*self.model.parameters(), *self.reference.parameters()]:
+            p.requires_grad_(False)
+        self.model.train()
+        top = self.model.model.layers[-args.train_layers :]
+        self.trainable = [p for layer in top for p in layer.parameters()]
+        for p in self.trainable:
+            p.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=args.lr, weight_decay=0.0)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def step(self, groups: list[Group]) -> tuple[StepStats, Path]:
+        """One GRPO step on the groups; returns its figures and the new weights' file."""
+        batch = to_batch(groups, advantage="grpo", pad_token_id=self.pad)
+        self.optimizer.zero_grad()
+        stats = grpo_loss(
+            self.model,
+            self.reference,
+            batch.to_torch(),
+            self.args.temperature,
+            self.args.kl_coef,
+            self.args.micro_batch,
+        )
+        torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
+        self.optimizer.step()
+        return stats, save_weights(self.model, self.args.out)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
 def write_csv_row(path: Path, row: dict[str, Any] | None) -> None:
     """Append a step's row (None: start the file with the header)."""
     with open(path, "w" if row is None else "a", newline="") as f:
@@ -118,6 +308,108 @@ def write_csv_row(path: Path, row: dict[str, Any] | None) -> None:
             writer.writeheader()
         else:
             writer.writerow(row)
+
+
+def heldout_columns(result: HeldOut) -> dict[str, Any]:
+    low, high = wilson(result.passes, result.n)
+    return {
+        "heldout_n": result.n,
+        "heldout_pass": round(result.rate, 4),
+        "heldout_ci_low": round(low, 4),
+        "heldout_ci_high": round(high, 4),
+        "heldout_finish": round(result.finished / result.n, 4),
+        "heldout_by_power": " ".join(f"{k}:{p}/{n}" for k, (p, n) in result.by_power.items()),
+        "eval_s": round(result.seconds, 1),
+    }
+
+
+async def train(args: argparse.Namespace, raas_url: str, engine_url: str, t0: float) -> None:
+    trainer = Trainer(args)
+    csv_path = args.out / "grpo.csv"
+    write_csv_row(csv_path, None)
+    pairs = heldout_pairs(args.heldout, args.seed)
+    questions = training_questions(args.seed, set(pairs))
+    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "max_turns": 1}
+    budget_s = args.max_minutes * 60
+    version = 0
+
+    def weight_version() -> int:
+        return version
+
+    async with RolloutClient([raas_url]) as client, httpx.AsyncClient(timeout=300) as http:
+        result = await evaluate(client, pairs, args.max_tokens)
+        row: dict[str, Any] = {"step": 0, "wall_s": round(time.perf_counter() - t0, 1)}
+        row |= heldout_columns(result) | {"weight_version": version}
+        write_csv_row(csv_path, row)
+        print(f"step 0: held-out {result.passes}/{result.n} ({result.seconds:.0f} s)", flush=True)
+        eval_s, slowest_step = result.seconds, 0.0
+        step = 0
+        while step < args.steps:
+            # Stop early enough that the last step and its held-out pass fit in the budget.
+            if time.perf_counter() - t0 + slowest_step + eval_s > budget_s:
+                print(f"stopping after step {step}: the next step would not fit in the budget")
+                break
+            step += 1
+            step_started = time.perf_counter()
+            seen: list[float] = []
+
+            def keep(group: Group, seen: list[float] = seen) -> bool:
+                seen.extend(group.rewards)  # every finished group: the step's true mean reward
+                return reward_varies(group)
+
+            groups, report = await collect_groups(
+                client,
+                questions,
+                n=args.n,
+                batch_size=args.groups,
+                max_in_flight=args.groups * args.n + args.n,
+                sampling_params=sampling,
+                keep=keep,
+                policy_version=weight_version,
+                max_staleness=0,
+            )
+            rollout_s = time.perf_counter() - step_started
+            stats, train_s = StepStats(float("nan"), float("nan"), float("nan")), 0.0
+            if groups:
+                started = time.perf_counter()
+                stats, path = trainer.step(groups)
+                reply = await http.post(engine_url + "/update_weights", json={"path": str(path)})
+                reply.raise_for_status()
+                version = int(reply.json()["weight_version"])
+                train_s = time.perf_counter() - started
+            slowest_step = max(slowest_step, time.perf_counter() - step_started)
+            row = {
+                "step": step,
+                "train_reward": round(statistics.fmean(seen), 4) if seen else "",
+                "rollouts": len(seen),
+                "groups_kept": report.groups_kept,
+                "groups_dropped": report.groups_dropped,
+                "entropy": round(stats.entropy, 4),
+                "kl": round(stats.kl, 5),
+                "loss": round(stats.loss, 5),
+                "rollout_s": round(rollout_s, 1),
+                "train_s": round(train_s, 1),
+                "weight_version": version,
+            }
+            line = (
+                f"step {step}: reward {row['train_reward']} over {len(seen)} rollouts, kept"
+                f" {report.groups_kept} groups; entropy {stats.entropy:.3f}, KL {stats.kl:.4f};"
+                f" rollouts {rollout_s:.0f} s, train {train_s:.0f} s"
+            )
+            last = step == args.steps or (
+                time.perf_counter() - t0 + slowest_step + eval_s > budget_s
+            )
+            if step % args.eval_every == 0 or last:
+                result = await evaluate(client, pairs, args.max_tokens)
+                eval_s = result.seconds
+                row |= heldout_columns(result)
+                line += f"; held-out {result.passes}/{result.n} ({result.seconds:.0f} s)"
+            row["wall_s"] = round(time.perf_counter() - t0, 1)
+            write_csv_row(csv_path, row)
+            print(line + f"; wall {row['wall_s'] / 60:.1f} min", flush=True)
+    if plot(csv_path, args.out / "heldout.png"):
+        print(f"plot: {args.out / 'heldout.png'}")
+    print(f"per-step figures: {csv_path}")
 
 
 def plot(csv_path: Path, png_path: Path) -> bool:
@@ -131,123 +423,51 @@ def plot(csv_path: Path, png_path: Path) -> bool:
         return False
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
-    steps = [int(r["step"]) for r in rows]
-    rewards = [float(r["mean_reward"]) for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, rewards, marker="o")
+    evals = [r for r in rows if r["heldout_pass"]]
+    trained = [r for r in rows if r["train_reward"]]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    steps = [int(r["step"]) for r in evals]
+    low = [float(r["heldout_ci_low"]) for r in evals]
+    high = [float(r["heldout_ci_high"]) for r in evals]
+    ax.fill_between(steps, low, high, alpha=0.25, label="95% CI (Wilson)")
+    rate = [float(r["heldout_pass"]) for r in evals]
+    n = evals[0]["heldout_n"]
+    ax.plot(steps, rate, marker="o", label=f"held-out pass rate ({n} questions, greedy)")
+    ax.plot(
+        [int(r["step"]) for r in trained],
+        [float(r["train_reward"]) for r in trained],
+        color="grey",
+        alpha=0.6,
+        linestyle="--",
+        label="training reward (T=0.7 samples)",
+    )
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward of the step's rollouts")
+    ax.set_ylabel("pass rate")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.set_title("SmolLM2-135M, two-choice addition (stem task), raas on 2 CPU cores")
+    ax.legend(loc="upper left", fontsize=8)
+    minutes = float(rows[-1]["wall_s"]) / 60
+    ax.set_title(f"SmolLM2-135M, x * 10^k via finish (stem), 2 CPU cores, {minutes:.0f} min")
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     return True
 
 
-class Trainer:
-    """The policy in torch: only the top layers train (a backward pass through all 30 layers of
-    SmolLM2-135M costs minutes a step on 2 cores)."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        torch.manual_seed(args.seed)
-        self.args = args
-        self.model, tokenizer = load_model(args.model)
-        self.model.train()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        top = self.model.model.layers[-args.train_layers :]
-        self.trainable = [p for layer in top for p in layer.parameters()]
-        for p in self.trainable:
-            p.requires_grad_(True)
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=args.lr, weight_decay=0.0)
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    def step(self, groups: list[Group]) -> tuple[float, Path]:
-        """One GRPO step on the groups; returns the loss and the new weights' file."""
-        batch = to_batch(groups, advantage="grpo", pad_token_id=self.pad)
-        self.optimizer.zero_grad()
-        loss = policy_loss(self.model, batch.to_torch(), self.args.clip, self.args.micro_batch)
-        torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
-        self.optimizer.step()
-        return loss, save_weights(self.model, self.args.out)
-
-
-async def train(args: argparse.Namespace, raas_url: str, engine_url: str) -> None:
-    trainer = Trainer(args)
-    csv_path = args.out / "rewards.csv"
-    write_csv_row(csv_path, None)
-    questions = addition_questions(args.seed)
-    sampling = {"max_tokens": args.max_tokens, "temperature": 1.0, "max_turns": 1}
-    version = 0
-
-    def weight_version() -> int:
-        return version
-
-    async with RolloutClient([raas_url]) as client, httpx.AsyncClient(timeout=300) as http:
-        for step in range(1, args.steps + 1):
-            seen: list[float] = []
-
-            def keep(group: Group, seen: list[float] = seen) -> bool:
-                seen.extend(group.rewards)  # every finished group: the step's true mean reward
-                return reward_varies(group)
-
-            started = time.perf_counter()
-            groups, report = await collect_groups(
-                client,
-                questions,
-                n=args.n,
-                batch_size=args.groups,
-                max_in_flight=args.groups * args.n + args.n,
-                sampling_params=sampling,
-                keep=keep,
-                policy_version=weight_version,
-                max_staleness=0,
-            )
-            rollout_s = time.perf_counter() - started
-            loss, train_s = float("nan"), 0.0
-            if groups:
-                started = time.perf_counter()
-                loss, path = trainer.step(groups)
-                reply = await http.post(engine_url + "/update_weights", json={"path": str(path)})
-                reply.raise_for_status()
-                version = int(reply.json()["weight_version"])
-                train_s = time.perf_counter() - started
-            row = {
-                "step": step,
-                "mean_reward": round(statistics.fmean(seen), 4) if seen else "",
-                "rollouts": len(seen),
-                "groups_kept": report.groups_kept,
-                "groups_dropped": report.groups_dropped,
-                "jobs_cancelled": report.jobs_cancelled,
-                "rollout_s": round(rollout_s, 1),
-                "train_s": round(train_s, 1),
-                "loss": round(loss, 5),
-                "weight_version": version,
-            }
-            write_csv_row(csv_path, row)
-            print(
-                f"step {step}: reward {row['mean_reward']} over {len(seen)} rollouts,"
-                f" kept {report.groups_kept} groups, dropped {report.groups_dropped},"
-                f" cancelled {report.jobs_cancelled}; rollouts {rollout_s:.0f} s,"
-                f" train {train_s:.0f} s; engine weights v{version}",
-                flush=True,
-            )
-    if plot(csv_path, args.out / "rewards.png"):
-        print(f"plot: {args.out / 'rewards.png'}")
-    print(f"per-step figures: {csv_path}")
-
-
 def main() -> None:
+    t0 = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--groups", type=int, default=4, help="B: informative groups a step.")
-    parser.add_argument("--n", type=int, default=8, help="Samples a prompt.")
-    parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--clip", type=float, default=0.2)
+    parser.add_argument("--steps", type=int, default=40, help="At most; --max-minutes stops it.")
+    parser.add_argument("--max-minutes", type=float, default=30.0, help="The whole run's budget.")
+    parser.add_argument("--groups", type=int, default=8, help="B: informative groups a step.")
+    parser.add_argument("--n", type=int, default=4, help="Samples a prompt.")
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--kl-coef", type=float, default=0.02)
+    parser.add_argument("--temperature", type=float, default=0.7, help="Of the rollouts.")
     parser.add_argument("--train-layers", type=int, default=8)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--heldout", type=int, default=150, help="Held-out questions.")
+    parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--raas", help="A running raas server (default: start one).")
@@ -261,7 +481,7 @@ def main() -> None:
         engine_url = args.engine
         if engine_url is None:
             engine = EngineProcess(
-                args.model, args.out / "engine.log", extra_args=["--max-batch", "16"]
+                args.model, args.out / "engine.log", extra_args=["--max-batch", "32"]
             )
             stack.callback(engine.stop)
             engine.wait_ready(timeout_s=600)
@@ -272,14 +492,14 @@ def main() -> None:
             server = ServerProcess(
                 args.out / "raas.db",
                 args.out / "raas.log",
-                ["--llm", engine_url, "--llm-capacity", "16", "--run-workers", "16"]
-                + ["--tokenizer", args.model],
+                ["--llm", engine_url, "--llm-capacity", "32", "--run-workers", "32"]
+                + ["--init-workers", "16", "--warm-sandboxes", "8", "--tokenizer", args.model],
                 env=dict(os.environ),
             )
             stack.callback(server.stop)
             server.wait_ready()
             raas_url = server.url
-        asyncio.run(train(args, raas_url, engine_url))
+        asyncio.run(train(args, raas_url, engine_url, t0))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 Instance: ``question``; for multiple choice ``choices`` ({"A": ..., ...}) and ``answer`` (the
 letter); for numeric ``answer`` (a number), optionally ``unit`` and ``rel_tol`` (default 1%).
+The answer is the finish tool's, else the one the last message marks (``\\boxed{}``), else that
+message's end; ``finish_only: true`` scores the finish tool's answer alone, so that a reply in
+plain text scores 0 (the tool call is what is rewarded).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from pydantic import Field, StrictFloat, StrictStr, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictStr, model_validator
 
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.answers import check_choice, check_numeric, final_answer
@@ -25,6 +28,7 @@ class StemInstance(TaskInstance):
     choices: dict[str, Scalar] | None = None
     unit: StrictStr | None = None
     rel_tol: StrictFloat = Field(default=0.01, ge=0.0)
+    finish_only: StrictBool = False
 
     @model_validator(mode="after")
     def _answer_fits_the_question(self) -> Self:
@@ -69,6 +73,8 @@ class StemTask(AgentTask):
         return question_messages(instance, self.system_prompt, ("question",), suffix)
 
     async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
+        if ctx.job.instance.get("finish_only"):
+            return {"answer": final_answer(None, ctx.answer)}
         text = last_assistant_text(trajectory)
         given = final_answer(text, ctx.answer)
         # "given": the finish tool's answer or a box, where one value is expected (a hedge such

@@ -1,0 +1,104 @@
+"""examples/grpo_cpu: its task, its held-out split, its interval, and the shared-prefix forward."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from raas.llm.models import load_model
+from raas.tasks.stem import StemInstance
+
+TRAIN_PY = Path(__file__).resolve().parents[1] / "examples" / "grpo_cpu" / "train.py"
+
+
+@pytest.fixture(scope="module")
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("grpo_cpu_train", TRAIN_PY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_questions_are_valid_stem_instances_with_exact_answers(example: ModuleType) -> None:
+    task = example.question(347, 4, "t")
+    instance = StemInstance.model_validate(task)
+    assert instance.answer == 3470000 and instance.rel_tol == 0.0
+    assert task["finish_only"] is True
+    assert task["prompt"][-1] == {"role": "user", "content": "What is 347 * 10000?"}
+    # The worked examples are tool calls with the right products.
+    shots = [m["content"] for m in task["prompt"] if m["role"] == "assistant"]
+    assert shots == [example.finish_call(4230), example.finish_call(58000)]
+
+
+def test_the_trainer_never_samples_a_heldout_question(example: ModuleType) -> None:
+    pairs = example.heldout_pairs(150, seed=0)
+    assert len(set(pairs)) == 150 and pairs == example.heldout_pairs(150, seed=0)
+    held = {example.question(x, k, "heldout")["question"] for x, k in pairs}
+    stream = example.training_questions(0, set(pairs))
+    seen = {q["question"] for q in itertools.islice(stream, 3000)}
+    shots = {example.question(x, k, "shot")["question"] for x, k in example.SHOTS}
+    assert len(seen) > 1000 and not seen & held and not (seen | held) & shots
+
+
+def test_training_questions_take_the_powers_in_turn(example: ModuleType) -> None:
+    """Any window of len(POWERS) questions asks for every power once, so no step's groups all
+    pull the count of zeros one way."""
+    stream = example.training_questions(1, set())
+    powers = [
+        q["question"].count("0", q["question"].index("*")) for q in itertools.islice(stream, 50)
+    ]
+    for start in range(0, 50 - len(example.POWERS)):
+        assert sorted(powers[start : start + len(example.POWERS)]) == sorted(example.POWERS)
+
+
+def test_wilson_interval(example: ModuleType) -> None:
+    assert example.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    low, high = example.wilson(30, 150)
+    assert low == pytest.approx(0.1438, abs=1e-4) and high == pytest.approx(0.2711, abs=1e-4)
+    assert example.wilson(150, 150)[1] == 1.0
+
+
+def test_shared_prefix_forward_matches_the_plain_one(example: ModuleType) -> None:
+    """Logits and gradients of the prefix-shared forward are those of a plain forward."""
+    model, _ = load_model("tiny")
+    model.float()
+    torch.manual_seed(0)
+    prefix = torch.randint(5, 1000, (12,)).tolist()
+    rows = [prefix + torch.randint(5, 1000, (n,)).tolist() for n in (6, 9, 4)]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        loss_mask[i, 14 : len(row)] = 1  # two prompt tokens after the prefix, then the response
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "prompt_lengths": torch.full((3,), 14),
+    }
+    assert example.shared_prefix(batch) == 12
+
+    def grads(prefix_len: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        logits, targets = example.response_logits(model, batch, prefix_len)
+        torch.log_softmax(logits, -1).gather(-1, targets[:, None]).sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    shared, shared_grads = grads(12)
+    plain, plain_grads = grads(0)
+    assert shared.shape == plain.shape == (int(loss_mask[:, 1:].sum()), model.config.vocab_size)
+    torch.testing.assert_close(shared, plain, atol=1e-4, rtol=1e-4)
+    assert len(shared_grads) == len(plain_grads) > 0
+    for a, b in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
