@@ -51,6 +51,7 @@ from transformers.cache_utils import DynamicCache
 
 from raas.client import RolloutClient, collect_groups, reward_varies, to_batch
 from raas.client.rollout_client import Group
+from raas.helpers import NotReady, wait_until_answers
 from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
 
@@ -499,6 +500,16 @@ def main() -> None:
             stack.callback(server.stop)
             server.wait_ready()
             raas_url = server.url
+        for flag, url, health in (
+            ("--engine", engine_url, "/health"),
+            ("--raas", raas_url, "/healthz"),
+        ):
+            try:
+                wait_until_answers(url + health, timeout_s=10)
+            except NotReady:
+                sys.exit(
+                    f"{flag} {url}: nothing answers GET {health} (start it, or leave {flag} out)"
+                )
         asyncio.run(train(args, raas_url, engine_url, t0))
 
 
