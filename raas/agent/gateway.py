@@ -41,6 +41,7 @@ from raas.llm.openai_chat import (
     chat_messages,
     chat_tools,
     cut_at_stop,
+    json_object,
     render_prompt,
     reply_message,
     same,
@@ -147,7 +148,7 @@ class GatewaySession:
             if self.closed:
                 raise OpenAIError(401, "this job's gateway session is closed", None,
                                   "authentication_error", "invalid_api_key")  # fmt: skip
-            return await fn(self, _json(body) if want == "POST" else {})
+            return await fn(self, json_object(body) if want == "POST" else {})
         except OpenAIError as e:
             return _reply(e.status, e.body())
         except (NoBackendAvailable, BackendError) as e:
@@ -435,18 +436,6 @@ async def unauthorized() -> Reply:
 
 
 # -- request reading ----------------------------------------------------------------------------
-
-
-def _json(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body or b"{}")
-    except (ValueError, RecursionError) as e:
-        raise OpenAIError(
-            400, f"the body is not valid JSON: {e}", None, code="invalid_json"
-        ) from None
-    if not isinstance(data, dict):
-        raise OpenAIError(400, "the body must be a JSON object", None, code="invalid_json")
-    return data
 
 
 def _reply(status: int, body: dict[str, Any]) -> Reply:

@@ -52,6 +52,19 @@ class OpenAIError(Exception):
         }
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object (an empty body is ``{}``), else a 400."""
+    try:
+        data = json.loads(body or b"{}")
+    except (ValueError, RecursionError) as e:
+        raise OpenAIError(
+            400, f"the body is not valid JSON: {e}", None, code="invalid_json"
+        ) from None
+    if not isinstance(data, dict):
+        raise OpenAIError(400, "the body must be a JSON object", None, code="invalid_json")
+    return data
+
+
 def bad(param: str, message: str, status: int = 400) -> OpenAIError:
     return OpenAIError(status, f"{param}: {message}", param, code="invalid_value")
 

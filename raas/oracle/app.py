@@ -33,6 +33,7 @@ from raas.llm.openai_chat import (
     chat_completion,
     chat_messages,
     chat_tools,
+    json_object,
     render_prompt,
     sampling,
 )
@@ -90,12 +91,7 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat_completions(request: Request) -> Any:
         try:
-            try:
-                body = await request.json()
-            except ValueError as e:
-                raise OpenAIError(400, f"the body is not valid JSON: {e}", None) from None
-            if not isinstance(body, dict):
-                raise OpenAIError(400, "the body must be a JSON object", None)
+            body = json_object(await request.body())
             if body.get("stream"):
                 raise bad("stream", "streaming is not supported here")
             messages = chat_messages(body.get("messages"))

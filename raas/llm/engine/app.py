@@ -40,6 +40,7 @@ from raas.llm.openai_chat import (
     chat_messages,
     chat_tools,
     cut_at_stop,
+    json_object,
     render_prompt,
     sampling,
     stop_strings,
@@ -171,12 +172,7 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
         """OpenAI's chat completions (non-streaming, n=1), rendered with the model's chat
         template; Hermes tool calls in the reply come back as ``tool_calls``."""
         try:
-            try:
-                body = await request.json()
-            except ValueError as e:
-                raise OpenAIError(400, f"the body is not valid JSON: {e}", None) from None
-            if not isinstance(body, dict):
-                raise OpenAIError(400, "the body must be a JSON object", None)
+            body = json_object(await request.body())
             if body.get("model") not in (None, served_name):
                 raise OpenAIError(404, f"The model `{body['model']}` does not exist.", "model",
                                   "NotFoundError", "model_not_found")  # fmt: skip
