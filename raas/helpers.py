@@ -39,36 +39,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def port_free(host: str, port: int) -> bool:
-    """Could a server bind ``host:port`` now (as uvicorn binds, with SO_REUSEADDR)?"""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 class PortBusy(RuntimeError):
     """A server's address cannot be bound (in use, or not this machine's)."""
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (as uvicorn binds, with SO_REUSEADDR), for a server to
-    listen on. Binding before the app starts means a busy port is said first, in one line,
-    not after the app has logged that it is ready."""
+def check_port(host: str, port: int) -> None:
+    """Raise PortBusy, in words a person can act on, unless a server could bind ``host:port``
+    now (as uvicorn binds, with SO_REUSEADDR). Asked before a server starts, so that a busy
+    port is said first, not after the app has logged that it is ready."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortBusy(
+                    f"{host}:{port} is in use (pass --port N, or stop what holds it)"
+                ) from e
+            raise PortBusy(f"{host}:{port} cannot be bound: {e.strerror}") from e
+
+
+def port_free(host: str, port: int) -> bool:
+    """Could a server bind ``host:port`` now?"""
     try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise PortBusy(f"{host}:{port} is in use (pass --port N, or stop what holds it)") from e
-        raise PortBusy(f"{host}:{port} cannot be bound: {e.strerror}") from e
-    return sock
+        check_port(host, port)
+    except PortBusy:
+        return False
+    return True
 
 
 # -- waiting until a server answers -----------------------------------------------------------

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from raas.api.app import create_app
 from raas.api.state import ServiceState
-from raas.helpers import listening_socket
+from raas.helpers import check_port
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 
@@ -57,7 +57,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None:
-    sock = listening_socket(settings.host, settings.port)  # a busy port: said before starting
+    check_port(settings.host, settings.port)  # a busy port is said before the app starts
     app = create_app(settings, registry)
     config = uvicorn.Config(
         app,
@@ -66,4 +66,4 @@ def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
-    DrainingServer(config, app, settings.drain_grace_s).run(sockets=[sock])
+    DrainingServer(config, app, settings.drain_grace_s).run()

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from raas.helpers import PortBusy, listening_socket
+from raas.helpers import PortBusy, check_port
 from raas.settings import ServeSettings, choices, flag, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
@@ -129,14 +129,14 @@ def engine(
     if model != "oracle" and (sabotage is not None or sabotage_seed is not None):
         raise click.UsageError("--sabotage and --sabotage-seed are for --model oracle")
     try:
-        sock = listening_socket(host, port)  # a busy port is said before the model loads
+        check_port(host, port)  # a busy port is said before the model loads
     except PortBusy as e:
         raise click.ClickException(str(e)) from e
     if model == "oracle":
         from raas.oracle.app import create_oracle_app, serve_oracle
 
         app = create_oracle_app(sabotage or 0.0, sabotage_seed or 0, served_name=served_name)
-        serve_oracle(app, sock)
+        serve_oracle(app, host=host, port=port)
         return
     try:
         from raas.llm.engine import create_engine_app
@@ -155,4 +155,4 @@ def engine(
         )
     except ModelNotFound as e:
         raise click.ClickException(str(e)) from e
-    serve_engine(app, sock)
+    serve_engine(app, host=host, port=port)

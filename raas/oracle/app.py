@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 import time
 from typing import Any
 
@@ -130,7 +129,5 @@ def create_oracle_app(
     return oracle_app(Oracle(load_tokenizer("oracle"), sabotage, seed), served_name or "oracle")
 
 
-def serve_oracle(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
-    """Serve the oracle on a bound socket (see :func:`raas.helpers.listening_socket`)."""
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+def serve_oracle(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 from types import FrameType
 
 import uvicorn
@@ -43,9 +42,14 @@ class EngineServer(uvicorn.Server):
         await super().shutdown(sockets)  # type: ignore[arg-type]
 
 
-def serve_engine(app: FastAPI, sock: socket.socket, log_level: str = "info") -> None:
-    """Serve an app from :func:`~raas.llm.engine.create_engine_app` on a bound socket (see
-    :func:`raas.helpers.listening_socket`) until a signal."""
+def serve_engine(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    """Serve an app from :func:`~raas.llm.engine.create_engine_app` until a signal."""
     engine: Engine = app.state.engine
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    EngineServer(config, engine).run(sockets=[sock])
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    EngineServer(config, engine).run()
