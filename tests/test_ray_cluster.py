@@ -18,14 +18,15 @@ from raas.client.rollout_client import RolloutClient
 from raas.deploy.ray import RayDeployment
 from raas.tasks.countdown import generate_instances
 from raas.wire import RolloutRequest, RolloutResult
+from tests.tiers import require
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    # Skipped here, not at import, so that `make test` (which deselects these) never mentions it.
-    ray = pytest.importorskip("ray")
+    # Required here, not at import, so that `make test` (which deselects these) never mentions it.
+    ray = require("ray", "ray", "make test-ray")
     from ray.cluster_utils import Cluster
 
     # Two raylets on this machine stand in for two nodes (same IP, separate node ids).

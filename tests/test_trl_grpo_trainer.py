@@ -15,13 +15,14 @@ from raas.llm.engine import create_engine_app
 from raas.llm.models import load_model
 from raas.settings import ServeSettings
 from tests.llm_servers import ServerThread
+from tests.tiers import require
 
 pytestmark = pytest.mark.slow
 
 
 def test_grpo_trainer_steps_on_raas_rollouts(tmp_path: Path) -> None:
-    trl = pytest.importorskip("trl")
-    datasets = pytest.importorskip("datasets")
+    trl = require("trl", "slow", "make test-trl")
+    datasets = require("datasets", "slow", "make test-trl")
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     engine = ServerThread(create_engine_app("tiny")).start()
     service = ServerThread(

@@ -21,7 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-verl = pytest.importorskip("verl")
+from tests.tiers import require
+
+verl = require("verl", "verl", "make test-verl")
 
 import numpy as np  # noqa: E402  (after the skip: verl brings them)
 import pandas as pd  # noqa: E402
@@ -264,7 +266,7 @@ def test_the_agent_loop_registers_verls_own_servers_with_raas(
     """register_servers: raas starts with no backend; the agent loop asks verl's load balancer
     (a real Ray actor, as LLMServerManager makes it) for verl's server addresses and registers
     them, then its rollouts run on them."""
-    ray = pytest.importorskip("ray")
+    ray = require("ray", "verl", "make test-verl")
     from verl.workers.rollout.router import get_router_handle
 
     service = serve(tmp_path, [], "register")
