@@ -8,7 +8,7 @@ sandboxes (a config's ``runtime_dir``), so that a restart cleans up what a crash
 """
 
 from raas.sandbox.base import Sandbox
-from raas.sandbox.client import BashResult, IPythonResult, SandboxError, ToolError
+from raas.sandbox.client import BashResult, ExecResult, IPythonResult, SandboxError, ToolError
 from raas.sandbox.config import (
     ApptainerConfig,
     BwrapConfig,
@@ -25,6 +25,7 @@ __all__ = [
     "ApptainerConfig",
     "BashResult",
     "BwrapConfig",
+    "ExecResult",
     "IPythonResult",
     "LocalConfig",
     "RuntimeDir",

@@ -26,6 +26,7 @@ from typing import Any
 from raas.sandbox.client import (
     ActionClient,
     BashResult,
+    ExecResult,
     IPythonResult,
     RelayHandler,
     SandboxError,
@@ -212,6 +213,25 @@ class Sandbox(ABC):
             "bash", command=command, timeout_s=timeout_s or self.limits.action_timeout_s
         )
         return BashResult(**result)
+
+    async def exec(
+        self,
+        argv: list[str],
+        stdin: str = "",
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        max_output: int | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` as a fresh process in the sandbox, not in the agent's shell: no pty,
+        ``env`` alone (with PATH, HOME and a UTF-8 locale by default), ``stdin`` piped in, and
+        the exit status from the kernel. What a judge runs goes through here."""
+        args: dict[str, Any] = {"argv": argv, "stdin": stdin, "cwd": cwd, "env": env}
+        args["timeout_s"] = timeout_s or self.limits.action_timeout_s
+        if max_output is not None:
+            args["max_output"] = max_output
+        return ExecResult(**await self.call("exec", **args))
 
     async def ipython(self, code: str, timeout_s: float | None = None) -> IPythonResult:
         result = await self.call(

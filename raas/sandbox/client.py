@@ -60,6 +60,18 @@ class BashResult:
 
 
 @dataclass(frozen=True)
+class ExecResult:
+    """A fresh process's end: its exit status from the kernel, its output through pipes."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    stdout_cut_bytes: int
+    stderr_cut_bytes: int
+
+
+@dataclass(frozen=True)
 class IPythonResult:
     stdout: str
     result: str | None

@@ -10,6 +10,9 @@ any, and ``timeout_s``, the deadline of one relayed request) listens on 127.0.0.
 answers ``{"port": N}``; from then on the server also sends ``{"relay": {...}}`` messages on that
 connection, and the host sends ``{"relay_reply": {...}}`` lines, which get no answer.
 
+The ``exec`` action (see execute.py) runs a fresh process from ``argv`` with the given ``stdin``,
+``cwd``, ``env``, ``timeout_s`` and ``max_output``, outside the agent's shell: what judges use.
+
 Standard library only, Python 3.8+: the image's own python3 runs it.
 """
 
@@ -32,6 +35,7 @@ from types import SimpleNamespace  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 from editor import Editor, ToolError  # noqa: E402
+from execute import clean_env, run_process  # noqa: E402
 from files import download, read_file, upload, write_file  # noqa: E402
 from pyrepl import IPythonSession, KernelUnavailable  # noqa: E402
 from relay import Relay, Send  # noqa: E402
@@ -66,6 +70,7 @@ class ActionServer:
         self.actions: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self.ping,
             "bash": self.bash,
+            "exec": self.exec,
             "ipython": self.run_ipython,
             "editor": self.edit,
             "read_file": self.read,
@@ -90,6 +95,26 @@ class ActionServer:
         timeout = float(args.get("timeout_s") or self.args.timeout)
         max_output = int(args.get("max_output") or self.args.max_output)
         return await self.shell.run(command, timeout, max_output)
+
+    async def exec(self, args: dict[str, Any]) -> dict[str, Any]:
+        argv = args.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise BadRequest("argv must be a non-empty list of strings")
+        stdin = args.get("stdin") or ""
+        if not isinstance(stdin, str):
+            raise BadRequest("stdin must be a string")
+        try:
+            env = clean_env(args.get("env"), self.args.workdir)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        return await run_process(
+            argv,
+            stdin.encode(),
+            self.path(args.get("cwd") or self.args.workdir, "cwd"),
+            env,
+            float(args.get("timeout_s") or self.args.timeout),
+            int(args.get("max_output") or self.args.max_output),
+        )
 
     async def run_ipython(self, args: dict[str, Any]) -> dict[str, Any]:
         code = args.get("code")
