@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -117,6 +119,31 @@ def test_a_busy_port_is_one_line_before_anything_starts(
         == f"Error: 127.0.0.1:{port} is in use (pass --port N, or stop what holds it)\n"
     )
     assert "ready" not in caplog.text and not (tmp_path / "busy.db").exists()
+
+
+def test_a_database_from_a_newer_raas_is_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raas.api.server import DrainingServer
+    from raas.store.schema import VERSION
+
+    def started(self: DrainingServer) -> None:
+        raise AssertionError("the server started on a database it cannot read")
+
+    monkeypatch.setattr(DrainingServer, "run", started)
+    db = tmp_path / "newer.db"
+    connect(db).close()
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute(f"PRAGMA user_version = {VERSION + 1}")
+    said = (
+        f"Error: {db} was written by a newer raas (store version {VERSION + 1}; this raas reads"
+        f" up to {VERSION}): upgrade raas to open it\n"
+    )
+    serve = ["serve", "--db", str(db), "--port", str(free_port())]
+    export = ["export", "--db", str(db), "--out", str(tmp_path / "r.jsonl")]
+    for args in (serve, export):
+        result = CliRunner().invoke(main, args)
+        assert (result.exit_code, result.output) == (1, said), args
 
 
 def test_serve_refuses_a_tokenizer_it_cannot_load(tmp_path: Path) -> None:

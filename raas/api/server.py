@@ -13,6 +13,7 @@ from raas.api.app import create_app
 from raas.api.state import ServiceState
 from raas.helpers import check_port
 from raas.settings import ServeSettings
+from raas.store.schema import check_version
 from raas.tasks import TaskRegistry
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None:
     check_port(settings.host, settings.port)  # a busy port is said before the app starts
+    check_version(settings.db)  # and a database from a newer raas
     app = create_app(settings, registry)
     config = uvicorn.Config(
         app,

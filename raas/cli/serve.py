@@ -68,6 +68,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     from raas.api.server import serve as run_server
     from raas.cli.output import setup_logging
     from raas.settings import SettingsError, load_settings
+    from raas.store.schema import NewerDatabase
 
     try:
         settings = load_settings(config_file, options)
@@ -77,7 +78,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     check_tokenizer(settings.tokenizer)
     try:
         run_server(settings)
-    except PortBusy as e:
+    except (PortBusy, NewerDatabase) as e:
         raise click.ClickException(str(e)) from e
 
 

@@ -27,6 +27,7 @@ from pydantic import TypeAdapter
 
 from raas.store import dashboard
 from raas.store.dashboard import JobFilter, Tally
+from raas.store.schema import migrate
 from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
@@ -38,50 +39,6 @@ log = logging.getLogger(__name__)
 # (None for a note that nobody waits for).
 _Call = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any] | None"]
 _Answer = tuple["asyncio.Future[Any]", Any, BaseException | None]
-
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id      TEXT PRIMARY KEY,
-    state       TEXT NOT NULL,
-    data_source TEXT,
-    instance_id TEXT,
-    request     TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    seq         INTEGER UNIQUE,   -- finish order; NULL until the result is written
-    finished_at REAL,
-    reward      REAL,
-    result      TEXT,
-    attempts    INTEGER NOT NULL DEFAULT 1,
-    attempt_errors TEXT,  -- JSON list of ErrorInfo: why each earlier attempt was run again
-    -- Copied out of the result, so that the dashboard counts and filters without parsing it.
-    error_type  TEXT,
-    error_kind  TEXT,
-    response_tokens INTEGER
-);
-CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
-"""
-# Columns added after the first release: a database made before them gets them on open.
-ADDED_COLUMNS = {
-    "attempts": "INTEGER NOT NULL DEFAULT 1",
-    "attempt_errors": "TEXT",
-    "error_type": "TEXT",
-    "error_kind": "TEXT",
-    "response_tokens": "INTEGER",
-}
-# What the added result columns hold, read from the result of a row written before them.
-BACKFILL = """
-UPDATE jobs SET error_type = json_extract(result, '$.error.type'),
-    error_kind = json_extract(result, '$.error.kind'),
-    response_tokens = json_array_length(result, '$.trajectory.response_ids')
-WHERE result IS NOT NULL
-"""
-# On columns a database made before them lacks until it is opened once: made after they are.
-INDEXES = """
-CREATE INDEX IF NOT EXISTS jobs_errors ON jobs(error_type, error_kind);
-CREATE INDEX IF NOT EXISTS jobs_source_seq ON jobs(data_source, seq);
-CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs(finished_at);
-"""
 
 
 @dataclass(frozen=True)
@@ -102,19 +59,17 @@ _ERRORS = TypeAdapter(list[ErrorInfo])
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
+    """Open the database at ``path``, made or migrated to today's schema (see schema.py)."""
     conn = sqlite3.connect(str(path), isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    # WAL + NORMAL: a committed write survives a crash of the process (not of the OS).
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=5000")
-    conn.executescript(SCHEMA)
-    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
-    for name, decl in ADDED_COLUMNS.items():
-        if name not in have:
-            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
-    if "error_type" not in have:
-        conn.execute(BACKFILL)
-    conn.executescript(INDEXES)
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
+        migrate(conn, path)  # first: a database from a newer raas is refused untouched
+        conn.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a committed write survives a crash of the process (not of the OS).
+        conn.execute("PRAGMA synchronous=NORMAL")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -278,7 +233,8 @@ class ResultStore:
         payload = result.model_dump_json()
         error_type = result.error.type if result.error else None
         error_kind = result.error.kind if result.error else None
-        columns = (result.reward, payload, error_type, error_kind)
+        tokens = len(result.trajectory.response_ids)
+        columns = (result.reward, payload, error_type, error_kind, tokens)
 
         def _save(conn: sqlite3.Connection) -> int:
             self._seq += 1
@@ -290,9 +246,8 @@ class ResultStore:
             written = conn.execute(
                 "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
                 " error_type = ?, error_kind = ?, response_tokens = ? WHERE job_id = ?",
-                (state, self._seq, time.time(), *columns, len(result.trajectory.response_ids),
-                 job_id),
-            ).rowcount  # fmt: skip
+                (state, self._seq, time.time(), *columns, job_id),
+            ).rowcount
             if before is not None:  # a result written over: its counts go
                 old_state, old_type, old_kind = before
                 self._tally.add(old_state, old_type, old_kind, -1)

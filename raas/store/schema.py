@@ -1,0 +1,156 @@
+"""The result store's schema, its versions, and one migration from each version to the next.
+
+A database keeps its version in SQLite's ``PRAGMA user_version``. The versions raas has written:
+
+1. the first store: a job's request, its state, and its result as JSON;
+2. ``attempts`` and ``attempt_errors``: infra failures run a job again, and each attempt is kept;
+3. ``error_type``, ``error_kind`` and ``response_tokens`` copied out of the result, with indexes,
+   so that the dashboard counts and filters without parsing every result.
+
+The raas releases that wrote versions 1 to 3 left ``user_version`` at 0; such a database is placed
+by its columns. A new database is made at the current version directly; an older one is migrated
+in one transaction when it is opened, so a migration that fails leaves it as it was. A database
+from a newer raas is refused, never opened: this code would not know what its columns mean.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+# Today's schema, for a new database.
+CREATE_TABLE = """CREATE TABLE jobs (
+    job_id      TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    data_source TEXT,
+    instance_id TEXT,
+    request     TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    seq         INTEGER UNIQUE,   -- finish order; NULL until the result is written
+    finished_at REAL,
+    reward      REAL,
+    result      TEXT,
+    attempts    INTEGER NOT NULL DEFAULT 1,
+    attempt_errors TEXT,  -- JSON list of ErrorInfo: why each earlier attempt was run again
+    -- Copied out of the result, so that the dashboard counts and filters without parsing it.
+    error_type  TEXT,
+    error_kind  TEXT,
+    response_tokens INTEGER
+)"""
+# The dashboard's filters and counts (version 3); version 1 had jobs_state_seq alone.
+DASHBOARD_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS jobs_errors ON jobs(error_type, error_kind)",
+    "CREATE INDEX IF NOT EXISTS jobs_source_seq ON jobs(data_source, seq)",
+    "CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs(finished_at)",
+)
+CREATE = (CREATE_TABLE, "CREATE INDEX jobs_state_seq ON jobs(state, seq)", *DASHBOARD_INDEXES)
+# The columns each version added to the jobs table.
+ADDED_COLUMNS = {
+    2: {"attempts": "INTEGER NOT NULL DEFAULT 1", "attempt_errors": "TEXT"},
+    3: {"error_type": "TEXT", "error_kind": "TEXT", "response_tokens": "INTEGER"},
+}
+
+
+class NewerDatabase(RuntimeError):
+    """The database was written by a newer raas than this one."""
+
+
+def _columns(conn: sqlite3.Connection) -> set[str]:
+    return {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+
+
+def _add_columns(conn: sqlite3.Connection, columns: dict[str, str]) -> None:
+    # raas before user_version added columns one ALTER (one commit) at a time, so a database it
+    # stopped between two of them has the first: only what is missing is added.
+    have = _columns(conn)
+    for name, decl in columns.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+
+
+def _add_attempts(conn: sqlite3.Connection) -> None:
+    """1 -> 2: a job that failed for the infrastructure runs again; how often, and why, is kept.
+    A job written before ran once."""
+    _add_columns(conn, ADDED_COLUMNS[2])
+
+
+def _add_error_columns(conn: sqlite3.Connection) -> None:
+    """2 -> 3: what the dashboard counts and filters on, copied out of each result."""
+    _add_columns(conn, ADDED_COLUMNS[3])
+    # An error written before kinds (version 1) reads back as infra, the wire's default.
+    conn.execute(
+        "UPDATE jobs SET error_type = json_extract(result, '$.error.type'),"
+        " error_kind = CASE WHEN json_extract(result, '$.error') IS NOT NULL"
+        "     THEN COALESCE(json_extract(result, '$.error.kind'), 'infra') END,"
+        " response_tokens = json_array_length(result, '$.trajectory.response_ids')"
+        " WHERE result IS NOT NULL"
+    )
+    for index in DASHBOARD_INDEXES:
+        conn.execute(index)
+
+
+# MIGRATIONS[v - 1] takes a database from version v to v + 1.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_add_attempts, _add_error_columns]
+VERSION = len(MIGRATIONS) + 1
+
+
+def _version_by_shape(conn: sqlite3.Connection) -> int:
+    """The version of a database from before user_version was kept (0: no jobs table yet).
+    Every version after 3 is written to user_version, so only 1 to 3 are told apart here."""
+    have = _columns(conn)
+    if not have:
+        return 0
+    if not ADDED_COLUMNS[2].keys() <= have:
+        return 1
+    if not ADDED_COLUMNS[3].keys() <= have:  # also one that an old raas stopped adding them to
+        return 2
+    return 3
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    return int(version)
+
+
+def _refuse_newer(version: int, path: str | Path) -> None:
+    if version > VERSION:
+        raise NewerDatabase(
+            f"{path} was written by a newer raas (store version {version}; this raas reads up"
+            f" to {VERSION}): upgrade raas to open it"
+        )
+
+
+def migrate(conn: sqlite3.Connection, path: str | Path) -> None:
+    """Bring the database on ``conn`` (in autocommit mode) to VERSION, or make it new there."""
+    if _user_version(conn) == VERSION:
+        return  # the usual open: nothing written, no lock taken
+    # IMMEDIATE: one process migrates; another opening the file at once waits, then finds it done.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _user_version(conn) or _version_by_shape(conn)
+        _refuse_newer(version, path)
+        if version == 0:
+            for statement in CREATE:
+                conn.execute(statement)
+        else:
+            for step in MIGRATIONS[version - 1 :]:
+                step(conn)
+        conn.execute(f"PRAGMA user_version = {VERSION}")
+    except BaseException:
+        if conn.in_transaction:  # SQLite has rolled some failures (a full disk) back itself
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def check_version(path: str | Path) -> None:
+    """Raise NewerDatabase if ``path`` was written by a newer raas; reads, never writes.
+    Asked before a server starts, so that it is said in one line, not in a start-up traceback."""
+    if not Path(path).exists():
+        return
+    conn = sqlite3.connect(path)
+    try:
+        _refuse_newer(_user_version(conn), path)
+    finally:
+        conn.close()
