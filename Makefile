@@ -35,6 +35,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	# The in-sandbox action server on its own: it imports its siblings as top-level modules.
 	MYPYPATH=raas/sandbox/inside $(BIN)/mypy --strict --python-version 3.10 raas/sandbox/inside/server.py
+	# The judges' programs in a sandbox, likewise.
+	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 raas/judge/inside/humaneval.py raas/judge/inside/candidate.py
 
 unit: $(STAMP)
 	$(BIN)/pytest -q

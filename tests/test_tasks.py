@@ -83,14 +83,15 @@ async def test_code_reward_both_ways(run: Run) -> None:
 
 
 async def test_code_a_solution_that_claims_success_and_exits_scores_zero(run: Run) -> None:
-    """It prints the judge's old pass line and exits 0 before any test runs."""
+    """It prints the judge's old pass line and exits 0 before any test runs: its prints go
+    nowhere (the judge's output is not the solution's), and its exit is the solution failing."""
     problem = humaneval_problem("HumanEval/2")
     instance = {"data_source": "code", "instance_id": "HumanEval/2",
                 **{k: problem[k] for k in ("prompt", "entry_point", "test")}}  # fmt: skip
     cheat = problem["prompt"] + "    return None\n\nprint('ALL TESTS PASSED')\nraise SystemExit(0)"
     result = await run(instance, [write_file("/workspace/solution.py", cheat), call("finish")])
     assert (result["state"], result["reward"]) == ("done", 0.0)
-    assert "ALL TESTS PASSED" in result["metrics"]["test_output"]
+    assert "SystemExit: 0" in result["metrics"]["test_output"]
 
 
 CALC = {

@@ -14,19 +14,20 @@ Two instance formats:
   agent writes /workspace/solution.py: a program that reads stdin and writes stdout, or (when
   the tests name a function) that function, top-level or a method of ``Solution``.
 
-EVAL copies the solution into a fresh sandbox and runs the tests there with time limits:
-reward 1.0 if they all pass, else 0.0 with the (first) failure in the metrics.
+EVAL writes the solution into a fresh sandbox and judges it there (raas.judge), the tests and
+expected values out of the solution's reach, with time limits: reward 1.0 if they all pass,
+else 0.0 with the (first) failure in the metrics.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import shlex
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
+from raas import judge
+from raas.judge import judge_contest, judge_humaneval
 from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
@@ -240,154 +241,26 @@ class CodeTask(AgentTask):
         if not code:
             return RewardInfo(0.0, {"passed": False, "error": "no solution file"})
         parsed = CodeInstance.model_validate(instance)
-        if parsed.reward_model is not None:
-            return await judge_contest(code, parsed.reward_model.ground_truth, services)
-        mark = secrets.token_hex(16)
         async with fresh_sandbox(services) as sandbox:
-            await sandbox.write_file(SOLUTION, code)
-            await sandbox.write_file("/workspace/tests.py", str(instance["test"]))
-            await sandbox.write_file("/workspace/check.py", HUMANEVAL_HARNESS)
-            result = await sandbox.bash(
-                f"printf '%s\\n' {mark} | python3 /workspace/check.py {SOLUTION}"
-                f" /workspace/tests.py {shlex.quote(str(instance['entry_point']))}",
-                timeout_s=TEST_TIMEOUT_S,
-            )
-        passed = result.exit_code == 0 and mark in result.output.splitlines()
-        metrics: dict[str, Any] = {"passed": passed, "timed_out": result.timed_out}
-        if not passed:
-            metrics["test_output"] = result.output[-2000:]
-        return RewardInfo(1.0 if passed else 0.0, metrics)
-
-
-async def judge_contest(code: str, tests: ContestTests, services: TaskServices) -> RewardInfo:
-    """Run every case in a fresh sandbox, each in its own process with a time limit."""
-    async with fresh_sandbox(services) as sandbox:
-        await sandbox.write_file(SOLUTION, code)
-        await sandbox.write_file("/workspace/tests.json", tests.model_dump_json())
-        await sandbox.write_file("/workspace/run_tests.py", CONTEST_HARNESS)
-        result = await sandbox.bash(
-            f"python3 /workspace/run_tests.py /workspace/tests.json {SOLUTION} {CASE_TIMEOUT_S}",
-            timeout_s=CONTEST_TIMEOUT_S,
-        )
-    summary: dict[str, Any] = {}
-    for line in reversed(result.output.splitlines()):
-        if line.startswith("{"):
-            try:
-                summary = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            break
-    total = len(tests.cases)
-    passed = summary.get("passed") == total and result.exit_code == 0
-    metrics: dict[str, Any] = {
-        "passed": passed,
-        "tests_passed": summary.get("passed", 0),
-        "tests_total": total,
-        "timed_out": result.timed_out,
-    }
-    if not passed:
-        metrics["failure"] = summary.get("failure") or result.output[-2000:]
-    return RewardInfo(1.0 if passed else 0.0, metrics)
-
-
-# Runs in the judge's sandbox, on the image's python3 (3.8 or newer): argv is the solution, the
-# tests (HumanEval's ``def check(candidate)``) and the entry point. It passes by printing a random
-# mark it read from stdin before the solution ran: a solution that prints a success line and
-# exits 0 before any test runs (a shortcut the oracle's sabotage takes, and which passed when
-# the pass line was a fixed text after the tests) cannot know the mark. The tests run in the
-# solution's namespace, as HumanEval's do (some call the prompt's helpers).
-HUMANEVAL_HARNESS = r"""
-import sys
-
-
-def main():
-    mark = sys.stdin.readline().strip()
-    solution, tests, entry_point = sys.argv[1:4]
-    namespace = {"__name__": "solution"}
-    with open(solution) as f:
-        exec(compile(f.read(), solution, "exec"), namespace)
-    with open(tests) as f:
-        exec(compile(f.read(), tests, "exec"), namespace)
-    namespace["check"](namespace[entry_point])
-    print(mark)
-
-
-main()
-"""
-
-# Runs in the sandbox, on the image's python3 (3.8 or newer): argv is the tests file, the
-# solution and the seconds each case may take. Prints one JSON line: how many passed in a row,
-# and the first failure.
-CONTEST_HARNESS = r'''
-import json
-import subprocess
-import sys
-
-CALL = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("solution", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-fn = getattr(module, sys.argv[2], None)
-if fn is None and hasattr(module, "Solution"):
-    fn = getattr(module.Solution(), sys.argv[2])
-result = fn(*json.load(sys.stdin))
-if isinstance(result, tuple):
-    result = list(result)
-sys.stdout.write("\\n@@raas-result@@" + json.dumps(result, default=repr) + "\\n")
-"""
-
-
-def lines(text):
-    return [line.rstrip() for line in text.strip().splitlines()]
-
-
-def same_output(got, want):
-    return lines(got) == lines(want) or got.split() == want.split()
-
-
-def returned(stdout):
-    marks = [l for l in stdout.splitlines() if l.startswith("@@raas-result@@")]
-    return json.loads(marks[-1][len("@@raas-result@@"):]) if marks else None
-
-
-def main():
-    tests = json.load(open(sys.argv[1]))
-    solution, limit = sys.argv[2], float(sys.argv[3])
-    name = tests.get("fn_name")
-    cases = tests["cases"]
-    for i, case in enumerate(cases):
-        if name:
-            cmd = [sys.executable, "-c", CALL, solution, name]
-            stdin = json.dumps(case.get("args") or [])
-        else:
-            cmd = [sys.executable, solution]
-            stdin = case.get("stdin") or ""
-        failure = None
-        try:
-            run = subprocess.run(
-                cmd, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                universal_newlines=True, timeout=limit,
-            )
-        except subprocess.TimeoutExpired:
-            failure = "timed out after %gs" % limit
-        else:
-            want = case.get("expected")
-            if run.returncode != 0:
-                failure = "exit %d: %s" % (run.returncode, run.stderr[-1000:])
-            elif name:
-                got = returned(run.stdout)
-                if not (got == want or [got] == want):
-                    failure = "returned %s, expected %s" % (
-                        json.dumps(got, default=repr)[:500], json.dumps(want, default=repr)[:500]
-                    )
-            elif not same_output(run.stdout, str(want)):
-                failure = "printed %r, expected %r" % (run.stdout[:500], str(want)[:500])
-        if failure is not None:
-            print(json.dumps({"passed": i, "failure": {"case": i, "why": failure}}))
-            return
-    print(json.dumps({"passed": len(cases)}))
-
-
-main()
-'''
+            if parsed.reward_model is not None:
+                tests = parsed.reward_model.ground_truth
+                verdict = await judge_contest(
+                    sandbox,
+                    cases=[judge.Case(c.expected, c.stdin, c.args) for c in tests.cases],
+                    fn_name=tests.fn_name,
+                    solution=code,
+                    path=SOLUTION,
+                    case_timeout_s=CASE_TIMEOUT_S,
+                    timeout_s=CONTEST_TIMEOUT_S,
+                )
+            else:
+                verdict = await judge_humaneval(
+                    sandbox,
+                    prompt=str(parsed.prompt),
+                    test=str(parsed.test),
+                    entry_point=str(parsed.entry_point),
+                    solution=code,
+                    path=SOLUTION,
+                    timeout_s=TEST_TIMEOUT_S,
+                )
+        return RewardInfo(1.0 if verdict.passed else 0.0, verdict.metrics)
