@@ -52,9 +52,7 @@ async def test_what_the_agent_did_to_its_shell_does_not_reach_a_fresh_process(
 async def test_a_process_that_outlives_its_deadline_is_killed_with_its_group(
     sandbox: Sandbox,
 ) -> None:
-    result = await sandbox.exec(
-        ["sh", "-c", "sleep 300 & echo started; sleep 300"], timeout_s=1
-    )
+    result = await sandbox.exec(["sh", "-c", "sleep 300 & echo started; sleep 300"], timeout_s=1)
     assert result.timed_out
     left = await sandbox.exec(["sh", "-c", "ps -eo comm | grep -c '^sleep$' || true"])
     assert left.stdout.strip() == "0"
