@@ -228,7 +228,7 @@ async def test_a_bad_request_is_an_openai_error_naming_the_field(
             ({"messages": ok, "n": 2}, "n"),
             ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
             ({"messages": ok, "max_tokens": 0}, "max_tokens"),
-            ({"messages": ok, "tools": [{"type": "code"}]}, "tools[0]"),
+            ({"messages": ok, "tools": [{"type": "code"}]}, "tools[0].type"),
         ]
         for kwargs, param in cases:
             with pytest.raises(openai.BadRequestError) as err:

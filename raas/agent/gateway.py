@@ -26,7 +26,6 @@ import asyncio
 import json
 import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,24 +33,16 @@ from typing import Any
 from raas.agent.loop import Generator
 from raas.llm.chat import observation_delta
 from raas.llm.openai_chat import (
-    OpenAIError,
-    arguments_of,
-    bad,
-    chat_completion,
-    chat_messages,
-    chat_tools,
-    cut_at_stop,
-    json_object,
+    ChatOutput,
+    chat_answer,
+    read_output,
     render_prompt,
     reply_message,
+    response_object,
     same,
-    sampling,
-    sse_chunks,
-    stop_strings,
     template_messages,
-    text_of,
-    tool_call,
 )
+from raas.llm.openai_types import ChatRequest, OpenAIError, ResponsesRequest, read
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser, get_parser
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
 from raas.wire import Trajectory
@@ -146,9 +137,8 @@ class GatewaySession:
             if method.upper() != want:
                 raise OpenAIError(405, f"{path} takes {want}, not {method}", None)
             if self.closed:
-                raise OpenAIError(401, "this job's gateway session is closed", None,
-                                  "authentication_error", "invalid_api_key")  # fmt: skip
-            return await fn(self, json_object(body) if want == "POST" else {})
+                raise _refused("this job's gateway session is closed")
+            return await fn(self, body)
         except OpenAIError as e:
             return _reply(e.status, e.body())
         except (NoBackendAvailable, BackendError) as e:
@@ -165,89 +155,29 @@ class GatewaySession:
 
     # -- routes -------------------------------------------------------------------------------
 
-    async def _models(self, _: dict[str, Any]) -> Reply:
+    async def _models(self, _: bytes) -> Reply:
         card = {"id": self.model, "object": "model", "created": 0, "owned_by": "raas"}
         return _reply(200, {"object": "list", "data": [card]})
 
-    async def _chat(self, body: dict[str, Any]) -> Reply:
-        _only_n_1(body)
-        stream = body.get("stream") or False
-        if not isinstance(stream, bool):
-            raise bad("stream", "must be a boolean")
-        messages = chat_messages(body.get("messages"))
-        tools = _tool_choice(body, chat_tools(body.get("tools")))
-        params = sampling(self.params, body, ("max_completion_tokens", "max_tokens"))
-        stops = stop_strings(body.get("stop"))
-        parsed, gen, n_prompt, n_out = await self._generate(
-            messages, tools, params, stops, tools is not None
+    async def _chat(self, body: bytes) -> Reply:
+        request = read(ChatRequest, body)
+        params = request.sampling(self.params)
+        out, gen, n_prompt = await self._generate(
+            request.conversation(), request.shown_tools(), params, request.stops
         )
-        logprobs = None
-        if body.get("logprobs"):
-            logprobs = [
-                {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None,
-                 "top_logprobs": []}
-                for t, lp in zip(gen.token_ids[:n_out], gen.logprobs[:n_out], strict=True)
-            ]  # fmt: skip
-        finish = "stop" if n_out < len(gen.token_ids) else gen.finish_reason
-        answer = chat_completion(
-            self.model, parsed, finish, n_prompt, n_out, gen.cached_tokens, logprobs
+        kind, answer = chat_answer(
+            request, self.model, self.tokenizer, out, gen.logprobs, n_prompt, gen.cached_tokens
         )
-        if not stream:
-            return _reply(200, answer)
-        options = body.get("stream_options") or {}
-        usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        return 200, {"content-type": "text/event-stream"}, sse_chunks(answer, usage)
+        return 200, {"content-type": kind}, answer
 
-    async def _responses(self, body: dict[str, Any]) -> Reply:
-        if body.get("stream"):
-            raise bad("stream", "streaming is not supported on /v1/responses")
-        if body.get("previous_response_id") is not None:
-            raise bad("previous_response_id", "not supported: send the whole conversation as input")
-        messages = responses_input(body.get("input"), body.get("instructions"))
-        tools = _tool_choice(body, responses_tools(body.get("tools")))
-        params = sampling(self.params, body, ("max_output_tokens",))
-        parsed, gen, n_prompt, n_out = await self._generate(
-            messages, tools, params, [], tools is not None
+    async def _responses(self, body: bytes) -> Reply:
+        request = read(ResponsesRequest, body)
+        params = request.sampling(self.params)
+        out, gen, n_prompt = await self._generate(
+            request.conversation(), request.shown_tools(), params, []
         )
-        output: list[dict[str, Any]] = []
-        if parsed.content or not parsed.calls:
-            output.append(
-                {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
-                 "role": "assistant",
-                 "content": [{"type": "output_text", "text": parsed.content, "annotations": []}]}
-            )  # fmt: skip
-        for c in parsed.calls:
-            output.append(
-                {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c.id,
-                 "name": c.name, "arguments": json.dumps(c.arguments), "status": "completed"}
-            )  # fmt: skip
-        incomplete = gen.finish_reason == "length" and not parsed.calls
-        answer = {
-            "id": f"resp_{uuid.uuid4().hex}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "incomplete" if incomplete else "completed",
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "error": None,
-            "model": self.model,
-            "instructions": body.get("instructions"),
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [],
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "max_output_tokens": body.get("max_output_tokens"),
-            "metadata": {},
-            "usage": {
-                "input_tokens": n_prompt,
-                "input_tokens_details": {"cached_tokens": gen.cached_tokens},
-                "output_tokens": n_out,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": n_prompt + n_out,
-            },
-        }
-        return _reply(200, answer)
+        answer = response_object(request, self.model, out, params, n_prompt, gen.cached_tokens)
+        return 200, dict(JSON_HEADERS), answer.model_dump_json().encode()
 
     # -- generation and recording -------------------------------------------------------------
 
@@ -257,8 +187,7 @@ class GatewaySession:
         tools: list[dict[str, Any]] | None,
         params: SamplingParams,
         stops: list[str],
-        parse_calls: bool,
-    ) -> tuple[ParsedOutput, Generation, int, int]:
+    ) -> tuple[ChatOutput, Generation, int]:
         tok = self.tokenizer
         call = self._plan(messages, tools)
         start = time.perf_counter()
@@ -274,17 +203,13 @@ class GatewaySession:
             generating.cancel()  # nothing once it has finished; else no orphan generation
         if len(gen.token_ids) != len(gen.logprobs):
             raise BackendError(gen.backend, "token ids and logprobs differ in length", False)
-        ids, logprobs = list(gen.token_ids), list(gen.logprobs)
-        cut = cut_at_stop(tok, ids, stops)
-        if cut is not None:  # the model would have stopped there: the rest was never said
-            ids, logprobs = ids[: cut[0]], logprobs[: cut[0]]
-            text = cut[1]
-        else:
-            text = tok.decode(ids, skip_special_tokens=True)
-        parsed = self.parser.parse(text) if parse_calls else ParsedOutput(content=text)
+        parser = self.parser if tools is not None else None
+        out = read_output(tok, gen.token_ids, gen.finish_reason, stops, parser)
+        ids, logprobs = out.ids, list(gen.logprobs[: len(out.ids)])
+        parsed, text = out.parsed, out.text
         async with self._lock:
             self._record(call, messages, tools, ids, logprobs, gen, parsed, text, start)
-        return parsed, gen, len(call.prompt), len(ids)
+        return out, gen, len(call.prompt)
 
     def _plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Call:
         """The call's prompt ids, and which segment (if any) it continues."""
@@ -382,7 +307,7 @@ class GatewaySession:
         return out
 
 
-ROUTES: dict[str, tuple[str, Callable[[GatewaySession, dict[str, Any]], Awaitable[Reply]]]] = {
+ROUTES: dict[str, tuple[str, Callable[[GatewaySession, bytes], Awaitable[Reply]]]] = {
     "/v1/chat/completions": ("POST", GatewaySession._chat),
     "/v1/responses": ("POST", GatewaySession._responses),
     "/v1/models": ("GET", GatewaySession._models),
@@ -430,98 +355,13 @@ class Gateway:
 
 
 async def unauthorized() -> Reply:
-    err = OpenAIError(401, "unknown or closed job token: send 'Authorization: Bearer <job token>'",
-                      None, "authentication_error", "invalid_api_key")  # fmt: skip
+    err = _refused("unknown or closed job token: send 'Authorization: Bearer <job token>'")
     return _reply(401, err.body())
 
 
-# -- request reading ----------------------------------------------------------------------------
+def _refused(message: str) -> OpenAIError:
+    return OpenAIError(401, message, None, "authentication_error", "invalid_api_key")
 
 
 def _reply(status: int, body: dict[str, Any]) -> Reply:
     return status, dict(JSON_HEADERS), json.dumps(body).encode()
-
-
-def _only_n_1(body: dict[str, Any]) -> None:
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise bad("n", "only n=1 is supported")
-
-
-def _tool_choice(
-    body: dict[str, Any], tools: list[dict[str, Any]] | None
-) -> list[dict[str, Any]] | None:
-    """The tools to show the model: none under tool_choice "none"."""
-    choice = body.get("tool_choice")
-    if choice is None or choice in ("auto", "required"):
-        return tools
-    if choice == "none":
-        return None
-    if isinstance(choice, dict):
-        return tools  # a named function: shown with the rest (sampling is not constrained)
-    raise bad("tool_choice", 'must be "none", "auto", "required" or a named function')
-
-
-def responses_tools(raw: Any) -> list[dict[str, Any]] | None:
-    """Responses API function tools (flat: type, name, parameters) in Chat Completions' shape."""
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise bad("tools", "must be a list of tools")
-    tools = []
-    for i, t in enumerate(raw):
-        if (
-            not isinstance(t, dict)
-            or t.get("type") != "function"
-            or not isinstance(t.get("name"), str)
-        ):
-            raise bad(f"tools[{i}]", 'only {"type": "function", "name": ...} tools are supported')
-        fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
-        tools.append({"type": "function", "function": fn})
-    return tools or None
-
-
-def responses_input(raw: Any, instructions: Any) -> list[dict[str, Any]]:
-    """Responses API ``input`` (a string, or items) as canonical messages."""
-    messages: list[dict[str, Any]] = []
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise bad("instructions", "must be a string")
-        messages.append({"role": "system", "content": instructions})
-    if isinstance(raw, str):
-        return [*messages, {"role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw:
-        raise bad("input", "must be a string or a non-empty list of items")
-    for i, item in enumerate(raw):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise bad(where, "must be an object")
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("system", "developer", "user", "assistant"):
-                raise bad(f"{where}.role", "must be system, developer, user or assistant")
-            content = text_of(item.get("content"), f"{where}.content")
-            messages.append({"role": "system" if role == "developer" else role, "content": content})
-        elif kind == "function_call":
-            if not isinstance(item.get("name"), str):
-                raise bad(f"{where}.name", "is required")
-            args = arguments_of(item.get("arguments"), f"{where}.arguments")
-            call = tool_call(str(item.get("call_id") or ""), item["name"], args)
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else text_of(output, f"{where}.output")
-            msg = {"role": "tool", "content": text}
-            if item.get("call_id") is not None:
-                msg["tool_call_id"] = str(item["call_id"])
-            messages.append(msg)
-        elif kind == "reasoning":
-            continue  # the model's reasoning summary: nothing the template renders
-        else:
-            raise bad(f"{where}.type", f"item type {kind!r} is not supported")
-    return messages

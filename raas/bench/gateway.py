@@ -32,7 +32,8 @@ from raas.bench.forked import ForkedServer, serve_fake_vllm
 from raas.bench.scale import tool_call
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
-from raas.llm.openai_chat import chat_messages, chat_tools, render_prompt
+from raas.llm.openai_chat import render_prompt
+from raas.llm.openai_types import ChatRequest
 from raas.llm.types import SamplingParams
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
@@ -117,10 +118,12 @@ async def via_gateway(raas_url: str, job: str, turns: int, http: httpx.AsyncClie
 
 
 async def direct(llm_url: str, turns: int, http: httpx.AsyncClient, tok: Any) -> list[float]:
-    tools = chat_tools([BASH])
-    prompts = [
-        render_prompt(tok, chat_messages(conversation(t, turns)), tools) for t in range(turns)
+    # The prompts the gateway renders for these calls, read as it reads them.
+    requests = [
+        ChatRequest.model_validate({"messages": conversation(t, turns), "tools": [BASH]})
+        for t in range(turns)
     ]
+    prompts = [render_prompt(tok, r.conversation(), r.shown_tools()) for r in requests]
     times = []
     for prompt in prompts:
         body = {"model": "fake", "prompt": prompt, "max_tokens": 256, "logprobs": 0,

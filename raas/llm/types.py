@@ -12,6 +12,11 @@ MAX_SEED = 2**63 - 1
 # Strict: a JSON 2.5 or true is never silently turned into an int (and ints stay exact).
 Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
 TokenId = Annotated[StrictInt, Field(ge=0)]
+# The bounds of each sampling key, shared by SamplingParams and the OpenAI requests that set them.
+# StrictFloat takes ints (JSON 1 is an int) but not bools or strings.
+Temperature = Annotated[StrictFloat, Field(ge=0.0)]
+TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0)]
+MaxTokens = Annotated[StrictInt, Field(ge=1)]
 
 
 class SamplingParams(BaseModel):
@@ -24,11 +29,10 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    # StrictFloat takes ints (JSON 1 is an int) but not bools or strings.
-    temperature: StrictFloat = Field(default=1.0, ge=0.0)
-    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
     top_k: StrictInt = Field(default=-1, ge=-1, description="-1: no top-k cut")
-    max_tokens: StrictInt = Field(default=512, ge=1, description="new tokens per generation")
+    max_tokens: MaxTokens = Field(default=512, description="new tokens per generation")
     stop_token_ids: tuple[TokenId, ...] = ()
     seed: Seed | None = None
 

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 import raas
@@ -23,20 +23,14 @@ from raas.llm.engine.completion import completion_response
 from raas.llm.engine.protocol import (
     CompletionRequest,
     CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
     ModelCard,
     ModelList,
 )
-from raas.llm.openai_chat import (
-    OpenAIError,
-    bad,
-    chat_completion,
-    chat_messages,
-    chat_tools,
-    json_object,
-    render_prompt,
-    sampling,
-)
-from raas.llm.toolcalls import HermesParser, ParsedOutput
+from raas.llm.openai_chat import chat_answer, read_output, render_prompt
+from raas.llm.openai_types import CHAT_RESPONSES, ChatRequest, OpenAIError, read
+from raas.llm.toolcalls import HermesParser
 from raas.llm.types import SamplingParams
 from raas.oracle.model import Oracle
 
@@ -44,8 +38,8 @@ MAX_MODEL_LEN = 1 << 20  # the oracle has no context limit of its own
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+    info = ErrorInfo(message=message, type=kind, param=param, code=status)
+    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
 
 
 def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
@@ -64,15 +58,16 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
 
     @app.get("/v1/models", tags=["openai"])
     async def models() -> ModelList:
-        card = ModelCard(id=served_name, created=created, root=served_name,
-                         max_model_len=MAX_MODEL_LEN)  # fmt: skip
+        card = ModelCard(
+            id=served_name, created=created, root=served_name, max_model_len=MAX_MODEL_LEN
+        )
         return ModelList(data=[card])
 
     @app.post("/v1/completions", tags=["openai"], response_model=None)
     async def completions(body: CompletionRequest) -> CompletionResponse | JSONResponse:
         if body.model is not None and body.model != served_name:
-            return _error(404, f"The model `{body.model}` does not exist.", "NotFoundError",
-                          "model")  # fmt: skip
+            message = f"The model `{body.model}` does not exist."
+            return _error(404, message, "NotFoundError", "model")
         if isinstance(body.prompt, str):
             prompt = encode(tokenizer, body.prompt)
         else:
@@ -87,35 +82,31 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
             out = dataclasses.replace(out, top_logprobs=None)
         return completion_response(body, out, served_name, tokenizer)
 
-    @app.post("/v1/chat/completions", tags=["openai"])
-    async def chat_completions(request: Request) -> Any:
+    @app.post("/v1/chat/completions", tags=["openai"], responses=CHAT_RESPONSES)
+    async def chat_completions(request: Request) -> Response:
         try:
-            body = json_object(await request.body())
-            if body.get("stream"):
-                raise bad("stream", "streaming is not supported here")
-            messages = chat_messages(body.get("messages"))
-            tools = None if body.get("tool_choice") == "none" else chat_tools(body.get("tools"))
-            params = sampling(SamplingParams(max_tokens=MAX_MODEL_LEN), body,
-                              ("max_completion_tokens", "max_tokens"))  # fmt: skip
+            body = read(ChatRequest, await request.body()).for_model(served_name)
         except OpenAIError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        prompt = render_prompt(tokenizer, messages, tools)
-        out = await asyncio.to_thread(oracle.generate, prompt, params.max_tokens)
-        text = str(tokenizer.decode(out.token_ids, skip_special_tokens=True))
-        parsed = HermesParser().parse(text) if tools else ParsedOutput(content=text)
-        return chat_completion(served_name, parsed, out.finish_reason, len(prompt),
-                               len(out.token_ids))  # fmt: skip
+        tools = body.shown_tools()
+        prompt = render_prompt(tokenizer, body.conversation(), tools)
+        max_tokens = body.sampling(SamplingParams(max_tokens=MAX_MODEL_LEN)).max_tokens
+        gen = await asyncio.to_thread(oracle.generate, prompt, max_tokens)
+        parser = HermesParser() if tools else None
+        out = read_output(tokenizer, gen.token_ids, gen.finish_reason, body.stops, parser)
+        kind, answer = chat_answer(body, served_name, tokenizer, out, gen.logprobs, len(prompt))
+        return Response(answer, media_type=kind)
 
     @app.post("/update_weights", tags=["engine"])
     async def update_weights() -> JSONResponse:
-        detail = [{"loc": ["body", "path"], "msg": "the oracle has no weights to update",
-                   "type": "no_weights"}]  # fmt: skip
+        msg = "the oracle has no weights to update"
+        detail = [{"loc": ["body", "path"], "msg": msg, "type": "no_weights"}]
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.get("/v1/oracle/stats", tags=["oracle"])
     async def stats() -> dict[str, Any]:
-        return {"sabotage": oracle.sabotage, "seed": oracle.seed, "tasks": len(oracle.tasks),
-                **oracle.counts}  # fmt: skip
+        counts = {"sabotage": oracle.sabotage, "seed": oracle.seed, "tasks": len(oracle.tasks)}
+        return {**counts, **oracle.counts}
 
     return app
 

@@ -26,6 +26,7 @@ from raas.llm.engine.protocol import (
     CompletionRequest,
     CompletionResponse,
     EngineStatsResponse,
+    ErrorInfo,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -33,19 +34,9 @@ from raas.llm.engine.protocol import (
     UpdateWeightsResponse,
 )
 from raas.llm.models import load_model
-from raas.llm.openai_chat import (
-    OpenAIError,
-    bad,
-    chat_completion,
-    chat_messages,
-    chat_tools,
-    cut_at_stop,
-    json_object,
-    render_prompt,
-    sampling,
-    stop_strings,
-)
-from raas.llm.toolcalls import HermesParser, ParsedOutput
+from raas.llm.openai_chat import chat_answer, read_output, render_prompt
+from raas.llm.openai_types import CHAT_RESPONSES, ChatRequest, OpenAIError, read
+from raas.llm.toolcalls import HermesParser
 from raas.llm.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -113,9 +104,8 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        body = {"error": {"message": exc.message, "type": exc.kind, "param": exc.param,
-                          "code": exc.status}}  # fmt: skip
-        return JSONResponse(body, status_code=exc.status)
+        info = ErrorInfo(message=exc.message, type=exc.kind, param=exc.param, code=exc.status)
+        return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=exc.status)
 
     @app.get("/health", tags=["system"])
     async def health() -> Response:
@@ -167,30 +157,20 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
             engine.abort(future)
         return completion_response(body, result, served_name, tokenizer)
 
-    @app.post("/v1/chat/completions", tags=["openai"], responses=_ERRORS)
-    async def chat_completions(request: Request) -> Any:
-        """OpenAI's chat completions (non-streaming, n=1), rendered with the model's chat
-        template; Hermes tool calls in the reply come back as ``tool_calls``."""
+    @app.post("/v1/chat/completions", tags=["openai"], responses=CHAT_RESPONSES)
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI's chat completions (n=1), rendered with the model's chat template; Hermes tool
+        calls in the reply come back as ``tool_calls``. ``stream`` sends the finished answer as
+        events."""
         try:
-            body = json_object(await request.body())
-            if body.get("model") not in (None, served_name):
-                raise OpenAIError(404, f"The model `{body['model']}` does not exist.", "model",
-                                  "NotFoundError", "model_not_found")  # fmt: skip
-            if body.get("stream"):
-                raise bad("stream", "streaming is not supported here")
-            if body.get("n") not in (None, 1):
-                raise bad("n", "only n=1 is supported")
-            messages = chat_messages(body.get("messages"))
-            tools = None if body.get("tool_choice") == "none" else chat_tools(body.get("tools"))
-            prompt = render_prompt(tokenizer, messages, tools)
+            body = read(ChatRequest, await request.body()).for_model(served_name)
+            tools = body.shown_tools()
+            prompt = render_prompt(tokenizer, body.conversation(), tools)
             room = max(engine.max_model_len - len(prompt), 1)  # too long: a 400 below
-            sp = sampling(SamplingParams(max_tokens=room), body,
-                          ("max_completion_tokens", "max_tokens"))  # fmt: skip
-            stops = stop_strings(body.get("stop"))
+            sp = body.sampling(SamplingParams(max_tokens=room))
             params = GenerationParams(
-                max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=-1,
-                seed=sp.seed, stop_token_ids=frozenset(), ignore_eos=False, top_logprobs=0,
-            )  # fmt: skip
+                max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed
+            )
             try:
                 future = engine.submit(prompt, params)
             except PromptError as e:
@@ -205,15 +185,12 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
             raise APIError(499, "the client closed the request", "ClientClosedRequest") from e
         finally:
             engine.abort(future)
-        ids, finish = result.token_ids, result.finish_reason
-        cut = cut_at_stop(tokenizer, ids, stops)
-        if cut is not None:
-            ids, text, finish = ids[: cut[0]], cut[1], "stop"
-        else:
-            text = str(tokenizer.decode(ids, skip_special_tokens=True))
-        parsed = HermesParser().parse(text) if tools else ParsedOutput(content=text)
-        return chat_completion(served_name, parsed, finish, len(prompt), len(ids),
-                               result.cached_tokens)  # fmt: skip
+        parser = HermesParser() if tools else None
+        out = read_output(tokenizer, result.token_ids, result.finish_reason, body.stops, parser)
+        kind, answer = chat_answer(
+            body, served_name, tokenizer, out, result.logprobs, len(prompt), result.cached_tokens
+        )
+        return Response(answer, media_type=kind)
 
     @app.post(
         "/update_weights",
