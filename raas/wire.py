@@ -13,7 +13,7 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic_core import InitErrorDetails, ValidationError
 
 JobStateName = Literal["queued", "init", "run", "eval", "done", "failed", "timeout", "cancelled"]
@@ -184,12 +184,18 @@ class ErrorInfo(BaseModel):
 
 
 class Trajectory(BaseModel):
-    """What a rollout produced so far, as the trainer receives it.
+    """What a rollout produced so far, as the trainer receives it; also the token record a
+    rollout writes as it goes (the agent loop's, each gateway segment's).
 
-    A task appends to it as it goes (the lists are shared with the agent loop, so it is
-    complete at every await), so that a job that is cancelled or runs out of time still returns
-    everything produced before that point. Token-level fields stay empty for tasks that need no
-    model (the scripted countdown task).
+    A task appends to it as it goes (the agent loop writes into the one it is given), so that a
+    job that is cancelled or runs out of time still returns everything produced before that
+    point. Token-level fields stay empty for tasks that need no model (the scripted countdown
+    task).
+
+    The invariant the trainer relies on (``invariant_error`` says how it is broken): every prompt
+    given to the model is a prefix of ``ids``, so nothing it saw was re-tokenized or rewritten;
+    ``response_ids``, ``loss_mask`` and ``logprobs`` have one entry a token; the mask is 0 or 1;
+    every logprob is finite. The pipeline checks it when it writes a job's result.
     """
 
     prompt_ids: list[int] = Field(default_factory=list)
@@ -204,6 +210,67 @@ class Trajectory(BaseModel):
     messages: list[dict[str, Any]] = Field(default_factory=list)
     turns: list[dict[str, Any]] = Field(default_factory=list)
     stop_reason: str | None = None
+    # The prompts given to the model, in process only (never on the wire). Each one is checked to
+    # extend the one before when it is given, so only the last is kept: a copy of every prompt
+    # would grow with the square of a long rollout.
+    _prompts: int = PrivateAttr(default=0)
+    _last_prompt: list[int] = PrivateAttr(default_factory=list)
+    _broken: str | None = PrivateAttr(default=None)  # the first prompt found rewritten
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def next_prompt(self) -> list[int]:
+        """The ids as they stand, recorded as a prompt given to the model."""
+        prompt = self.ids
+        if self._broken is None and prompt[: len(self._last_prompt)] != self._last_prompt:
+            self._broken = _not_a_prefix(self._prompts - 1)
+        self._prompts += 1
+        self._last_prompt = prompt
+        return prompt
+
+    def add_generated(self, token_ids: list[int], logprobs: list[float]) -> None:
+        """Tokens the policy generated (loss_mask 1), with their logprobs."""
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} logprobs")
+        self.response_ids += token_ids
+        self.loss_mask += [1] * len(token_ids)
+        self.logprobs += logprobs
+
+    def add_inserted(self, token_ids: list[int]) -> None:
+        """Tokens the environment inserted (loss_mask 0, logprob 0.0): templates, observations."""
+        self.response_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+    def invariant_error(self) -> str | None:
+        """How this trajectory breaks the invariant (see the class), or None where it holds."""
+        if self._broken is not None:
+            return self._broken
+        last = self._last_prompt
+        if self.ids[: len(last)] != last:
+            return _not_a_prefix(self._prompts - 1)
+        lengths = len(self.response_ids), len(self.loss_mask), len(self.logprobs)
+        if len(set(lengths)) > 1:
+            return "{} response_ids but {} loss_mask and {} logprobs".format(*lengths)
+        if any(m not in (0, 1) for m in self.loss_mask):
+            return "loss_mask holds values other than 0 and 1"
+        if not self.finite_logprobs():
+            return "logprobs holds values that are not finite numbers"
+        return None
+
+    def finite_logprobs(self) -> bool:
+        """Whether every logprob is a finite number (JSON holds no other: NaN is written null)."""
+        return all(_finite(lp) for lp in self.logprobs)
+
+
+def _not_a_prefix(prompt: int) -> str:
+    return f"prompt {prompt} given to the model is not a prefix of the trajectory's ids"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 class Timing(BaseModel):

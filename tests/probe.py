@@ -5,7 +5,9 @@ test releases it), ``raise`` (raise RuntimeError), ``raise_once`` (raise Runtime
 time only), ``fail_once`` (the first time, wait until released, then raise RuntimeError),
 ``policy`` (raise a PolicyError), or ``stubborn`` (ignore cancellation until
 released). ``init`` opens a sandbox and ``cleanup`` closes it, so a test can check that every
-sandbox is closed exactly once, whatever happened.
+sandbox is closed exactly once, whatever happened. ``run`` writes three generated tokens; as
+``broken`` it leaves the last one without a loss_mask entry (a trajectory that breaks the
+token invariant), as ``nan`` it gives the last one a NaN logprob.
 """
 
 from __future__ import annotations
@@ -76,8 +78,14 @@ class ProbeTask:
         return TaskContext(job=job)
 
     async def run(self, context: TaskContext) -> Trajectory:
-        context.trajectory.turns.append({"turn": 0, "action": "first"})
-        context.trajectory.response_ids.extend([1, 2, 3])
+        traj = context.trajectory
+        traj.turns.append({"turn": 0, "action": "first"})
+        traj.add_generated([1, 2, 3], [-0.5, -0.5, -0.5])
+        how = context.job.instance.get("run")
+        if how == "broken":
+            traj.loss_mask.pop()
+        elif how == "nan":
+            traj.logprobs[-1] = float("nan")
         await self._behave(context.job, "run")
         context.trajectory.turns.append({"turn": 1, "action": "second"})
         context.trajectory.stop_reason = "finish"

@@ -81,7 +81,7 @@ async def test_parallel_calls_run_in_order_and_finish_ends(tok: Any, sandbox: Sa
         assert traj.prompt_ids + traj.response_ids[: len(prompt) - len(traj.prompt_ids)] == prompt
     last = [*encode(tok, turns[-1]), tok.eos_token_id]
     assert traj.prompt_ids + traj.response_ids == policy.prompts[-1] + last
-    assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.logprobs)
+    assert traj.invariant_error() is None
     assert sum(traj.loss_mask) == sum(len(encode(tok, t)) + 1 for t in turns)
 
 
@@ -101,11 +101,13 @@ async def test_the_loop_guard_stops_repeated_actions(tok: Any, sandbox: Sandbox)
 
 async def test_turn_and_context_limits(tok: Any, sandbox: Sandbox) -> None:
     steps = [call("bash", command=f"echo {i}") for i in range(10)]
-    _, result, policy = await run(tok, sandbox, steps, max_turns=2)
+    traj, result, policy = await run(tok, sandbox, steps, max_turns=2)
     assert result.stop_reason == "max_turns" and len(policy.prompts) == 2
+    assert traj.invariant_error() is None
     limit = len(policy.prompts[0]) + 40
-    _, result, _ = await run(tok, sandbox, steps, max_context_tokens=limit)
-    assert result.stop_reason == "max_context"
+    traj, result, _ = await run(tok, sandbox, steps, max_context_tokens=limit)
+    assert result.stop_reason == "max_context" and traj.invariant_error() is None
+    assert len(traj.ids) < limit
 
 
 async def test_unknown_tools_and_bad_arguments_are_observations(tok: Any, sandbox: Sandbox) -> None:

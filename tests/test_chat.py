@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 
 from raas.llm.chat import (
-    TokenTrajectory,
     encode,
     observation_delta,
     render_text,
     supports_tools,
     tools_prompt,
+    turn_delta,
 )
 from raas.llm.models import load_tokenizer
+from raas.wire import Trajectory
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
@@ -40,22 +41,21 @@ def test_token_trajectory_equals_the_rendered_conversation(tok: Any) -> None:
         {"role": "system", "content": "You fix bugs."},
         {"role": "user", "content": "List the files."},
     ]
-    traj = TokenTrajectory(encode(tok, render_text(tok, messages, TOOLS, True)))
+    traj = Trajectory(prompt_ids=encode(tok, render_text(tok, messages, TOOLS, True)))
     outputs = [
         '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>',
         "Done: a.py and b.py.",
     ]
-    last: list[int] = []
     for i, text in enumerate(outputs):
         traj.next_prompt()
-        last = encode(tok, text) + [tok.eos_token_id]  # what a model emits, end token included
-        traj.add_generated(last, [-0.5] * len(last))
+        generated = encode(tok, text) + [tok.eos_token_id]  # what a model emits, end included
+        traj.add_generated(generated, [-0.5] * len(generated))
         messages.append({"role": "assistant", "content": text})
         if i == 0:
             observation = [{"role": "tool", "content": "a.py\nb.py"}]
             traj.add_inserted(observation_delta(tok, observation))
             messages += observation
-    traj.check(last)
+    assert traj.invariant_error() is None
     # Token for token what the template renders for the whole conversation.
     whole = render_text(tok, messages, TOOLS)
     assert tok.decode(traj.ids) == whole.removesuffix("\n")
@@ -63,12 +63,47 @@ def test_token_trajectory_equals_the_rendered_conversation(tok: Any) -> None:
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 0)
 
 
-def test_the_invariant_catches_drift(tok: Any) -> None:
-    traj = TokenTrajectory([1, 2, 3])
+def test_a_turn_cut_short_is_closed_with_the_end_of_turn_token(tok: Any) -> None:
+    observation = [{"role": "tool", "content": "ok"}]
+    delta = observation_delta(tok, observation)
+    eos = tok.eos_token_id
+    assert turn_delta(tok, [5, 6, eos], observation) == delta  # the model closed it itself
+    assert turn_delta(tok, [5, 6], observation) == [eos, *delta]  # cut at max_tokens or a stop
+    assert turn_delta(tok, [], observation) == [eos, *delta]
+
+
+def test_the_invariant_catches_drift() -> None:
+    traj = Trajectory(prompt_ids=[1, 2, 3])
     traj.next_prompt()
     traj.add_generated([4, 5], [-1.0, -1.0])
+    assert traj.invariant_error() is None
     traj.prompt_ids[1] = 99  # something re-tokenized an earlier turn
-    with pytest.raises(AssertionError):
-        traj.check([4, 5])
+    assert traj.invariant_error() == (
+        "prompt 0 given to the model is not a prefix of the trajectory's ids"
+    )
+    traj.next_prompt()  # a later prompt that holds the change does not hide it
+    traj.add_generated([6], [-1.0])
+    assert traj.invariant_error() == (
+        "prompt 0 given to the model is not a prefix of the trajectory's ids"
+    )
     with pytest.raises(ValueError, match="2 tokens but 1 logprobs"):
         traj.add_generated([1, 2], [0.0])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("loss_mask", [1, 1, 1], "2 response_ids but 3 loss_mask and 2 logprobs"),
+        ("loss_mask", [1, 2], "loss_mask holds values other than 0 and 1"),
+        ("logprobs", [-1.0, float("-inf")], "logprobs holds values that are not finite numbers"),
+        ("logprobs", [-1.0, float("nan")], "logprobs holds values that are not finite numbers"),
+    ],
+)
+def test_the_invariant_catches_what_a_trainer_cannot_use(
+    field: str, value: list[Any], reason: str
+) -> None:
+    traj = Trajectory(prompt_ids=[1, 2, 3])
+    traj.next_prompt()
+    traj.add_generated([4, 5], [-1.0, -1.0])
+    setattr(traj, field, value)
+    assert traj.invariant_error() == reason

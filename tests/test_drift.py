@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from raas.agent.tools import BUILTIN_TOOLS, schema
-from raas.llm.chat import TokenTrajectory, encode, observation_delta, render_text
+from raas.llm.chat import encode, render_text, turn_delta
 from raas.llm.engine import create_engine_app
 from raas.llm.models import load_model
 from raas.llm.pool import BackendPool
 from raas.llm.types import SamplingParams
+from raas.wire import Trajectory
 from tests.llm_servers import ServerThread
 
 
@@ -33,25 +34,22 @@ async def test_four_turns_keep_every_token_the_model_saw_and_produced(engine_url
         {"role": "system", "content": "You are a careful engineer."},
         {"role": "user", "content": "Find the failing test and fix it."},
     ]
-    traj = TokenTrajectory(encode(tok, render_text(tok, messages, tools, True)))
+    traj = Trajectory(prompt_ids=encode(tok, render_text(tok, messages, tools, True)))
     params = SamplingParams(temperature=0.9, max_tokens=12, seed=5, stop_token_ids=(2,))
-    last: list[int] = []
     cached = []
     try:
         for turn in range(4):
             prompt = traj.next_prompt()
             gen = await pool.generate("rollout", prompt, params)
-            last = gen.token_ids
             cached.append(gen.cached_tokens)
             traj.add_generated(gen.token_ids, gen.logprobs)
             if turn < 3:
-                closing = [] if gen.token_ids[-1] == tok.eos_token_id else [tok.eos_token_id]
                 observation = [{"role": "tool", "content": f"tests: {turn} failed"}]
-                traj.add_inserted(closing + observation_delta(tok, observation))
+                traj.add_inserted(turn_delta(tok, traj.response_ids, observation))
     finally:
         await pool.stop()
-    traj.check(last)
-    assert len(traj.prompts) == 4 and traj.loss_mask.count(0) > 0
+    assert traj.invariant_error() is None
+    assert len(cached) == 4 and traj.loss_mask.count(0) > 0
     assert all(c > 0 for c in cached[1:])  # sticky: each turn reused the previous one's KV
     # Re-score the final sequence in one forward pass: each generated token's logprob is what the
     # engine returned during the rollout, so the model saw exactly these tokens.

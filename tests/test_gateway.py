@@ -3,6 +3,7 @@ per job token; raas records every call's tokens and merges them into trajectory 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -87,6 +88,14 @@ def open_job(gateway: Gateway, job_id: str = "job-1", **params: Any) -> GatewayS
     return gateway.open(job_id, SamplingParams(max_tokens=64, **params), Trajectory())
 
 
+async def after_a_tool_call(agent: openai.AsyncOpenAI) -> list[Any]:
+    """The conversation once the model has answered a call to bash and the tool has replied."""
+    messages: list[Any] = [{"role": "user", "content": "Count the files."}]
+    r = await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
+    reply = r.choices[0].message.model_dump(exclude_none=True)
+    return [*messages, reply, {"role": "tool", "tool_call_id": "x", "content": "a b"}]
+
+
 async def test_a_tool_conversation_is_one_segment_of_exactly_the_generated_tokens(
     tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
 ) -> None:
@@ -139,10 +148,7 @@ async def test_dropping_earlier_messages_starts_a_new_segment(
     async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
         session = open_job(gateway)
         agent = client(app, session.token)
-        messages: list[Any] = [{"role": "user", "content": "Count the files."}]
-        r = await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
-        messages += [r.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": "x", "content": "a b"}]  # fmt: skip
+        messages = await after_a_tool_call(agent)
         await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
         compacted = [{"role": "user", "content": "Earlier: 2 files. Go on."}]  # compaction
         await agent.chat.completions.create(model="m", messages=compacted, tools=[BASH])
@@ -155,6 +161,50 @@ async def test_dropping_earlier_messages_starts_a_new_segment(
     assert [t["segment"] for t in session.trajectory.turns] == [0, 0, 1]
     metrics = session.metrics()
     assert metrics["gateway_segments"] == 2 and len(metrics["segments"]) == 2
+
+
+async def test_every_segment_keeps_the_invariant_across_calls_that_continue_and_branch(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    model.answers += [call("bash", command="ls"), "Two files.", "Two files, yes.", "Done."]
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway)
+        agent = client(app, session.token)
+        messages = await after_a_tool_call(agent)
+        # Two calls continue the segment at once: both are planned on the same tokens before
+        # either is recorded, so the second one recorded branches off into a segment of its own.
+        generate, started, both = session.llm.generate, [0], asyncio.Event()
+
+        async def together(job: str, prompt: list[int], params: SamplingParams) -> Any:
+            started[0] += 1
+            if started[0] == 3:
+                both.set()
+            if started[0] in (2, 3):
+                await asyncio.wait_for(both.wait(), 10)
+            return await generate(job, prompt, params)
+
+        session.llm = type("Together", (), {"generate": staticmethod(together)})()
+        await asyncio.gather(
+            agent.chat.completions.create(model="m", messages=messages, tools=[BASH]),
+            agent.chat.completions.create(model="m", messages=messages, tools=[BASH]),
+        )
+        compacted = [{"role": "user", "content": "Earlier: 2 files. Go on."}]
+        await agent.chat.completions.create(model="m", messages=compacted, tools=[BASH])
+    first, branch, _ = session.segments
+    assert [t["segment"] for t in session.trajectory.turns] == [0, 0, 1, 2]
+    assert [len(s.turns) for s in session.segments] == [2, 1, 1]
+    # The branch starts from the prompt its call was given: the first call and its observation.
+    assert first.ids[: len(branch.prompt_ids)] == branch.prompt_ids
+    assert len(first.prompt_ids) < len(branch.prompt_ids) and branch.loss_mask == [1] * len(
+        branch.response_ids
+    )
+    for segment in session.segments:
+        assert segment.invariant_error() is None
+    assert session.trajectory.invariant_error() is None
+    first.response_ids[0] += 1  # a recorded token rewritten: what the pipeline would catch
+    assert first.invariant_error() == (
+        "prompt 1 given to the model is not a prefix of the trajectory's ids"
+    )
 
 
 async def test_the_responses_api_does_a_function_call_round_trip(

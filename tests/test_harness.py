@@ -34,12 +34,21 @@ def tool_call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 class FakeSession:
-    """Answers /v1/chat/completions from a script; records every call in the trajectory."""
+    """Answers /v1/chat/completions from a script; records every call in the trajectory.
 
-    def __init__(self, token: str, script: list[dict[str, Any]], trajectory: Trajectory) -> None:
+    It has no tokens: its ``segments`` are what the test gives it."""
+
+    def __init__(
+        self,
+        token: str,
+        script: list[dict[str, Any]],
+        trajectory: Trajectory,
+        segments: list[Trajectory],
+    ) -> None:
         self.token = token
         self.script = list(script)
         self.trajectory = trajectory
+        self.segments = segments
         self.requests: list[dict[str, Any]] = []
         self.closed = False
 
@@ -82,12 +91,15 @@ class FakeSession:
 
 
 class FakeGateway:
-    def __init__(self, script: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, script: list[dict[str, Any]], segments: list[Trajectory] | None = None
+    ) -> None:
         self.script = script
+        self.segments = segments or []
         self.sessions: list[FakeSession] = []
 
     def open(self, job_id: str, params: SamplingParams, trajectory: Trajectory) -> FakeSession:
-        session = FakeSession(f"tok-{job_id}", self.script, trajectory)
+        session = FakeSession(f"tok-{job_id}", self.script, trajectory, self.segments)
         self.sessions.append(session)
         return session
 
@@ -185,6 +197,29 @@ async def test_a_wrong_solution_scores_zero_and_a_math_answer_is_judged(tmp_path
     result = await run_job(tmp_path / "b", math, gateway)
     assert (result["state"], result["reward"]) == ("done", 1.0), result
     assert "42" in gateway.sessions[0].requests[1]["messages"][-1]["content"]
+
+
+async def test_a_gateway_segment_that_breaks_the_invariant_fails_the_job_saying_which(
+    tmp_path: Path,
+) -> None:
+    math = {"judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
+    broken = Trajectory(prompt_ids=[1, 2], response_ids=[3], loss_mask=[1], logprobs=[])
+    gateway = FakeGateway([{"call": tool_call("finish", answer="42")}], [Trajectory(), broken])
+    result = await run_job(tmp_path, math, gateway)
+    reason = (
+        "gateway segment 1 breaks the token invariant:"
+        " 1 response_ids but 1 loss_mask and 0 logprobs"
+    )
+    assert (result["state"], result["stage_failed"]) == ("failed", "run"), result
+    assert result["error"] == {
+        "type": "broken_trajectory",
+        "message": reason,
+        "kind": "infra",
+        "stage": "run",
+    }
+    assert all(e["message"] == reason for e in result["attempt_errors"])  # retried, in vain
+    # The rest is kept: the answer was right.
+    assert result["reward"] == 1.0 and result["metrics"]["trajectory_error"] == reason
 
 
 async def test_the_reference_agent_through_the_real_gateway_records_a_trajectory_that_trains(

@@ -249,6 +249,57 @@ async def test_a_handler_that_raises_fails_the_job_not_the_service(
     assert probe.opened[bad] == 1 and probe.closed[bad] == 1
 
 
+async def test_a_trajectory_that_breaks_the_invariant_fails_the_job_and_is_kept(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline(max_attempts=2) as pipeline:
+        job_id = await submit_one(pipeline, probe_instance(run="broken"))
+        result = await finished(pipeline, job_id)
+        stored = await pipeline.store.get(job_id)
+    reason = (
+        "the trajectory breaks the token invariant: 3 response_ids but 2 loss_mask and 3 logprobs"
+    )
+    assert result["state"] == "failed" and result["stage_failed"] == "run"
+    # Not the model's doing: run again while attempts are left, like any infra failure.
+    assert result["error"] == {
+        "type": "broken_trajectory",
+        "message": reason,
+        "kind": "infra",
+        "stage": "run",
+    }
+    assert [e["type"] for e in result["attempt_errors"]] == ["broken_trajectory"]
+    # What can be kept is: the tokens, the turns, the reward of the last attempt.
+    assert result["trajectory"]["response_ids"] == [1, 2, 3] and result["reward"] == 0.5
+    assert result["metrics"]["trajectory_error"] == reason
+    assert stored is not None and stored.result is not None
+    assert stored.result.model_dump(mode="json") == result
+
+
+async def test_a_nan_logprob_fails_the_job_and_its_result_can_still_be_read_back(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline() as pipeline:
+        job_id = await submit_one(pipeline, probe_instance(run="nan"))
+        await finished(pipeline, job_id)
+        stored = await pipeline.store.get(job_id)  # NaN is no JSON: it would not parse back
+    assert stored is not None and stored.result is not None
+    result = stored.result
+    assert result.state == "failed" and result.error is not None
+    assert result.error.message.endswith("logprobs holds values that are not finite numbers")
+    assert result.trajectory.response_ids == [1, 2, 3] and result.trajectory.logprobs == []
+
+
+async def test_a_job_that_fails_otherwise_keeps_its_reason_and_notes_the_broken_trajectory(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline() as pipeline:
+        job_id = await submit_one(pipeline, probe_instance(run="broken", eval="policy"))
+        result = await finished(pipeline, job_id)
+    assert result["state"] == "failed" and result["error"]["kind"] == "policy"
+    assert result["error"]["type"] == "PolicyError"
+    assert "3 response_ids but 2 loss_mask" in result["metrics"]["trajectory_error"]
+
+
 @pytest.mark.parametrize("stage", STAGES)
 async def test_a_handler_that_hangs_and_ignores_cancellation_times_out(
     make_pipeline: Any, probe: ProbeTask, stage: str

@@ -15,9 +15,12 @@ compaction, a sub-agent) starts a new segment. Re-rendering the whole conversati
 continuing call must give the same ids; where the template does not (it rewrites earlier turns),
 the call still continues the segment and ``drift`` counts it.
 
-``session.trajectory`` is the *first* segment (its token lists are shared, so it is complete at
-every await); every call's record goes into ``trajectory.turns`` (with its ``segment`` index), and
-``session.segments`` holds them all (``session.metrics()`` for a result's metrics).
+Each segment is a ``raas.wire.Trajectory`` (``Segment``) and records each call's prompt as
+given to the model, so the pipeline checks every segment's invariant as it checks a job's
+trajectory. ``session.trajectory`` is the *first* segment (its token lists are shared, so it is
+complete at every await); every call's record goes into ``trajectory.turns`` (with its
+``segment`` index), and ``session.segments`` holds them all (``session.metrics()`` for a
+result's metrics).
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from raas.agent.loop import Generator
-from raas.llm.chat import observation_delta
+from raas.llm.chat import turn_delta
 from raas.llm.openai_chat import (
     ChatOutput,
     chat_answer,
@@ -51,33 +54,15 @@ Reply = tuple[int, dict[str, str], bytes]
 JSON_HEADERS = {"content-type": "application/json"}
 
 
-@dataclass
-class Segment:
-    """One run of calls that extend each other: a trajectory of its own."""
+class Segment(Trajectory):
+    """One run of calls that extend each other: a trajectory of its own (its tokens, messages
+    and calls), with the tools its calls were rendered with."""
 
-    prompt_ids: list[int]
-    tools: list[dict[str, Any]] | None
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    turns: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
     drift: int = 0  # continuing calls whose full re-rendering differs from the tokens kept
 
-    @property
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
-
     def out(self) -> dict[str, Any]:
-        return {
-            "prompt_ids": self.prompt_ids,
-            "response_ids": self.response_ids,
-            "loss_mask": self.loss_mask,
-            "logprobs": self.logprobs,
-            "messages": self.messages,
-            "turns": self.turns,
-            "drift": self.drift,
-        }
+        return self.model_dump(exclude={"tools", "stop_reason"})
 
 
 @dataclass
@@ -220,8 +205,7 @@ class GatewaySession:
                 continue
             if all(same(a, b) for a, b in zip(messages[:n], seg.messages, strict=False)):
                 ids = seg.ids
-                closing = [] if ids and ids[-1] == tok.eos_token_id else [tok.eos_token_id]
-                inserted = closing + observation_delta(tok, template_messages(tok, messages[n:]))
+                inserted = turn_delta(tok, ids, template_messages(tok, messages[n:]))
                 return _Call(ids + inserted, seg, inserted, None)
         rendered = render_prompt(tok, messages, tools)
         for seg in reversed(self.segments):
@@ -246,24 +230,21 @@ class GatewaySession:
         if seg is not None and seg.ids != call.prompt[: len(call.prompt) - len(call.inserted)]:
             seg = None  # a concurrent call extended it meanwhile: this one branches off
         if seg is None:
-            seg = Segment(list(call.prompt), tools)
+            seg = Segment(prompt_ids=call.prompt, tools=tools)
             self.segments.append(seg)
             if len(self.segments) == 1:
                 self._share(seg)
         else:
-            seg.response_ids += call.inserted
-            seg.loss_mask += [0] * len(call.inserted)
-            seg.logprobs += [0.0] * len(call.inserted)
-            if call.drift:
-                seg.drift += 1
-        seg.response_ids += ids
-        seg.loss_mask += [1] * len(ids)
-        seg.logprobs += logprobs
+            seg.add_inserted(call.inserted)
+            seg.drift += bool(call.drift)
+        seg.next_prompt()  # the segment's ids are now the call's prompt
+        seg.add_generated(ids, logprobs)
         seg.messages[:] = [*messages, reply_message(parsed)]
         self.calls += 1
         record = {
             "turn": self.calls - 1,
-            "segment": self.segments.index(seg),
+            # by identity: two segments of the same tokens are equal as models
+            "segment": next(i for i, s in enumerate(self.segments) if s is seg),
             "backend": gen.backend,
             "prompt_tokens": len(call.prompt),
             "output_tokens": len(ids),

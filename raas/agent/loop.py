@@ -2,7 +2,8 @@
 
 One loop for every task. It works on token ids end to end (see raas.llm.chat): what goes into
 the trajectory is exactly what the model saw and produced. It writes into the trajectory it is
-given as it goes, so a job that is cancelled or runs out of time keeps every finished turn.
+given as it goes, so a job that is cancelled or runs out of time keeps every finished turn; the
+pipeline checks the trajectory's invariant when it writes the job's result.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 from pydantic import Field, StrictInt
 
 from raas.agent.tools import Tool, call_tool, schema
-from raas.llm.chat import TokenTrajectory, encode, observation_delta, render_text
+from raas.llm.chat import encode, render_text, turn_delta
 from raas.llm.toolcalls import ToolCallParser, get_parser
 from raas.llm.types import Generation, SamplingParams
 from raas.sandbox import Sandbox
@@ -73,48 +74,39 @@ class LoopResult:
     answer: str | None = None  # the finish tool's answer, when the model called it
 
 
+@dataclass
 class AgentLoop:
-    def __init__(
-        self,
-        llm: Generator,
-        tokenizer: Any,
-        tools: dict[str, Tool],
-        sandbox: Sandbox | None,
-        config: LoopConfig,
-        tool_format: str = "hermes",
-    ) -> None:
-        self.llm = llm
-        self.tokenizer = tokenizer
-        self.tools = tools
-        self.sandbox = sandbox
-        self.config = config
-        self.parser: ToolCallParser = get_parser(tool_format)
+    llm: Generator
+    tokenizer: Any
+    tools: dict[str, Tool]
+    sandbox: Sandbox | None
+    config: LoopConfig
+    tool_format: str = "hermes"
+    parser: ToolCallParser = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parser = get_parser(self.tool_format)
 
     async def run(
         self, session: str, messages: list[dict[str, Any]], traj: Trajectory
     ) -> LoopResult:
         tok, cfg = self.tokenizer, self.config
         schemas = [schema(t) for t in self.tools.values()]
-        tokens = TokenTrajectory(encode(tok, render_text(tok, messages, schemas, True)))
-        # The trajectory shares the token lists, so it is complete at every await.
-        traj.prompt_ids, traj.response_ids = tokens.prompt_ids, tokens.response_ids
-        traj.loss_mask, traj.logprobs = tokens.loss_mask, tokens.logprobs
+        # Written into as it goes, so the trajectory is complete at every await.
+        traj.prompt_ids = encode(tok, render_text(tok, messages, schemas, True))
         traj.messages = messages
         traj.stop_reason = None  # said when the loop ends; a failure (no backend...) leaves none
         recent: list[str] = []
-        last: list[int] = []
         for turn in range(cfg.max_turns):
-            prompt = tokens.next_prompt()
-            room = cfg.max_context_tokens - len(prompt)
+            room = cfg.max_context_tokens - len(traj.ids)
             if room <= 0:
                 traj.stop_reason = "max_context"
-                tokens.prompts.pop()
                 break
+            prompt = traj.next_prompt()
             params = _with_max_tokens(cfg.sampling, min(cfg.max_tokens, room))
             start = time.perf_counter()
             gen = await self.llm.generate(session, prompt, params)
-            last = gen.token_ids
-            tokens.add_generated(gen.token_ids, gen.logprobs)
+            traj.add_generated(gen.token_ids, gen.logprobs)
             text = tok.decode(gen.token_ids, skip_special_tokens=True)
             parsed = self.parser.parse(text)
             messages.append({"role": "assistant", "content": text})
@@ -134,18 +126,18 @@ class AgentLoop:
                 "format_errors": parsed.errors,
             }
             traj.turns.append(record)
-            observations = [
-                {"role": "tool", "content": f"Format error: {e}. Call tools as"
-                 ' <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'}
-                for e in parsed.errors
-            ]  # fmt: skip
+            observations = [{"role": "tool", "content": _format_error(e)} for e in parsed.errors]
             finished = False
             for call in parsed.calls:  # parallel calls run in order
                 outcome = await call_tool(self.tools, call.name, call.arguments, self.sandbox)
                 observations.append(
-                    {"role": "tool", "tool_call_id": call.id, "name": call.name,
-                     "content": outcome.observation}
-                )  # fmt: skip
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "name": call.name,
+                        "content": outcome.observation,
+                    }
+                )
                 if outcome.finish:
                     finished = True
                     record["answer"] = outcome.answer
@@ -165,21 +157,21 @@ class AgentLoop:
                 return LoopResult("loop")
             if turn == cfg.max_turns - 1:
                 break
-            inserted = [] if _closed(gen, tok) else [tok.eos_token_id]
-            inserted += observation_delta(tok, observations)
-            if len(tokens.ids) + len(inserted) >= cfg.max_context_tokens:
+            inserted = turn_delta(tok, traj.response_ids, observations)
+            if len(traj.ids) + len(inserted) >= cfg.max_context_tokens:
                 traj.stop_reason = "max_context"
                 break
-            tokens.add_inserted(inserted)
+            traj.add_inserted(inserted)
             messages += observations
-        tokens.check(last)
         traj.stop_reason = traj.stop_reason or "max_turns"
         return LoopResult(traj.stop_reason)
 
 
-def _closed(gen: Generation, tokenizer: Any) -> bool:
-    """Did the model end its turn itself (its end-of-turn token came out)?"""
-    return bool(gen.token_ids) and gen.token_ids[-1] == tokenizer.eos_token_id
+def _format_error(error: str) -> str:
+    return (
+        f"Format error: {error}. Call tools as"
+        ' <tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+    )
 
 
 def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:

@@ -1,16 +1,17 @@
-"""Chat rendering with the model's own template, and token trajectories that never drift.
+"""Chat rendering with the model's own template, and the token deltas that keep a trajectory
+from drifting.
 
 The first prompt is the template's rendering of the system and user messages. After that, the
 tokens the model generated are kept exactly as they came, and each observation (tool result,
-user turn) is appended as the token delta that the template adds for it: earlier turns are never
-re-tokenized, so what the trainer sees is exactly what the policy saw and produced.
+user turn) is appended as the token delta that the template adds for it (``turn_delta``):
+earlier turns are never re-tokenized, so what the trainer sees is exactly what the policy saw
+and produced (raas.wire.Trajectory holds the tokens and checks that invariant).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 # A fixed conversation used to measure what the template adds after a finished assistant turn.
@@ -121,6 +122,16 @@ def observation_delta(tokenizer: Any, messages: list[dict[str, Any]]) -> list[in
     return list(after_eos) + full[len(prefix) :]
 
 
+def turn_delta(tokenizer: Any, ids: list[int], messages: list[dict[str, Any]]) -> list[int]:
+    """The tokens that follow the model's turn at the end of ``ids`` when ``messages`` come next.
+
+    Its end-of-turn token first, where the model did not write it (cut off at max_tokens or at a
+    stop string), then the template's delta for ``messages`` up to the next assistant header.
+    """
+    closing = [] if ids and ids[-1] == tokenizer.eos_token_id else [tokenizer.eos_token_id]
+    return closing + observation_delta(tokenizer, messages)
+
+
 @functools.lru_cache(maxsize=8)
 def _base_tokens(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The fixed conversation's tokens, and those the template writes after its end-of-turn
@@ -131,48 +142,3 @@ def _base_tokens(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return tuple(prefix), ()
     last = max(i for i, t in enumerate(prefix) if t == eos)
     return tuple(prefix), tuple(prefix[last + 1 :])
-
-
-@dataclass
-class TokenTrajectory:
-    """Token-level record of one conversation: what the model saw and what it produced."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    # Every prompt given to the model, to check the no-drift invariant.
-    prompts: list[list[int]] = field(default_factory=list)
-
-    @property
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
-
-    def next_prompt(self) -> list[int]:
-        prompt = self.ids
-        self.prompts.append(prompt)
-        return prompt
-
-    def add_generated(self, token_ids: list[int], logprobs: list[float]) -> None:
-        if len(token_ids) != len(logprobs):
-            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} logprobs")
-        self.response_ids += token_ids
-        self.loss_mask += [1] * len(token_ids)
-        self.logprobs += logprobs
-
-    def add_inserted(self, token_ids: list[int]) -> None:
-        self.response_ids += token_ids
-        self.loss_mask += [0] * len(token_ids)
-        self.logprobs += [0.0] * len(token_ids)
-
-    def check(self, last_output: list[int]) -> None:
-        """The invariant: every prompt is a prefix of the final ids, and prompt_ids +
-        response_ids is exactly the last prompt plus the last output."""
-        ids = self.ids
-        if self.prompts and ids != self.prompts[-1] + last_output:
-            raise AssertionError("the trajectory is not the last prompt plus the last output")
-        for i, prompt in enumerate(self.prompts):
-            if ids[: len(prompt)] != prompt:
-                raise AssertionError(f"prompt {i} is not a prefix of the trajectory")
-        if not len(self.response_ids) == len(self.loss_mask) == len(self.logprobs):
-            raise AssertionError("response_ids, loss_mask and logprobs differ in length")

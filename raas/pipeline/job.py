@@ -90,6 +90,7 @@ class Job:
         self.retrying = False  # between a failed attempt's cleanup and the next attempt
         self.cleaned_up = False
         self.cleanup_error: str | None = None
+        self.trajectory_error: str | None = None  # how the trajectory breaks its invariant
         self.done = asyncio.Event()
         self.result: RolloutResult | None = None
         self.attempts = 1
@@ -110,6 +111,7 @@ class Job:
         self.ending = None
         self.cleaned_up = False
         self.cleanup_error = None
+        self.trajectory_error = None
 
     @property
     def task_job(self) -> TaskJob:
@@ -143,3 +145,16 @@ class Job:
         if self.context is not None:
             return self.context.trajectory
         return Trajectory()
+
+    def broken_trajectory(self) -> str | None:
+        """How the job's trajectory, or one of its segments, breaks the token invariant (see
+        Trajectory.invariant_error), or None where every one holds."""
+        problem = self.partial_trajectory().invariant_error()
+        if problem is not None:
+            return f"the trajectory breaks the token invariant: {problem}"
+        segments = self.context.segments if self.context is not None else ()
+        for i, segment in enumerate(segments):
+            problem = segment.invariant_error()
+            if problem is not None:
+                return f"gateway segment {i} breaks the token invariant: {problem}"
+        return None

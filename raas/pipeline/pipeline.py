@@ -537,6 +537,7 @@ class Pipeline:
     async def _finish(self, job: Job, retry: bool = True) -> None:
         if job.finishing:
             return
+        _check_trajectory(job)
         if retry and self._may_retry(job):
             await self._retry(job)
             return
@@ -585,6 +586,20 @@ class Pipeline:
                 state.value: self.finished_counts[state] for state in JobState if state.finished
             },
         }
+
+
+def _check_trajectory(job: Job) -> None:
+    """A job whose trajectory breaks the token invariant is not done: it fails with the reason.
+
+    The tokens are what raas and the backend recorded, not what the model chose, so it is an
+    infra failure (run again while attempts are left). A job that ends for another reason keeps
+    that one; its result's metrics say how its trajectory is broken all the same.
+    """
+    job.trajectory_error = job.broken_trajectory()
+    if job.trajectory_error is not None and job.ending is None:
+        job.ending = Ending(
+            JobState.FAILED, Stage.RUN, "broken_trajectory", job.trajectory_error, "infra"
+        )
 
 
 def _log_finished(job: Job, state: JobState, result: RolloutResult) -> None:

@@ -22,11 +22,18 @@ def result_of(
     cleanup_error: str | None = None,
     attempt_errors: list[ErrorInfo] | None = None,
     task: str | None = None,
+    trajectory_error: str | None = None,
 ) -> RolloutResult:
     """The one place a result is put together."""
     metrics = dict(reward.metrics) if reward is not None else {}
     if cleanup_error is not None:
         metrics["cleanup_error"] = cleanup_error
+    if trajectory_error is not None:
+        metrics["trajectory_error"] = trajectory_error
+    if trajectory is not None and not trajectory.finite_logprobs():
+        # JSON holds no NaN or infinity (they are written null): the stored result could not be
+        # read back. The rest is kept; the error or trajectory_error says why these are gone.
+        trajectory = trajectory.model_copy(update={"logprobs": []})
     instance_id = instance.get("instance_id")
     return RolloutResult(
         job_id=job_id,
@@ -65,6 +72,7 @@ def build_result(job: Job, state: JobState) -> RolloutResult:
         job.cleanup_error,
         job.attempt_errors,
         job.task,
+        job.trajectory_error,
     )
 
 

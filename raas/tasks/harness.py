@@ -132,6 +132,7 @@ class HarnessTask(AgentTask):
         config = self.loop_config(job)  # the job's sampling and its cap of tokens a call
         params = config.sampling.model_copy(update={"max_tokens": config.max_tokens})
         session = gateway.open(job.job_id, params, ctx.trajectory)
+        ctx.segments = session.segments  # the list itself: complete whenever the job ends
         timeout_s = instance.agent_timeout_s or DEFAULT_AGENT_TIMEOUT_S
         try:
             port = await sandbox.expose(session.handle, timeout_s=timeout_s)

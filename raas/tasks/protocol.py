@@ -13,7 +13,7 @@ doing: running it again would end the same way), see ``error_kind``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 
@@ -46,12 +46,15 @@ class TaskContext:
     """The state a handler carries from ``init`` to ``cleanup``.
 
     ``trajectory`` is read by the pipeline when a stage is interrupted, so ``run`` should append
-    to it as it goes rather than build a new one at the end. Handlers subclass this to add their
-    own fields.
+    to it as it goes rather than build a new one at the end. ``segments`` are the job's other
+    token trajectories (a gateway job's segments): the pipeline checks the invariant of each
+    (``Trajectory.invariant_error``) with ``trajectory``'s when it writes the result. Handlers
+    subclass this to add their own fields.
     """
 
     job: TaskJob
     trajectory: Trajectory = field(default_factory=Trajectory)
+    segments: Sequence[Trajectory] = ()
 
 
 @dataclass
