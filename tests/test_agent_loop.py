@@ -13,7 +13,7 @@ from raas.agent.tools import select_tools
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
 from raas.llm.types import Generation, NoBackendAvailable, SamplingParams
-from raas.sandbox import BwrapConfig, Sandbox
+from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
 from raas.tasks.protocol import InvalidInstance, parse_params
 from raas.wire import Trajectory
 
@@ -46,7 +46,7 @@ def tok() -> Any:
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
-    async with BwrapConfig().create() as sb:
+    async with create_sandbox(BwrapConfig()) as sb:
         yield sb
 
 

@@ -19,6 +19,7 @@ from raas.sandbox import (
     SandboxConfig,
     SandboxError,
     SandboxLimits,
+    create_sandbox,
     resolve_image,
     sandbox_config,
 )
@@ -71,7 +72,7 @@ def test_a_missing_image_is_a_clear_error_naming_it(tmp_path: Path) -> None:
 async def test_a_sandbox_with_a_missing_image_fails_to_start_naming_it(tmp_path: Path) -> None:
     # Any executable stands in for apptainer: the image is looked up before it runs.
     config = ApptainerConfig(binary="/bin/true", images_dir=tmp_path, image=DJANGO)
-    sb = config.create()
+    sb = create_sandbox(config)
     with pytest.raises(SandboxError, match="no apptainer image for 'swebench/sweb"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()
@@ -81,14 +82,14 @@ async def test_a_missing_binary_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # neither apptainer nor singularity there
-    sb = ApptainerConfig(images_dir=tmp_path, image="x").create()
+    sb = create_sandbox(ApptainerConfig(images_dir=tmp_path, image="x"))
     with pytest.raises(SandboxError, match=r"apptainer \(or singularity\) is not on PATH"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()
     with pytest.raises(SandboxError, match="/opt/none/apptainer does not exist"):
-        await ApptainerConfig(binary="/opt/none/apptainer", image="x").create().start()
+        await create_sandbox(ApptainerConfig(binary="/opt/none/apptainer", image="x")).start()
     with pytest.raises(SandboxError, match="singularity is not on PATH: install"):
-        await ApptainerConfig(binary="singularity", image="x").create().start()
+        await create_sandbox(ApptainerConfig(binary="singularity", image="x")).start()
 
 
 def test_serve_settings_and_config_files_select_apptainer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +130,7 @@ async def test_images_build_makes_an_image_that_runs(kind: str, tmp_path: Path) 
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert out.is_file() if kind == "--sif" else (out / "usr" / "bin" / "python3").exists()
-    async with apptainer_config(image=str(out)).create() as sb:
+    async with create_sandbox(apptainer_config(image=str(out))) as sb:
         ran = await sb.bash("python3 -c 'import sys; print(sys.version_info[:2] >= (3, 8))'")
         assert ran.output == "True\n"
 
@@ -139,7 +140,7 @@ async def test_as_root_each_sandbox_runs_as_its_own_unprivileged_uid() -> None:
     if os.geteuid() != 0:
         pytest.skip("as a normal user apptainer runs sandboxes as that user")
     config = apptainer_config()
-    async with config.create() as a, config.create() as b:
+    async with create_sandbox(config) as a, create_sandbox(config) as b:
         uids = [int((await sb.bash("id -u")).output) for sb in (a, b)]
         assert uids[0] != uids[1] and min(uids) >= config.uid_base
         # Root's powers never enter: not even the sandbox's own root-owned files are writable.
@@ -149,7 +150,7 @@ async def test_as_root_each_sandbox_runs_as_its_own_unprivileged_uid() -> None:
 
 @pytest.mark.hpc
 async def test_a_missing_image_with_the_real_binary_names_it() -> None:
-    sb = apptainer_config(image=DJANGO).create()
+    sb = create_sandbox(apptainer_config(image=DJANGO))
     with pytest.raises(SandboxError, match="django__django-11099"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()

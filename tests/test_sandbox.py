@@ -26,6 +26,7 @@ from raas.sandbox import (
     SandboxLimits,
     SandboxPool,
     ToolError,
+    create_sandbox,
     procs,
     runtime_root,
     sandbox_config,
@@ -69,7 +70,7 @@ def config(request: pytest.FixtureRequest) -> BwrapConfig | ApptainerConfig:
 
 @pytest.fixture
 async def sandbox(config: BwrapConfig | ApptainerConfig) -> AsyncIterator[Sandbox]:
-    sb = config.create()
+    sb = create_sandbox(config)
     await sb.start()
     yield sb
     await sb.close()
@@ -174,7 +175,7 @@ async def test_no_network_and_no_host_files(sandbox: Sandbox, tmp_path: Path) ->
 async def test_close_kills_every_process_of_that_sandbox_and_no_other(
     config: BwrapConfig | ApptainerConfig,
 ) -> None:
-    a, b = config.create(), config.create()
+    a, b = create_sandbox(config), create_sandbox(config)
     await asyncio.gather(a.start(), b.start())
     try:
         for sb in (a, b):
@@ -276,7 +277,7 @@ async def test_ipython_keeps_state_and_reports_tracebacks(sandbox: Sandbox) -> N
 async def test_fifty_concurrent_sandboxes_stay_isolated(
     config: BwrapConfig | ApptainerConfig,
 ) -> None:
-    sandboxes = [config.create() for _ in range(50)]
+    sandboxes = [create_sandbox(config) for _ in range(50)]
     all_pids: list[set[int]] = []
     await asyncio.gather(*(sb.start() for sb in sandboxes))
     try:
@@ -322,7 +323,7 @@ async def test_warm_pool_hands_out_started_sandboxes_and_refills(
 
 
 async def test_local_provider_warns_loudly(capfd: pytest.CaptureFixture[str]) -> None:
-    async with LocalConfig(limits=LIMITS).create() as sb:
+    async with create_sandbox(LocalConfig(limits=LIMITS)) as sb:
         assert (await sb.bash("echo local")).output == "local\n"
         pids = sb.host_pids()
     assert "NO isolation" in capfd.readouterr().err
@@ -330,7 +331,7 @@ async def test_local_provider_warns_loudly(capfd: pytest.CaptureFixture[str]) ->
 
 
 async def test_a_missing_image_is_a_clear_error(tmp_path: Path) -> None:
-    sb = BwrapConfig(image=tmp_path / "nope", limits=LIMITS).create()
+    sb = create_sandbox(BwrapConfig(image=tmp_path / "nope", limits=LIMITS))
     with pytest.raises(Exception, match="is not a directory"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()
@@ -341,9 +342,9 @@ def test_a_config_names_and_creates_its_provider(monkeypatch: pytest.MonkeyPatch
     bwrap, local, apptainer = (sandbox_config(n) for n in ("bwrap", "local", "apptainer"))
     assert bwrap == BwrapConfig() and local == LocalConfig()
     assert isinstance(apptainer, ApptainerConfig) and apptainer.image == "from-env.sif"
-    assert isinstance(bwrap.create(), BwrapSandbox)
-    assert isinstance(local.create(), LocalSandbox)
-    assert isinstance(apptainer.create(), ApptainerSandbox)
+    assert isinstance(create_sandbox(bwrap), BwrapSandbox)
+    assert isinstance(create_sandbox(local), LocalSandbox)
+    assert isinstance(create_sandbox(apptainer), ApptainerSandbox)
     with pytest.raises(
         ValueError, match=r"unknown sandbox type 'docker': .* bwrap, local, apptainer"
     ):
@@ -351,14 +352,14 @@ def test_a_config_names_and_creates_its_provider(monkeypatch: pytest.MonkeyPatch
 
 
 async def test_bwrap_and_apptainer_sandboxes_never_share_a_host_uid() -> None:
-    bwrap, apptainer = BwrapConfig().create(), ApptainerConfig(image="x").create()
+    bwrap, apptainer = create_sandbox(BwrapConfig()), create_sandbox(ApptainerConfig(image="x"))
     assert isinstance(bwrap, BwrapSandbox) and isinstance(apptainer, ApptainerSandbox)
     try:
         assert bwrap._sandbox_uid() != apptainer._sandbox_uid()
     finally:
         await bwrap.close()
         await apptainer.close()
-    again = BwrapConfig().create()
+    again = create_sandbox(BwrapConfig())
     assert isinstance(again, BwrapSandbox)
     assert again._sandbox_uid() == BwrapConfig().uid_base  # close gave the slots back
     await again.close()

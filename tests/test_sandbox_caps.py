@@ -26,6 +26,7 @@ from raas.sandbox import (
     Sandbox,
     SandboxLimits,
     claim_runtime_dir,
+    create_sandbox,
     procs,
     runtime_root,
 )
@@ -55,7 +56,7 @@ print(json.dumps(found))
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
-    async with BwrapConfig(limits=LIMITS).create() as sb:
+    async with create_sandbox(BwrapConfig(limits=LIMITS)) as sb:
         yield sb
 
 
@@ -125,12 +126,12 @@ async def test_no_host_path_on_a_command_line_or_in_a_mount(sandbox: Sandbox) ->
 PREDECESSOR = r"""
 import asyncio, json, sys
 from pathlib import Path
-from raas.sandbox import BwrapConfig, claim_runtime_dir
+from raas.sandbox import BwrapConfig, claim_runtime_dir, create_sandbox
 from raas.sandbox.runtime import LAUNCH_RECORD, record_launch
 
 async def main(key, mine, not_mine):
     runtime = claim_runtime_dir(key)
-    sandbox = BwrapConfig(runtime_dir=runtime.path).create()
+    sandbox = create_sandbox(BwrapConfig(runtime_dir=runtime.path))
     await sandbox.start()
     for name, pid in (("mine", mine), ("not-mine", not_mine)):
         (runtime.path / name).mkdir()
@@ -224,7 +225,7 @@ def test_a_dead_fallback_holder_is_cleaned_by_the_next_claim() -> None:
 async def test_sandboxes_of_a_claimed_directory_live_there_and_go_with_it() -> None:
     runtime = claim_runtime_dir(uuid.uuid4().hex)
     try:
-        sandbox = BwrapConfig(limits=LIMITS, runtime_dir=runtime.path).create()
+        sandbox = create_sandbox(BwrapConfig(limits=LIMITS, runtime_dir=runtime.path))
         await sandbox.start()
         assert sandbox.dir.parent == runtime.path
         assert len(str(sandbox.socket_path)) < 100

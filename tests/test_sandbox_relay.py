@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from raas.sandbox import ApptainerConfig, BwrapConfig, Sandbox
+from raas.sandbox import ApptainerConfig, BwrapConfig, Sandbox, create_sandbox
 from tests.test_sandbox import LIMITS, config  # noqa: F401 (the fixture)
 
 # Inside: POST a JSON body (or N bytes of it, from argv[3]) and print status, headers, body.
@@ -69,7 +69,7 @@ class Recorder:
 
 @pytest.fixture
 async def sandbox(config: BwrapConfig | ApptainerConfig) -> AsyncIterator[Sandbox]:  # noqa: F811
-    sb = config.create()
+    sb = create_sandbox(config)
     await sb.start()
     yield sb
     await sb.close()
@@ -136,7 +136,7 @@ print(json.dumps(out))
 async def test_two_sandboxes_reach_only_their_own_handler(
     config: BwrapConfig | ApptainerConfig,  # noqa: F811
 ) -> None:
-    one, two = config.create(), config.create()
+    one, two = create_sandbox(config), create_sandbox(config)
     await asyncio.gather(one.start(), two.start())
     try:
         first, second = Recorder("first"), Recorder("second")

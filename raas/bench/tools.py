@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from raas.sandbox import BwrapConfig, SandboxPool, procs
+from raas.sandbox import BwrapConfig, SandboxPool, create_sandbox, procs
 from raas.sandbox.base import SERVER_PYTHON_FLAGS
 from raas.sandbox.bwrap import rootfs_args
 
@@ -100,7 +100,7 @@ async def churn(config: BwrapConfig, n: int, concurrency: int) -> list[str]:
 
     async def one() -> None:
         async with gate:
-            sb = config.create()
+            sb = create_sandbox(config)
             await sb.start()
             await sb.bash("sleep 1000 &")
             await sb.close()
@@ -112,7 +112,7 @@ async def churn(config: BwrapConfig, n: int, concurrency: int) -> list[str]:
 
 async def bench(args: argparse.Namespace) -> None:
     config = BwrapConfig()
-    async with config.create() as sb:
+    async with create_sandbox(config) as sb:
         for _ in range(20):
             await sb.bash("echo hi")
         ours = await timed(args.calls, lambda: sb.bash("echo hi"))
@@ -132,7 +132,7 @@ async def bench(args: argparse.Namespace) -> None:
 
     cold = []
     for _ in range(args.starts):
-        sandbox = config.create()
+        sandbox = create_sandbox(config)
         start = time.perf_counter()
         await sandbox.start()
         cold.append(time.perf_counter() - start)

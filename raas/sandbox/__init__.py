@@ -1,6 +1,6 @@
 """Sandboxes: a library that knows nothing of jobs or tasks.
 
-``BwrapConfig().create()`` gives a bubblewrap sandbox (``ApptainerConfig``: an Apptainer one;
+``create_sandbox(BwrapConfig())`` gives a bubblewrap sandbox (``ApptainerConfig``: an Apptainer one;
 ``sandbox_config(name)``: any provider's, by its type name); ``SandboxPool`` keeps some warm.
 Tools go through the in-sandbox action server (``raas/sandbox/inside``) over a Unix socket.
 A server claims a runtime directory of its own (``claim_runtime_dir``) and gives it to its
@@ -19,6 +19,7 @@ from raas.sandbox.config import (
 )
 from raas.sandbox.images import resolve_image
 from raas.sandbox.pool import SandboxPool
+from raas.sandbox.providers import create_sandbox
 from raas.sandbox.runtime import RuntimeDir, claim_runtime_dir, runtime_root
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SandboxPool",
     "ToolError",
     "claim_runtime_dir",
+    "create_sandbox",
     "resolve_image",
     "runtime_root",
     "sandbox_config",

@@ -1,15 +1,12 @@
-"""Typed sandbox settings; the ``type`` field picks the provider."""
+"""Typed sandbox settings; the ``type`` field picks the provider (``raas.sandbox.providers``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
-
-if TYPE_CHECKING:
-    from raas.sandbox.base import Sandbox
 
 MiB = 1024 * 1024
 
@@ -87,24 +84,12 @@ class BwrapConfig(_Namespaced):
     )
     network: bool = False
 
-    def create(self) -> Sandbox:
-        """A bubblewrap sandbox of this config (not started yet)."""
-        from raas.sandbox.bwrap import BwrapSandbox
-
-        return BwrapSandbox(self)
-
 
 class LocalConfig(_Base):
     """No isolation at all: a plain subprocess in a temporary directory. Development only."""
 
     type: Literal["local"] = "local"
     python: str = "python3"
-
-    def create(self) -> Sandbox:
-        """An unisolated local sandbox of this config (not started yet)."""
-        from raas.sandbox.local import LocalSandbox
-
-        return LocalSandbox(self)
 
 
 def default_images_dir() -> Path:
@@ -149,12 +134,6 @@ class ApptainerConfig(_Namespaced):
         " vanishes with the sandbox (--writable-tmpfs); 'none', read-only. The workspace and"
         " /tmp are writable either way.",
     )
-
-    def create(self) -> Sandbox:
-        """An Apptainer sandbox of this config (not started yet)."""
-        from raas.sandbox.apptainer import ApptainerSandbox
-
-        return ApptainerSandbox(self)
 
 
 SandboxConfig = Annotated[BwrapConfig | LocalConfig | ApptainerConfig, Field(discriminator="type")]

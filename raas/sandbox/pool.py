@@ -8,6 +8,7 @@ import logging
 
 from raas.sandbox.base import Sandbox
 from raas.sandbox.config import SandboxConfig
+from raas.sandbox.providers import create_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class SandboxPool:
             task.add_done_callback(self._starting.discard)
 
     async def _start_one(self) -> None:
-        sandbox = self.config.create()
+        sandbox = create_sandbox(self.config)
         try:
             await sandbox.start()
         except Exception:
@@ -61,7 +62,7 @@ class SandboxPool:
         try:
             sandbox = self._ready.get_nowait()
         except asyncio.QueueEmpty:
-            sandbox = self.config.create()
+            sandbox = create_sandbox(self.config)
             await sandbox.start()
         self.fill()
         return sandbox

@@ -30,7 +30,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from raas.sandbox import ApptainerConfig, BwrapConfig, Sandbox, SandboxError, ToolError
+from raas.sandbox import (
+    ApptainerConfig,
+    BwrapConfig,
+    Sandbox,
+    SandboxError,
+    ToolError,
+    create_sandbox,
+)
 from raas.sandbox.pydeps import DEST, package_dirs, python_version, staged_binds
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.code import CodeTask
@@ -202,7 +209,7 @@ def _agent_sandbox(services: TaskServices, site: Path | None) -> Sandbox:
         else:
             staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
         config = config.model_copy(update={"ro_binds": {**config.ro_binds, **staged}})
-    return config.create()
+    return create_sandbox(config)
 
 
 def agents_site_packages(services: TaskServices) -> Path:
