@@ -20,9 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from raas.api.app import create_app
-from raas.cli.output import Counting
 from raas.client import RolloutClient
-from raas.client.task_files import run_requests, say_cancelling
+from raas.client.task_files import Counting, infra_errors, run_requests, say_cancelling
 from raas.helpers import free_port, wait_until_answers
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
@@ -31,7 +30,7 @@ from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
 from raas.tasks.services import TaskServices
-from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
+from raas.wire import RolloutRequest, RolloutResult
 
 # Sampling for a run on the embedded CPU engine, under the tasks' own: SmolLM2-135M generates about
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
@@ -167,15 +166,6 @@ def result_table(results: list[RolloutResult], title: str) -> Table:
             f"{r.timing.total_s:.1f}",
         )
     return table
-
-
-def infra_errors(results: list[RolloutResult]) -> list[ErrorInfo]:
-    """Why rollouts ended without a verdict because nothing could run them (kind infra)."""
-    return [
-        r.error
-        for r in results
-        if r.state != "done" and r.error is not None and r.error.kind == "infra"
-    ]
 
 
 def summary(results: list[RolloutResult], wall_s: float) -> str:

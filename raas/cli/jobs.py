@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from raas.cli.output import Counting, exit_for_infra, run_client
+from raas.cli.output import exit_for_infra, run_client
 
 
 @click.command()
@@ -101,6 +101,7 @@ def submit(
 
     from raas.client import RolloutClient
     from raas.client.task_files import (
+        Counting,
         TaskFileError,
         read_requests,
         run_requests,

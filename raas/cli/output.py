@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import textwrap
-import time
 from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -84,7 +82,7 @@ def setup_logging(level: str) -> None:
 def exit_for_infra(results: list[Any]) -> None:
     """Exit 1 when rollouts failed because nothing could run them (kind infra): a run whose
     backends or sandboxes were missing is not a success, whatever the rewards say."""
-    from raas.run import infra_errors
+    from raas.client.task_files import infra_errors
 
     if errors := infra_errors(results):
         failed = len(errors)
@@ -94,59 +92,4 @@ def exit_for_infra(results: list[Any]) -> None:
         raise click.ClickException(
             f"{failed} of {len(results)} rollouts could not run (errors of kind infra){more}:"
             f" {textwrap.shorten(cause, CAUSE_CHARS)}"
-        )
-
-
-class Counting:
-    """Progress over N jobs: a live bar on a terminal; elsewhere (a log, CI, a pipe) a line every
-    ``every_s`` seconds and at the end, so a long CPU run is never silent."""
-
-    def __init__(self, console: Any, total: int, label: str, every_s: float = 15.0) -> None:
-        from rich.progress import Progress
-
-        self.console, self.total, self.label, self.every_s = console, total, label, every_s
-        self.done = 0
-        self.failed = 0
-        self._started = self._said = time.monotonic()
-        self._bar = Progress(console=console) if console.is_terminal else None
-        self._task = self._bar.add_task(label, total=total) if self._bar is not None else None
-        self._ticker: asyncio.Task[None] | None = None  # off a terminal: a line every every_s
-
-    def __enter__(self) -> Counting:
-        if self._bar is not None:
-            self._bar.__enter__()
-            return self
-        self.console.print(f"{self.label}: {self.total} jobs")
-        with contextlib.suppress(RuntimeError):  # no running loop: lines come with results
-            self._ticker = asyncio.get_running_loop().create_task(self._tick())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-        elif self.done < self.total:
-            self._say()
-
-    async def _tick(self) -> None:
-        while True:  # a line even when nothing finishes for a long while
-            await asyncio.sleep(self.every_s)
-            if time.monotonic() - self._said >= self.every_s:
-                self._say()
-
-    def advance(self, result: Any = None) -> None:
-        self.done += 1
-        if result is not None and getattr(result, "state", "done") != "done":
-            self.failed += 1
-        if self._bar is not None and self._task is not None:
-            self._bar.advance(self._task)
-        elif time.monotonic() - self._said >= self.every_s or self.done == self.total:
-            self._say()
-
-    def _say(self) -> None:
-        self._said = time.monotonic()
-        self.console.print(
-            f"{self.label}: {self.done}/{self.total} finished ({self.failed} not done),"
-            f" {self._said - self._started:.0f} s"
         )

@@ -1,5 +1,5 @@
-"""Task files in, result files out: running a JSONL file of tasks through a server (what
-``raas submit`` and ``raas run`` do)."""
+"""Task files in, result files out: running a JSONL file of tasks through a server, with its
+progress and its infra failures (what ``raas submit`` and ``raas run`` do)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
 from raas.client.single_server import with_job_id
-from raas.wire import RolloutRequest, RolloutResult
+from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 
 class TaskFileError(ValueError):
@@ -120,3 +121,67 @@ def write_results(results: Iterable[RolloutResult], out: Path) -> None:
     with open(out, "w") as f:
         for r in results:
             f.write(r.model_dump_json() + "\n")
+
+
+def infra_errors(results: list[RolloutResult]) -> list[ErrorInfo]:
+    """Why rollouts ended without a verdict because nothing could run them (kind infra)."""
+    return [
+        r.error
+        for r in results
+        if r.state != "done" and r.error is not None and r.error.kind == "infra"
+    ]
+
+
+class Counting:
+    """Progress over N jobs: a live bar on a terminal; elsewhere (a log, CI, a pipe) a line every
+    ``every_s`` seconds and at the end, so a long CPU run is never silent."""
+
+    def __init__(self, console: Any, total: int, label: str, every_s: float = 15.0) -> None:
+        from rich.progress import Progress
+
+        self.console, self.total, self.label, self.every_s = console, total, label, every_s
+        self.done = 0
+        self.failed = 0
+        self._started = self._said = time.monotonic()
+        self._bar = Progress(console=console) if console.is_terminal else None
+        self._task = self._bar.add_task(label, total=total) if self._bar is not None else None
+        self._ticker: asyncio.Task[None] | None = None  # off a terminal: a line every every_s
+
+    def __enter__(self) -> Counting:
+        if self._bar is not None:
+            self._bar.__enter__()
+            return self
+        self.console.print(f"{self.label}: {self.total} jobs")
+        with contextlib.suppress(RuntimeError):  # no running loop: lines come with results
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+        elif self.done < self.total:
+            self._say()
+
+    async def _tick(self) -> None:
+        while True:  # a line even when nothing finishes for a long while
+            await asyncio.sleep(self.every_s)
+            if time.monotonic() - self._said >= self.every_s:
+                self._say()
+
+    def advance(self, result: Any = None) -> None:
+        self.done += 1
+        if result is not None and getattr(result, "state", "done") != "done":
+            self.failed += 1
+        if self._bar is not None and self._task is not None:
+            self._bar.advance(self._task)
+        elif time.monotonic() - self._said >= self.every_s or self.done == self.total:
+            self._say()
+
+    def _say(self) -> None:
+        self._said = time.monotonic()
+        self.console.print(
+            f"{self.label}: {self.done}/{self.total} finished ({self.failed} not done),"
+            f" {self._said - self._started:.0f} s"
+        )
