@@ -57,9 +57,11 @@ def requests_for(
     for task in tasks:
         body = task if "instance" in task else {"instance": task}
         merged = {**sampling, **body.get("sampling_params", {})}
-        out.append(RolloutRequest.model_validate(
-            {**body, "sampling_params": merged, "timeout_s": body.get("timeout_s", timeout_s)}
-        ))  # fmt: skip
+        out.append(
+            RolloutRequest.model_validate(
+                {**body, "sampling_params": merged, "timeout_s": body.get("timeout_s", timeout_s)}
+            )
+        )
     return out
 
 

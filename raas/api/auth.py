@@ -144,8 +144,14 @@ class ApiKeyMiddleware:
             return
         body: dict[str, object] = {"detail": UNAUTHORIZED}
         if path in self.job_paths:  # OpenAI's clients read OpenAI's error shape
-            body = {"error": {"message": JOB_UNAUTHORIZED, "type": "authentication_error",
-                              "param": None, "code": "invalid_api_key"}}  # fmt: skip
+            body = {
+                "error": {
+                    "message": JOB_UNAUTHORIZED,
+                    "type": "authentication_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+            }
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 

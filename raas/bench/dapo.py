@@ -82,9 +82,11 @@ async def asynchronous(
 async def bench(args: argparse.Namespace, url: str) -> None:
     in_flight = math.ceil(args.batch * args.oversample) * args.n
     p_info = statistics.mean(1 - p**args.n - (1 - p) ** args.n for p in (0.1, 0.5, 0.9))
-    print(f"B={args.batch} groups of n={args.n}; chance a group is informative {p_info:.2f};"
-          f" sync over-samples {args.oversample}x per round, async keeps {in_flight} in flight;"
-          f" {args.repeats} repeats each (medians)")  # fmt: skip
+    print(
+        f"B={args.batch} groups of n={args.n}; chance a group is informative {p_info:.2f};"
+        f" sync over-samples {args.oversample}x per round, async keeps {in_flight} in flight;"
+        f" {args.repeats} repeats each (medians)"
+    )
     sync, asyn = [], []
     async with RolloutClient(url) as client:
         for r in range(args.repeats):
@@ -94,9 +96,11 @@ async def bench(args: argparse.Namespace, url: str) -> None:
         ("synchronous over-sample-then-filter", sync),
         ("async replenishment", asyn),
     ):
-        print(f"  {name:<36} {statistics.median(x[0] for x in runs):6.2f} s,"
-              f" {statistics.median(x[1] for x in runs):5.0f} rollouts started,"
-              f" {statistics.median(x[2] for x in runs):5.0f} wasted")  # fmt: skip
+        print(
+            f"  {name:<36} {statistics.median(x[0] for x in runs):6.2f} s,"
+            f" {statistics.median(x[1] for x in runs):5.0f} rollouts started,"
+            f" {statistics.median(x[2] for x in runs):5.0f} wasted"
+        )
     ratio = statistics.median(x[0] for x in sync) / statistics.median(x[0] for x in asyn)
     print(f"  time to fill the batch, synchronous / asynchronous: {ratio:.2f}x")
 
@@ -109,8 +113,16 @@ def _serve(port: int, db: Path) -> None:
     logging.getLogger("raas").setLevel(logging.ERROR)  # no line per cancelled job
     registry = TaskRegistry()
     registry.register(LotteryTask())
-    settings = ServeSettings(db=db, port=port, init_workers=64, run_workers=256, eval_workers=64,
-                             run_queue=1024, eval_queue=1024, log_level="warning")  # fmt: skip
+    settings = ServeSettings(
+        db=db,
+        port=port,
+        init_workers=64,
+        run_workers=256,
+        eval_workers=64,
+        run_queue=1024,
+        eval_queue=1024,
+        log_level="warning",
+    )
     uvicorn.run(create_app(settings, registry), port=port, log_level="warning")
 
 

@@ -68,15 +68,24 @@ def serve_fake_vllm(port: int, reply: Callable[[list[int]], list[int]], latency_
             return Response(status_code=499)
         ids = reply(body["prompt"])
         await asyncio.sleep(latency_s)
-        choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop",
-                  "logprobs": {"token_logprobs": [-0.1] * len(ids)}}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": ids,
+            "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-0.1] * len(ids)},
+        }
         usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}
-        return JSONResponse({"id": "c", "object": "text_completion", "choices": [choice],
-                             "usage": usage})  # fmt: skip
+        return JSONResponse(
+            {"id": "c", "object": "text_completion", "choices": [choice], "usage": usage}
+        )
 
     async def ok(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
-    routes = [Route("/v1/completions", completions, methods=["POST"]),
-              Route("/health", ok), Route("/v1/models", ok)]  # fmt: skip
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/health", ok),
+        Route("/v1/models", ok),
+    ]
     uvicorn.run(Starlette(routes=routes), port=port, log_level="warning", access_log=False)

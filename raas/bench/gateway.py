@@ -71,8 +71,9 @@ def _serve_fake_llm(port: int, latency_s: float) -> None:
 
 def _serve_raas(port: int, db: Path, llm_url: str) -> None:
     logging.getLogger("raas").setLevel(logging.WARNING)
-    settings = ServeSettings(db=db, port=port, llm=[llm_url], llm_capacity=4096,
-                             tokenizer=TOKENIZER, log_level="warning")  # fmt: skip
+    settings = ServeSettings(
+        db=db, port=port, llm=[llm_url], llm_capacity=4096, tokenizer=TOKENIZER, log_level="warning"
+    )
     app = create_app(settings, TaskRegistry())
 
     async def open_session(request: Request) -> dict[str, str]:
@@ -95,8 +96,11 @@ def conversation(turn: int, turns: int) -> list[dict[str, Any]]:
     ]
     for k in range(turn):
         arguments = '{"command": "ls -la src/"}'
-        call = {"id": f"call_{k}", "type": "function",
-                "function": {"name": "bash", "arguments": arguments}}  # fmt: skip
+        call = {
+            "id": f"call_{k}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": arguments},
+        }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         done = "FINAL" if k == turns - 2 else ""
         listing = f"total 12\n-rw-r--r-- parse.py\n-rw-r--r-- test_{k}.py{done}"
@@ -126,8 +130,13 @@ async def direct(llm_url: str, turns: int, http: httpx.AsyncClient, tok: Any) ->
     prompts = [render_prompt(tok, r.conversation(), r.shown_tools()) for r in requests]
     times = []
     for prompt in prompts:
-        body = {"model": "fake", "prompt": prompt, "max_tokens": 256, "logprobs": 0,
-                "return_token_ids": True}  # fmt: skip
+        body = {
+            "model": "fake",
+            "prompt": prompt,
+            "max_tokens": 256,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
         start = time.perf_counter()
         r = await http.post(f"{llm_url}/v1/completions", json=body)
         times.append(time.perf_counter() - start)
@@ -144,19 +153,25 @@ async def measure(args: argparse.Namespace, raas_url: str, llm_url: str, concurr
         gw: list[float] = []
         dr: list[float] = []
         for r in range(args.jobs // concurrency):
-            runs = await asyncio.gather(*(via_gateway(raas_url, f"j{concurrency}-{r}-{i}",
-                                                      args.turns, http)
-                                          for i in range(concurrency)))  # fmt: skip
+            runs = await asyncio.gather(
+                *(
+                    via_gateway(raas_url, f"j{concurrency}-{r}-{i}", args.turns, http)
+                    for i in range(concurrency)
+                )
+            )
             gw += [t for run in runs for t in run]
-            runs = await asyncio.gather(*(direct(llm_url, args.turns, http, tok)
-                                          for _ in range(concurrency)))  # fmt: skip
+            runs = await asyncio.gather(
+                *(direct(llm_url, args.turns, http, tok) for _ in range(concurrency))
+            )
             dr += [t for run in runs for t in run]
     p = _percentiles
     g50, g99 = p(gw)
     d50, d99 = p(dr)
-    print(f"  {concurrency:3d} in flight, {len(gw)} calls: gateway p50 {g50:7.2f} ms p99 {g99:7.2f}"
-          f" ms | direct p50 {d50:7.2f} ms p99 {d99:7.2f} ms | added p50 {g50 - d50:+.2f} ms"
-          f" ({g50 / d50:.2f}x), p99 {g99 - d99:+.2f} ms ({g99 / d99:.2f}x)")  # fmt: skip
+    print(
+        f"  {concurrency:3d} in flight, {len(gw)} calls: gateway p50 {g50:7.2f} ms p99 {g99:7.2f}"
+        f" ms | direct p50 {d50:7.2f} ms p99 {d99:7.2f} ms | added p50 {g50 - d50:+.2f} ms"
+        f" ({g50 / d50:.2f}x), p99 {g99 - d99:+.2f} ms ({g99 / d99:.2f}x)"
+    )
 
 
 def _percentiles(times: list[float]) -> tuple[float, float]:
@@ -176,10 +191,12 @@ def main(argv: list[str]) -> int:
         tempfile.TemporaryDirectory() as tmp,
         ForkedServer(_serve_fake_llm, args.llm_latency_ms / 1000, health="/health") as llm,
         ForkedServer(_serve_raas, Path(tmp) / "gw.db", llm.url) as raas,
-    ):  # fmt: skip
-        print(f"raas bench gateway: {args.jobs} jobs of {args.turns} chat.completions calls"
-              f" (tool calls, then an answer), {TOKENIZER} tokenizer, fake model answering in"
-              f" {args.llm_latency_ms:g} ms; per call, HTTP round trip included")  # fmt: skip
+    ):
+        print(
+            f"raas bench gateway: {args.jobs} jobs of {args.turns} chat.completions calls"
+            f" (tool calls, then an answer), {TOKENIZER} tokenizer, fake model answering in"
+            f" {args.llm_latency_ms:g} ms; per call, HTTP round trip included"
+        )
         for concurrency in args.concurrency:
             asyncio.run(measure(args, raas.url, llm.url, concurrency))
     return 0

@@ -99,8 +99,8 @@ def run_wrk(url: str, connections: int, seconds: float, cycle: bool) -> LoadRun:
         lua = Path(tmp) / "raas.lua"
         lua.write_text(script + _DONE_LUA)
         wrk = wrk_path() or "wrk"
-        command = [wrk, "-t", str(connections), "-c", str(connections), "-d", f"{seconds:g}s",
-                   "--timeout", f"{WAIT_S + 20}s", "-s", str(lua), url + "/"]  # fmt: skip
+        command = [wrk, "-t", str(connections), "-c", str(connections), "-d", f"{seconds:g}s"]
+        command += ["--timeout", f"{WAIT_S + 20}s", "-s", str(lua), url + "/"]
         out = subprocess.run(
             command, capture_output=True, text=True, timeout=seconds + WAIT_S + 60, check=True
         ).stdout
@@ -108,8 +108,14 @@ def run_wrk(url: str, connections: int, seconds: float, cycle: bool) -> LoadRun:
     if found is None:
         raise RuntimeError(f"wrk printed no summary: {out[-500:]}")
     n = {k: int(v) for k, v in (kv.split("=") for kv in found.group(1).split())}
-    return LoadRun(n["requests"], n["jobs"], n["failed"] + n["errors"], n["duration_us"] / 1e6,
-                   n["p50_us"] / 1e6, n["p99_us"] / 1e6)  # fmt: skip
+    return LoadRun(
+        n["requests"],
+        n["jobs"],
+        n["failed"] + n["errors"],
+        n["duration_us"] / 1e6,
+        n["p50_us"] / 1e6,
+        n["p99_us"] / 1e6,
+    )
 
 
 def _client_process(url: str, seconds: float, cycle: bool, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -151,8 +157,10 @@ def run_processes(url: str, processes: int, seconds: float, cycle: bool) -> Load
     """The fallback: ``processes`` Python clients, one connection each."""
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_client_process, args=(url, seconds, cycle, out))
-             for _ in range(processes)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_client_process, args=(url, seconds, cycle, out))
+        for _ in range(processes)
+    ]
     start = time.perf_counter()
     for p in procs:
         p.start()
@@ -162,8 +170,14 @@ def run_processes(url: str, processes: int, seconds: float, cycle: bool) -> Load
         p.join(10)
     latencies = [x for a in answers for x in a[0]]
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    return LoadRun(len(latencies), sum(a[1] for a in answers), sum(a[2] for a in answers),
-                   wall, statistics.median(latencies), quantiles[98])  # fmt: skip
+    return LoadRun(
+        len(latencies),
+        sum(a[1] for a in answers),
+        sum(a[2] for a in answers),
+        wall,
+        statistics.median(latencies),
+        quantiles[98],
+    )
 
 
 def run_load(url: str, connections: int, seconds: float, cycle: bool) -> LoadRun:

@@ -115,13 +115,17 @@ def main(argv: list[str]) -> int:
                     sessions(urls, args.sessions, args.turns, sticky)
                 )
                 name = "sticky least-loaded" if sticky else "round-robin        "
-                print(f"  {name}: {100 * share:5.1f}% of later turns found the previous turn in"
-                      f" the prefix cache, {100 * token_share:5.1f}% of their prompt tokens"
-                      f" cached; requests per engine {sorted(reqs.values())}")  # fmt: skip
+                print(
+                    f"  {name}: {100 * share:5.1f}% of later turns found the previous turn in"
+                    f" the prefix cache, {100 * token_share:5.1f}% of their prompt tokens"
+                    f" cached; requests per engine {sorted(reqs.values())}"
+                )
                 if sticky:
                     spread = sorted(first.values())
-                    print(f"  sessions per engine under sticky routing: {spread}"
-                          f" (stdev {statistics.pstdev(spread):.2f})")  # fmt: skip
+                    print(
+                        f"  sessions per engine under sticky routing: {spread}"
+                        f" (stdev {statistics.pstdev(spread):.2f})"
+                    )
         finally:
             for engine in engines:
                 engine.stop()

@@ -199,8 +199,10 @@ def _loaded(
 def overhead(server: ForkedServer, args: argparse.Namespace) -> None:
     if jobload.wrk_path() is None:
         print(f"  {jobload.MISSING_WRK}")
-    print(f"  load: {jobload.generator_name(args.connections)}, {args.load_s:g} s a run,"
-          f" medians of {args.repeats} runs")  # fmt: skip
+    print(
+        f"  load: {jobload.generator_name(args.connections)}, {args.load_s:g} s a run,"
+        f" medians of {args.repeats} runs"
+    )
     jobload.run_load(server.url, args.connections, 1.0, cycle=True)  # warm up
     bare, jobs = [], []
     for _ in range(args.repeats):  # alternated, so both see the same machine
@@ -214,18 +216,25 @@ def overhead(server: ForkedServer, args: argparse.Namespace) -> None:
     job_p50 = statistics.median(r.p50_s for r, _ in jobs)
     job_p99 = statistics.median(r.p99_s for r, _ in jobs)
     failed = sum(r.failed for r, _ in jobs)
-    print(f"  floor, bare HTTP round trips (GET /healthz): {rt_rate:.0f} requests/s,"
-          f" p50 {1000 * rt_p50:.2f} ms; server CPU {1000 * rt_cpu:.3f} ms a request")  # fmt: skip
-    print(f"  job cycle (POST /v1/rollouts, long-poll GET): {job_rate:.0f} jobs/s; a request"
-          f" p50 {1000 * job_p50:.2f} ms, p99 {1000 * job_p99:.2f} ms, failed {failed}"
-    )  # fmt: skip
-    print(f"  server CPU per job: {1000 * job_cpu:.3f} ms (~{1 / job_cpu:.0f} jobs/s a core),"
-          f" {job_cpu / (2 * rt_cpu):.1f}x the floor's two bare requests")  # fmt: skip
+    print(
+        f"  floor, bare HTTP round trips (GET /healthz): {rt_rate:.0f} requests/s,"
+        f" p50 {1000 * rt_p50:.2f} ms; server CPU {1000 * rt_cpu:.3f} ms a request"
+    )
+    print(
+        f"  job cycle (POST /v1/rollouts, long-poll GET): {job_rate:.0f} jobs/s; a request"
+        f" p50 {1000 * job_p50:.2f} ms, p99 {1000 * job_p99:.2f} ms, failed {failed}"
+    )
+    print(
+        f"  server CPU per job: {1000 * job_cpu:.3f} ms (~{1 / job_cpu:.0f} jobs/s a core),"
+        f" {job_cpu / (2 * rt_cpu):.1f}x the floor's two bare requests"
+    )
     print(f"  jobs/s vs the floor (bare round trips / 2): {job_rate / (rt_rate / 2):.2f}")
     # One Python client in the trainer's process, as before: the client is its bottleneck.
     lat, wall = asyncio.run(http_noop(server.url, args.noop_jobs, args.concurrency))
-    print(f"  one Python client (httpx), {args.concurrency} in flight: {args.noop_jobs / wall:.0f}"
-          f" jobs/s, {ms(lat)}")  # fmt: skip
+    print(
+        f"  one Python client (httpx), {args.concurrency} in flight: {args.noop_jobs / wall:.0f}"
+        f" jobs/s, {ms(lat)}"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -243,15 +252,21 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
-        print(f"part 1: {args.jobs} jobs, {LLM_SLOTS} LLM slots,"
-              f" stages init {INIT_S} s / run {RUN_S} s (LLM) / eval {EVAL_S} s")  # fmt: skip
+        print(
+            f"part 1: {args.jobs} jobs, {LLM_SLOTS} LLM slots,"
+            f" stages init {INIT_S} s / run {RUN_S} s (LLM) / eval {EVAL_S} s"
+        )
         c_wall, c_util = asyncio.run(coupled(args.jobs))
         p_wall, p_util = asyncio.run(pipelined(args.jobs, tmpdir / "p.db"))
         c_rate, p_rate = args.jobs / c_wall, args.jobs / p_wall
-        print(f"  coupled  (8 workers, init+run+eval each): {c_rate:6.2f} jobs/s,"
-              f" LLM-slot utilisation {100 * c_util:5.1f}%")  # fmt: skip
-        print(f"  pipeline (INIT 8, RUN 8, EVAL 40):        {p_rate:6.2f} jobs/s,"
-              f" LLM-slot utilisation {100 * p_util:5.1f}%")  # fmt: skip
+        print(
+            f"  coupled  (8 workers, init+run+eval each): {c_rate:6.2f} jobs/s,"
+            f" LLM-slot utilisation {100 * c_util:5.1f}%"
+        )
+        print(
+            f"  pipeline (INIT 8, RUN 8, EVAL 40):        {p_rate:6.2f} jobs/s,"
+            f" LLM-slot utilisation {100 * p_util:5.1f}%"
+        )
         print(f"  throughput ratio pipeline/coupled: {p_rate / c_rate:.2f}x")
 
         print("part 2: no-op jobs")

@@ -86,8 +86,9 @@ def _serve_fake_llm(port: int, turns: int, latency_s: float) -> None:
     tokenizer = load_tokenizer("smollm2")
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     header = _as_bytes(encode(tokenizer, "<|im_start|>assistant"))
-    replies = [encode(tokenizer, tool_call("think", thought=f"step {k}")) + [eos]
-               for k in range(turns - 1)]  # fmt: skip
+    replies = [
+        encode(tokenizer, tool_call("think", thought=f"step {k}")) + [eos] for k in range(turns - 1)
+    ]
     replies.append(encode(tokenizer, tool_call("finish", answer="42")) + [eos])
 
     def reply(prompt: list[int]) -> list[int]:
@@ -102,10 +103,18 @@ def _serve_raas(port: int, db: Path, llm_url: str, workers: int) -> None:
     registry = TaskRegistry()
     registry.register(ThinkTask())
     settings = ServeSettings(
-        db=db, port=port, llm=[llm_url], llm_capacity=4096, tokenizer="smollm2",
-        init_workers=workers, run_workers=workers, eval_workers=workers,
-        run_queue=4096, eval_queue=4096, log_level="warning",
-    )  # fmt: skip
+        db=db,
+        port=port,
+        llm=[llm_url],
+        llm_capacity=4096,
+        tokenizer="smollm2",
+        init_workers=workers,
+        run_workers=workers,
+        eval_workers=workers,
+        run_queue=4096,
+        eval_queue=4096,
+        log_level="warning",
+    )
     uvicorn.run(create_app(settings, registry), port=port, log_level="warning", access_log=False)
 
 
@@ -165,26 +174,37 @@ def cpu_cost(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
     per_turn, per_job, rate, busy = (statistics.median(c[i] for c in costs) for i in range(4))
     # A turn's prompt is the job's conversation so far: about 300 tokens here.
     floor = asyncio.run(request_cpu(llm_url, 300, 4 * args.workers, args.workers))
-    print(f"part 1: one server, {args.jobs} jobs of {args.turns} turns, {args.workers} in flight,"
-          f" LLM latency {args.llm_latency_ms:g} ms; medians of {args.repeats}")  # fmt: skip
-    print(f"  server CPU per agent turn: {1000 * per_turn:.2f} ms; per job: {1000 * per_job:.1f} ms"
-          f" ({busy:.2f} cores busy at {rate:.1f} jobs/s)")  # fmt: skip
-    print(f"  floor, one bare request to the model (raas's LLM client alone, {args.workers} in"
-          f" flight): {1000 * floor:.2f} ms CPU; a turn is {per_turn / floor:.1f}x it")  # fmt: skip
-    print(f"  one core drives about {1 / per_turn:.0f} agent turns/s, i.e. about"
-          f" {1 / per_turn * args.real_turn_s:.0f} concurrent rollouts whose turns take"
-          f" {args.real_turn_s:g} s of model and tool time")  # fmt: skip
+    print(
+        f"part 1: one server, {args.jobs} jobs of {args.turns} turns, {args.workers} in flight,"
+        f" LLM latency {args.llm_latency_ms:g} ms; medians of {args.repeats}"
+    )
+    print(
+        f"  server CPU per agent turn: {1000 * per_turn:.2f} ms; per job: {1000 * per_job:.1f} ms"
+        f" ({busy:.2f} cores busy at {rate:.1f} jobs/s)"
+    )
+    print(
+        f"  floor, one bare request to the model (raas's LLM client alone, {args.workers} in"
+        f" flight): {1000 * floor:.2f} ms CPU; a turn is {per_turn / floor:.1f}x it"
+    )
+    print(
+        f"  one core drives about {1 / per_turn:.0f} agent turns/s, i.e. about"
+        f" {1 / per_turn * args.real_turn_s:.0f} concurrent rollouts whose turns take"
+        f" {args.real_turn_s:g} s of model and tool time"
+    )
 
 
 def throughput(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
     """k servers of ``workers`` each, kept full: k * workers jobs in flight, k * jobs in all."""
-    print(f"part 2: k servers of {args.workers} RUN workers each, k x {args.workers} jobs in"
-          f" flight, k x {args.jobs} jobs, spread by one RolloutClient")  # fmt: skip
+    print(
+        f"part 2: k servers of {args.workers} RUN workers each, k x {args.workers} jobs in"
+        f" flight, k x {args.jobs} jobs, spread by one RolloutClient"
+    )
     rates: dict[int, float] = {}
     for k in args.servers:
         runs = []
-        servers = [ForkedServer(_serve_raas, tmp / f"s{k}-{i}.db", llm_url, args.workers)
-                   for i in range(k)]  # fmt: skip
+        servers = [
+            ForkedServer(_serve_raas, tmp / f"s{k}-{i}.db", llm_url, args.workers) for i in range(k)
+        ]
         for server in servers:
             server.__enter__()
         try:
@@ -200,9 +220,11 @@ def throughput(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
         rates[k] = statistics.median(runs)
         first = args.servers[0]
         linear = k * rates[first] / first
-        print(f"  {k} server process{'es' if k > 1 else '  '}: {rates[k]:6.1f} jobs/s,"
-              f" {rates[k] / rates[first]:.2f}x of {first},"
-              f" efficiency vs linear {100 * rates[k] / linear:5.1f}%")  # fmt: skip
+        print(
+            f"  {k} server process{'es' if k > 1 else '  '}: {rates[k]:6.1f} jobs/s,"
+            f" {rates[k] / rates[first]:.2f}x of {first},"
+            f" efficiency vs linear {100 * rates[k] / linear:5.1f}%"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -224,9 +246,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        ForkedServer(_serve_fake_llm, args.turns, args.llm_latency_ms / 1000, health="/health")
-        as llm,
-    ):  # fmt: skip
+        ForkedServer(
+            _serve_fake_llm, args.turns, args.llm_latency_ms / 1000, health="/health"
+        ) as llm,
+    ):
         cpu_cost(args, Path(tmp), llm.url)
         throughput(args, Path(tmp), llm.url)
     return 0

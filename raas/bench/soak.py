@@ -58,10 +58,20 @@ def _serve(port: int, db: Path, llm: list[str], workers: int) -> None:
     registry.register(ThinkTask())
     registry.register(SandboxedThinkTask())
     settings = ServeSettings(
-        db=db, port=port, llm=llm, llm_capacity=4096, tokenizer="smollm2",
-        init_workers=workers, run_workers=workers, eval_workers=workers,
-        init_queue=4096, run_queue=4096, eval_queue=4096, drain_grace_s=30, log_level="error",
-    )  # fmt: skip
+        db=db,
+        port=port,
+        llm=llm,
+        llm_capacity=4096,
+        tokenizer="smollm2",
+        init_workers=workers,
+        run_workers=workers,
+        eval_workers=workers,
+        init_queue=4096,
+        run_queue=4096,
+        eval_queue=4096,
+        drain_grace_s=30,
+        log_level="error",
+    )
     uvicorn.run(create_app(settings, registry), port=port, log_level="error", access_log=False)
 
 
@@ -139,9 +149,12 @@ class Soak:
 
     def _restart_llm(self, port: int) -> ForkedServer:
         llm = ForkedServer(
-            _serve_fake_llm, self.args.turns, self.args.llm_latency_ms / 1000,
-            health="/health", port=port,
-        )  # fmt: skip
+            _serve_fake_llm,
+            self.args.turns,
+            self.args.llm_latency_ms / 1000,
+            health="/health",
+            port=port,
+        )
         return llm.__enter__()
 
     def note_processes(self) -> None:
@@ -243,23 +256,31 @@ class Soak:
         lat = sorted(self.latency)
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
         faults = ", ".join(f"{n} {name}" for name, n in sorted(self.faults.items())) or "none"
-        print(f"soak: {len(self.submitted)} jobs submitted, {len(self.seen)} finished in"
-              f" {wall_s:.0f} s ({self.args.in_flight} in flight, 1 in"
-              f" {self.args.sandbox_every} with a sandbox)")  # fmt: skip
+        print(
+            f"soak: {len(self.submitted)} jobs submitted, {len(self.seen)} finished in"
+            f" {wall_s:.0f} s ({self.args.in_flight} in flight, 1 in"
+            f" {self.args.sandbox_every} with a sandbox)"
+        )
         print(f"  faults: {sum(self.faults.values())} ({faults})")
-        print(f"  lost {lost}, duplicated {duplicated}; "
-              + ", ".join(f"{kind} {n}" for kind, n in sorted(self.outcomes.items())))  # fmt: skip
-        print(f"  left after the last stop: {len(left)} processes, {dirs} sandbox directories"
-              f"{'' if runtime.exists() else ' (its directory is gone)'}")  # fmt: skip
+        print(
+            f"  lost {lost}, duplicated {duplicated}; "
+            + ", ".join(f"{kind} {n}" for kind, n in sorted(self.outcomes.items()))
+        )
+        print(
+            f"  left after the last stop: {len(left)} processes, {dirs} sandbox directories"
+            f"{'' if runtime.exists() else ' (its directory is gone)'}"
+        )
         for command in left_commands:
             print(f"    {command}")
         print(f"  HTTP 5xx answers: {server_errors} of {sum(self.status.values())}")
         if lat:
-            print(f"  latency (submit to result): p50 {statistics.median(lat):.3f} s,"
-                  f" p99 {p99:.3f} s")  # fmt: skip
+            print(
+                f"  latency (submit to result): p50 {statistics.median(lat):.3f} s, p99 {p99:.3f} s"
+            )
         rss = ", ".join(f"{a:.0f} -> {b:.0f} ({n:.0f} jobs)" for a, b, n in self.rss)
-        print(f"  server RSS, MiB, each process after its first {WARM_JOBS} jobs -> at its end:"
-              f" {rss}")  # fmt: skip
+        print(
+            f"  server RSS, MiB, each process after its first {WARM_JOBS} jobs -> at its end: {rss}"
+        )
 
 
 def main(argv: list[str]) -> int:

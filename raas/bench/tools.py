@@ -52,11 +52,8 @@ class TmuxShell:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="raas-tmux-"))
         self.base = ["tmux", "-S", str(self.dir / "sock")]
-        subprocess.run(
-            [*self.base, "new-session", "-d", "-s", "b", "-x", "200", "-y", "50",
-             "bash --norc --noprofile"],
-            check=True,
-        )  # fmt: skip
+        session = ["new-session", "-d", "-s", "b", "-x", "200", "-y", "50"]
+        subprocess.run([*self.base, *session, "bash --norc --noprofile"], check=True)
 
     def run(self, command: str) -> str:
         marker = f"__DONE_{uuid.uuid4().hex[:8]}__"
@@ -79,12 +76,11 @@ class TmuxShell:
 
 async def bare_bwrap(config: BwrapConfig, command: list[str]) -> None:
     """bwrap in a sandbox's namespaces and root filesystem, running ``command``: a floor."""
+    argv = ["bwrap", "--die-with-parent", "--unshare-all", "--new-session"]
+    argv += [*rootfs_args(config.image), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     process = await asyncio.create_subprocess_exec(
-        "bwrap", "--die-with-parent", "--unshare-all", "--new-session",
-        *rootfs_args(config.image), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--", *command,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        *argv, "--", *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+    )
     if await asyncio.wait_for(process.wait(), 30) != 0:
         raise RuntimeError(f"bare bwrap {command} exited with {process.returncode}")
 
@@ -152,10 +148,14 @@ async def bench(args: argparse.Namespace) -> None:
     await pool.close()
     print(f"sandbox cold start (bwrap + action server + bash), {args.starts} starts: {ms(cold)}")
     p50 = statistics.median(cold)
-    print(f"  floor, bare bwrap running /bin/true:                   {ms(true)};"
-          f" cold start {p50 / statistics.median(true):.1f}x it")  # fmt: skip
-    print(f"  floor, bare bwrap running python3 -I -S, import asyncio: {ms(interpreter)};"
-          f" cold start {p50 / statistics.median(interpreter):.1f}x it")  # fmt: skip
+    print(
+        f"  floor, bare bwrap running /bin/true:                   {ms(true)};"
+        f" cold start {p50 / statistics.median(true):.1f}x it"
+    )
+    print(
+        f"  floor, bare bwrap running python3 -I -S, import asyncio: {ms(interpreter)};"
+        f" cold start {p50 / statistics.median(interpreter):.1f}x it"
+    )
     print(f"acquire from a warm pool (size 4), {args.starts} acquires:        {ms(warm)}")
     print(f"IPython 1+1, {args.ipython} calls: {ms(ipy)}")
     left = await churn(config, args.churn, args.concurrency)

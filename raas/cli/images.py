@@ -39,8 +39,15 @@ def images() -> None:
     help="For a SIF, e.g. '-comp zstd', or '-noI -noD -noF' (no compression: a larger file,"
     " built in seconds instead of minutes).",
 )
-def images_build(rootfs_dir: Path, out: Path, sif: bool | None, binary: str | None, force: bool,
-                 fakeroot: bool, mksquashfs_args: str | None) -> None:  # fmt: skip
+def images_build(
+    rootfs_dir: Path,
+    out: Path,
+    sif: bool | None,
+    binary: str | None,
+    force: bool,
+    fakeroot: bool,
+    mksquashfs_args: str | None,
+) -> None:
     """Build an image at OUT from ROOTFS_DIR, a root filesystem directory, offline.
 
     ROOTFS_DIR is an unpacked root filesystem (from debootstrap, `docker export | tar -x`, a

@@ -67,9 +67,14 @@ def jobs(url: str, api_key: str | None) -> None:
         table.add_column(column, overflow="fold")
     for j in running:
         table.add_row(
-            j.job_id, j.data_source, j.state, str(j.turns), str(j.response_tokens),
-            f"{j.elapsed_s:.0f} s", str(j.attempts),
-        )  # fmt: skip
+            j.job_id,
+            j.data_source,
+            j.state,
+            str(j.turns),
+            str(j.response_tokens),
+            f"{j.elapsed_s:.0f} s",
+            str(j.attempts),
+        )
     console.print(table)
 
 

@@ -92,11 +92,21 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Re-score the results in this file (no model) instead of running.",
 )
-def run(tasks: Path | None, bundled_name: str | None, limit: int | None, url: str | None,
-        llm: tuple[str, ...], api_key: str | None, model: str, sabotage: float | None,
-        sampling_params: str | None,
-        timeout_s: float, out: Path, agents_venv: Path | None,
-        replay: Path | None) -> None:  # fmt: skip
+def run(
+    tasks: Path | None,
+    bundled_name: str | None,
+    limit: int | None,
+    url: str | None,
+    llm: tuple[str, ...],
+    api_key: str | None,
+    model: str,
+    sabotage: float | None,
+    sampling_params: str | None,
+    timeout_s: float,
+    out: Path,
+    agents_venv: Path | None,
+    replay: Path | None,
+) -> None:
     """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console

@@ -110,24 +110,55 @@ SLURM_HELP_EPILOG = (
 )
 @click.option("--submit", is_flag=True, help="Also run sbatch on it and print the job id.")
 @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED, metavar="[RAAS SERVE OPTIONS]")
-def slurm(nodes: int, partition: str | None, time_limit: str | None, account: str | None,
-          job_name: str, cpus_per_task: int | None, port: int, llm: tuple[str, ...],
-          llm_port: tuple[int, ...], engine_model: str | None, engine_port: int,
-          drain_grace_s: float, server_list: Path, workdir: Path, log_dir: Path | None,
-          db_dir: Path | None, python: str, sbatch_arg: tuple[str, ...], out: Path,
-          submit: bool, serve_args: tuple[str, ...]) -> None:  # fmt: skip
+def slurm(
+    nodes: int,
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    job_name: str,
+    cpus_per_task: int | None,
+    port: int,
+    llm: tuple[str, ...],
+    llm_port: tuple[int, ...],
+    engine_model: str | None,
+    engine_port: int,
+    drain_grace_s: float,
+    server_list: Path,
+    workdir: Path,
+    log_dir: Path | None,
+    db_dir: Path | None,
+    python: str,
+    sbatch_arg: tuple[str, ...],
+    out: Path,
+    submit: bool,
+    serve_args: tuple[str, ...],
+) -> None:
     """Write an sbatch script that runs one raas server per node, each using its own node's
     inference servers, and lists their URLs for the trainer; --submit also submits it."""
     from raas.deploy.slurm import SlurmOptionError, SlurmOptions, write_script
     from raas.deploy.slurm import submit as do_submit
 
     opts = SlurmOptions(
-        nodes=nodes, partition=partition, time=time_limit, account=account, job_name=job_name,
-        cpus_per_task=cpus_per_task, port=port, llm=list(llm), llm_ports=list(llm_port),
-        engine_model=engine_model, engine_port=engine_port, drain_grace_s=drain_grace_s,
-        server_list=server_list, workdir=workdir, log_dir=log_dir, db_dir=db_dir, python=python,
-        sbatch_args=list(sbatch_arg), serve_args=list(serve_args),
-    )  # fmt: skip
+        nodes=nodes,
+        partition=partition,
+        time=time_limit,
+        account=account,
+        job_name=job_name,
+        cpus_per_task=cpus_per_task,
+        port=port,
+        llm=list(llm),
+        llm_ports=list(llm_port),
+        engine_model=engine_model,
+        engine_port=engine_port,
+        drain_grace_s=drain_grace_s,
+        server_list=server_list,
+        workdir=workdir,
+        log_dir=log_dir,
+        db_dir=db_dir,
+        python=python,
+        sbatch_args=list(sbatch_arg),
+        serve_args=list(serve_args),
+    )
     try:
         write_script(opts, out)
     except SlurmOptionError as e:

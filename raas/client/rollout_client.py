@@ -86,10 +86,14 @@ class RolloutClient:
         if not urls:
             raise ValueError("give at least one server URL")
         self.servers = [
-            Server(u.rstrip("/"), AsyncRolloutClient(u, api_key=api_key, transport=transport,
-                                                     max_connections=max_waiting))
+            Server(
+                u.rstrip("/"),
+                AsyncRolloutClient(
+                    u, api_key=api_key, transport=transport, max_connections=max_waiting
+                ),
+            )
             for u in urls
-        ]  # fmt: skip
+        ]
         self.status_every_s = status_every_s
         self.down_for_s = down_for_s
         self._status_at = 0.0

@@ -124,11 +124,11 @@ class ServerHost:
             with open(self.log_path, "a") as logf:
                 logf.write(f"--- start {self.starts} on {self.bind_host}:{p}\n")
                 logf.flush()
+                command = [sys.executable, "-m", "raas", "serve", *self.args]
+                command += ["--host", self.bind_host, "--port", str(p), "--db", self.db]
                 self.proc = subprocess.Popen(
-                    guarded([sys.executable, "-m", "raas", "serve", *self.args,
-                             "--host", self.bind_host, "--port", str(p), "--db", self.db]),
-                    stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                )  # fmt: skip
+                    guarded(command), stdout=logf, stderr=subprocess.STDOUT, env=self.env
+                )
             error = self._wait_ready()
             if not error:
                 return
@@ -255,8 +255,9 @@ class RayDeployment:
         for slot in self._slots:
             slot.actor = self._spawn(slot, None)
         try:
-            infos = ray.get([s.actor.info.remote() for s in self._slots],
-                            timeout=self.ready_timeout_s + 30)  # fmt: skip
+            infos = ray.get(
+                [s.actor.info.remote() for s in self._slots], timeout=self.ready_timeout_s + 30
+            )
         except Exception as e:
             self.stop(timeout_s=5.0)
             raise DeploymentError(f"raas servers did not start: {e}") from e
@@ -285,8 +286,10 @@ class RayDeployment:
                 if whole_actor:
                     self._replace_actor(slot)
                 else:
-                    slot.info = ray.get(slot.actor.restart.remote(self.restart_grace_s),
-                                        timeout=self.ready_timeout_s + 30)  # fmt: skip
+                    slot.info = ray.get(
+                        slot.actor.restart.remote(self.restart_grace_s),
+                        timeout=self.ready_timeout_s + 30,
+                    )
                 slot.failed_checks = 0
             except Exception as e:
                 slot.info = None

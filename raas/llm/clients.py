@@ -200,8 +200,10 @@ class VLLMClient(LLMClient):
             token_ids = choice.get("token_ids")
             if token_ids is None:  # vLLM < 0.10.2: token ids only as "token_id:N" strings
                 token_ids = [int(str(t).split(":", 1)[1]) for t in logprobs["tokens"]]
-            values = [max(float(x), -9999.0) if x is not None else 0.0
-                      for x in logprobs.get("token_logprobs") or []]  # fmt: skip
+            values = [
+                max(float(x), -9999.0) if x is not None else 0.0
+                for x in logprobs.get("token_logprobs") or []
+            ]
             finish = str(choice.get("finish_reason") or "stop")
             usage = data.get("usage") or {}
             cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0

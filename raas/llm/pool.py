@@ -104,8 +104,9 @@ class BackendPool:
             if backend.url == url:
                 return backend
         client = make_client(protocol, url, model)
-        backend = Backend(uuid.uuid4().hex[:8], url, protocol, capacity, client,
-                          next(self._order), model)  # fmt: skip
+        backend = Backend(
+            uuid.uuid4().hex[:8], url, protocol, capacity, client, next(self._order), model
+        )
         self._backends[backend.id] = backend
         self._push(backend)
         log.info("backend %s added: %s (%s, capacity %d)", backend.id, url, protocol, capacity)

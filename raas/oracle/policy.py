@@ -110,8 +110,9 @@ def _code(task: GoldTask, way: str | None) -> list[Step]:
     prompt_lines = len(str(task.instance["prompt"]).rstrip("\n").split("\n"))
 
     def view(turns: list[Turn]) -> str:
-        return say("First I read the file to complete.", call("editor", command="view",
-                                                               path=SOLUTION))  # fmt: skip
+        return say(
+            "First I read the file to complete.", call("editor", command="view", path=SOLUTION)
+        )
 
     def write(turns: list[Turn]) -> str:
         shown = last_written_line(turns[0].observations[0]) if turns[0].observations else None
@@ -165,8 +166,15 @@ def _swe(task: GoldTask, way: str | None) -> list[Step]:
         calls = []
         for path, names in _test_methods(failing).items():
             for old, new in sabotage.test_method_bodies(files[path], names):
-                calls.append(call("editor", command="str_replace", path=f"{REPO}/{path}",
-                                  old_str=old, new_str=new))  # fmt: skip
+                calls.append(
+                    call(
+                        "editor",
+                        command="str_replace",
+                        path=f"{REPO}/{path}",
+                        old_str=old,
+                        new_str=new,
+                    )
+                )
         return say("I make the failing tests pass.", *calls)
 
     def verify(turns: list[Turn]) -> str:

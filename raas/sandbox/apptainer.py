@@ -100,8 +100,8 @@ class ApptainerSandbox(NamespacedSandbox):
         workspace = f"size={limits.disk_bytes},mode=0755,uid={user},gid={user}"
         tmp = f"size={limits.tmp_bytes},mode=1777"
         mounts = [workspace, str(self.dir / "workspace"), tmp, str(self.dir / "tmp")]
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                _MOUNT_TMPFS, "sh", *mounts, "--"]  # fmt: skip
+        shell = ["sh", "-c", _MOUNT_TMPFS, "sh", *mounts, "--"]
+        return ["unshare", "--mount", "--propagation", "private", "--", *shell]
 
     def _find_namespace(self, pid: int) -> int | None:
         # The process we started ends as apptainer's runtime parent, outside the container; its

@@ -34,11 +34,29 @@ log = logging.getLogger(__name__)
 SANDBOX_UID = 1000
 # What of the host's /etc a sandbox sees (read-only): enough for programs to run, no secrets.
 HOST_ETC = [
-    "alternatives", "ssl", "ca-certificates", "ca-certificates.conf", "ld.so.cache",
-    "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "mime.types", "os-release",
-    "debian_version", "python3", "python3.11", "inputrc", "bash.bashrc", "profile", "gitconfig",
-    "protocols", "services", "magic", "timezone",
-]  # fmt: skip
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "nsswitch.conf",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "python3",
+    "python3.11",
+    "inputrc",
+    "bash.bashrc",
+    "profile",
+    "gitconfig",
+    "protocols",
+    "services",
+    "magic",
+    "timezone",
+]
 
 
 def rootfs_args(image: Path | None) -> list[str]:
@@ -183,8 +201,9 @@ class BwrapSandbox(NamespacedSandbox):
                 data_fds[name] = fd
             args = b"".join(a.encode() + b"\0" for a in self._bwrap_args(data_fds))
             fds.append(args_fd := _memfd("bwrap-args", args))
+            argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
             return await asyncio.create_subprocess_exec(
-                "bwrap", "--args", str(args_fd), *self._command(listen_fd),
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -193,7 +212,7 @@ class BwrapSandbox(NamespacedSandbox):
                 group=user,
                 extra_groups=[] if user is not None else None,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):

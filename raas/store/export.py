@@ -112,8 +112,13 @@ def write_parquet(rows: Iterable[RolloutResult], out: Path) -> int:
 
 
 def parquet_schema(pa: Any) -> Any:
-    scalar = {"text": pa.string(), "json": pa.string(), "float": pa.float64(),
-              "int": pa.int64(), "bool": pa.bool_()}  # fmt: skip
+    scalar = {
+        "text": pa.string(),
+        "json": pa.string(),
+        "float": pa.float64(),
+        "int": pa.int64(),
+        "bool": pa.bool_(),
+    }
     fields = []
     for col in columns():
         if col.kind in ("ints", "floats"):

@@ -90,7 +90,9 @@ class StemTask(AgentTask):
         else:
             rel_tol = float(instance.get("rel_tol", 0.01))
             correct = check_numeric(
-                answer, float(instance["answer"]), rel_tol=rel_tol,
+                answer,
+                float(instance["answer"]),
+                rel_tol=rel_tol,
                 one_value=bool(artifact.get("given")),
-            )  # fmt: skip
+            )
         return RewardInfo(1.0 if correct else 0.0, {"correct": correct})

@@ -18,11 +18,19 @@ Service = Annotated[ServiceState, Depends(service)]
 def backend_out(b: Backend) -> BackendOut:
     return BackendOut.model_validate(
         {
-            "id": b.id, "url": b.url, "protocol": b.protocol, "capacity": b.capacity,
-            "model": b.model, "healthy": b.healthy, "sessions": b.sessions, "load": b.load,
-            "requests": b.requests, "failures": b.failures, "last_error": b.last_error,
+            "id": b.id,
+            "url": b.url,
+            "protocol": b.protocol,
+            "capacity": b.capacity,
+            "model": b.model,
+            "healthy": b.healthy,
+            "sessions": b.sessions,
+            "load": b.load,
+            "requests": b.requests,
+            "failures": b.failures,
+            "last_error": b.last_error,
         }
-    )  # fmt: skip
+    )
 
 
 @router.post("/backends", status_code=status.HTTP_201_CREATED, response_model=BackendOut)

@@ -39,8 +39,8 @@ async def _serve(request: Request) -> Response:
 
 
 _DOC = "OpenAI-compatible, for agent programs: authenticated by the job's token."
-router.add_api_route("/chat/completions", _serve, methods=["POST"], summary="Chat completions",
-                     description=_DOC)  # fmt: skip
-router.add_api_route("/responses", _serve, methods=["POST"], summary="Responses",
-                     description=_DOC)  # fmt: skip
+router.add_api_route(
+    "/chat/completions", _serve, methods=["POST"], summary="Chat completions", description=_DOC
+)
+router.add_api_route("/responses", _serve, methods=["POST"], summary="Responses", description=_DOC)
 router.add_api_route("/models", _serve, methods=["GET"], summary="Models", description=_DOC)

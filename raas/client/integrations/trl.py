@@ -119,9 +119,13 @@ def make_rollout_func(
             for i, group in zip(members, got, strict=True):
                 groups[i] = group
         out: dict[str, list[Any]] = {
-            "prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-            "raas_reward": [], "raas_state": [],
-        }  # fmt: skip
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            "raas_reward": [],
+            "raas_state": [],
+        }
         cut = slice(0, int(limit)) if limit else slice(None)
         for filled in groups:
             assert filled is not None

@@ -148,9 +148,15 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config,
-            hf_model_type, **kwargs,
-        )  # fmt: skip
+            trainer_config,
+            server_manager,
+            tokenizer,
+            processor,
+            dataset_cls,
+            data_config,
+            hf_model_type,
+            **kwargs,
+        )
         section = plain(self.config.get("raas", None)) or {}
 
         def setting(name: str, given: Any) -> Any:
@@ -196,9 +202,11 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
             overrides=self.sampling_overrides,
         )
         return RolloutRequest(
-            instance=instance, sampling_params=params, job_id=job_id_for(row),
+            instance=instance,
+            sampling_params=params,
+            job_id=job_id_for(row),
             timeout_s=self.timeout_s,
-        )  # fmt: skip
+        )
 
     async def register_backends(self) -> None:
         """verl's rollout servers as this loop's raas servers' backends (``register_servers``).
@@ -223,9 +231,13 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
             protocol = protocol_for(str(self.rollout_config.name))
             capacity = int(self.rollout_config.get("max_num_seqs", None) or 8)
             await asyncio.to_thread(
-                register_verl_servers, list(self.urls), list(addresses), protocol, capacity,
+                register_verl_servers,
+                list(self.urls),
+                list(addresses),
+                protocol,
+                capacity,
                 api_key=self.api_key,
-            )  # fmt: skip
+            )
             _registered[key] = time.monotonic()
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:

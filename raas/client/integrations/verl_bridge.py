@@ -213,8 +213,10 @@ def result_to_sample(
     if len(prompt) > prompt_length:
         log.warning(
             "raas job %s: prompt of %d tokens exceeds verl's prompt_length %d; left-truncating",
-            result.job_id, len(prompt), prompt_length,
-        )  # fmt: skip
+            result.job_id,
+            len(prompt),
+            prompt_length,
+        )
         prompt = prompt[-prompt_length:]
     n = len(traj.response_ids)
     if not (len(traj.loss_mask) == len(traj.logprobs) == n):
