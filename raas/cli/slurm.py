@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from raas.settings import defaults
+from raas.deploy.slurm import SlurmOptionError, SlurmOptions, write_script
+from raas.deploy.slurm import submit as do_submit
+
+# The options' defaults are SlurmOptions' own: one place for each.
+DEFAULT = SlurmOptions()
+FILE = click.Path(dir_okay=False, path_type=Path)
+DIR = click.Path(file_okay=False, path_type=Path)
 
 SLURM_HELP_EPILOG = (
     "Every node needs raas installed at the same path (--python), and --workdir and "
@@ -22,22 +28,19 @@ SLURM_HELP_EPILOG = (
 @click.command(
     short_help="Write (or submit) an sbatch script: a raas server per node.",
     epilog=SLURM_HELP_EPILOG,
-    context_settings={"ignore_unknown_options": True},
+    context_settings={"ignore_unknown_options": True, "show_default": True},
 )
-@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes; one server each.")
+@click.option("--nodes", type=int, default=DEFAULT.nodes, help="Nodes; one server each.")
 @click.option("--partition", help="Slurm partition (sbatch --partition).")
 @click.option(
     "--time",
-    "time_limit",
     help="Time limit (sbatch --time: minutes, HH:MM:SS or D-HH:MM:SS); at the limit the servers"
     " drain as on scancel.",
 )
 @click.option("--account", help="Account to charge (sbatch --account).")
-@click.option("--job-name", default="raas", show_default=True, help="Slurm job name.")
+@click.option("--job-name", default=DEFAULT.job_name, help="Slurm job name.")
 @click.option("--cpus-per-task", type=int, help="CPUs for each node's server (and engine).")
-@click.option(
-    "--port", type=int, default=defaults().port, show_default=True, help="raas serve's port."
-)
+@click.option("--port", type=int, default=DEFAULT.port, help="raas serve's port.")
 @click.option(
     "--llm",
     multiple=True,
@@ -45,57 +48,58 @@ SLURM_HELP_EPILOG = (
     " node's hostname, so each server uses its own node's, e.g. http://{host}:8001.",
 )
 @click.option(
-    "--llm-port", type=int, multiple=True, help="Short for --llm http://{host}:PORT (repeatable)."
+    "--llm-port",
+    "llm_ports",
+    type=int,
+    multiple=True,
+    help="Short for --llm http://{host}:PORT (repeatable).",
 )
 @click.option(
     "--engine-model",
     help="Also start `raas engine --model M` on every node and use it (smollm2, tiny or a"
     " checkpoint directory); the servers' --tokenizer too, unless --tokenizer is given.",
 )
-@click.option(
-    "--engine-port", type=int, default=8001, show_default=True, help="That engine's port."
-)
+@click.option("--engine-port", type=int, default=DEFAULT.engine_port, help="That engine's port.")
 @click.option(
     "--drain-grace-s",
     type=float,
-    default=20.0,
-    show_default=True,
+    default=DEFAULT.drain_grace_s,
     help="On scancel, how long jobs in flight may finish; keep it below the cluster's KillWait"
     " (scontrol show config), after which Slurm kills what still runs.",
 )
 @click.option(
     "--server-list",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("raas-servers.txt"),
-    show_default=True,
+    type=FILE,
+    default=DEFAULT.server_list,
     help="Where the servers' URLs go (one http://host:port a line) once all answer; removed"
     " when the job stops. Trainers: raas.client.read_server_list(path, wait=...).",
 )
 @click.option(
     "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
+    type=DIR,
+    default=DEFAULT.workdir,
+    show_default=False,  # "." would say less than this
     help="The job's working directory (sbatch --chdir).  [default: here]",
 )
 @click.option(
     "--log-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DIR,
     help="Slurm's output (raas-JOBID.out) and each node's server logs.  [default: --workdir]",
 )
 @click.option(
     "--db-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DIR,
     help="Each node's SQLite results (raas-HOST.db); a node-local disk beats NFS."
     "  [default: --workdir]",
 )
 @click.option(
     "--python",
-    default=sys.executable,
-    show_default=True,
+    default=DEFAULT.python,
     help="The Python with raas installed, as the nodes see it.",
 )
 @click.option(
     "--sbatch-arg",
+    "sbatch_args",
     multiple=True,
     help="Any other sbatch option as one --name=value (repeatable), e.g."
     " --sbatch-arg=--gres=gpu:8.",
@@ -103,62 +107,18 @@ SLURM_HELP_EPILOG = (
 @click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     default=Path("raas-slurm.sbatch"),
-    show_default=True,
     help="Where to write the sbatch script.",
 )
 @click.option("--submit", is_flag=True, help="Also run sbatch on it and print the job id.")
 @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED, metavar="[RAAS SERVE OPTIONS]")
-def slurm(
-    nodes: int,
-    partition: str | None,
-    time_limit: str | None,
-    account: str | None,
-    job_name: str,
-    cpus_per_task: int | None,
-    port: int,
-    llm: tuple[str, ...],
-    llm_port: tuple[int, ...],
-    engine_model: str | None,
-    engine_port: int,
-    drain_grace_s: float,
-    server_list: Path,
-    workdir: Path,
-    log_dir: Path | None,
-    db_dir: Path | None,
-    python: str,
-    sbatch_arg: tuple[str, ...],
-    out: Path,
-    submit: bool,
-    serve_args: tuple[str, ...],
-) -> None:
+def slurm(out: Path, submit: bool, **options: Any) -> None:
     """Write an sbatch script that runs one raas server per node, each using its own node's
     inference servers, and lists their URLs for the trainer; --submit also submits it."""
-    from raas.deploy.slurm import SlurmOptionError, SlurmOptions, write_script
-    from raas.deploy.slurm import submit as do_submit
-
-    opts = SlurmOptions(
-        nodes=nodes,
-        partition=partition,
-        time=time_limit,
-        account=account,
-        job_name=job_name,
-        cpus_per_task=cpus_per_task,
-        port=port,
-        llm=list(llm),
-        llm_ports=list(llm_port),
-        engine_model=engine_model,
-        engine_port=engine_port,
-        drain_grace_s=drain_grace_s,
-        server_list=server_list,
-        workdir=workdir,
-        log_dir=log_dir,
-        db_dir=db_dir,
-        python=python,
-        sbatch_args=list(sbatch_arg),
-        serve_args=list(serve_args),
-    )
+    # Each option's name is its SlurmOptions field, so the fields are listed once, there.
+    fields: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
+    opts = SlurmOptions(**fields)
     try:
         write_script(opts, out)
     except SlurmOptionError as e:
@@ -169,5 +129,7 @@ def slurm(
             job_id = do_submit(out)
         except RuntimeError as e:
             raise click.ClickException(str(e)) from e
-        click.echo(f"submitted job {job_id}; servers will be listed in {server_list}", err=True)
+        click.echo(
+            f"submitted job {job_id}; servers will be listed in {opts.server_list}", err=True
+        )
         click.echo(job_id)
