@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raas.api.app import create_app
-from raas.bench.forked import ForkedServer
+from raas.bench.forked import ForkedServer, serve_raas
 from raas.client import RolloutClient, collect_groups, reward_varies
 from raas.settings import ServeSettings
-from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
+from raas.tasks import RewardInfo, TaskContext, TaskJob
 from raas.wire import Trajectory
 
 
@@ -106,24 +105,10 @@ async def bench(args: argparse.Namespace, url: str) -> None:
 
 
 def _serve(port: int, db: Path) -> None:
-    import logging
-
-    import uvicorn
-
-    logging.getLogger("raas").setLevel(logging.ERROR)  # no line per cancelled job
-    registry = TaskRegistry()
-    registry.register(LotteryTask())
     settings = ServeSettings(
-        db=db,
-        port=port,
-        init_workers=64,
-        run_workers=256,
-        eval_workers=64,
-        run_queue=1024,
-        eval_queue=1024,
-        log_level="warning",
+        db=db, init_workers=64, run_workers=256, eval_workers=64, run_queue=1024, eval_queue=1024
     )
-    uvicorn.run(create_app(settings, registry), port=port, log_level="warning")
+    serve_raas(port, settings, [LotteryTask()], log_level="error")  # no line per cancelled job
 
 
 def main(argv: list[str]) -> int:

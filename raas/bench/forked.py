@@ -6,13 +6,19 @@ The target runs ``target(port, *args)`` and serves HTTP on that port; the parent
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+
+from raas.api.app import create_app
 from raas.helpers import free_port, wait_until_answers
+from raas.settings import ServeSettings
+from raas.tasks import TaskHandler, TaskRegistry
 
 
 class ForkedServer:
@@ -48,6 +54,20 @@ class ForkedServer:
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
         self.proc.join(30)
+
+
+def serve_raas(
+    port: int, settings: ServeSettings, tasks: Iterable[TaskHandler], log_level: str = "warning"
+) -> None:
+    """raas on ``port`` with ``tasks``: a benchmark's server as ``raas serve`` runs it, raas's
+    log and uvicorn's at ``log_level`` (a line per job would cost what is measured), no access
+    log."""
+    logging.getLogger("raas").setLevel(log_level.upper())
+    registry = TaskRegistry()
+    for task in tasks:
+        registry.register(task)
+    app = create_app(settings.model_copy(update={"port": port}), registry)
+    uvicorn.run(app, port=port, log_level=log_level, access_log=False)
 
 
 def serve_fake_vllm(port: int, reply: Callable[[list[int]], list[int]], latency_s: float) -> None:

@@ -22,24 +22,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
-from raas.api.app import create_app
-from raas.bench.forked import ForkedServer, serve_fake_vllm
+from raas.bench.forked import ForkedServer, serve_fake_vllm, serve_raas
 from raas.client import RolloutClient
 from raas.llm.chat import encode
 from raas.llm.clients import VLLMClient
 from raas.llm.models import load_tokenizer
 from raas.llm.types import SamplingParams
 from raas.settings import ServeSettings
-from raas.tasks import RewardInfo, TaskRegistry
+from raas.tasks import RewardInfo
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.services import TaskServices
 from raas.wire import RolloutRequest, Trajectory
@@ -98,24 +94,17 @@ def _serve_fake_llm(port: int, turns: int, latency_s: float) -> None:
     serve_fake_vllm(port, reply, latency_s)
 
 
+def think_settings(db: Path, llm: list[str], workers: int, **more: Any) -> ServeSettings:
+    """A server of ``ThinkTask`` jobs on the fake model: ``workers`` in every stage, queues
+    never the limit."""
+    fields: dict[str, Any] = {"db": db, "llm": llm, "llm_capacity": 4096, "tokenizer": "smollm2"}
+    for stage in ("init", "run", "eval"):
+        fields |= {f"{stage}_workers": workers, f"{stage}_queue": 4096}
+    return ServeSettings(**fields, **more)
+
+
 def _serve_raas(port: int, db: Path, llm_url: str, workers: int) -> None:
-    logging.getLogger("raas").setLevel(logging.WARNING)  # no line per job
-    registry = TaskRegistry()
-    registry.register(ThinkTask())
-    settings = ServeSettings(
-        db=db,
-        port=port,
-        llm=[llm_url],
-        llm_capacity=4096,
-        tokenizer="smollm2",
-        init_workers=workers,
-        run_workers=workers,
-        eval_workers=workers,
-        run_queue=4096,
-        eval_queue=4096,
-        log_level="warning",
-    )
-    uvicorn.run(create_app(settings, registry), port=port, log_level="warning", access_log=False)
+    serve_raas(port, think_settings(db, [llm_url], workers), [ThinkTask()])
 
 
 async def run_jobs(urls: list[str], jobs: int, in_flight: int, tag: str) -> tuple[float, int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import logging
 import os
 import signal
 import statistics
@@ -32,15 +31,12 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import uvicorn
 
-from raas.api.app import create_app, runtime_key
-from raas.bench.forked import ForkedServer
-from raas.bench.scale import ThinkTask, _serve_fake_llm
+from raas.api.app import runtime_key
+from raas.bench.forked import ForkedServer, serve_raas
+from raas.bench.scale import ThinkTask, _serve_fake_llm, think_settings
 from raas.sandbox import procs
 from raas.sandbox.runtime import runtime_dir_of
-from raas.settings import ServeSettings
-from raas.tasks import TaskRegistry
 
 WARM_JOBS = 100  # RSS "at the start" is read once this many jobs have finished
 
@@ -53,26 +49,9 @@ class SandboxedThinkTask(ThinkTask):
 
 
 def _serve(port: int, db: Path, llm: list[str], workers: int) -> None:
-    logging.getLogger("raas").setLevel(logging.ERROR)  # faults make warnings by the thousand
-    registry = TaskRegistry()
-    registry.register(ThinkTask())
-    registry.register(SandboxedThinkTask())
-    settings = ServeSettings(
-        db=db,
-        port=port,
-        llm=llm,
-        llm_capacity=4096,
-        tokenizer="smollm2",
-        init_workers=workers,
-        run_workers=workers,
-        eval_workers=workers,
-        init_queue=4096,
-        run_queue=4096,
-        eval_queue=4096,
-        drain_grace_s=30,
-        log_level="error",
-    )
-    uvicorn.run(create_app(settings, registry), port=port, log_level="error", access_log=False)
+    settings = think_settings(db, llm, workers, drain_grace_s=30)
+    # Errors only: the faults make warnings by the thousand.
+    serve_raas(port, settings, [ThinkTask(), SandboxedThinkTask()], log_level="error")
 
 
 def _rss_mb(pid: int | None) -> float:
