@@ -349,13 +349,12 @@ def clear_raas_backends(
 def routing_paused(
     raas_url: str | Sequence[str],
     addresses: Sequence[str],
-    protocol: str = "vllm",
-    capacity: int = 8,
-    model: str | None = None,
     api_key: str | None = None,
+    **registration: Any,
 ) -> Iterator[None]:
     """No raas routing to verl's servers inside the block (a weight sync), then ``addresses``
-    registered again, whatever happened inside::
+    registered again, whatever happened inside; ``registration``: the other options of
+    :func:`register_verl_servers` (``protocol``, ``capacity``, ``model``, ...)::
 
         with routing_paused(raas_url, manager.get_addresses(), protocol="vllm"):
             trainer.checkpoint_manager.update_weights(step)
@@ -364,4 +363,4 @@ def routing_paused(
     try:
         yield
     finally:
-        register_verl_servers(raas_url, addresses, protocol, capacity, model, api_key)
+        register_verl_servers(raas_url, addresses, api_key=api_key, **registration)
