@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, StrictStr, model_validator
 from pydantic_core import PydanticCustomError
@@ -138,30 +138,37 @@ def _matches(answer: str | None, truths: list[str]) -> bool:
     return any(check_math(answer, truth) for truth in truths)
 
 
-def question_messages(
-    instance: dict[str, Any], system: str, keys: tuple[str, ...], suffix: str
-) -> list[dict[str, Any]]:
-    """The task as chat messages: verl-style ``prompt`` messages as they are, text otherwise."""
-    prompt = instance.get("prompt")
-    if isinstance(prompt, list) and prompt:  # an empty list: the text under another key
-        return [dict(m) for m in prompt]
-    text = next(str(instance[k]) for k in keys if instance.get(k))
-    return [{"role": "system", "content": system}, {"role": "user", "content": text + suffix}]
+class QuestionTask(AgentTask):
+    """A question answered in a few turns, computing with ipython (math, stem): its text is
+    under the first of ``text_keys`` that the instance has, or verl-style ``prompt`` messages."""
 
-
-class MathTask(AgentTask):
-    name = "math"
-    instance_model = MathInstance
     tools = ("ipython", "finish", "think")
     default_max_turns = 6
+    text_keys: ClassVar[tuple[str, ...]] = ("question",)
+
+    def after_text(self, instance: dict[str, Any]) -> str:
+        """What the user message adds after the question's text (a subclass's choices, say)."""
+        return ""
+
+    def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
+        prompt = instance.get("prompt")
+        if isinstance(prompt, list) and prompt:  # an empty list: the text under another key
+            return [dict(m) for m in prompt]
+        text = next(str(instance[k]) for k in self.text_keys if instance.get(k))
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": text + self.after_text(instance)},
+        ]
+
+
+class MathTask(QuestionTask):
+    name = "math"
+    instance_model = MathInstance
     system_prompt = (
         "Solve the problem. You may compute with the ipython tool. Give the final answer by"
         " calling finish with it, or write it as \\boxed{...} at the end of your answer."
     )
     text_keys = ("problem", "question", "prompt")
-
-    def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
-        return question_messages(instance, self.system_prompt, self.text_keys, "")
 
     async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
         instance = ctx.job.instance

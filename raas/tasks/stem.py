@@ -14,9 +14,9 @@ from typing import Any, Self
 
 from pydantic import Field, StrictBool, StrictFloat, StrictStr, model_validator
 
-from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
+from raas.tasks.agentic import AgentContext, last_assistant_text
 from raas.tasks.answers import check_choice, check_numeric, final_answer
-from raas.tasks.math import Scalar, question_messages
+from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
@@ -54,23 +54,18 @@ def _is_number(value: str | int | float) -> bool:
         return False
 
 
-class StemTask(AgentTask):
+class StemTask(QuestionTask):
     name = "stem"
     instance_model = StemInstance
-    tools = ("ipython", "finish", "think")
-    default_max_turns = 6
     system_prompt = (
         "Answer the science question. You may compute with the ipython tool. Give the final"
         " answer (the letter of the choice, or the number) by calling finish, or as \\boxed{...}."
     )
 
-    def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
-        suffix = ""
+    def after_text(self, instance: dict[str, Any]) -> str:
         if isinstance(instance.get("choices"), dict):
-            suffix = "\n" + "\n".join(f"{k}) {v}" for k, v in sorted(instance["choices"].items()))
-        elif instance.get("unit"):
-            suffix = f"\n(Answer in {instance['unit']}.)"
-        return question_messages(instance, self.system_prompt, ("question",), suffix)
+            return "\n" + "\n".join(f"{k}) {v}" for k, v in sorted(instance["choices"].items()))
+        return f"\n(Answer in {instance['unit']}.)" if instance.get("unit") else ""
 
     async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
         if ctx.job.instance.get("finish_only"):
