@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -12,6 +13,12 @@ from raas.pipeline import Job, JobState, Pipeline, Stage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+# The gauges of each stage, read from Pipeline.stats(): its key, the metric's name and help.
+PER_STAGE = (
+    ("queued", "raas_queue_depth", "Jobs waiting for a stage."),
+    ("active", "raas_stage_active", "Jobs inside a stage."),
+    ("workers", "raas_stage_workers", "Worker slots of a stage."),
+)
 
 
 class PipelineMetrics:
@@ -19,36 +26,24 @@ class PipelineMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.submitted = Counter(
-            "raas_jobs_submitted",
-            "Jobs accepted, by task.",
-            ["data_source"],
-            registry=self.registry,
-        )
-        self.finished = Counter(
+        counter = partial(Counter, registry=self.registry)
+        histogram = partial(Histogram, buckets=STAGE_BUCKETS, registry=self.registry)
+        self.submitted = counter("raas_jobs_submitted", "Jobs accepted, by task.", ["data_source"])
+        self.finished = counter(
             "raas_jobs_finished",
             "Jobs finished, by final state and task.",
             ["state", "data_source"],
-            registry=self.registry,
         )
-        self.stage_seconds = Histogram(
-            "raas_stage_duration_seconds",
-            "Time a job spent inside a stage.",
-            ["stage"],
-            buckets=STAGE_BUCKETS,
-            registry=self.registry,
+        self.stage_seconds = histogram(
+            "raas_stage_duration_seconds", "Time a job spent inside a stage.", ["stage"]
         )
-        self.errors = Counter(
+        self.errors = counter(
             "raas_job_errors",
             "Errors that ended a run of a job (its last, or one run again), by kind and task.",
             ["kind", "data_source"],
-            registry=self.registry,
         )
-        self.queue_seconds = Histogram(
-            "raas_job_queue_seconds",
-            "Time a finished job spent waiting in stage queues.",
-            buckets=STAGE_BUCKETS,
-            registry=self.registry,
+        self.queue_seconds = histogram(
+            "raas_job_queue_seconds", "Time a finished job spent waiting in stage queues."
         )
 
     def watch(self, pipeline: Pipeline) -> None:
@@ -80,20 +75,11 @@ class _PipelineGauges(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = self.pipeline.stats()
-        queued = GaugeMetricFamily(
-            "raas_queue_depth", "Jobs waiting for a stage.", labels=["stage"]
-        )
-        active = GaugeMetricFamily("raas_stage_active", "Jobs inside a stage.", labels=["stage"])
-        workers = GaugeMetricFamily(
-            "raas_stage_workers", "Worker slots of a stage.", labels=["stage"]
-        )
-        for stage, s in stats["stages"].items():
-            queued.add_metric([stage], s["queued"])
-            active.add_metric([stage], s["active"])
-            workers.add_metric([stage], s["workers"])
-        yield queued
-        yield active
-        yield workers
+        for key, name, doc in PER_STAGE:
+            gauge = GaugeMetricFamily(name, doc, labels=["stage"])
+            for stage, s in stats["stages"].items():
+                gauge.add_metric([stage], s[key])
+            yield gauge
         yield GaugeMetricFamily(
             "raas_jobs_in_flight", "Jobs accepted and not finished.", value=stats["in_flight"]
         )
