@@ -30,7 +30,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -39,6 +39,7 @@ from raas.llm.engine.kv import KV, KVCache, assemble, clone, row_view
 from raas.llm.engine.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
+_Item = TypeVar("_Item")  # what goes to the worker thread: a request or a weight update
 
 GREEDY_TEMPERATURE = 1e-5
 MIN_LOGPROB = -9999.0
@@ -205,6 +206,16 @@ class Engine:
                 self._thread = threading.Thread(target=self._work, name="raas-engine", daemon=True)
                 self._thread.start()
 
+    def _hand_over(self, queue: deque[_Item], item: _Item) -> None:
+        """Queue ``item`` for the worker (started if need be) and wake it; EngineStopped once the
+        engine is shut down."""
+        self.start()
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("the engine has been shut down")
+            queue.append(item)
+            self._cond.notify_all()
+
     def stop(self) -> None:
         """Ask the worker to stop after its current step, without waiting: requests in flight or
         waiting then fail with :class:`EngineStopped`, and new ones are refused."""
@@ -260,7 +271,6 @@ class Engine:
         self.check_prompt(prompt, params.max_tokens)
         if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
             raise PromptError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
-        self.start()
         generator = torch.Generator()
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -269,11 +279,7 @@ class Engine:
         request = _Request(list(prompt), params, Future(), generator)
         if params.top_logprobs:
             request.top = []
-        with self._cond:
-            if self._stopping:
-                raise EngineStopped("the engine has been shut down")
-            self._waiting.append(request)
-            self._cond.notify_all()
+        self._hand_over(self._waiting, request)
         return request.future
 
     def abort(self, future: Future[GenerationResult]) -> bool:
@@ -345,13 +351,8 @@ class Engine:
     def submit_weights(self, tensors: dict[str, torch.Tensor]) -> Future[int]:
         """Queue checked tensors (from :meth:`read_weights`); applied once the batch drains.
         Resolves to the new weight version."""
-        self.start()
         update = _WeightUpdate(tensors, Future())
-        with self._cond:
-            if self._stopping:
-                raise EngineStopped("the engine has been shut down")
-            self._updates.append(update)
-            self._cond.notify_all()
+        self._hand_over(self._updates, update)
         return update.future
 
     async def update_weights(self, path: str | Path) -> int:
