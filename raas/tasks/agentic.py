@@ -97,15 +97,22 @@ class AgentTask:
     async def init(self, job: TaskJob) -> AgentContext:
         self.validate(job)  # a malformed instance fails here, naming the field
         ctx = AgentContext(job=job)
-        if self.needs_sandbox:
-            ctx.sandbox = await self.services_of(job).sandbox()
-            ctx.closing.append(ctx.sandbox)
-        try:
+        async with self.cleaned_up_on_error(ctx):
+            if self.needs_sandbox:
+                ctx.sandbox = await self.services_of(job).sandbox()
+                ctx.closing.append(ctx.sandbox)
             await self.setup(ctx)
+        return ctx
+
+    @asynccontextmanager
+    async def cleaned_up_on_error(self, ctx: AgentContext) -> AsyncIterator[None]:
+        """INIT's set-up: if it fails (or is cancelled), what it opened is closed before the error
+        goes on, since a context that INIT never returns is never cleaned up."""
+        try:
+            yield
         except BaseException:
             await self.cleanup(ctx)
             raise
-        return ctx
 
     async def run(self, context: TaskContext) -> Trajectory:
         ctx = _agent(context)

@@ -112,7 +112,7 @@ class HarnessTask(AgentTask):
         services = self.services_of(job)
         agent = HarnessInstance.model_validate(job.instance).agent
         ctx = HarnessContext(job=job)
-        try:
+        async with self.cleaned_up_on_error(ctx):
             if agent != "reference":
                 ctx.agent_site = await asyncio.to_thread(agents_site_packages, services)
             ctx.sandbox = sandbox = await asyncio.to_thread(
@@ -121,9 +121,6 @@ class HarnessTask(AgentTask):
             ctx.closing.append(sandbox)
             await sandbox.start()
             await self.wrapped(job.instance).setup(ctx)
-        except BaseException:
-            await self.cleanup(ctx)
-            raise
         return ctx
 
     async def run(self, context: TaskContext) -> Trajectory:
