@@ -30,8 +30,21 @@ FLAGS = (
     "--hide-scrollbars",
 )
 DEADLINE_S = 60.0  # a safety net for a browser that hangs, never an assertion on speed
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
-        "track", "wbr"}  # fmt: skip
+VOID = {
+    "area",
+    "base",
+    "br",
+    "col",
+    "embed",
+    "hr",
+    "img",
+    "input",
+    "link",
+    "meta",
+    "source",
+    "track",
+    "wbr",
+}
 
 
 def chromium() -> str:
@@ -136,9 +149,11 @@ class Browser:
     def dom(self, url: str, budget_ms: int = 3000, size: tuple[int, int] = (1400, 1000)) -> Node:
         """The page's DOM once its data has loaded (after ``budget_ms`` of virtual time)."""
         out = self._run(
-            url, f"--window-size={size[0]},{size[1]}", f"--virtual-time-budget={budget_ms}",
+            url,
+            f"--window-size={size[0]},{size[1]}",
+            f"--virtual-time-budget={budget_ms}",
             "--dump-dom",
-        )  # fmt: skip
+        )
         return parse(out)
 
     def screenshot(
@@ -146,8 +161,10 @@ class Browser:
     ) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._run(
-            url, f"--window-size={size[0]},{size[1]}", f"--virtual-time-budget={budget_ms}",
+            url,
+            f"--window-size={size[0]},{size[1]}",
+            f"--virtual-time-budget={budget_ms}",
             f"--screenshot={path}",
-        )  # fmt: skip
+        )
         assert path.stat().st_size > 0
         return path

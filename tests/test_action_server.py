@@ -34,8 +34,10 @@ def test_imports_only_the_standard_library() -> None:
     )
     out = subprocess.run(
         [sys.executable, "-X", "dev", "-I", "-c", probe, str(INSIDE_DIR)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(out.stdout) == []
     assert "Warning" not in out.stderr
 

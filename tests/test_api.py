@@ -318,8 +318,11 @@ async def test_running_jobs_are_listed_with_their_progress(
         after = (await http.get("/v1/rollouts:running")).json()["jobs"]
     (job,) = running
     assert (job["job_id"], job["state"], job["stage"], job["data_source"]) == (
-        "r", "run", "run", "probe"
-    )  # fmt: skip
+        "r",
+        "run",
+        "run",
+        "probe",
+    )
     assert (job["turns"], job["response_tokens"], job["attempts"]) == (1, 3, 1)
     assert job["elapsed_s"] >= 0
     assert after == []

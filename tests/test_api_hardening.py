@@ -57,11 +57,19 @@ async def call_asgi(
     """One POST straight into the app: its status, its body, and whether it read the body."""
     app = create_app(settings, registry)
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-        "query_string": b"", "headers": headers, "client": ("127.0.0.1", 1),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
         "server": ("raas", 80),
-    }  # fmt: skip
+    }
     read = 0
     sent: list[dict[str, Any]] = []
 

@@ -114,9 +114,16 @@ def test_images_build_explains_itself_and_fails_clearly(tmp_path: Path) -> None:
         assert words in result.output
     (tmp_path / "rootfs").mkdir()
     result = runner.invoke(
-        main, ["images", "build", str(tmp_path / "rootfs"), str(tmp_path / "x.sif"),
-               "--binary", "/opt/none/apptainer"]
-    )  # fmt: skip
+        main,
+        [
+            "images",
+            "build",
+            str(tmp_path / "rootfs"),
+            str(tmp_path / "x.sif"),
+            "--binary",
+            "/opt/none/apptainer",
+        ],
+    )
     assert result.exit_code != 0 and "/opt/none/apptainer does not exist" in result.output
 
 

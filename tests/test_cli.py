@@ -53,8 +53,10 @@ def test_every_command_is_said_whole_in_80_columns() -> None:
 def test_serve_refuses_bad_settings_with_a_usage_error() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "raas", "serve", "--run-workers", "0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2 and "run_workers" in run.stderr
 
 
@@ -170,9 +172,12 @@ def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> No
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=100)
     failed = RolloutResult(
-        job_id="j", state="failed", trajectory=Trajectory(), data_source="x",
+        job_id="j",
+        state="failed",
+        trajectory=Trajectory(),
+        data_source="x",
         timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
-    )  # fmt: skip
+    )
 
     async def run() -> None:
         with Counting(console, 2, "tasks.jsonl", every_s=0.01) as progress:

@@ -34,8 +34,15 @@ OLD_COLUMNS = (
     "job_id, state, data_source, instance_id, request, created_at, seq, finished_at, reward,"
     " result, attempts, attempt_errors"
 )
-READS = ("/ui", "/ui/assets/app.js", "/v1/dashboard/stats", "/v1/dashboard/jobs",
-         "/v1/dashboard/jobs/x/tokens", "/v1/status", "/v1/rollouts:running")  # fmt: skip
+READS = (
+    "/ui",
+    "/ui/assets/app.js",
+    "/v1/dashboard/stats",
+    "/v1/dashboard/jobs",
+    "/v1/dashboard/jobs/x/tokens",
+    "/v1/status",
+    "/v1/rollouts:running",
+)
 
 
 def cookie(value: str) -> dict[str, str]:
@@ -214,10 +221,13 @@ async def test_the_counts_follow_a_result_written_over_and_survive_a_reopen(
 ) -> None:
     def result(state: str, error: str | None) -> RolloutResult:
         return RolloutResult(
-            job_id="j", state=state, data_source="probe", trajectory=Trajectory(),
+            job_id="j",
+            state=state,
+            data_source="probe",
+            trajectory=Trajectory(),
             timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
             error=ErrorInfo(type=error, message="m", kind="policy") if error else None,
-        )  # fmt: skip
+        )
 
     store = ResultStore(tmp_path / "tally.db")
     await store.open()

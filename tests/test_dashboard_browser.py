@@ -43,9 +43,12 @@ def script(prompt: str) -> str:
     if _is(SOLVED, prompt) and turn == 0:
         lines = len(str(SOLVED["prompt"]).splitlines())
         write = call(
-            "editor", command="insert", path="/workspace/solution.py", insert_line=lines,
+            "editor",
+            command="insert",
+            path="/workspace/solution.py",
+            insert_line=lines,
             new_str=SOLUTION,
-        )  # fmt: skip
+        )
         return f"{STEP} Writing the body. {write}"
     if _is(BROKEN, prompt):
         return f"{STEP} {call('bash', command='kill -9 $PPID')}"
@@ -118,8 +121,10 @@ def test_the_overview_shows_the_service_and_its_jobs(
 
     jobs = {r.attrs["data-job"]: r for r in dom.one(id="jobs").all("tr", data_job=None)}
     assert {j: r.attrs["data-state"] for j, r in jobs.items()} == {
-        "solved": "done", "broken": "failed", "held": "running",
-    }  # fmt: skip
+        "solved": "done",
+        "broken": "failed",
+        "held": "running",
+    }
     assert jobs["solved"].all("td")[3].text == "1"  # its reward
     assert broken["error"]["type"] in jobs["broken"].text
     assert "run" in jobs["held"].text  # the stage it is in

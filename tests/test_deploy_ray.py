@@ -53,8 +53,15 @@ def test_options_become_flags_that_raas_serve_accepts() -> None:
         {"llm": ["http://a:1", "http://b:2"], "run_workers": 4, "sandbox": "local", "api_key": None}
     )
     assert args == [
-        "--llm", "http://a:1", "--llm", "http://b:2", "--run-workers", "4", "--sandbox", "local",
-    ]  # fmt: skip
+        "--llm",
+        "http://a:1",
+        "--llm",
+        "http://b:2",
+        "--run-workers",
+        "4",
+        "--sandbox",
+        "local",
+    ]
     params = serve.make_context("serve", [*args]).params
     assert params["llm"] == ("http://a:1", "http://b:2")
     assert params["run_workers"] == 4 and params["sandbox"] == "local"

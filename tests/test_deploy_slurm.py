@@ -128,9 +128,23 @@ def test_cli_writes_the_script_and_passes_serve_options(tmp_path: Path) -> None:
     out = tmp_path / "job.sbatch"
     run = CliRunner().invoke(
         main,
-        ["slurm", "--nodes", "2", "--llm-port", "8001", "--workdir", str(tmp_path),
-         "-o", str(out), "--run-workers", "32", "--", "--llm-protocol", "sglang"],
-    )  # fmt: skip
+        [
+            "slurm",
+            "--nodes",
+            "2",
+            "--llm-port",
+            "8001",
+            "--workdir",
+            str(tmp_path),
+            "-o",
+            str(out),
+            "--run-workers",
+            "32",
+            "--",
+            "--llm-protocol",
+            "sglang",
+        ],
+    )
     assert run.exit_code == 0, run.output
     script = out.read_text()
     assert "#SBATCH --nodes=2" in script
@@ -156,10 +170,26 @@ def test_cli_bad_options_are_usage_errors(tmp_path: Path, args: list[str], says:
 def test_help_explains_every_option() -> None:
     text = CliRunner().invoke(main, ["slurm", "--help"]).output
     for option in (
-        "--nodes", "--partition", "--time", "--account", "--port", "--llm ", "--llm-port",
-        "--engine-model", "--engine-port", "--drain-grace-s", "--server-list", "--out",
-        "--submit", "--python", "--sbatch-arg", "--workdir", "--db-dir", "--log-dir", "scancel",
-    ):  # fmt: skip
+        "--nodes",
+        "--partition",
+        "--time",
+        "--account",
+        "--port",
+        "--llm ",
+        "--llm-port",
+        "--engine-model",
+        "--engine-port",
+        "--drain-grace-s",
+        "--server-list",
+        "--out",
+        "--submit",
+        "--python",
+        "--sbatch-arg",
+        "--workdir",
+        "--db-dir",
+        "--log-dir",
+        "scancel",
+    ):
         assert option in text, option
 
 
@@ -185,13 +215,32 @@ def test_read_server_list_waits_for_the_file(tmp_path: Path) -> None:
 def _node(tmp_path: Path, port: int, *serve_args: str, node_id: int = 0) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return subprocess.Popen(
-        [sys.executable, "-m", "raas.deploy.node", "--port", str(port),
-         "--server-list", str(tmp_path / "servers.txt"), "--db-dir", str(tmp_path / str(node_id)),
-         "--log-dir", str(tmp_path), "--drain-grace-s", "5", "--llm", "http://{host}:1",
-         "--expect-nodes", "2", "--", *serve_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "raas.deploy.node",
+            "--port",
+            str(port),
+            "--server-list",
+            str(tmp_path / "servers.txt"),
+            "--db-dir",
+            str(tmp_path / str(node_id)),
+            "--log-dir",
+            str(tmp_path),
+            "--drain-grace-s",
+            "5",
+            "--llm",
+            "http://{host}:1",
+            "--expect-nodes",
+            "2",
+            "--",
+            *serve_args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**env, "SLURM_NODEID": str(node_id)},
-    )  # fmt: skip
+    )
 
 
 def test_nodes_list_their_servers_and_drain_on_sigterm(tmp_path: Path) -> None:

@@ -69,8 +69,19 @@ def test_raas_run_against_a_service_then_replay(service_url: str, tmp_path: Path
 
     out = tmp_path / "results.jsonl"
     params = '{"max_tokens": 16, "max_turns": 1, "temperature": 1.0}'
-    args = ["run", "--bundled", "math", "--limit", "2", "--url", service_url,
-            "--sampling-params", params, "--out", str(out)]  # fmt: skip
+    args = [
+        "run",
+        "--bundled",
+        "math",
+        "--limit",
+        "2",
+        "--url",
+        service_url,
+        "--sampling-params",
+        params,
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "2 rollouts" in result.output and "mean reward" in result.output

@@ -11,24 +11,56 @@ from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 
 # The columns exports have always had; a new wire field adds one, none may vanish.
 COLUMNS = {
-    "job_id", "state", "data_source", "instance_id", "reward", "stage_failed", "error_type",
-    "error_message", "prompt_ids", "response_ids", "loss_mask", "logprobs", "stop_reason",
-    "messages_json", "turns_json", "metrics_json", "queue_s", "init_s", "run_s", "eval_s",
-    "total_s", "error_kind", "error_stage", "attempts", "attempt_errors_json", "task",
-}  # fmt: skip
+    "job_id",
+    "state",
+    "data_source",
+    "instance_id",
+    "reward",
+    "stage_failed",
+    "error_type",
+    "error_message",
+    "prompt_ids",
+    "response_ids",
+    "loss_mask",
+    "logprobs",
+    "stop_reason",
+    "messages_json",
+    "turns_json",
+    "metrics_json",
+    "queue_s",
+    "init_s",
+    "run_s",
+    "eval_s",
+    "total_s",
+    "error_kind",
+    "error_stage",
+    "attempts",
+    "attempt_errors_json",
+    "task",
+}
 
 
 def result() -> RolloutResult:
     return RolloutResult(
-        job_id="j", state="failed", stage_failed="run",
-        error=ErrorInfo(type="timeout", message="too slow"), reward=None,
+        job_id="j",
+        state="failed",
+        stage_failed="run",
+        error=ErrorInfo(type="timeout", message="too slow"),
+        reward=None,
         metrics={"artifact": {"answer": "4"}},
-        trajectory=Trajectory(prompt_ids=[1, 2], response_ids=[3, 4], loss_mask=[1, 0],
-                              logprobs=[-0.5, 0.0], messages=[{"role": "user", "content": "hi"}],
-                              stop_reason="max_turns"),
+        trajectory=Trajectory(
+            prompt_ids=[1, 2],
+            response_ids=[3, 4],
+            loss_mask=[1, 0],
+            logprobs=[-0.5, 0.0],
+            messages=[{"role": "user", "content": "hi"}],
+            stop_reason="max_turns",
+        ),
         timing=Timing(queue_s=0.1, init_s=0.2, run_s=0.3, eval_s=0.0, total_s=0.6),
-        instance_id="i", data_source="openai/gsm8k", task="math",
-    )  # fmt: skip
+        instance_id="i",
+        data_source="openai/gsm8k",
+        task="math",
+    )
 
 
 def test_columns_are_the_wire_fields_flattened() -> None:
@@ -36,8 +68,10 @@ def test_columns_are_the_wire_fields_flattened() -> None:
     row = flat_row(result())
     assert set(row) == COLUMNS
     assert (row["error_type"], row["error_message"], row["stage_failed"]) == (
-        "timeout", "too slow", "run"
-    )  # fmt: skip
+        "timeout",
+        "too slow",
+        "run",
+    )
     assert (row["response_ids"], row["loss_mask"], row["run_s"]) == ([3, 4], [1, 0], 0.3)
     assert json.loads(row["metrics_json"]) == {"artifact": {"answer": "4"}}
     assert (row["data_source"], row["task"]) == ("openai/gsm8k", "math")

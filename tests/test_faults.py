@@ -57,9 +57,12 @@ def agent(hang: frozenset[str] = frozenset(), kill_once: frozenset[str] = frozen
             code += f"\n\n{HANG}\n{name} = hang\n"
         lines = len(problem["prompt"].splitlines())
         write = call(
-            "editor", command="insert", path="/workspace/solution.py", insert_line=lines,
+            "editor",
+            command="insert",
+            path="/workspace/solution.py",
+            insert_line=lines,
             new_str=code,
-        )  # fmt: skip
+        )
         return f"{STEP} {write}"
 
     return script

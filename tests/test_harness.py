@@ -154,8 +154,11 @@ async def run_job(
 
 def humaneval_instance() -> tuple[dict[str, Any], str]:
     problem = next(p for p in humaneval_problems() if p["task_id"] == "HumanEval/0")
-    instance = {"judge": "code", "instance_id": "HumanEval/0",
-                **{k: problem[k] for k in ("prompt", "entry_point", "test")}}  # fmt: skip
+    instance = {
+        "judge": "code",
+        "instance_id": "HumanEval/0",
+        **{k: problem[k] for k in ("prompt", "entry_point", "test")},
+    }
     return instance, problem["prompt"] + problem["canonical_solution"]
 
 
@@ -192,8 +195,12 @@ async def test_a_wrong_solution_scores_zero_and_a_math_answer_is_judged(tmp_path
     assert (result["state"], result["reward"]) == ("done", 0.0)
 
     math = {"judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
-    gateway = FakeGateway([{"call": tool_call("bash", command="echo $((6*7))")},
-                           {"call": tool_call("finish", answer="42")}])  # fmt: skip
+    gateway = FakeGateway(
+        [
+            {"call": tool_call("bash", command="echo $((6*7))")},
+            {"call": tool_call("finish", answer="42")},
+        ]
+    )
     result = await run_job(tmp_path / "b", math, gateway)
     assert (result["state"], result["reward"]) == ("done", 1.0), result
     assert "42" in gateway.sessions[0].requests[1]["messages"][-1]["content"]
@@ -248,8 +255,10 @@ async def test_the_reference_agent_through_the_real_gateway_records_a_trajectory
     assert (result["state"], result["reward"]) == ("done", 1.0), result
     traj, metrics = result["trajectory"], result["metrics"]
     assert (metrics["gateway_calls"], metrics["gateway_segments"], metrics["gateway_drift"]) == (
-        2, 1, 0
-    )  # fmt: skip
+        2,
+        1,
+        0,
+    )
     assert len(traj["response_ids"]) == len(traj["loss_mask"]) == len(traj["logprobs"])
     generated = [t for t, m in zip(traj["response_ids"], traj["loss_mask"], strict=True) if m]
     assert 0 < len(generated) < len(traj["response_ids"])  # the tool output is masked out
@@ -348,8 +357,10 @@ async def test_the_openai_package_in_a_sandbox_records_exactly_what_the_backend_
     assert p2 == p1 + gen1 + observation  # the model saw its own tokens again, not a re-render
     assert "WRITTEN-42" in load_tokenizer("tiny").decode(observation)
     assert (second["response_ids"], second["loss_mask"], second["logprobs"]) == (
-        gen3, [1] * len(gen3), lp3
-    )  # fmt: skip
+        gen3,
+        [1] * len(gen3),
+        lp3,
+    )
     # The result's trajectory is the first segment.
     traj = result["trajectory"]
     assert (traj["response_ids"], traj["logprobs"]) == (first["response_ids"], first["logprobs"])
@@ -363,8 +374,11 @@ async def test_the_openai_package_in_a_sandbox_records_exactly_what_the_backend_
     assert [c["tools"] for c in report["calls"]] == [["bash"], ["bash"], ["finish"]]
 
     # Another job's token is refused on every route; neither session was touched by it.
-    assert report["other_token"] == report["no_token"] == {"chat": 401, "responses": 401,
-                                                           "models": 401}  # fmt: skip
+    assert (
+        report["other_token"]
+        == report["no_token"]
+        == {"chat": 401, "responses": 401, "models": 401}
+    )
     assert other.calls == 0 and other.segments == [] and other.trajectory.turns == []
     # No network: neither the model server on the host's loopback nor the host's address.
     assert report["backend"] == "ConnectionRefusedError"

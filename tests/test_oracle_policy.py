@@ -110,8 +110,9 @@ def test_a_math_trajectory_gives_what_ipython_printed(tok: Any) -> None:
         first = oracle.generate(prompt, 4096)
         (compute,) = calls(tok, first.token_ids)
         assert compute.name == "ipython" and "print(" in compute.arguments["code"]
-        (finish,) = calls(tok, oracle.generate(after(tok, prompt, first.token_ids, "17/3"),
-                                               4096).token_ids)  # fmt: skip
+        (finish,) = calls(
+            tok, oracle.generate(after(tok, prompt, first.token_ids, "17/3"), 4096).token_ids
+        )
         assert finish.name == "finish"
         if given is not None:
             assert finish.arguments["answer"] == given
@@ -133,14 +134,17 @@ def test_generations_honour_max_tokens_and_stop_ids_and_are_recorded(tok: Any) -
     at = whole.token_ids.index(stop)
     assert stopped.token_ids == whole.token_ids[: at + 1] and stopped.stop_reason == stop
     assert [g.token_ids for g in oracle.generations(task.instance_id)] == [
-        whole.token_ids, cut.token_ids, stopped.token_ids
-    ]  # fmt: skip
+        whole.token_ids,
+        cut.token_ids,
+        stopped.token_ids,
+    ]
 
 
 def test_an_unknown_prompt_gets_plain_text(tok: Any) -> None:
     oracle = Oracle(tok)
-    text = render_text(tok, [{"role": "user", "content": "What is the capital of France?"}],
-                       None, True)  # fmt: skip
+    text = render_text(
+        tok, [{"role": "user", "content": "What is the capital of France?"}], None, True
+    )
     out = oracle.generate(encode(tok, text), 4096)
     assert tok.decode(out.token_ids, skip_special_tokens=True) == UNKNOWN
     assert oracle.counts["unknown"] == 1
@@ -169,8 +173,9 @@ def test_edit_tests_sabotage_blanks_the_failing_tests() -> None:
 def test_wrong_results_are_wrong_for_each_type() -> None:
     for value in (True, 3, 2.5, "ab", [1], [], (1,), {"a": 1}, None):
         namespace: dict[str, Any] = {}
-        exec(f"def f():\n    return {value!r}\n" + sabotage.WRONG_RESULTS.format(name="f"),
-             namespace)  # fmt: skip
+        exec(
+            f"def f():\n    return {value!r}\n" + sabotage.WRONG_RESULTS.format(name="f"), namespace
+        )
         assert namespace["f"]() != value
 
 
@@ -203,9 +208,15 @@ def test_raas_engine_model_oracle_speaks_vllms_protocol(
     assert httpx.get(f"{url}/health").status_code == 200
     assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "oracle"
     task = gold_tasks("math")[5]
-    body = {"model": "oracle", "prompt": first_prompt(tok, task), "max_tokens": 2048,
-            "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
-            "skip_special_tokens": False}  # fmt: skip
+    body = {
+        "model": "oracle",
+        "prompt": first_prompt(tok, task),
+        "max_tokens": 2048,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+    }
     choice = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"])
     assert choice["logprobs"]["tokens"][0] == f"token_id:{choice['token_ids'][0]}"

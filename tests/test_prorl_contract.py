@@ -117,9 +117,10 @@ ADD_ROW = {
     "data_source": "apps",
     "instance_id": "apps-add",
     "prompt": "Add a and b, as the method add of class Solution.",
-    "reward_model": {"ground_truth": {"inputs": [[2, 3], [-1, 1]], "outputs": [[5], [0]],
-                                      "fn_name": "add"}},
-}  # fmt: skip
+    "reward_model": {
+        "ground_truth": {"inputs": [[2, 3], [-1, 1]], "outputs": [[5], [0]], "fn_name": "add"}
+    },
+}
 DOUBLE_ROW = {
     "data_source": "taco",
     "instance_id": "taco-double",
@@ -226,10 +227,13 @@ def trainer_token_batch(messages: list[dict[str, Any]]) -> dict[str, list[Any]]:
     while messages[-1]["role"] != "assistant":
         messages = messages[:-1]
     ids = [m["token_ids"] for m in messages]
-    lps = [m["logprobs"] if m.get("logprobs") is not None else [0.0] * len(i) for m, i in
-           zip(messages, ids, strict=True)]  # fmt: skip
-    masks = [[1 if m["role"] == "assistant" else 0] * len(i) for m, i in
-             zip(messages, ids, strict=True)]  # fmt: skip
+    lps = [
+        m["logprobs"] if m.get("logprobs") is not None else [0.0] * len(i)
+        for m, i in zip(messages, ids, strict=True)
+    ]
+    masks = [
+        [1 if m["role"] == "assistant" else 0] * len(i) for m, i in zip(messages, ids, strict=True)
+    ]
     return {  # the trainer: sum(lists, [])
         "prompt_ids": list(chain(*ids[:start])),
         "response_ids": list(chain(*ids[start:])),
@@ -528,20 +532,50 @@ async def test_prorl_scripts(http: httpx.AsyncClient, backend: ServerThread) -> 
 # -- sampling_params ------------------------------------------------------------------------------
 
 EVERY_PRORL_KEY: dict[str, Any] = {
-    "max_iterations": 3, "ensure_thinking_end_properly": False, "strict_loop_detector": False,
-    "enable_vision": False, "enable_a11y_tree": False, "model": "hosted_vllm/m", "api_key": "k",
-    "base_url": "http://x/v1", "api_version": None, "aws_access_key_id": "a",
-    "aws_secret_access_key": "s", "aws_region_name": None, "openrouter_site_url": "u",
-    "openrouter_app_name": "n", "num_retries": 4, "retry_multiplier": 2.0, "retry_min_wait": 5,
-    "retry_max_wait": 30, "timeout": 30, "max_message_chars": 30000, "temperature": 0.5,
-    "top_p": 0.9, "top_k": 20, "custom_llm_provider": None, "max_input_tokens": None,
-    "max_output_tokens": 512, "input_cost_per_token": None, "output_cost_per_token": None,
-    "ollama_base_url": None, "drop_params": True, "modify_params": False, "disable_vision": None,
-    "caching_prompt": True, "log_completions": False, "log_completions_folder": "/tmp/c",
-    "custom_tokenizer": "Qwen/Qwen3-8B", "native_tool_calling": True, "reasoning_effort": "high",
-    "seed": 7, "enable_thinking": False, "token_level_generation": True, "max_model_len": 8192,
+    "max_iterations": 3,
+    "ensure_thinking_end_properly": False,
+    "strict_loop_detector": False,
+    "enable_vision": False,
+    "enable_a11y_tree": False,
+    "model": "hosted_vllm/m",
+    "api_key": "k",
+    "base_url": "http://x/v1",
+    "api_version": None,
+    "aws_access_key_id": "a",
+    "aws_secret_access_key": "s",
+    "aws_region_name": None,
+    "openrouter_site_url": "u",
+    "openrouter_app_name": "n",
+    "num_retries": 4,
+    "retry_multiplier": 2.0,
+    "retry_min_wait": 5,
+    "retry_max_wait": 30,
+    "timeout": 30,
+    "max_message_chars": 30000,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 20,
+    "custom_llm_provider": None,
+    "max_input_tokens": None,
+    "max_output_tokens": 512,
+    "input_cost_per_token": None,
+    "output_cost_per_token": None,
+    "ollama_base_url": None,
+    "drop_params": True,
+    "modify_params": False,
+    "disable_vision": None,
+    "caching_prompt": True,
+    "log_completions": False,
+    "log_completions_folder": "/tmp/c",
+    "custom_tokenizer": "Qwen/Qwen3-8B",
+    "native_tool_calling": True,
+    "reasoning_effort": "high",
+    "seed": 7,
+    "enable_thinking": False,
+    "token_level_generation": True,
+    "max_model_len": 8192,
     "max_tokens": 256,
-}  # fmt: skip
+}
 
 
 async def test_every_prorl_sampling_key_is_accepted_and_v1_stays_strict(

@@ -146,8 +146,9 @@ def overlay_venv(venv: Path) -> None:
     python = venv / "bin" / "python"
     # pip comes from the outer environment; this script makes `.venv/bin/pip` use it here.
     pip = venv / "bin" / "pip"
-    pip.write_text(f"#!{python}\nimport sys\nfrom pip._internal.cli.main import main\n"
-                   "sys.exit(main())\n")  # fmt: skip
+    pip.write_text(
+        f"#!{python}\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
+    )
     pip.chmod(0o755)
     install = subprocess.run(
         [pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", ROOT],
@@ -256,9 +257,14 @@ def run_block(block: Block, cwd: Path, deadline_s: float) -> Outcome:
     log_path = cwd / f"readme-block-{block.line}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             returncode: int | None = proc.wait(deadline_s)
         except subprocess.TimeoutExpired:

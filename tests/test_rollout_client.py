@@ -104,8 +104,14 @@ def test_the_sync_client(coin_server: str) -> None:
 
 
 async def test_dapo_stops_at_b_informative_groups_and_cancels_the_rest(coin_server: str) -> None:
-    prompts = [coin(1, 1, 1), coin(1, 0, 0), coin(block=True), coin(0, 1, 0),
-               coin(block=True), coin(1, 0, 1)]  # fmt: skip
+    prompts = [
+        coin(1, 1, 1),
+        coin(1, 0, 0),
+        coin(block=True),
+        coin(0, 1, 0),
+        coin(block=True),
+        coin(1, 0, 1),
+    ]
     async with RolloutClient(coin_server) as client:
         groups, report = await collect_groups(client, prompts, n=3, batch_size=2, max_in_flight=9)
         assert len(groups) == 2 and all(len(set(g.rewards)) > 1 for g in groups)
@@ -129,14 +135,24 @@ async def test_dapo_drops_stale_groups(coin_server: str) -> None:
     prompts = [coin(1, 0), coin(0, 1), coin(1, 0)]
     async with RolloutClient(coin_server) as client:
         stale, report = await collect_groups(
-            client, prompts, n=2, batch_size=2, max_in_flight=6,
-            policy_version=version, max_staleness=0,
-        )  # fmt: skip
+            client,
+            prompts,
+            n=2,
+            batch_size=2,
+            max_in_flight=6,
+            policy_version=version,
+            max_staleness=0,
+        )
         assert stale == [] and report.groups_stale == 3 and report.exhausted
         fresh, report = await collect_groups(
-            client, prompts, n=2, batch_size=2, max_in_flight=6,
-            policy_version=version, max_staleness=100,
-        )  # fmt: skip
+            client,
+            prompts,
+            n=2,
+            batch_size=2,
+            max_in_flight=6,
+            policy_version=version,
+            max_staleness=100,
+        )
     assert len(fresh) == 2 and report.groups_stale == 0
 
 
@@ -171,8 +187,9 @@ def test_two_servers_one_killed_mid_batch_loses_nothing(start_server: Any, tmp_p
         async with RolloutClient([first.url, second.url], status_every_s=0) as client:
             ids = []
             for i in range(6):
-                request = RolloutRequest(instance={"data_source": "gated", "gate": str(gate)},
-                                         job_id=f"job-{i}")  # fmt: skip
+                request = RolloutRequest(
+                    instance={"data_source": "gated", "gate": str(gate)}, job_id=f"job-{i}"
+                )
                 ids.append(await client.submit(request))
             on_first = [j for j in ids if client._where[j].url == first.url]
             assert 0 < len(on_first) < 6  # spread over both

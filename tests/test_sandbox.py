@@ -217,8 +217,12 @@ def test_a_pinned_namespace_keeps_its_number_after_its_processes_died() -> None:
     try:
         made = []
         for _ in range(10):  # new namespaces, each reading its own number
-            out = subprocess.run([*UNSHARE, "readlink", "/proc/self/ns/pid"], text=True,
-                                 capture_output=True, timeout=10).stdout  # fmt: skip
+            out = subprocess.run(
+                [*UNSHARE, "readlink", "/proc/self/ns/pid"],
+                text=True,
+                capture_output=True,
+                timeout=10,
+            ).stdout
             made.append(int(out.strip().removeprefix("pid:[").removesuffix("]")))
         assert number not in made
     finally:

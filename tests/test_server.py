@@ -130,10 +130,20 @@ def test_submit_file_then_export(start_server: Any, tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     raas = [sys.executable, "-m", "raas"]
     run = subprocess.run(
-        [*raas, "submit", server.url, str(tasks), "--out", str(out),
-         "--sampling-params", '{"temperature": 0.0}'],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            *raas,
+            "submit",
+            server.url,
+            str(tasks),
+            "--out",
+            str(out),
+            "--sampling-params",
+            '{"temperature": 0.0}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "6 results" in run.stdout and "done 6" in run.stdout
     results = [json.loads(line) for line in out.read_text().splitlines()]
@@ -152,8 +162,10 @@ def test_submit_file_then_export(start_server: Any, tmp_path: Path) -> None:
     jsonl = tmp_path / "export.jsonl"
     exported = subprocess.run(
         [*raas, "export", "--db", str(db), "--format", "jsonl", "--out", str(jsonl)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert exported.returncode == 0, exported.stderr
     assert sorted(json.loads(x)["job_id"] for x in jsonl.read_text().splitlines()) == sorted(
         r["job_id"] for r in results
@@ -161,8 +173,10 @@ def test_submit_file_then_export(start_server: Any, tmp_path: Path) -> None:
     parquet = tmp_path / "export.parquet"
     subprocess.run(
         [*raas, "export", "--db", str(db), "--format", "parquet", "--out", str(parquet)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     import pyarrow.parquet as pq
 
     table = pq.read_table(parquet)
@@ -176,8 +190,10 @@ def test_submit_reports_a_bad_line(tmp_path: Path) -> None:
     tasks.write_text('{"data_source": "countdown"}\n{"instance": {"numbers": [1]}}\n')
     run = subprocess.run(
         [sys.executable, "-m", "raas", "submit", "http://127.0.0.1:9", str(tasks)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     assert "bad.jsonl:2: instance" in run.stderr and "data_source" in run.stderr
 
@@ -252,12 +268,20 @@ def test_the_result_table_fits_80_columns_without_losing_the_why() -> None:
     from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 
     failed = RolloutResult(
-        job_id="j", state="failed", stage_failed="run", instance_id="HumanEval/163",
-        error=ErrorInfo(type="NoBackendAvailable", message="no LLM backend is registered",
-                        kind="infra", stage="run"),
-        trajectory=Trajectory(), timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=1),
+        job_id="j",
+        state="failed",
+        stage_failed="run",
+        instance_id="HumanEval/163",
+        error=ErrorInfo(
+            type="NoBackendAvailable",
+            message="no LLM backend is registered",
+            kind="infra",
+            stage="run",
+        ),
+        trajectory=Trajectory(),
+        timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=1),
         data_source="code",
-    )  # fmt: skip
+    )
     console = Console(width=80, record=True)
     console.print(result_table([failed], "1 rollout"))
     text = console.export_text()

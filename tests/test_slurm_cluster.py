@@ -72,11 +72,28 @@ class Job:
         self.servers = workdir / "servers.txt"
         self.port = free_port()
         run = subprocess.run(
-            [sys.executable, "-m", "raas", "slurm", "--workdir", str(workdir),
-             "--server-list", str(self.servers), "--port", str(self.port),
-             "--job-name", "raas-test", "-o", str(workdir / "job.sbatch"), "--submit", *args],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "raas",
+                "slurm",
+                "--workdir",
+                str(workdir),
+                "--server-list",
+                str(self.servers),
+                "--port",
+                str(self.port),
+                "--job-name",
+                "raas-test",
+                "-o",
+                str(workdir / "job.sbatch"),
+                "--submit",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert run.returncode == 0, run.stderr
         self.id = run.stdout.strip()
         assert self.id.isdigit(), run.stdout

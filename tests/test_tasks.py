@@ -70,8 +70,11 @@ def write_file(path: str, content: str) -> str:
 
 async def test_code_reward_both_ways(run: Run) -> None:
     problem = humaneval_problem("HumanEval/0")
-    instance = {"data_source": "code", "instance_id": "HumanEval/0",
-                **{k: problem[k] for k in ("prompt", "entry_point", "test")}}  # fmt: skip
+    instance = {
+        "data_source": "code",
+        "instance_id": "HumanEval/0",
+        **{k: problem[k] for k in ("prompt", "entry_point", "test")},
+    }
     right = problem["prompt"] + problem["canonical_solution"]
     wrong = problem["prompt"] + "    return False\n"
     good = await run(instance, [write_file("/workspace/solution.py", right), call("finish")])
@@ -86,8 +89,11 @@ async def test_code_a_solution_that_claims_success_and_exits_scores_zero(run: Ru
     """It prints the judge's old pass line and exits 0 before any test runs: its prints go
     nowhere (the judge's output is not the solution's), and its exit is the solution failing."""
     problem = humaneval_problem("HumanEval/2")
-    instance = {"data_source": "code", "instance_id": "HumanEval/2",
-                **{k: problem[k] for k in ("prompt", "entry_point", "test")}}  # fmt: skip
+    instance = {
+        "data_source": "code",
+        "instance_id": "HumanEval/2",
+        **{k: problem[k] for k in ("prompt", "entry_point", "test")},
+    }
     cheat = problem["prompt"] + "    return None\n\nprint('ALL TESTS PASSED')\nraise SystemExit(0)"
     result = await run(instance, [write_file("/workspace/solution.py", cheat), call("finish")])
     assert (result["state"], result["reward"]) == ("done", 0.0)
@@ -179,8 +185,12 @@ async def test_stem_reward_both_ways(run: Run) -> None:
         "choices": options,
         "answer": "B",
     }
-    numeric = {"data_source": "stem", "question": "v after 2 s at 3 m/s^2 from rest?",
-               "answer": 6.0, "unit": "m/s"}  # fmt: skip
+    numeric = {
+        "data_source": "stem",
+        "question": "v after 2 s at 3 m/s^2 from rest?",
+        "answer": 6.0,
+        "unit": "m/s",
+    }
     results = [
         await run(choice, [call("finish", answer="B")]),
         await run(choice, [call("finish", answer="(A)")]),
@@ -193,8 +203,12 @@ async def test_stem_reward_both_ways(run: Run) -> None:
 
 
 async def test_stem_finish_only_scores_the_finish_call_alone(run: Run) -> None:
-    instance = {"data_source": "stem", "question": "What is 37 * 100?", "answer": 3700,
-                "rel_tol": 0.0}  # fmt: skip
+    instance = {
+        "data_source": "stem",
+        "question": "What is 37 * 100?",
+        "answer": 3700,
+        "rel_tol": 0.0,
+    }
     strict = {**instance, "finish_only": True}
     results = [
         await run(instance, ["37 * 100 = 3700"]),  # plain text: read from the reply's end
@@ -289,5 +303,7 @@ def test_unittest_outcomes_across_python_versions() -> None:
         "test_c (tests.t.T.test_c)\nDocstring line ... ERROR\n"
     )
     assert unittest_outcomes(out) == {
-        "tests.t.T.test_a": "ok", "tests.t.T.test_b": "FAIL", "tests.t.T.test_c": "ERROR"
-    }  # fmt: skip
+        "tests.t.T.test_a": "ok",
+        "tests.t.T.test_b": "FAIL",
+        "tests.t.T.test_c": "ERROR",
+    }

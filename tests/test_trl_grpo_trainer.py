@@ -38,18 +38,26 @@ def test_grpo_trainer_steps_on_raas_rollouts(tmp_path: Path) -> None:
         model, tokenizer = load_model("tiny")
         data = datasets.Dataset.from_list([{"prompt": "What is 2 + 2?"}] * 4)
         args = trl.GRPOConfig(
-            output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=2,
-            max_steps=1, max_completion_length=16, report_to=[], use_cpu=True,
+            output_dir=str(tmp_path / "out"),
+            num_generations=2,
+            per_device_train_batch_size=2,
+            max_steps=1,
+            max_completion_length=16,
+            report_to=[],
+            use_cpu=True,
             save_strategy="no",
-        )  # fmt: skip
+        )
         instance = {"data_source": "math", "answer": "4"}
         trainer = trl.GRPOTrainer(
-            model=model, processing_class=tokenizer, reward_funcs=reward, args=args,
+            model=model,
+            processing_class=tokenizer,
+            reward_funcs=reward,
+            args=args,
             train_dataset=data,
             rollout_func=make_rollout_func(
                 service.url, lambda p: {**instance, "problem": p}, {"max_tokens": 8, "max_turns": 1}
             ),
-        )  # fmt: skip
+        )
         trainer.train()
     finally:
         service.stop()

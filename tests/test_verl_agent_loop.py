@@ -73,8 +73,12 @@ def verl_config(
 ) -> Any:
     """verl's trainer config, as `python -m verl.trainer.main_ppo` composes it, with raas's
     agent loop registered from a config file and selected as the default."""
-    entry = {"name": "raas_agent", "_target_": "raas.client.integrations.verl.RaasAgentLoop",
-             "url": raas_url, **entry}  # fmt: skip
+    entry = {
+        "name": "raas_agent",
+        "_target_": "raas.client.integrations.verl.RaasAgentLoop",
+        "url": raas_url,
+        **entry,
+    }
     loops = tmp_path / "agent_loops.yaml"
     loops.write_text(yaml.safe_dump([entry]))
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
@@ -275,8 +279,13 @@ def test_the_agent_loop_registers_verls_own_servers_with_raas(
         address = engine_url.removeprefix("http://")  # verl's form: host:port
         balancer = get_router_handle(servers={address: None})
         # The setting from the trainer config's own `raas` section, as a command line gives it.
-        config = verl_config(tmp_path, service.url, 8, "+raas.register_servers=true",
-                             sampling_params={"max_turns": 1})  # fmt: skip
+        config = verl_config(
+            tmp_path,
+            service.url,
+            8,
+            "+raas.register_servers=true",
+            sampling_params={"max_turns": 1},
+        )
         out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")), balancer)
         backends = httpx.get(f"{service.url}/v1/backends").json()
         states = [

@@ -69,11 +69,22 @@ def test_plain_turns_numpy_into_json() -> None:
 
 def test_verls_sampling_params_become_raas_ones() -> None:
     # What AgentLoopWorker.generate_sequences passes.
-    verl = {"temperature": 1, "top_p": 0.9, "top_k": -1, "repetition_penalty": 1.0,
-            "logprobs": True}  # fmt: skip
+    verl = {
+        "temperature": 1,
+        "top_p": 0.9,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "logprobs": True,
+    }
     params = sampling_params_for(verl, prompt_length=512, response_length=256, max_turns=4)
-    assert params == {"temperature": 1.0, "top_p": 0.9, "top_k": -1, "max_tokens": 256,
-                      "max_context_tokens": 768, "max_turns": 4}  # fmt: skip
+    assert params == {
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": -1,
+        "max_tokens": 256,
+        "max_context_tokens": 768,
+        "max_turns": 4,
+    }
     over = sampling_params_for(
         verl, prompt_length=8, response_length=8, overrides={"max_tokens": 2}
     )
@@ -102,19 +113,30 @@ def result(
         "response_ids": list(range(10, 10 + n)),
         "loss_mask": [1, 1, 0, 0, 1, 1][:n],
         "logprobs": [-0.5, -0.5, 0.0, 0.0, -0.25, -0.25][:n],
-        "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "q"},
-                     {"role": "assistant", "content": "a"}, {"role": "tool", "content": "o"},
-                     {"role": "assistant", "content": "b"}],
+        "messages": [
+            {"role": "system", "content": ""},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": "o"},
+            {"role": "assistant", "content": "b"},
+        ],
         "turns": [{"generate_s": 0.5, "tools_s": 0.25}, {"generate_s": 0.5, "tools_s": 0.0}],
         "stop_reason": "finish",
         **traj,
-    }  # fmt: skip
+    }
     return RolloutResult.model_validate(
-        {"job_id": "j", "state": state, "reward": reward, "trajectory": trajectory,
-         "data_source": "math", "error": None if state == "done" else
-         {"type": "backend", "message": "down", "kind": "infra", "stage": "run"},
-         "timing": {"queue_s": 0, "init_s": 0.1, "run_s": 1, "eval_s": 0.2, "total_s": 1.3}}
-    )  # fmt: skip
+        {
+            "job_id": "j",
+            "state": state,
+            "reward": reward,
+            "trajectory": trajectory,
+            "data_source": "math",
+            "error": None
+            if state == "done"
+            else {"type": "backend", "message": "down", "kind": "infra", "stage": "run"},
+            "timing": {"queue_s": 0, "init_s": 0.1, "run_s": 1, "eval_s": 0.2, "total_s": 1.3},
+        }
+    )
 
 
 def test_a_result_becomes_a_verl_sample() -> None:
@@ -141,10 +163,15 @@ def test_a_failed_result_is_masked_or_raised() -> None:
         result_to_sample(failed, prompt_length=8, response_length=8, on_failure="raise")
     # Failed before any token: verl still needs a prompt and a response.
     empty = result("failed", n=0, reward=None, prompt_ids=[], messages=[], turns=[])
-    e = result_to_sample(empty, prompt_length=8, response_length=8, fallback_prompt_ids=[5, 6],
-                         pad_token_id=2)  # fmt: skip
+    e = result_to_sample(
+        empty, prompt_length=8, response_length=8, fallback_prompt_ids=[5, 6], pad_token_id=2
+    )
     assert (e.prompt_ids, e.response_ids, e.response_mask, e.response_logprobs) == (
-        [5, 6], [2], [0], [0.0])  # fmt: skip
+        [5, 6],
+        [2],
+        [0],
+        [0.0],
+    )
     assert e.num_turns == 0
 
 

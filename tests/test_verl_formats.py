@@ -394,8 +394,11 @@ def test_verl_scorer_is_used_when_installed() -> None:
     text = "48 + 24 = 72"
     right = verl_judge(instance, {"solution": verl_solution(text, "72", markers("openai/gsm8k"))})
     assert reward_score.calls[-1] == (
-        "openai/gsm8k", "48 + 24 = 72\n#### 72", "72", instance["extra_info"]
-    )  # fmt: skip
+        "openai/gsm8k",
+        "48 + 24 = 72\n#### 72",
+        "72",
+        instance["extra_info"],
+    )
     assert right.reward == 1.0 and right.metrics["scorer"] == "verl"
     assert right.metrics["correct"] is True and right.metrics["verl"]["pred"] == "## 72"
     assert verl_solution("", "#### 72", markers("openai/gsm8k")) == "#### 72"
