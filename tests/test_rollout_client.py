@@ -133,26 +133,16 @@ async def test_dapo_drops_stale_groups(coin_server: str) -> None:
         return calls[0]
 
     prompts = [coin(1, 0), coin(0, 1), coin(1, 0)]
+    settings: dict[str, Any] = {
+        "n": 2,
+        "batch_size": 2,
+        "max_in_flight": 6,
+        "policy_version": version,
+    }
     async with RolloutClient(coin_server) as client:
-        stale, report = await collect_groups(
-            client,
-            prompts,
-            n=2,
-            batch_size=2,
-            max_in_flight=6,
-            policy_version=version,
-            max_staleness=0,
-        )
+        stale, report = await collect_groups(client, prompts, **settings, max_staleness=0)
         assert stale == [] and report.groups_stale == 3 and report.exhausted
-        fresh, report = await collect_groups(
-            client,
-            prompts,
-            n=2,
-            batch_size=2,
-            max_in_flight=6,
-            policy_version=version,
-            max_staleness=100,
-        )
+        fresh, report = await collect_groups(client, prompts, **settings, max_staleness=100)
     assert len(fresh) == 2 and report.groups_stale == 0
 
 
