@@ -6,14 +6,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, ToolError
+from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, ToolError, create_sandbox
 
 LIMITS = SandboxLimits(action_timeout_s=30, max_output_bytes=8192, max_processes=64)
 
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = BwrapConfig(limits=LIMITS).create()
+    sb = create_sandbox(BwrapConfig(limits=LIMITS))
     await sb.start()
     yield sb
     await sb.close()
