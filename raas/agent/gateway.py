@@ -30,7 +30,7 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from raas.agent.loop import Generator
@@ -75,31 +75,30 @@ class _Call:
     drift: bool | None  # None: not checked yet (a call continued by its messages)
 
 
+def _new_token() -> str:
+    return f"raas-{secrets.token_urlsafe(32)}"
+
+
+@dataclass(eq=False)
 class GatewaySession:
-    def __init__(
-        self,
-        job_id: str,
-        llm: Generator,
-        tokenizer: Any,
-        params: SamplingParams,
-        trajectory: Trajectory,
-        *,
-        model: str = "raas",
-        tool_format: str = "hermes",
-        token: str | None = None,
-    ) -> None:
-        self.job_id = job_id
-        self.llm = llm
-        self.tokenizer = tokenizer
-        self.params = params
-        self.trajectory = trajectory
-        self.model = model
-        self.parser: ToolCallParser = get_parser(tool_format)
-        self.token = token or f"raas-{secrets.token_urlsafe(32)}"
-        self.segments: list[Segment] = []
-        self.calls = 0
-        self.closed = False
-        self._lock = asyncio.Lock()
+    """One job's OpenAI-style API: the agent authenticates with ``token``."""
+
+    job_id: str
+    llm: Generator
+    tokenizer: Any
+    params: SamplingParams
+    trajectory: Trajectory
+    _: KW_ONLY
+    model: str = "raas"
+    tool_format: str = "hermes"
+    token: str = field(default_factory=_new_token)
+    segments: list[Segment] = field(default_factory=list, init=False)
+    calls: int = field(default=0, init=False)
+    closed: bool = field(default=False, init=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.parser: ToolCallParser = get_parser(self.tool_format)
 
     # -- the one entry point ------------------------------------------------------------------
 
@@ -314,10 +313,16 @@ class Gateway:
 
     def open(self, job_id: str, params: SamplingParams, trajectory: Trajectory) -> GatewaySession:
         """A new session for ``job_id``; the agent authenticates with ``session.token``."""
+        tokenizer = self._tokenizer()
         session = GatewaySession(
-            job_id, self.llm, self._tokenizer(), params, trajectory,
-            model=self.model, tool_format=self.tool_format,
-        )  # fmt: skip
+            job_id,
+            self.llm,
+            tokenizer,
+            params,
+            trajectory,
+            model=self.model,
+            tool_format=self.tool_format,
+        )
         self._sessions[session.token] = session
         return session
 

@@ -53,6 +53,12 @@ def _need(sandbox: Sandbox | None, tool: str) -> Sandbox:
     return sandbox
 
 
+def _observation(output: str, *notes: str | None) -> str:
+    """A tool's output (trailing newlines off) and the notes that apply, a line each."""
+    parts = [output.rstrip("\n")] if output.strip() else []
+    return "\n".join(parts + [n for n in notes if n])
+
+
 class BashTool:
     name = "bash"
     description = "Run a command in a persistent bash shell (state is kept between calls)."
@@ -60,13 +66,11 @@ class BashTool:
 
     async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
         result = await _need(sandbox, self.name).bash(str(args["command"]))
-        lines = [result.output.rstrip("\n")] if result.output.strip() else []
-        if result.timed_out:
-            lines.append("[the command timed out and was interrupted]")
-        if result.note:
-            lines.append(f"[{result.note}]")
-        lines.append(f"[exit code {result.exit_code}]")
-        return ToolOutcome("\n".join(lines))
+        timed_out = "[the command timed out and was interrupted]" if result.timed_out else None
+        note = f"[{result.note}]" if result.note else None
+        return ToolOutcome(
+            _observation(result.output, timed_out, note, f"[exit code {result.exit_code}]")
+        )
 
 
 class IPythonTool:
@@ -76,14 +80,12 @@ class IPythonTool:
 
     async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome:
         result = await _need(sandbox, self.name).ipython(str(args["code"]))
-        parts = [result.stdout.rstrip("\n")] if result.stdout else []
-        if result.result is not None:
-            parts.append(f"Out: {result.result}")
-        if result.error is not None:
-            parts.append(result.error.get("traceback") or result.error.get("evalue", ""))
-        if result.timed_out:
-            parts.append("[the cell timed out and was interrupted]")
-        return ToolOutcome("\n".join(parts) or "[no output]")
+        out = f"Out: {result.result}" if result.result is not None else None
+        error = (
+            result.error.get("traceback") or result.error.get("evalue") if result.error else None
+        )
+        timed_out = "[the cell timed out and was interrupted]" if result.timed_out else None
+        return ToolOutcome(_observation(result.stdout, out, error, timed_out) or "[no output]")
 
 
 class EditorTool:

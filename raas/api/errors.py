@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -68,17 +69,17 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: ERROR_RESPONSES[code] for code in codes}
 
 
+@dataclass
 class FieldError(Exception):
     """Bad input in one field, reported like FastAPI's own 422s: ``loc`` names the field."""
 
-    def __init__(
-        self, loc: list[str | int], message: str, kind: str, ctx: dict[str, Any] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
-        self.kind = kind
-        self.ctx = ctx
+    loc: list[str | int]
+    message: str
+    kind: str
+    ctx: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
 
 def field_error(exc: Exception, prefix: list[str | int]) -> FieldError:

@@ -6,6 +6,6 @@ never touched. The candidate's code runs in a process of its own that cannot rea
 one that decides, and no test, expected value or pass mark lies where it can read them.
 """
 
-from raas.judge.code import Case, Verdict, judge_contest, judge_humaneval
+from raas.judge.code import Case, ContestCases, HumanEvalCheck, Verdict, judge_code
 
-__all__ = ["Case", "Verdict", "judge_contest", "judge_humaneval"]
+__all__ = ["Case", "ContestCases", "HumanEvalCheck", "Verdict", "judge_code"]

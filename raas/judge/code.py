@@ -49,28 +49,47 @@ def last_json_line(output: str) -> dict[str, Any]:
     return {}
 
 
-async def judge_humaneval(
-    sandbox: Sandbox,
-    *,
-    prompt: str,
-    test: str,
-    entry_point: str,
-    solution: str,
-    path: str,
-    timeout_s: float,
+@dataclass(frozen=True)
+class HumanEvalCheck:
+    """HumanEval's tests: the task's ``prompt`` (its helpers), ``test`` (``def
+    check(candidate)``) and ``entry_point``."""
+
+    prompt: str
+    test: str
+    entry_point: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ContestCases:
+    """A contest's cases, for a program (``fn_name`` None) or a function."""
+
+    cases: list[Case]
+    fn_name: str | None
+    case_timeout_s: float  # one case
+    timeout_s: float  # all of them
+
+
+async def judge_code(
+    sandbox: Sandbox, solution: str, path: str, tests: HumanEvalCheck | ContestCases
 ) -> Verdict:
-    """HumanEval's ``check(candidate)`` on the solution written at ``path``."""
+    """``solution``, written at ``path`` in ``sandbox`` (fresh), against ``tests``."""
     await install(sandbox)
     await sandbox.write_file(path, solution)
+    if isinstance(tests, HumanEvalCheck):
+        return await _humaneval(sandbox, path, tests)
+    return await _contest(sandbox, path, tests)
+
+
+async def _humaneval(sandbox: Sandbox, path: str, check: HumanEvalCheck) -> Verdict:
+    """``check(candidate)`` in a process of its own, the solution called in another."""
     mark = secrets.token_hex(16)
-    task = {"prompt": prompt, "test": test, "entry_point": entry_point, "solution": path}
-    run = await sandbox.exec(
-        python("humaneval.py"), json.dumps({**task, "mark": mark}), timeout_s=timeout_s
-    )
+    task = {"prompt": check.prompt, "test": check.test, "entry_point": check.entry_point}
+    task.update(solution=path, mark=mark)
+    run = await sandbox.exec(python("humaneval.py"), json.dumps(task), timeout_s=check.timeout_s)
     said = last_json_line(run.stdout)
-    passed = (run.exit_code == 0 and not run.timed_out and said.get("mark") == mark) and said.get(
-        "passed"
-    ) is True
+    genuine = run.exit_code == 0 and not run.timed_out and said.get("mark") == mark
+    passed = genuine and said.get("passed") is True
     metrics: dict[str, Any] = {"passed": passed, "timed_out": run.timed_out}
     if not passed:
         why = said.get("error") if said.get("mark") == mark else None
@@ -78,29 +97,19 @@ async def judge_humaneval(
     return Verdict(passed, metrics)
 
 
-async def judge_contest(
-    sandbox: Sandbox,
-    *,
-    cases: list[Case],
-    fn_name: str | None,
-    solution: str,
-    path: str,
-    case_timeout_s: float,
-    timeout_s: float,
-) -> Verdict:
+async def _contest(sandbox: Sandbox, path: str, contest: ContestCases) -> Verdict:
     """Every case in order, each a fresh process with a time limit; the first failure ends it."""
-    await install(sandbox)
-    await sandbox.write_file(path, solution)
-    deadline = time.monotonic() + timeout_s
+    cases = contest.cases
+    deadline = time.monotonic() + contest.timeout_s
     for i, case in enumerate(cases):
         left = deadline - time.monotonic()
         failure: str | None
         if left <= 0:
-            failure = f"the cases took more than {timeout_s:g}s in all"
+            failure = f"the cases took more than {contest.timeout_s:g}s in all"
         else:
-            limit = min(case_timeout_s, left)
-            if fn_name:
-                failure = await _function_case(sandbox, case, fn_name, path, limit)
+            limit = min(contest.case_timeout_s, left)
+            if contest.fn_name:
+                failure = await _function_case(sandbox, case, contest.fn_name, path, limit)
             else:
                 failure = await _program_case(sandbox, case, path, limit)
         if failure is not None:

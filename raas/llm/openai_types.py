@@ -14,6 +14,7 @@ string or an object. A field raas does read and cannot take is a 400 in OpenAI's
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
@@ -34,23 +35,18 @@ from raas.llm.types import MaxTokens, SamplingParams, Seed, Temperature, TopP
 Message = dict[str, Any]  # a canonical message
 
 
+@dataclass
 class OpenAIError(Exception):
     """A request error, answered as ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.kind = kind
-        self.code = code
+    status: int
+    message: str
+    param: str | None = None
+    kind: str = "invalid_request_error"
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
         info = ErrorInfo(message=self.message, type=self.kind, param=self.param, code=self.code)

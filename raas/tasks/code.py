@@ -27,7 +27,6 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from raas import judge
-from raas.judge import judge_contest, judge_humaneval
 from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
@@ -241,26 +240,14 @@ class CodeTask(AgentTask):
         if not code:
             return RewardInfo(0.0, {"passed": False, "error": "no solution file"})
         parsed = CodeInstance.model_validate(instance)
+        tests: judge.HumanEvalCheck | judge.ContestCases
+        if parsed.reward_model is not None:
+            truth = parsed.reward_model.ground_truth
+            cases = [judge.Case(c.expected, c.stdin, c.args) for c in truth.cases]
+            tests = judge.ContestCases(cases, truth.fn_name, CASE_TIMEOUT_S, CONTEST_TIMEOUT_S)
+        else:
+            prompt, test, entry = str(parsed.prompt), str(parsed.test), str(parsed.entry_point)
+            tests = judge.HumanEvalCheck(prompt, test, entry, TEST_TIMEOUT_S)
         async with fresh_sandbox(services) as sandbox:
-            if parsed.reward_model is not None:
-                tests = parsed.reward_model.ground_truth
-                verdict = await judge_contest(
-                    sandbox,
-                    cases=[judge.Case(c.expected, c.stdin, c.args) for c in tests.cases],
-                    fn_name=tests.fn_name,
-                    solution=code,
-                    path=SOLUTION,
-                    case_timeout_s=CASE_TIMEOUT_S,
-                    timeout_s=CONTEST_TIMEOUT_S,
-                )
-            else:
-                verdict = await judge_humaneval(
-                    sandbox,
-                    prompt=str(parsed.prompt),
-                    test=str(parsed.test),
-                    entry_point=str(parsed.entry_point),
-                    solution=code,
-                    path=SOLUTION,
-                    timeout_s=TEST_TIMEOUT_S,
-                )
+            verdict = await judge.judge_code(sandbox, code, SOLUTION, tests)
         return RewardInfo(1.0 if verdict.passed else 0.0, verdict.metrics)
