@@ -36,7 +36,7 @@ typecheck: $(STAMP)
 	# The in-sandbox action server on its own: it imports its siblings as top-level modules.
 	MYPYPATH=raas/sandbox/inside $(BIN)/mypy --strict --python-version 3.10 raas/sandbox/inside/server.py
 	# The judges' programs in a sandbox, likewise.
-	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 raas/judge/inside/humaneval.py raas/judge/inside/candidate.py
+	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 raas/judge/inside/humaneval.py raas/judge/inside/candidate.py raas/judge/inside/swe_tests.py
 
 unit: $(STAMP)
 	$(BIN)/pytest -q

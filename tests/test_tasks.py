@@ -18,7 +18,7 @@ from raas.tasks.datasets import humaneval_problems
 from raas.tasks.math import MathTask
 from raas.tasks.services import TaskServices
 from raas.tasks.stem import StemTask
-from raas.tasks.swe import TEST_COMMAND, SweTask, unittest_outcomes
+from raas.tasks.swe import TEST_COMMAND, SweTask
 from tests.policies import ScriptedPolicy, call
 from tests.probe import WAIT_S
 
@@ -294,16 +294,3 @@ def test_swe_tells_the_model_the_command_the_judge_runs() -> None:
     """The instance's own test_command is not what EVAL runs, so the model is not told it."""
     text = SweTask().messages({**SWE, "test_command": "pytest -x tests"})[1]["content"]
     assert f"`{TEST_COMMAND}`" in text and "pytest" not in text
-
-
-def test_unittest_outcomes_across_python_versions() -> None:
-    out = (
-        "test_a (tests.t.T.test_a) ... ok\n"
-        "test_b (tests.t.T) ... FAIL\n"
-        "test_c (tests.t.T.test_c)\nDocstring line ... ERROR\n"
-    )
-    assert unittest_outcomes(out) == {
-        "tests.t.T.test_a": "ok",
-        "tests.t.T.test_b": "FAIL",
-        "tests.t.T.test_c": "ERROR",
-    }

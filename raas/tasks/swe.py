@@ -12,17 +12,18 @@ root, on the listed ids), and that is the command the model is told about: an in
 ``test_command`` is kept with the instance but neither shown nor run, since telling the model
 one command and judging with another would teach it the wrong one.
 
-INIT places the repository at /workspace/repo as a git checkout. EVAL takes the agent's
-``git diff``, applies it to a fresh copy in a fresh sandbox, puts the original test files back
-(an agent does not pass by editing tests), runs the listed tests, and resolves only if every
-FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes.
+INIT places the repository at /workspace/repo as a git checkout of one commit (tag ``base``;
+no other history, refs or objects). The artifact is the patch of what the agent left there,
+taken without its shell or its .git (raas.judge.swe_repo: the tree read as files, diffed in a
+fresh sandbox against the snapshot). EVAL judges the patch on a fresh copy in a fresh sandbox
+(raas.judge.swe: test paths put back, shadowing patches refused, tests run by id with canaries
+and a structured record), and resolves only if every FAIL_TO_PASS test passes and every
+PASS_TO_PASS test still passes.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from typing import Any, Self
 
 from pydantic import (
@@ -35,49 +36,16 @@ from pydantic import (
     model_validator,
 )
 
-from raas.sandbox import Sandbox, SandboxError, ToolError
+from raas.judge.swe import judge_swe
+from raas.judge.swe_repo import REPO as REPO
+from raas.judge.swe_repo import TreeError, materialise, read_tree, tree_patch
+from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
-REPO = "/workspace/repo"
-TEST_TIMEOUT_S = 120.0
-TEST_COMMAND = "python3 -m unittest -v"  # what the judge runs, and what the model is told
-# unittest -v: "test_x (pkg.mod.Class.test_x) ... ok" (3.11+) or "test_x (pkg.mod.Class) ... ok"
-UNITTEST_LINE = re.compile(
-    r"^(\w+) \(([\w.]+)\)(?:\n[^\n]*?)?\s\.\.\.\s(ok|FAIL|ERROR|skipped|expected failure|"
-    r"unexpected success)",
-    re.MULTILINE,
-)
-
-
-def unittest_outcomes(output: str) -> dict[str, str]:
-    outcomes = {}
-    for name, where, status in UNITTEST_LINE.findall(output):
-        test_id = where if where.endswith("." + name) else f"{where}.{name}"
-        outcomes[test_id] = status
-    return outcomes
-
-
-def is_test_file(path: str) -> bool:
-    parts = path.split("/")
-    return parts[0] in {"tests", "test", "testing"} or parts[-1].startswith("test_")
-
-
-async def materialise(sandbox: Sandbox, files: dict[str, str]) -> None:
-    """The snapshot as a git checkout with one commit, tagged ``base``. Python's bytecode is
-    ignored (as a repository's .gitignore would): an agent that ran the tests must not put
-    binary .pyc files into its patch, which would then not apply."""
-    for path, content in sorted(files.items()):
-        await sandbox.write_file(f"{REPO}/{path}", content)
-    result = await sandbox.bash(
-        f"cd {REPO} && git init -q && printf '__pycache__/\\n*.py[co]\\n' >> .git/info/exclude"
-        " && git config user.email agent@raas && git config user.name agent && git add -A"
-        " && git commit -q -m base && git tag base && echo ok"
-    )
-    if result.exit_code != 0:
-        raise SandboxError(f"could not make the git checkout: {result.output[-500:]}")
+TEST_COMMAND = "python3 -m unittest -v"  # what the model is told; the judge runs these ids
 
 
 class Snapshot(BaseModel):
@@ -156,48 +124,28 @@ class SweTask(AgentTask):
         if ctx.sandbox is None:
             return {"patch": ""}
         try:
-            result = await ctx.sandbox.bash(
-                f"cd {REPO} && git add -A && git diff --cached base", timeout_s=60
-            )
-        except (ToolError, SandboxError) as e:
+            tree = await read_tree(ctx.sandbox)
+        except (ToolError, SandboxError, TreeError) as e:  # what the agent left cannot be read
             return {"patch": "", "error": str(e)}
-        return {"patch": result.output if result.exit_code == 0 else ""}
+        async with fresh_sandbox(self.services_of(ctx.job)) as clean:
+            try:
+                patch = await tree_patch(clean, ctx.job.instance["snapshot"]["files"], tree)
+            except TreeError as e:
+                return {"patch": "", "error": str(e)}
+        return {"patch": patch}
 
     async def judge(
         self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
     ) -> RewardInfo:
         parsed = SweInstance.model_validate(instance)
-        fail_to_pass, pass_to_pass = list(parsed.FAIL_TO_PASS), list(parsed.PASS_TO_PASS)
-        patch = str(artifact.get("patch") or "")
-        files = dict(instance["snapshot"]["files"])
-        metrics: dict[str, Any] = {"patch_bytes": len(patch)}
+        if parsed.snapshot is None:
+            raise SandboxError(f"{instance.get('instance_id')}: the swe task judges snapshots only")
         async with fresh_sandbox(services) as sandbox:
-            await materialise(sandbox, files)
-            if patch.strip():
-                await sandbox.write_file(
-                    "/tmp/agent.patch", patch if patch.endswith("\n") else patch + "\n"
-                )
-                applied = await sandbox.bash(
-                    f"cd {REPO} && git apply --whitespace=nowarn /tmp/agent.patch"
-                )
-                metrics["patch_applied"] = applied.exit_code == 0
-                if applied.exit_code != 0:
-                    metrics["apply_output"] = applied.output[-1000:]
-                    return RewardInfo(0.0, {**metrics, "resolved": False})
-            else:
-                metrics["patch_applied"] = False
-            for path, content in files.items():  # the original tests, whatever the patch did
-                if is_test_file(path):
-                    await sandbox.write_file(f"{REPO}/{path}", content)
-            ids = " ".join(shlex.quote(t) for t in fail_to_pass + pass_to_pass)
-            run = await sandbox.bash(
-                f"cd {REPO} && {TEST_COMMAND} {ids} 2>&1", timeout_s=TEST_TIMEOUT_S
+            verdict = await judge_swe(
+                sandbox,
+                files=dict(parsed.snapshot.files),
+                patch=str(artifact.get("patch") or ""),
+                fail_to_pass=list(parsed.FAIL_TO_PASS),
+                pass_to_pass=list(parsed.PASS_TO_PASS),
             )
-        outcomes = unittest_outcomes(run.output)
-        f2p = {t: outcomes.get(t, "missing") for t in fail_to_pass}
-        p2p = {t: outcomes.get(t, "missing") for t in pass_to_pass}
-        resolved = all(s == "ok" for s in f2p.values()) and all(s == "ok" for s in p2p.values())
-        metrics.update({"resolved": resolved, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p})
-        if not resolved:
-            metrics["test_output"] = run.output[-2000:]
-        return RewardInfo(1.0 if resolved else 0.0, metrics)
+        return RewardInfo(1.0 if verdict.passed else 0.0, verdict.metrics)
