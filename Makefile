@@ -33,10 +33,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
-	# The in-sandbox action server on its own: it imports its siblings as top-level modules.
-	MYPYPATH=raas/sandbox/inside $(BIN)/mypy --strict --python-version 3.10 raas/sandbox/inside/server.py
+	# The in-sandbox action server on its own: it imports its siblings as top-level modules
+	# (explicit package bases: server.py is module "server", not part of raas.sandbox).
+	MYPYPATH=raas/sandbox/inside $(BIN)/mypy --strict --python-version 3.10 --explicit-package-bases raas/sandbox/inside/server.py
 	# The judges' programs in a sandbox, likewise.
-	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 raas/judge/inside/humaneval.py raas/judge/inside/candidate.py raas/judge/inside/swe_tests.py
+	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 --explicit-package-bases raas/judge/inside/humaneval.py raas/judge/inside/candidate.py raas/judge/inside/swe_tests.py
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
