@@ -211,8 +211,12 @@ async def test_the_responses_api_does_a_function_call_round_trip(
     tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
 ) -> None:
     model.answers += [call("bash", command="pwd"), "You are in /work."]
-    tool = {"type": "function", "name": "bash", "description": "Run a command.",
-            "parameters": BASH["function"]["parameters"]}  # fmt: skip
+    tool = {
+        "type": "function",
+        "name": "bash",
+        "description": "Run a command.",
+        "parameters": BASH["function"]["parameters"],
+    }
     async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
         session = open_job(gateway)
         agent = client(app, session.token)
@@ -224,8 +228,9 @@ async def test_the_responses_api_does_a_function_call_round_trip(
         assert fc.name == "bash" and json.loads(fc.arguments) == {"command": "pwd"}
         items += [o.model_dump(exclude_none=True) for o in first.output]
         items.append({"type": "function_call_output", "call_id": fc.call_id, "output": "/work"})
-        second = await agent.responses.create(model="m", input=items, tools=[tool],
-                                              instructions="Be brief.")  # fmt: skip
+        second = await agent.responses.create(
+            model="m", input=items, tools=[tool], instructions="Be brief."
+        )
         assert second.output_text == "You are in /work." and second.status == "completed"
         assert second.usage and second.usage.output_tokens == len(model.generated[1])
     (seg,) = session.segments  # the function call round trip continued the segment
@@ -307,9 +312,12 @@ async def test_stream_true_answers_as_server_sent_events(
     async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
         session = open_job(gateway)
         stream = await client(app, session.token).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], tools=[BASH], stream=True,
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[BASH],
+            stream=True,
             stream_options={"include_usage": True},
-        )  # fmt: skip
+        )
         chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
@@ -334,9 +342,12 @@ async def test_the_request_overrides_sampling_within_the_jobs_limits(
 
         session.llm = type("Spy", (), {"generate": staticmethod(spy)})()
         await client(app, session.token).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], temperature=0.3,
-            top_p=0.9, max_tokens=10_000,
-        )  # fmt: skip
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            temperature=0.3,
+            top_p=0.9,
+            max_tokens=10_000,
+        )
     assert seen[0].temperature == 0.3 and seen[0].top_p == 0.9 and seen[0].max_tokens == 64
 
 
@@ -346,13 +357,17 @@ async def test_the_engine_serves_chat_completions_to_the_openai_client() -> None
     app = create_engine_app("tiny")
     async with app.router.lifespan_context(app):
         agent = openai.AsyncOpenAI(
-            base_url="http://engine/v1", api_key="none",
+            base_url="http://engine/v1",
+            api_key="none",
             http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)),
-        )  # fmt: skip
+        )
         reply = await agent.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Say hi."}], tools=[BASH],
-            max_tokens=8, temperature=0.0,
-        )  # fmt: skip
+            model="tiny",
+            messages=[{"role": "user", "content": "Say hi."}],
+            tools=[BASH],
+            max_tokens=8,
+            temperature=0.0,
+        )
         assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
         assert reply.usage and 0 < reply.usage.completion_tokens <= 8
         assert reply.usage.prompt_tokens > 20  # the template and the tool's schema
@@ -373,8 +388,10 @@ async def test_a_template_that_rewrites_earlier_turns_is_counted_as_drift_not_a_
         messages: list[Any] = [{"role": "user", "content": "ls"}]
         r = await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
         (tc,) = r.choices[0].message.tool_calls or []
-        messages += [r.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": tc.id, "content": "a.py"}]  # fmt: skip
+        messages += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": tc.id, "content": "a.py"},
+        ]
         await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
     (seg,) = session.segments
     assert seg.drift == 1 and session.metrics()["gateway_drift"] == 1

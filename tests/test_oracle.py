@@ -58,8 +58,16 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Side]]
             oracle = Oracle(tokenizer, sabotage=fraction, seed=0)
             backend = ServerThread(oracle_app(oracle)).start()
             # Three attempts: a rare infra failure (a sandbox that did not start) is no verdict.
-            args = ["--llm", backend.url, "--tokenizer", "oracle", "--run-workers", "8",
-                    "--max-attempts", "3"]  # fmt: skip
+            args = [
+                "--llm",
+                backend.url,
+                "--tokenizer",
+                "oracle",
+                "--run-workers",
+                "8",
+                "--max-attempts",
+                "3",
+            ]
             server = ServerProcess(tmp / f"{name}.db", tmp / f"{name}.log", args)
             made[name] = Side(oracle, backend, server)
             server.wait_ready()
@@ -162,8 +170,13 @@ def run_both(sides: dict[str, Side], tasks: dict[str, list[GoldTask]]) -> dict[s
                 failures += [f"{label}: {p}" for p in problems]
             else:
                 passed[key] += 1
-    return {"failures": failures, "retried": retried, "passed": passed, "total": total,
-            "wall_s": wall}  # fmt: skip
+    return {
+        "failures": failures,
+        "retried": retried,
+        "passed": passed,
+        "total": total,
+        "wall_s": wall,
+    }
 
 
 def report(outcome: dict[str, Any]) -> str:
@@ -225,8 +238,9 @@ def test_the_oracle_demo_scores_its_sabotage_zero(tmp_path: Path) -> None:
 
     assert run_demo("oracle", workdir=tmp_path, engine_args=["--sabotage", "0.5"]) == 0
     results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    want = [0.0 if sabotage_of(r["data_source"], r["instance_id"], 0.5, 0) else 1.0
-            for r in results]  # fmt: skip
+    want = [
+        0.0 if sabotage_of(r["data_source"], r["instance_id"], 0.5, 0) else 1.0 for r in results
+    ]
     assert [r["reward"] for r in results] == want and 0.0 in want and 1.0 in want
 
 
@@ -253,15 +267,26 @@ async def test_the_bookkeeping_check_catches_a_misplaced_mask_or_logprob() -> No
     oracle = Oracle(load_tokenizer("oracle"))
     task = gold_tasks("stem")[0]
     handler = HANDLERS["stem"]
-    loop = AgentLoop(OracleGenerator(oracle), oracle.tokenizer,
-                     select_tools(list(handler.tools)), None, LoopConfig())  # fmt: skip
+    loop = AgentLoop(
+        OracleGenerator(oracle),
+        oracle.tokenizer,
+        select_tools(list(handler.tools)),
+        None,
+        LoopConfig(),
+    )
     traj = Trajectory()
     await loop.run("s", handler.messages(task.instance), traj)
     result = RolloutResult.model_validate(
-        {"job_id": "s", "state": "done", "reward": 1.0, "instance_id": task.instance_id,
-         "trajectory": traj.model_dump(), "data_source": "stem",
-         "timing": {"queue_s": 0, "init_s": 0, "run_s": 0, "eval_s": 0, "total_s": 0}}
-    )  # fmt: skip
+        {
+            "job_id": "s",
+            "state": "done",
+            "reward": 1.0,
+            "instance_id": task.instance_id,
+            "trajectory": traj.model_dump(),
+            "data_source": "stem",
+            "timing": {"queue_s": 0, "init_s": 0, "run_s": 0, "eval_s": 0, "total_s": 0},
+        }
+    )
     assert problems_of(result, oracle, 1.0) == []
     assert problems_of(result, oracle, 0.0)[0].startswith("reward 1.0, not 0.0")
     masked = result.model_copy(deep=True)

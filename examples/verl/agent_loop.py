@@ -35,10 +35,17 @@ HERE = Path(__file__).resolve().parent
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--raas", help="a running raas server (default: start engine and server)")
-    p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"],
-                   help="the model raas's engine serves, when this script starts it")  # fmt: skip
-    p.add_argument("--model-path", help="the policy's HF directory (verl's model.path); it "
-                   "must be the tokenizer raas serves with (default: the --model's)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        default="smollm2",
+        choices=["smollm2", "tiny"],
+        help="the model raas's engine serves, when this script starts it",
+    )
+    p.add_argument(
+        "--model-path",
+        help="the policy's HF directory (verl's model.path); it "
+        "must be the tokenizer raas serves with (default: the --model's)",
+    )
     p.add_argument("--rows", type=int, default=2, help="math problems (default 2)")
     p.add_argument("--n", type=int, default=2, help="rollouts per problem (rollout.n)")
     p.add_argument("--response-length", type=int, default=192)
@@ -123,9 +130,11 @@ def run_agent_loops(config: Any, batch: Any) -> Any:
 def report(out_batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
     b, nt = out_batch.batch, out_batch.non_tensor_batch
     prompt_len = b["prompts"].shape[1]
-    print(f"\nverl batch: prompts {tuple(b['prompts'].shape)}, responses "
-          f"{tuple(b['responses'].shape)}, response_mask, rollout_log_probs, rm_scores "
-          f"{tuple(b['rm_scores'].shape)}")  # fmt: skip
+    print(
+        f"\nverl batch: prompts {tuple(b['prompts'].shape)}, responses "
+        f"{tuple(b['responses'].shape)}, response_mask, rollout_log_probs, rm_scores "
+        f"{tuple(b['rm_scores'].shape)}"
+    )
     header = (
         f"{'job':<28} {'reward':>6} {'prompt':>6} {'policy':>6} {'inserted':>8} {'turns':>5}  stop"
     )
@@ -149,9 +158,11 @@ def report(out_batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
             "response": tokenizer.decode(b["responses"][i, :length], skip_special_tokens=True),
         }
         rows.append(row)
-        print(f"{row['job_id']:<28} {row['reward']:>6.1f} {row['prompt_tokens']:>6} "
-              f"{row['policy_tokens']:>6} {row['inserted_tokens']:>8} {row['num_turns']:>5}  "
-              f"{row['stop_reason']}{' (truncated)' if row['truncated'] else ''}")  # fmt: skip
+        print(
+            f"{row['job_id']:<28} {row['reward']:>6.1f} {row['prompt_tokens']:>6} "
+            f"{row['policy_tokens']:>6} {row['inserted_tokens']:>8} {row['num_turns']:>5}  "
+            f"{row['stop_reason']}{' (truncated)' if row['truncated'] else ''}"
+        )
     return rows
 
 
@@ -172,8 +183,11 @@ def main() -> int:
             engine = EngineProcess(args.model, logs / "engine.log")
             stack.callback(engine.stop)
             engine.wait_ready(600)  # the first SmolLM2 start converts its weights (~20 s)
-            service = ServerProcess(logs / "raas.db", logs / "serve.log",
-                                    ["--llm", engine.url, "--tokenizer", args.model])  # fmt: skip
+            service = ServerProcess(
+                logs / "raas.db",
+                logs / "serve.log",
+                ["--llm", engine.url, "--tokenizer", args.model],
+            )
             stack.callback(service.stop)
             service.wait_ready()
             url = service.url
@@ -187,8 +201,10 @@ def main() -> int:
         out_batch = run_agent_loops(config, batch)
         rows = report(out_batch, tokenizer)
     (args.out / "samples.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{len(rows)} rollouts; mean reward {sum(r['reward'] for r in rows) / len(rows):.3f}; "
-          f"details in {args.out / 'samples.json'}")  # fmt: skip
+    print(
+        f"\n{len(rows)} rollouts; mean reward {sum(r['reward'] for r in rows) / len(rows):.3f}; "
+        f"details in {args.out / 'samples.json'}"
+    )
     return 0
 
 

@@ -50,9 +50,17 @@ from typing import Any, Tuple
 IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 DETAIL_CHARS = 2000
 TRUSTED = (
-    builtins, json, json.encoder, unittest, unittest.case, unittest.loader, unittest.result,
-    unittest.suite, unittest.util, sys.modules[__name__],
-)  # fmt: skip
+    builtins,
+    json,
+    json.encoder,
+    unittest,
+    unittest.case,
+    unittest.loader,
+    unittest.result,
+    unittest.suite,
+    unittest.util,
+    sys.modules[__name__],
+)
 # Bound now: the patched code may replace them in their modules later.
 _write, _exit, _gettrace, _getprofile = os.write, os._exit, sys.gettrace, sys.getprofile
 _dumps = json.dumps
@@ -86,8 +94,12 @@ def names(repo: str) -> dict[str, Any]:
 
 def _mark(value: Any) -> Mark:
     fn = getattr(value, "__func__", value)
-    return (value, getattr(fn, "__code__", None), getattr(fn, "__defaults__", None),
-            getattr(fn, "__kwdefaults__", None))  # fmt: skip
+    return (
+        value,
+        getattr(fn, "__code__", None),
+        getattr(fn, "__defaults__", None),
+        getattr(fn, "__kwdefaults__", None),
+    )
 
 
 def _watched(value: Any) -> bool:
@@ -169,9 +181,11 @@ def added_callables(cls: type, sources: dict[str, Source], canaries: set[str]) -
     return [
         f"{cls.__qualname__}.{name} was added"
         for name, value in list(vars(cls).items())
-        if _watched(value) and name not in body and name not in canaries
+        if _watched(value)
+        and name not in body
+        and name not in canaries
         and not (name.startswith("__") and name.endswith("__"))
-    ]  # fmt: skip
+    ]
 
 
 # --- the run -----------------------------------------------------------------------------------
