@@ -86,3 +86,8 @@ class _PipelineGauges(Collector):
         yield GaugeMetricFamily(
             "raas_accepting", "1 while new jobs are accepted.", value=1 if stats["accepting"] else 0
         )
+        yield GaugeMetricFamily(
+            "raas_store_unreadable_rows",
+            "Rows of the result store found unreadable: quarantined, skipped where listed.",
+            value=stats["unreadable_rows"],
+        )

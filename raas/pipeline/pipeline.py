@@ -22,7 +22,8 @@ from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
 from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.states import JobState, Stage
-from raas.store.sqlite import JobRecord, ResultStore
+from raas.store.records import JobRecord
+from raas.store.sqlite import ResultStore
 from raas.tasks.protocol import (
     InvalidInstance,
     RewardInfo,
@@ -158,7 +159,7 @@ class Pipeline:
                 result = unfinished_result(
                     rec.job_id, ending, instance, rec.created_at, rec.attempt_errors, task
                 )
-                await self.store.save_result(rec.job_id, JobState.FAILED.value, result)
+                await self.store.save_result(rec.job_id, result)
                 failed += 1
                 continue
             self.store.note_attempt(job.id, job.attempts, job.attempt_errors)
@@ -547,9 +548,13 @@ class Pipeline:
         job.timing.finished_at = time.time()
         result = build_result(job, state)
         try:
-            await self.store.save_result(job.id, state.value, result)
+            result = await self.store.save_result(job.id, result)
         except Exception:
             log.exception("job %s: could not persist its result", job.id)
+        if result.state != state.value and result.error is not None:
+            # Stored as failed: the result would not have read back (raas.store.records).
+            state = JobState(result.state)
+            job.ending = Ending(state, None, result.error.type, result.error.message, "infra")
         job.state = state
         job.result = result
         job.done.set()
@@ -571,6 +576,7 @@ class Pipeline:
     def stats(self) -> dict[str, Any]:
         return {
             "accepting": self.accepting,
+            "unreadable_rows": self.store.unreadable_rows,
             "uptime_s": time.time() - self.started_at,
             "in_flight": len(self._jobs),
             "stages": {
