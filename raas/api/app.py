@@ -131,6 +131,13 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
 
     @app.get("/healthz", tags=["system"], responses=responses(413))
     async def healthz() -> dict[str, str]:
+        """``ok``, or ``degraded`` and why: the result store cannot write (a full disk). Still
+        a 200: the server is alive, serves what is stored and recovers by itself once it can
+        write; a restart would not help, and would drop the results it holds."""
+        state: ServiceState | None = getattr(app.state, "service", None)
+        problem = await state.pipeline.store_problem() if state is not None else None
+        if problem is not None:
+            return {"status": "degraded", "detail": problem}
         return {"status": "ok"}
 
     guarded = responses(401, 413)

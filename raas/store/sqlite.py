@@ -8,6 +8,9 @@ loop. The calls made in one turn of the event loop go to that thread together, i
 their answers come back together: a hop between threads costs more than a small SQLite
 statement, and a job makes about six calls.
 
+A write the disk refuses (full, an I/O error, a read-only file) is a StoreWriteError, and the
+store says it cannot write (``write_error``, once in the log) until a write succeeds again:
+the pipeline then refuses submissions and keeps finished results until they can be written.
 Rows are written only if they read back, and rows that cannot be read are skipped where results
 are listed (raas.store.records).
 """
@@ -29,7 +32,7 @@ from typing import Any, TypeVar
 from raas.store import dashboard
 from raas.store.dashboard import JobFilter, Tally
 from raas.store.records import COLUMNS, ERRORS, JobRecord, Quarantine, storable
-from raas.store.schema import migrate
+from raas.store.schema import VERSION, migrate
 from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 # (None for a note that nobody waits for).
 _Call = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any] | None"]
 _Answer = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class StoreWriteError(Exception):
+    """The database refused a write (a full disk, an I/O error, a read-only file): nothing of
+    that call was written, and the same call may succeed once the cause is gone."""
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -75,6 +83,9 @@ class ResultStore:
         self._tally = Tally()  # used on the store's thread only
         self._pending: list[_Call] = []  # calls of this event-loop turn, not yet sent
         self._quarantine = Quarantine(str(self.path))  # used on the store's thread only
+        # Why the last write failed, and since when; None while writes succeed. Set on the
+        # store's thread, read anywhere (one assignment of a tuple).
+        self._write_failure: tuple[str, float] | None = None
 
     # -- the store's thread ---------------------------------------------------------------------
 
@@ -116,7 +127,8 @@ class ResultStore:
                 error = e
             if future is not None:
                 answers.append((future, value, error))
-            elif error is not None:
+            elif error is not None and self._write_failure is None:
+                # (While the store cannot write, that is said once, not for every state.)
                 log.error("could not record a job state: %s", error)
         if answers and loop is not None:
             # RuntimeError: the loop has closed, so nobody is waiting any more.
@@ -127,6 +139,33 @@ class ResultStore:
         if self._conn is None:
             raise RuntimeError("the result store is not open")
         return fn(self._conn)
+
+    def _write(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run the write ``fn`` (on the store's thread); what the disk refuses raises
+        StoreWriteError, and the store says whether it can write from then on."""
+        try:
+            value = fn(conn)
+        except sqlite3.OperationalError as e:  # full, I/O error, read-only, locked too long
+            if conn.in_transaction:  # SQLite rolls some failures back itself
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if self._write_failure is None:
+                log.error(
+                    "the result store cannot write to %s (%s): submissions are refused and"
+                    " finished results are held until it can; it is tried again by itself",
+                    self.path,
+                    e,
+                )
+                self._write_failure = (str(e), time.time())
+            raise StoreWriteError(f"cannot write to {self.path}: {e}") from e
+        if self._write_failure is not None:
+            log.warning(
+                "the result store writes to %s again (it could not for %.0f s)",
+                self.path,
+                time.time() - self._write_failure[1],
+            )
+            self._write_failure = None
+        return value
 
     # -- opening and closing --------------------------------------------------------------------
 
@@ -152,14 +191,39 @@ class ResultStore:
         await loop.run_in_executor(self._executor, _close)
         self._executor.shutdown(wait=True)
 
+    # -- health ---------------------------------------------------------------------------------
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the store cannot write now (its last write failed), or None."""
+        failure = self._write_failure
+        if failure is None:
+            return None
+        reason, since = failure
+        return f"cannot write to {self.path} for {time.time() - since:.0f} s: {reason}"
+
     @property
     def unreadable_rows(self) -> int:
         """How many rows were found unreadable (and skipped) since the store opened."""
         return len(self._quarantine.job_ids)
 
+    async def probe(self) -> bool:
+        """Whether a write succeeds now: one that changes nothing but needs room on the disk
+        (the schema version written again)."""
+
+        def _probe(conn: sqlite3.Connection) -> None:
+            conn.execute(f"PRAGMA user_version = {VERSION}")
+
+        try:
+            await self._call(lambda conn: self._write(conn, _probe))
+        except StoreWriteError:
+            return False
+        return True
+
     # -- writing --------------------------------------------------------------------------------
 
     async def add_jobs(self, records: list[JobRecord]) -> None:
+        """Record accepted jobs, all or none; StoreWriteError when the disk refuses."""
         rows = [
             (
                 r.job_id,
@@ -182,7 +246,7 @@ class ResultStore:
                 )
             self._tally.sources.update(r.data_source for r in records)
 
-        await self._call(_add)
+        await self._call(lambda conn: self._write(conn, _add))
 
     def note_state(self, job_id: str, state: str) -> None:
         """Record a state change without waiting for it.
@@ -213,7 +277,8 @@ class ResultStore:
 
     async def save_result(self, job_id: str, result: RolloutResult) -> RolloutResult:
         """Write a finished result; returns what was written: ``result``, or, where it would not
-        read back, a failed result saying why (raas.store.records)."""
+        read back, a failed result saying why (raas.store.records). StoreWriteError when the
+        disk refuses: nothing was written, and the same call may be made again."""
 
         def _save(conn: sqlite3.Connection) -> RolloutResult:
             # Read back here, on the store's thread: a long trajectory takes milliseconds.
@@ -250,7 +315,7 @@ class ResultStore:
                 self._tally.add(stored.state, error_type, error_kind)
             return stored
 
-        return await self._call(_save)
+        return await self._call(lambda conn: self._write(conn, _save))
 
     # -- reading --------------------------------------------------------------------------------
 
