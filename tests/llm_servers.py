@@ -7,6 +7,7 @@ its logprob -0.01 * (i + 1); token 2 is EOS, emitted when the prompt asks for it
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 
 def _server_app(model: str) -> FastAPI:
@@ -47,15 +48,35 @@ def scripted(
     return tokens, logprobs, "length"
 
 
+Forge = Callable[[list[int], list[float]], tuple[list[Any], list[Any]]]
+
+
+def _raw_json(data: dict[str, Any]) -> Response:
+    """``data`` as Python's json writes it: NaN and Infinity as those words, as a server that
+    does not check its numbers sends them (FastAPI's own encoder refuses them)."""
+    return Response(json.dumps(data), media_type="application/json")
+
+
 class FakeBackend:
-    """One fake server: records the requests it got, can be told to fail."""
+    """One fake server: records the requests it got, can be told to fail, or to answer what
+    ``forge(ids, logprobs)`` makes of the scripted answer (a NaN, an id too many...)."""
 
     def __init__(self, protocol: str, old_vllm: bool = False) -> None:
         self.protocol = protocol
         self.requests: list[dict[str, Any]] = []
         self.fail_with: int | None = None
         self.fail_times = -1  # with fail_with: how many requests fail (negative: all)
+        self.forge: Forge | None = None
         app = self.app = _server_app("fake-model")
+
+        def scripted_answer(
+            prompt: list[int], max_tokens: int, stop: list[int]
+        ) -> tuple[list[Any], list[Any], str]:
+            ids, lps, finish = scripted(prompt, max_tokens, stop)
+            if self.forge is not None:
+                forged_ids, forged_lps = self.forge(ids, lps)
+                return forged_ids, forged_lps, finish
+            return ids, lps, finish
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
@@ -64,7 +85,7 @@ class FakeBackend:
             if self.fail_with and self.fail_times != 0:
                 self.fail_times -= 1
                 return _error(self.fail_with, {"Retry-After": "0"})
-            ids, lps, finish = scripted(
+            ids, lps, finish = scripted_answer(
                 body["prompt"], body["max_tokens"], body.get("stop_token_ids", [])
             )
             choice: dict[str, Any] = {
@@ -82,16 +103,18 @@ class FakeBackend:
             if not old_vllm:
                 choice["token_ids"] = ids
                 choice["prompt_token_ids"] = body["prompt"]
-            return {
-                "id": "cmpl-1",
-                "object": "text_completion",
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": len(body["prompt"]),
-                    "completion_tokens": len(ids),
-                    "prompt_tokens_details": {"cached_tokens": 0},
-                },
-            }
+            return _raw_json(
+                {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": len(body["prompt"]),
+                        "completion_tokens": len(ids),
+                        "prompt_tokens_details": {"cached_tokens": 0},
+                    },
+                }
+            )
 
         @app.post("/generate")
         async def generate(request: Request) -> Any:
@@ -101,26 +124,30 @@ class FakeBackend:
                 return _error(self.fail_with)
             if self.protocol == "sglang":
                 sp = body["sampling_params"]
-                ids, lps, finish = scripted(
+                ids, lps, finish = scripted_answer(
                     body["input_ids"], sp["max_new_tokens"], sp.get("stop_token_ids", [])
                 )
-                return {
-                    "text": "",
-                    "output_ids": ids,
-                    "meta_info": {
-                        "finish_reason": {"type": finish},
-                        "output_token_logprobs": [
-                            [lp, t, None] for lp, t in zip(lps, ids, strict=True)
-                        ],
-                        "prompt_tokens": len(body["input_ids"]),
-                        "completion_tokens": len(ids),
-                        "cached_tokens": 0,
-                    },
-                }
-            ids, lps, _ = scripted(
+                return _raw_json(
+                    {
+                        "text": "",
+                        "output_ids": ids,
+                        "meta_info": {
+                            "finish_reason": {"type": finish},
+                            # As SGLang: (logprob, id, text); a forged answer may have more ids
+                            # than logprobs, so the entries follow the logprobs.
+                            "output_token_logprobs": [
+                                [lp, t, None] for lp, t in zip(lps, ids, strict=False)
+                            ],
+                            "prompt_tokens": len(body["input_ids"]),
+                            "completion_tokens": len(ids),
+                            "cached_tokens": 0,
+                        },
+                    }
+                )
+            ids, lps, _ = scripted_answer(
                 body["prompt_ids"], body["max_tokens"], body.get("stop_token_ids", [])
             )
-            return {"response_ids": ids, "logprobs": lps}
+            return _raw_json({"response_ids": ids, "logprobs": lps})
 
 
 def _error(status: int, headers: dict[str, str] | None = None) -> Any:
@@ -162,6 +189,8 @@ class AgentBackend:
     keeps jobs in flight long enough for a test to break something under them. Each token's
     logprob is -0.1, or ``logprob(position, token)``; ``returned`` keeps every answer as
     (prompt ids, token ids, logprobs), what a test compares a recorded trajectory with.
+    ``forge(prompt_text)``, where given, says what to make of an answer to that prompt (a
+    Forge of its ids and logprobs, or None to leave it), as a broken server would answer.
     """
 
     HOLD_S = 600.0  # a test that never releases a held request is stopped by its own deadline
@@ -172,6 +201,7 @@ class AgentBackend:
         latency_s: float = 0.0,
         hold: Callable[[str], bool] | None = None,
         logprob: Callable[[int, int], float] | None = None,
+        forge: Callable[[str], Forge | None] | None = None,
     ) -> None:
         """``hold(prompt_text)`` true: that request is answered only after release() (a job
         that stays in flight); ``holding`` is set once one waits. ``logprob(position, token)``:
@@ -197,21 +227,26 @@ class AgentBackend:
                 await asyncio.to_thread(self._released.wait, self.HOLD_S)
             ids = encode(tok, script(prompt)) + [tok.eos_token_id]
             logprobs = [logprob(i, t) if logprob else -0.1 for i, t in enumerate(ids)]
+            forged = forge(prompt) if forge is not None else None
+            if forged is not None:
+                ids, logprobs = forged(ids, logprobs)
             self.returned.append((list(body["prompt"]), ids, logprobs))
-            return {
-                "id": "cmpl-agent",
-                "object": "text_completion",
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": "",
-                        "token_ids": ids,
-                        "logprobs": {"token_logprobs": logprobs},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
-            }
+            return _raw_json(
+                {
+                    "id": "cmpl-agent",
+                    "object": "text_completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "",
+                            "token_ids": ids,
+                            "logprobs": {"token_logprobs": logprobs},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
+                }
+            )
 
     def release(self) -> None:
         """Answer the held requests (and any later ones) at once."""

@@ -7,7 +7,8 @@ time only), ``fail_once`` (the first time, wait until released, then raise Runti
 released). ``init`` opens a sandbox and ``cleanup`` closes it, so a test can check that every
 sandbox is closed exactly once, whatever happened. ``run`` writes three generated tokens; as
 ``broken`` it leaves the last one without a loss_mask entry (a trajectory that breaks the
-token invariant), as ``nan`` it gives the last one a NaN logprob.
+token invariant), as ``nan`` it gives the last one a NaN logprob. ``reward`` (a number, or its
+name such as "nan") sets the reward, 0.5 by default.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class ProbeTask:
 
     async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
         await self._behave(context.job, "eval")
-        return RewardInfo(0.5, {"turns": len(trajectory.turns)})
+        reward = float(context.job.instance.get("reward", 0.5))
+        return RewardInfo(reward, {"turns": len(trajectory.turns)})
 
     async def cleanup(self, context: TaskContext) -> None:
         self._close(context.job.job_id)

@@ -232,10 +232,10 @@ async def test_the_counts_follow_a_result_written_over_and_survive_a_reopen(
     store = ResultStore(tmp_path / "tally.db")
     await store.open()
     await store.add_jobs([JobRecord("j", "queued", "probe", None, {}, 0.0)])
-    await store.save_result("j", "failed", result("failed", "PolicyError"))
+    await store.save_result("j", result("failed", "PolicyError"))
     failed = await store.stats()
     assert failed.finished == {"failed": 1} and [f.type for f in failed.failures] == ["PolicyError"]
-    await store.save_result("j", "done", result("done", None))
+    await store.save_result("j", result("done", None))
     done = await store.stats()
     assert done.finished == {"done": 1} and done.failures == []
     await store.close()

@@ -3,13 +3,17 @@ model that acts (a vLLM-protocol server answering with real tool calls), broken 
 
 Each test breaks one thing while jobs are in flight: the server (SIGKILL, then a restart on the
 same database), an inference backend, a sandbox's action server, a judge that hangs, a trainer
-that hangs up. Every job ends as a result with the right kind of error (or none), no job is lost
-or reported twice, and no process or directory of the server is left behind.
+that hangs up, the disk that holds the database (a small tmpfs, filled: mounting it needs root).
+Every job ends as a result with the right kind of error (or none), no job is lost or reported
+twice, and no process or directory of the server is left behind.
 """
 
 from __future__ import annotations
 
+import errno
+import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,8 +89,8 @@ def backend() -> Iterator[Callable[..., ServerThread]]:
 class Service:
     """`raas serve` on one database, restartable on the same port; records what it starts."""
 
-    def __init__(self, tmp_path: Path, llm: list[str], *args: str) -> None:
-        self.db = tmp_path / "faults.db"
+    def __init__(self, tmp_path: Path, llm: list[str], *args: str, db: Path | None = None) -> None:
+        self.db = db or tmp_path / "faults.db"
         self.tmp_path = tmp_path
         urls = [arg for url in llm for arg in ("--llm", url)]
         self.args = [*urls, "--tokenizer", "tiny", "--run-workers", "4", *args]
@@ -129,8 +133,8 @@ class Service:
 def service(tmp_path: Path) -> Iterator[Callable[..., Service]]:
     made: list[Service] = []
 
-    def make(llm: list[str], *args: str) -> Service:
-        svc = Service(tmp_path, llm, *args)
+    def make(llm: list[str], *args: str, db: Path | None = None) -> Service:
+        svc = Service(tmp_path, llm, *args, db=db)
         made.append(svc)
         return svc
 
@@ -266,3 +270,91 @@ def test_a_trainer_that_hangs_up_does_not_stop_its_job(backend: Any, service: An
     assert (r["state"], r["reward"]) == ("done", 1.0)
     svc.stop()
     svc.assert_nothing_left()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 8 MiB of its own (for a database to fill), unmounted afterwards."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"this test mounts a tmpfs, which needs root: {mounted.stderr.decode()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write until the filesystem has no byte left; the file that holds what was written."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 16, 1 << 12, 1 << 9, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+    return filler
+
+
+def metric(url: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", httpx.get(f"{url}/metrics").text, re.MULTILINE)
+    assert found, name
+    return float(found.group(1))
+
+
+def test_a_full_disk_refuses_new_jobs_and_loses_no_acknowledged_one(
+    small_disk: Path, backend: Any, service: Any
+) -> None:
+    llm = backend(agent(), latency_s=1.0)
+    svc = service([llm.url], db=small_disk / "faults.db")
+    acked = submit(svc.url, PROBLEMS[:4])
+    wait_until(lambda: "run" in states(svc.url, acked), "a job in RUN")
+    filler = fill(small_disk)
+
+    # SQLite may find room in its own files for a few writes more; then it has none.
+    refused = None
+    for i in range(200):
+        body = {"instance": PROBLEMS[4 + i % 4], "job_id": f"late-{i}"}
+        r = httpx.post(f"{svc.url}/v1/rollouts", json=body)
+        if r.status_code == 503:
+            refused = body["job_id"]
+            break
+        assert r.status_code == 202, r.text
+        acked.append(body["job_id"])
+    assert refused is not None, "the full disk never refused a write"
+    assert int(r.headers["Retry-After"]) >= 1 and "cannot record" in r.json()["detail"]
+    health = httpx.get(f"{svc.url}/healthz").json()
+    assert health["status"] == "degraded" and "full" in health["detail"], health
+
+    # Jobs finish on the full disk: their results are held, and a job said done stays done.
+    said_done: set[str] = set()
+
+    def done_stays_done() -> bool:
+        now = dict(zip(acked, states(svc.url, acked), strict=True))
+        assert all(now[j] == "done" for j in said_done), now
+        said_done.update(j for j, state in now.items() if state == "done")
+        return metric(svc.url, "raas_results_held") > 0
+
+    wait_until(done_stays_done, "a finished result held for the full disk")
+    assert refused not in {j["job_id"] for j in running(svc.url)}
+    assert httpx.get(f"{svc.url}/v1/rollouts/{refused}").status_code == 404
+
+    filler.unlink()  # room again: the server goes on by itself
+    results = {j: result(svc.url, j) for j in acked}
+    assert {r["state"] for r in results.values()} == {"done"}
+    assert {r["reward"] for r in results.values()} == {1.0}
+    assert sorted(listed(svc.url)) == sorted(acked)  # each acknowledged job once
+    assert httpx.get(f"{svc.url}/v1/rollouts/{refused}").status_code == 404  # never ran
+    assert httpx.get(f"{svc.url}/healthz").json() == {"status": "ok"}
+    assert metric(svc.url, "raas_results_held") == 0
+    svc.stop()
+    svc.assert_nothing_left()
+
+
+def running(url: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{url}/v1/rollouts:running").json()["jobs"]  # type: ignore[no-any-return]

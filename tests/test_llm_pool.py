@@ -114,6 +114,60 @@ async def test_a_transient_failure_is_retried_on_the_same_backend(servers: Any) 
     await pool.stop()
 
 
+VOCAB = 2000  # the scripted ids are 3 to 1002
+FORGERIES: dict[str, tuple[Any, str]] = {
+    "nan": (
+        lambda ids, lps: (ids, [*lps[:1], float("nan"), *lps[2:]]),
+        "logprob nan at position 1",
+    ),
+    "infinity": (lambda ids, lps: (ids, [float("inf"), *lps[1:]]), "logprob inf at position 0"),
+    "-infinity": (lambda ids, lps: (ids, [*lps[:-1], -float("inf")]), "logprob -inf at position 4"),
+    "over-long": (
+        lambda ids, lps: (ids * 4001 + [3], lps * 4001 + [-0.5]),
+        "returned 20006 tokens where at most 5 were asked for",
+    ),
+    "out of vocabulary": (
+        lambda ids, lps: ([*ids[:2], 10**9, *ids[3:]], lps),
+        f"token id 1000000000 at position 2, outside the vocabulary (the vocabulary has {VOCAB})",
+    ),
+    "negative id": (lambda ids, lps: ([-1, *ids[1:]], lps), "token id -1 at position 0"),
+    "not an integer": (lambda ids, lps: ([ids[0] + 0.5, *ids[1:]], lps), "not an integer"),
+    "a logprob short": (lambda ids, lps: (ids, lps[:-1]), "5 token ids but 4 logprobs"),
+}
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang", "verl"])
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+async def test_a_forged_answer_is_a_backend_error_naming_the_backend_and_the_fault(
+    servers: Any, protocol: str, forgery: str
+) -> None:
+    fake, server = servers(protocol)
+    fake.forge, problem = FORGERIES[forgery]
+    pool = BackendPool(PoolConfig(backoff_s=0), vocab_size=lambda: VOCAB)
+    pool.add(server.url, protocol)
+    try:
+        with pytest.raises(BackendError) as exc:
+            await pool.generate("s", PROMPT, PARAMS)
+    finally:
+        await pool.stop()
+    assert str(exc.value).startswith(server.url + ": ") and problem in str(exc.value)
+    # Not the connection's fault: neither retried there nor sent elsewhere.
+    assert not exc.value.transient and len(fake.requests) == 1 and not pool.moves
+
+
+async def test_without_a_known_vocabulary_any_non_negative_id_passes(servers: Any) -> None:
+    fake, server = servers("vllm")
+    fake.forge = lambda ids, lps: ([10**9, *ids[1:]], lps)
+    client = VLLMClient(server.url, model="fake-model")
+    try:
+        gen = await client.generate(PROMPT, PARAMS)
+        with pytest.raises(BackendError, match="outside the vocabulary"):
+            await client.generate(PROMPT, PARAMS, vocab_size=VOCAB)
+    finally:
+        await client.aclose()
+    assert gen.token_ids[0] == 10**9
+
+
 def test_retry_after_in_seconds_or_as_a_date() -> None:
     assert retry_after_s({"Retry-After": "7"}) == 7.0
     assert retry_after_s({}, 1.0) == 1.0 and retry_after_s({"Retry-After": "soon"}) is None

@@ -80,7 +80,7 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
     store = ResultStore(db)
     await store.open()
 
-    done, failed = await store.finished()
+    done, failed = (await store.finished()).records
     assert (done.job_id, done.state, done.seq, done.data_source) == (
         "done-1",
         "done",
@@ -146,7 +146,8 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
         trajectory=Trajectory(response_ids=[9]),
         timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
     )
-    assert await store.save_result("queued-3", "done", result) == 3
+    assert await store.save_result("queued-3", result) == result
+    assert (record := await store.get("queued-3")) is not None and record.seq == 3
     await store.add_jobs([JobRecord("new-5", "queued", "probe", None, {}, 200.0)])
     await store.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from raas.api.metrics import PipelineMetrics
 from raas.api.openapi import document_api_key, document_instances
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.state import ServiceState
+from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig
 from raas.sandbox import claim_runtime_dir, sandbox_config
@@ -64,7 +66,9 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         store = ResultStore(settings.db)
         await store.open()
         metrics = PipelineMetrics()
-        llm = BackendPool()
+        # Token ids from a backend are checked against the tokenizer's size once it is loaded
+        # (the agent loop and the gateway load it before their first request).
+        llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
         for address in settings.llm:
             llm.add(address, settings.llm_protocol, settings.llm_capacity)
         # The sandboxes' own directory, keyed by the database: a restart after a crash kills
@@ -127,6 +131,13 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
 
     @app.get("/healthz", tags=["system"], responses=responses(413))
     async def healthz() -> dict[str, str]:
+        """``ok``, or ``degraded`` and why: the result store cannot write (a full disk). Still
+        a 200: the server is alive, serves what is stored and recovers by itself once it can
+        write; a restart would not help, and would drop the results it holds."""
+        state: ServiceState | None = getattr(app.state, "service", None)
+        problem = await state.pipeline.store_problem() if state is not None else None
+        if problem is not None:
+            return {"status": "degraded", "detail": problem}
         return {"status": "ok"}
 
     guarded = responses(401, 413)

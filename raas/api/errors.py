@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, compile_path
 from starlette.types import Scope
 
-from raas.pipeline import Draining, JobIdConflict, Overloaded
+from raas.pipeline import Draining, JobIdConflict, Overloaded, StoreUnavailable
 from raas.tasks import InvalidInstance, UnknownTask
 
 
@@ -57,7 +57,8 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
     },
     503: {
         "model": ErrorBody,
-        "description": "The server is draining and accepts no new jobs.",
+        "description": "The server is draining and accepts no new jobs, or cannot record them"
+        " now (its disk is full): nothing was accepted; retry after Retry-After.",
         "headers": _RETRY_AFTER,
     },
 }
@@ -181,6 +182,12 @@ def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
     @app.exception_handler(Draining)
     async def _draining(_: Request, exc: Draining) -> JSONResponse:
         return JSONResponse(_detail(str(exc)), status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(StoreUnavailable)
+    async def _unrecorded(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse(
+            _detail(str(exc)), status_code=503, headers={"Retry-After": str(exc.retry_after_s)}
+        )
 
     @app.exception_handler(JobIdConflict)
     async def _conflict(_: Request, exc: JobIdConflict) -> JSONResponse:

@@ -86,3 +86,18 @@ class _PipelineGauges(Collector):
         yield GaugeMetricFamily(
             "raas_accepting", "1 while new jobs are accepted.", value=1 if stats["accepting"] else 0
         )
+        yield GaugeMetricFamily(
+            "raas_store_writable",
+            "1 while the result store writes; 0 since a write failed (a full disk).",
+            value=1 if stats["store_writable"] else 0,
+        )
+        yield GaugeMetricFamily(
+            "raas_results_held",
+            "Finished jobs whose results wait for the store to write them.",
+            value=stats["results_held"],
+        )
+        yield GaugeMetricFamily(
+            "raas_store_unreadable_rows",
+            "Rows of the result store found unreadable: quarantined, skipped where listed.",
+            value=stats["unreadable_rows"],
+        )

@@ -25,6 +25,7 @@ import orjson
 
 from raas.helpers import retry_after_s
 from raas.llm.types import BackendError, Generation, SamplingParams
+from raas.llm.validation import answer_problem
 
 
 def base_url(address: str) -> str:
@@ -146,16 +147,17 @@ class LLMClient(ABC):
             return None
         return f"GET /health answered {response.status}"
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, vocab_size: int | None = None
+    ) -> Generation:
+        """Generate, and check the answer before anyone uses it (raas.llm.validation): one that
+        is wrong (a NaN logprob, more tokens than asked for, an id outside the ``vocab_size``
+        given) is a BackendError naming this backend and what was wrong."""
         start = time.perf_counter()
         generation = await self._generate(prompt_ids, params)
-        if len(generation.token_ids) != len(generation.logprobs):
-            raise BackendError(
-                self.url,
-                f"returned {len(generation.token_ids)} tokens but"
-                f" {len(generation.logprobs)} logprobs",
-                transient=False,
-            )
+        problem = answer_problem(generation, params.max_tokens, vocab_size)
+        if problem is not None:
+            raise BackendError(self.url, problem, transient=False)
         return dataclasses.replace(
             generation, backend=self.url, latency_s=time.perf_counter() - start
         )
@@ -200,18 +202,16 @@ class VLLMClient(LLMClient):
             token_ids = choice.get("token_ids")
             if token_ids is None:  # vLLM < 0.10.2: token ids only as "token_id:N" strings
                 token_ids = [int(str(t).split(":", 1)[1]) for t in logprobs["tokens"]]
-            values = [
-                max(float(x), -9999.0) if x is not None else 0.0
-                for x in logprobs.get("token_logprobs") or []
-            ]
+            token_ids = list(token_ids)  # as they came: one that is no integer is refused
+            values = [0.0 if x is None else float(x) for x in logprobs.get("token_logprobs") or []]
             finish = str(choice.get("finish_reason") or "stop")
             usage = data.get("usage") or {}
-            cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+            cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(self.url, f"unexpected completion shape: {e}", False) from e
         if finish == "abort":
             raise BackendError(self.url, "the request was aborted", transient=True)
-        return Generation(list(map(int, token_ids)), values, finish, cached_tokens=int(cached))
+        return Generation(token_ids, values, finish, cached_tokens=cached)
 
 
 class SGLangClient(LLMClient):
@@ -234,7 +234,7 @@ class SGLangClient(LLMClient):
         try:
             meta = data["meta_info"]
             entries = meta["output_token_logprobs"]
-            token_ids = [int(t) for t in data.get("output_ids") or [e[1] for e in entries]]
+            token_ids = list(data.get("output_ids") or [e[1] for e in entries])
             values = [float(e[0]) if e[0] is not None else 0.0 for e in entries]
             reason = meta.get("finish_reason") or {}
             finish = str(reason.get("type", "stop")) if isinstance(reason, dict) else str(reason)
@@ -266,10 +266,11 @@ class VerlClient(LLMClient):
         if params.stop_token_ids:
             body["stop_token_ids"] = list(params.stop_token_ids)
         data = await self._post("/generate", body)
-        if "response_ids" not in data:
-            raise BackendError(self.url, "no response_ids in the answer", transient=False)
-        token_ids = [int(t) for t in data["response_ids"]]
-        values = [float(x) for x in data.get("logprobs") or []]
+        try:
+            token_ids = list(data["response_ids"])
+            values = [float(x) for x in data.get("logprobs") or []]
+        except (KeyError, TypeError, ValueError) as e:
+            raise BackendError(self.url, f"unexpected /generate shape: {e!r}", False) from e
         if not values and token_ids:
             raise BackendError(self.url, "no logprobs in the answer", transient=False)
         finish = "length" if len(token_ids) >= params.max_tokens else "stop"

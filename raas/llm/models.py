@@ -113,6 +113,10 @@ def is_model(name: str) -> bool:
     return name in SMOLLM2_TOKENIZER or (Path(name).expanduser() / "config.json").is_file()
 
 
+# The size of each tokenizer loaded in this process, by name: what a token id must be below.
+_vocab_sizes: dict[str, int] = {}
+
+
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name: str = "smollm2") -> Any:
     """The tokenizer of a model: "smollm2", "tiny" and "oracle" share SmolLM2's (ChatML, EOS
@@ -121,6 +125,18 @@ def load_tokenizer(name: str = "smollm2") -> Any:
     The first load reads the GGUF file (seconds) and saves the tokenizer under :func:`cache_dir`;
     later loads read the saved files. Any other name is a local directory with tokenizer files.
     """
+    tokenizer = _load_tokenizer(name)
+    _vocab_sizes[name] = len(tokenizer)
+    return tokenizer
+
+
+def loaded_vocab_size(name: str) -> int | None:
+    """How many tokens the tokenizer ``name`` has, if this process has loaded it; never loads
+    it (so it can be asked on the event loop, on every request to a backend)."""
+    return _vocab_sizes.get(name)
+
+
+def _load_tokenizer(name: str) -> Any:
     _offline()
     from transformers import AutoTokenizer
 

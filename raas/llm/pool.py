@@ -17,6 +17,7 @@ import itertools
 import logging
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -69,9 +70,21 @@ class PoolConfig:
     moves_kept: int = 1000
 
 
+def _unknown_vocabulary() -> int | None:
+    return None
+
+
 class BackendPool:
-    def __init__(self, config: PoolConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: PoolConfig | None = None,
+        vocab_size: Callable[[], int | None] = _unknown_vocabulary,
+    ) -> None:
+        """``vocab_size()``: the served model's tokenizer size where it is known now (token ids
+        a backend answers must be below it), None where not; asked on every request, so that a
+        tokenizer loaded after the pool was made is used from then on."""
         self.config = config or PoolConfig()
+        self.vocab_size = vocab_size
         self._backends: dict[str, Backend] = {}
         self._heap: list[tuple[float, int, int, str]] = []
         self._versions: dict[str, int] = {}
@@ -242,13 +255,12 @@ class BackendPool:
         )
         return await retrying(self._request, backend, prompt_ids, params)
 
-    @staticmethod
     async def _request(
-        backend: Backend, prompt_ids: list[int], params: SamplingParams
+        self, backend: Backend, prompt_ids: list[int], params: SamplingParams
     ) -> Generation:
         backend.requests += 1
         try:
-            return await backend.client.generate(prompt_ids, params)
+            return await backend.client.generate(prompt_ids, params, self.vocab_size())
         except BackendError as e:
             backend.failures += 1
             backend.last_error = str(e)

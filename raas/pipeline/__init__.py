@@ -6,6 +6,7 @@ from raas.pipeline.errors import (
     JobIdConflict,
     Overloaded,
     RequestRejected,
+    StoreUnavailable,
     SubmitError,
 )
 from raas.pipeline.job import Job, JobRequest
@@ -25,5 +26,6 @@ __all__ = [
     "PipelineObserver",
     "RequestRejected",
     "Stage",
+    "StoreUnavailable",
     "SubmitError",
 ]

@@ -30,6 +30,9 @@ class PipelineConfig:
     max_attempts: int = field(default_factory=lambda: defaults().max_attempts)
     cleanup_timeout_s: float = 60.0
     retry_after_s: int = 1
+    # While the result store cannot write (a full disk): how often a held result is tried
+    # again, and (rounded up) the Retry-After of a submission refused for it.
+    store_retry_s: float = 2.0
 
     def __post_init__(self) -> None:
         for stage in Stage:

@@ -20,6 +20,15 @@ class Draining(SubmitError):
         super().__init__("the service is draining and accepts no new jobs (POST /start resumes)")
 
 
+class StoreUnavailable(SubmitError):
+    """The result store cannot write (a full disk, an I/O error): nothing was accepted, since a
+    job is accepted only once its record is written."""
+
+    def __init__(self, retry_after_s: int, reason: str) -> None:
+        super().__init__(f"the service cannot record new jobs now ({reason}); retry later")
+        self.retry_after_s = retry_after_s
+
+
 class JobIdConflict(SubmitError):
     def __init__(self, job_id: str) -> None:
         super().__init__(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Coroutine, Iterable, Sequence
@@ -17,12 +18,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from raas.pipeline.config import PipelineConfig
-from raas.pipeline.errors import Draining, JobIdConflict, Overloaded, RequestRejected
+from raas.pipeline.errors import (
+    Draining,
+    JobIdConflict,
+    Overloaded,
+    RequestRejected,
+    StoreUnavailable,
+)
 from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
-from raas.pipeline.queue import StageQueue
+from raas.pipeline.queue import QueueFull, StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.states import JobState, Stage
-from raas.store.sqlite import JobRecord, ResultStore
+from raas.store.records import JobRecord
+from raas.store.sqlite import ResultStore, StoreWriteError
 from raas.tasks.protocol import (
     InvalidInstance,
     RewardInfo,
@@ -108,6 +116,12 @@ class Pipeline:
         self._background: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        # The job_ids whose records are being written, and the future that says when.
+        self._recording: dict[str, asyncio.Future[None]] = {}
+        # Set when the service stops for good: a result the store still refuses is left to the
+        # next start (the job's record says it is unfinished, so it runs again).
+        self._abandon = asyncio.Event()
+        self._held: set[str] = set()  # jobs finished whose results wait for the store
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -158,7 +172,7 @@ class Pipeline:
                 result = unfinished_result(
                     rec.job_id, ending, instance, rec.created_at, rec.attempt_errors, task
                 )
-                await self.store.save_result(rec.job_id, JobState.FAILED.value, result)
+                await self.store.save_result(rec.job_id, result)
                 failed += 1
                 continue
             self.store.note_attempt(job.id, job.attempts, job.attempt_errors)
@@ -204,6 +218,7 @@ class Pipeline:
             log.info("draining: %d jobs in flight, grace period %.1f s", len(self._jobs), grace_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        self._abandon.set()  # results the store still refuses are left to the next start
         if self._jobs:
             log.warning("grace period over: cancelling %d jobs", len(self._jobs))
             for job in list(self._jobs.values()):
@@ -239,7 +254,9 @@ class Pipeline:
 
         A request whose ``job_id`` is already known (in flight or finished, even before a
         restart) returns that job instead of a new one. Raises InvalidInstance / UnknownTask for
-        bad input (nothing accepted), Overloaded when the INIT queue lacks room, Draining.
+        bad input (nothing accepted), Overloaded when the INIT queue lacks room, Draining, and
+        StoreUnavailable when the jobs cannot be recorded: a job is queued only once its record
+        is written, so one that is turned away never runs.
         """
         if not self.accepting:
             raise Draining()
@@ -249,13 +266,15 @@ class Pipeline:
                 validate_request(handler, TaskJob("", request.instance, request.sampling_params))
             except (InvalidInstance, UnknownTask) as e:
                 raise RequestRejected(i, e) from e
-        stored: dict[str, JobRecord] = {}
-        for request in requests:
-            if request.job_id and request.job_id not in self._jobs:
-                record = await self.store.get(request.job_id)
-                if record is not None:
-                    stored[request.job_id] = record
-        # Past the last await: from here to the end nothing else runs, so the checks hold.
+        while True:
+            stored = await self._stored(requests)
+            # A job_id whose record another submission is writing now: its outcome decides.
+            recording = {f for r in requests if r.job_id and (f := self._recording.get(r.job_id))}
+            if not recording:
+                break
+            await asyncio.wait(recording)
+        # Past the last await before the record is written: nothing else runs until then, so
+        # the checks hold.
         if not self.accepting:
             raise Draining()
         views: list[JobView | None] = []
@@ -276,33 +295,73 @@ class Pipeline:
                 task = self.registry.resolve(str(request.instance.get("data_source", "")))
                 fresh[job_id] = Job(job_id, request, self.registry.get(task), self.services, task)
                 views.append(None)
+        if fresh:
+            queue = self._queues[Stage.INIT]
+            try:
+                queue.reserve(len(fresh))
+            except QueueFull:
+                raise Overloaded(self.config.retry_after_s, queue.free, len(fresh)) from None
+            # Said before the first await: a submission of the same job_id meanwhile waits.
+            written = asyncio.get_running_loop().create_future()
+            for job_id in fresh:
+                self._recording[job_id] = written
+            # Shielded: once the record is on its way, the jobs are queued whatever becomes of
+            # the request (a client that hangs up finds its job under its id).
+            admitted = await asyncio.shield(self._admit(list(fresh.values()), written))
+        fresh_views = iter(admitted if fresh else [])
+        return [v if v is not None else next(fresh_views) for v in views]
+
+    async def _stored(self, requests: Sequence[JobRequest]) -> dict[str, JobRecord]:
+        """The stored records of the requests' job_ids that are not in flight."""
+        stored: dict[str, JobRecord] = {}
+        for request in requests:
+            if request.job_id and request.job_id not in self._jobs:
+                record = await self.store.get(request.job_id)
+                if record is not None:
+                    stored[request.job_id] = record
+        return stored
+
+    async def _admit(self, jobs: list[Job], written: asyncio.Future[None]) -> list[JobView]:
+        """Record ``jobs`` (their places in the INIT queue reserved), then queue them: durable
+        before acknowledged. A record the store cannot write is StoreUnavailable, and nothing of
+        the jobs is left behind. ``written`` is set once the write is over, either way. Returns
+        the jobs' views as they were queued."""
         queue = self._queues[Stage.INIT]
-        if len(fresh) > queue.free:
-            raise Overloaded(self.config.retry_after_s, queue.free, len(fresh))
-        for job in fresh.values():
+        records = [
+            JobRecord(
+                job.id,
+                job.state.value,
+                job.data_source,
+                job.instance_id,
+                _request_dict(job.request),
+                job.timing.submitted_at,
+            )
+            for job in jobs
+        ]
+        try:
+            await self.store.add_jobs(records)
+        except BaseException as e:
+            queue.unreserve(len(jobs))
+            if isinstance(e, StoreWriteError):
+                raise StoreUnavailable(self._store_retry_after(), str(e)) from e
+            raise
+        finally:
+            for job in jobs:
+                del self._recording[job.id]
+            written.set_result(None)
+        self._idle.clear()
+        for job in jobs:
             job.stage = Stage.INIT
             self._jobs[job.id] = job
             job.start_waiting()
-            queue.put_nowait(job)
+            queue.put_nowait(job, reserved=True)
             for obs in self.observers:
                 obs.job_submitted(job)
-        # Snapshot before the store write below lets the workers move the jobs on.
-        fresh_views = iter([_view(job, created=True) for job in fresh.values()])
-        if fresh:
-            self._idle.clear()
-            records = [
-                JobRecord(
-                    job.id,
-                    job.state.value,
-                    job.data_source,
-                    job.instance_id,
-                    _request_dict(job.request),
-                    job.timing.submitted_at,
-                )
-                for job in fresh.values()
-            ]
-            await self.store.add_jobs(records)
-        return [v if v is not None else next(fresh_views) for v in views]
+        # Before anything else runs: the workers move the jobs on from here.
+        return [_view(job, created=True) for job in jobs]
+
+    def _store_retry_after(self) -> int:
+        return max(1, math.ceil(self.config.store_retry_s))
 
     # -- looking up, waiting, cancelling -------------------------------------------------------
 
@@ -545,21 +604,62 @@ class Pipeline:
         await self._cleanup(job)
         state = job.ending.state if job.ending is not None else JobState.DONE
         job.timing.finished_at = time.time()
-        result = build_result(job, state)
-        try:
-            await self.store.save_result(job.id, state.value, result)
-        except Exception:
-            log.exception("job %s: could not persist its result", job.id)
+        result = await self._persist(job, build_result(job, state))
+        if result is None:
+            log.error(
+                "job %s: the service stopped before its result could be written; its record"
+                " says it is unfinished, so it runs again at the next start",
+                job.id,
+            )
+            self._forget(job)
+            job.done.set()  # whoever waits sees it unfinished
+            return
+        if result.state != state.value and result.error is not None:
+            # Stored as failed: the result would not have read back (raas.store.records).
+            state = JobState(result.state)
+            job.ending = Ending(state, None, result.error.type, result.error.message, "infra")
         job.state = state
         job.result = result
         job.done.set()
-        self._jobs.pop(job.id, None)
-        if not self._jobs:
-            self._idle.set()
+        self._forget(job)
         self.finished_counts[state] += 1
         for obs in self.observers:
             obs.job_finished(job, state)
         _log_finished(job, state, result)
+
+    async def _persist(self, job: Job, result: RolloutResult) -> RolloutResult | None:
+        """Write the job's result, again every ``store_retry_s`` while the store cannot: till
+        then the job stays in flight and is never reported finished. Returns the result as
+        written, or None when the service stopped first."""
+        while True:
+            try:
+                written = await self.store.save_result(job.id, result)
+            except Exception as e:
+                if job.id not in self._held:
+                    self._held.add(job.id)
+                    log.warning(
+                        "job %s: finished %s, but its result cannot be written (%s); it is held"
+                        " and written once the store can",
+                        job.id,
+                        result.state,
+                        e,
+                        exc_info=not isinstance(e, StoreWriteError),  # a bug of ours: in full
+                    )
+                if self._abandon.is_set():
+                    self._held.discard(job.id)
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._abandon.wait(), self.config.store_retry_s)
+                continue
+            if job.id in self._held:
+                self._held.discard(job.id)
+                log.info("job %s: its held result is written", job.id)
+            return written
+
+    def _forget(self, job: Job) -> None:
+        self._jobs.pop(job.id, None)
+        if not self._jobs:
+            self._idle.set()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -568,9 +668,25 @@ class Pipeline:
 
     # -- introspection -------------------------------------------------------------------------
 
+    async def store_problem(self) -> str | None:
+        """Why results cannot be made durable now, or None. Where the last write failed, the
+        store is tried again first, so that the answer is never stale."""
+        if self.store.write_error is not None:
+            await self.store.probe()
+        problem = self.store.write_error
+        if problem is None:
+            return None
+        return (
+            f"the result store {problem}: submissions are refused (503) and"
+            f" {len(self._held)} finished results are held until it can"
+        )
+
     def stats(self) -> dict[str, Any]:
         return {
             "accepting": self.accepting,
+            "store_writable": self.store.write_error is None,
+            "results_held": len(self._held),
+            "unreadable_rows": self.store.unreadable_rows,
             "uptime_s": time.time() - self.started_at,
             "in_flight": len(self._jobs),
             "stages": {

@@ -25,8 +25,9 @@ class StageQueue(Generic[J]):
     """Higher ``priority`` first, first-in first-out within a priority.
 
     A job can be taken out again (``discard``) when it is cancelled while it waits, which frees its
-    place at once. Waiters are woken through a replaceable event so that sync code (a cancel) can
-    wake them without holding a lock.
+    place at once. Places can be reserved (``reserve``) for jobs that are put later, so that
+    nothing takes them meanwhile. Waiters are woken through a replaceable event so that sync code
+    (a cancel) can wake them without holding a lock.
     """
 
     def __init__(self, maxsize: int) -> None:
@@ -35,6 +36,7 @@ class StageQueue(Generic[J]):
         self.maxsize = maxsize
         self._heap: list[tuple[int, int, J]] = []
         self._members: set[str] = set()
+        self._reserved = 0
         self._seq = itertools.count()
         self._changed = asyncio.Event()
 
@@ -46,10 +48,23 @@ class StageQueue(Generic[J]):
 
     @property
     def free(self) -> int:
-        return self.maxsize - len(self._members)
+        return self.maxsize - len(self._members) - self._reserved
 
-    def put_nowait(self, job: J) -> None:
-        if self.free <= 0:
+    def reserve(self, n: int) -> None:
+        """Hold ``n`` places for jobs put later with ``put_nowait(job, reserved=True)``."""
+        if n > self.free:
+            raise QueueFull
+        self._reserved += n
+
+    def unreserve(self, n: int) -> None:
+        """Give back ``n`` reserved places that will not be used."""
+        self._reserved -= n
+        self.wake()
+
+    def put_nowait(self, job: J, reserved: bool = False) -> None:
+        if reserved:
+            self._reserved -= 1
+        elif self.free <= 0:
             raise QueueFull
         heapq.heappush(self._heap, (-job.priority, next(self._seq), job))
         self._members.add(job.id)

@@ -21,21 +21,24 @@ from raas.wire import DashboardStats, FailureCount, JobSummary, Throughput
 MESSAGE_CHARS = 300
 WINDOWS_S = (60.0, 600.0)
 
+# A row's result where it is JSON (SQLite's JSON functions refuse the whole query on one that is
+# not): a row that cannot be read is listed with what its columns say.
+_RESULT = "(CASE WHEN json_valid(result) THEN result END)"
 # Each field of a JobSummary and the SQL that reads it from a row.
 _FIELDS = {
     "job_id": "job_id",
     "state": "state",
     "data_source": "COALESCE(data_source, '')",
-    "task": "json_extract(result, '$.task')",
+    "task": f"json_extract({_RESULT}, '$.task')",
     "reward": "reward",
     "error_type": "error_type",
     "error_kind": "error_kind",
-    "error_message": f"substr(json_extract(result, '$.error.message'), 1, {MESSAGE_CHARS})",
-    "stage_failed": "json_extract(result, '$.stage_failed')",
-    "stop_reason": "json_extract(result, '$.trajectory.stop_reason')",
-    "turns": "COALESCE(json_array_length(result, '$.trajectory.turns'), 0)",
+    "error_message": f"substr(json_extract({_RESULT}, '$.error.message'), 1, {MESSAGE_CHARS})",
+    "stage_failed": f"json_extract({_RESULT}, '$.stage_failed')",
+    "stop_reason": f"json_extract({_RESULT}, '$.trajectory.stop_reason')",
+    "turns": f"COALESCE(json_array_length({_RESULT}, '$.trajectory.turns'), 0)",
     "response_tokens": "COALESCE(response_tokens, 0)",
-    "total_s": "json_extract(result, '$.timing.total_s')",
+    "total_s": f"json_extract({_RESULT}, '$.timing.total_s')",
     "attempts": "attempts",
     "finished_at": "finished_at",
 }

@@ -7,6 +7,12 @@ connections belong to a thread, and one writer keeps the finish order simple), n
 loop. The calls made in one turn of the event loop go to that thread together, in order, and
 their answers come back together: a hop between threads costs more than a small SQLite
 statement, and a job makes about six calls.
+
+A write the disk refuses (full, an I/O error, a read-only file) is a StoreWriteError, and the
+store says it cannot write (``write_error``, once in the log) until a write succeeds again:
+the pipeline then refuses submissions and keeps finished results until they can be written.
+Rows are written only if they read back, and rows that cannot be read are skipped where results
+are listed (raas.store.records).
 """
 
 from __future__ import annotations
@@ -19,15 +25,14 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter
-
 from raas.store import dashboard
 from raas.store.dashboard import JobFilter, Tally
-from raas.store.schema import migrate
+from raas.store.records import COLUMNS, ERRORS, JobRecord, Quarantine, storable
+from raas.store.schema import VERSION, migrate
 from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
@@ -41,21 +46,9 @@ _Call = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any] | None"]
 _Answer = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    job_id: str
-    state: str
-    data_source: str
-    instance_id: str | None
-    request: dict[str, Any]
-    created_at: float
-    seq: int | None = None
-    result: RolloutResult | None = None
-    attempts: int = 1
-    attempt_errors: list[ErrorInfo] = field(default_factory=list)
-
-
-_ERRORS = TypeAdapter(list[ErrorInfo])
+class StoreWriteError(Exception):
+    """The database refused a write (a full disk, an I/O error, a read-only file): nothing of
+    that call was written, and the same call may succeed once the cause is gone."""
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -73,26 +66,12 @@ def connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _record(row: sqlite3.Row | tuple[Any, ...]) -> JobRecord:
-    job_id, state, data_source, instance_id, request, created_at, seq, result, n, errors = row
-    return JobRecord(
-        job_id=job_id,
-        state=state,
-        data_source=data_source or "",
-        instance_id=instance_id,
-        request=json.loads(request),
-        created_at=created_at,
-        seq=seq,
-        result=RolloutResult.model_validate_json(result) if result else None,
-        attempts=n,
-        attempt_errors=_ERRORS.validate_json(errors) if errors else [],
-    )
+@dataclass(frozen=True)
+class Page:
+    """A page of finished jobs, and the cursor after it (past rows that could not be read)."""
 
-
-_COLUMNS = (
-    "job_id, state, data_source, instance_id, request, created_at, seq, result,"
-    " attempts, attempt_errors"
-)
+    records: list[JobRecord]
+    next_since: int
 
 
 class ResultStore:
@@ -103,6 +82,12 @@ class ResultStore:
         self._seq = 0
         self._tally = Tally()  # used on the store's thread only
         self._pending: list[_Call] = []  # calls of this event-loop turn, not yet sent
+        self._quarantine = Quarantine(str(self.path))  # used on the store's thread only
+        # Why the last write failed, and since when; None while writes succeed. Set on the
+        # store's thread, read anywhere (one assignment of a tuple).
+        self._write_failure: tuple[str, float] | None = None
+
+    # -- the store's thread ---------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -142,7 +127,8 @@ class ResultStore:
                 error = e
             if future is not None:
                 answers.append((future, value, error))
-            elif error is not None:
+            elif error is not None and self._write_failure is None:
+                # (While the store cannot write, that is said once, not for every state.)
                 log.error("could not record a job state: %s", error)
         if answers and loop is not None:
             # RuntimeError: the loop has closed, so nobody is waiting any more.
@@ -153,6 +139,35 @@ class ResultStore:
         if self._conn is None:
             raise RuntimeError("the result store is not open")
         return fn(self._conn)
+
+    def _write(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run the write ``fn`` (on the store's thread); what the disk refuses raises
+        StoreWriteError, and the store says whether it can write from then on."""
+        try:
+            value = fn(conn)
+        except sqlite3.OperationalError as e:  # full, I/O error, read-only, locked too long
+            if conn.in_transaction:  # SQLite rolls some failures back itself
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if self._write_failure is None:
+                log.error(
+                    "the result store cannot write to %s (%s): submissions are refused and"
+                    " finished results are held until it can; it is tried again by itself",
+                    self.path,
+                    e,
+                )
+                self._write_failure = (str(e), time.time())
+            raise StoreWriteError(f"cannot write to {self.path}: {e}") from e
+        if self._write_failure is not None:
+            log.warning(
+                "the result store writes to %s again (it could not for %.0f s)",
+                self.path,
+                time.time() - self._write_failure[1],
+            )
+            self._write_failure = None
+        return value
+
+    # -- opening and closing --------------------------------------------------------------------
 
     async def open(self) -> None:
         def _open() -> None:
@@ -176,7 +191,39 @@ class ResultStore:
         await loop.run_in_executor(self._executor, _close)
         self._executor.shutdown(wait=True)
 
+    # -- health ---------------------------------------------------------------------------------
+
+    @property
+    def write_error(self) -> str | None:
+        """Why the store cannot write now (its last write failed), or None."""
+        failure = self._write_failure
+        if failure is None:
+            return None
+        reason, since = failure
+        return f"cannot write to {self.path} for {time.time() - since:.0f} s: {reason}"
+
+    @property
+    def unreadable_rows(self) -> int:
+        """How many rows were found unreadable (and skipped) since the store opened."""
+        return len(self._quarantine.job_ids)
+
+    async def probe(self) -> bool:
+        """Whether a write succeeds now: one that changes nothing but needs room on the disk
+        (the schema version written again)."""
+
+        def _probe(conn: sqlite3.Connection) -> None:
+            conn.execute(f"PRAGMA user_version = {VERSION}")
+
+        try:
+            await self._call(lambda conn: self._write(conn, _probe))
+        except StoreWriteError:
+            return False
+        return True
+
+    # -- writing --------------------------------------------------------------------------------
+
     async def add_jobs(self, records: list[JobRecord]) -> None:
+        """Record accepted jobs, all or none; StoreWriteError when the disk refuses."""
         rows = [
             (
                 r.job_id,
@@ -199,7 +246,7 @@ class ResultStore:
                 )
             self._tally.sources.update(r.data_source for r in records)
 
-        await self._call(_add)
+        await self._call(lambda conn: self._write(conn, _add))
 
     def note_state(self, job_id: str, state: str) -> None:
         """Record a state change without waiting for it.
@@ -217,7 +264,7 @@ class ResultStore:
 
     def note_attempt(self, job_id: str, attempts: int, errors: list[ErrorInfo]) -> None:
         """Record that a job runs again (and why) without waiting, as ``note_state`` does."""
-        payload = _ERRORS.dump_json(errors).decode()
+        payload = ERRORS.dump_json(errors).decode()
 
         def _note(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -228,16 +275,18 @@ class ResultStore:
 
         self._note(_note)
 
-    async def save_result(self, job_id: str, state: str, result: RolloutResult) -> int:
-        """Write a finished result; returns its place in finish order (the paging cursor)."""
-        payload = result.model_dump_json()
-        error_type = result.error.type if result.error else None
-        error_kind = result.error.kind if result.error else None
-        tokens = len(result.trajectory.response_ids)
-        columns = (result.reward, payload, error_type, error_kind, tokens)
+    async def save_result(self, job_id: str, result: RolloutResult) -> RolloutResult:
+        """Write a finished result; returns what was written: ``result``, or, where it would not
+        read back, a failed result saying why (raas.store.records). StoreWriteError when the
+        disk refuses: nothing was written, and the same call may be made again."""
 
-        def _save(conn: sqlite3.Connection) -> int:
-            self._seq += 1
+        def _save(conn: sqlite3.Connection) -> RolloutResult:
+            # Read back here, on the store's thread: a long trajectory takes milliseconds.
+            stored, payload = storable(result)
+            error_type = stored.error.type if stored.error else None
+            error_kind = stored.error.kind if stored.error else None
+            tokens = len(stored.trajectory.response_ids)
+            seq = self._seq + 1
             before = conn.execute(
                 "SELECT state, error_type, error_kind FROM jobs"
                 " WHERE job_id = ? AND seq IS NOT NULL",
@@ -246,42 +295,62 @@ class ResultStore:
             written = conn.execute(
                 "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
                 " error_type = ?, error_kind = ?, response_tokens = ? WHERE job_id = ?",
-                (state, self._seq, time.time(), *columns, job_id),
+                (
+                    stored.state,
+                    seq,
+                    time.time(),
+                    stored.reward,
+                    payload,
+                    error_type,
+                    error_kind,
+                    tokens,
+                    job_id,
+                ),
             ).rowcount
+            self._seq = seq
             if before is not None:  # a result written over: its counts go
                 old_state, old_type, old_kind = before
                 self._tally.add(old_state, old_type, old_kind, -1)
             if written:
-                self._tally.add(state, error_type, error_kind)
-            return self._seq
+                self._tally.add(stored.state, error_type, error_kind)
+            return stored
 
-        return await self._call(_save)
+        return await self._call(lambda conn: self._write(conn, _save))
+
+    # -- reading --------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobRecord | None:
+        """The job's record; one whose row cannot be read reads as failed, saying so."""
+
         def _get(conn: sqlite3.Connection) -> JobRecord | None:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
-            ).fetchone()
-            return _record(row) if row else None
+            row = conn.execute(f"SELECT {COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            return self._quarantine.read_or_stand_in(row) if row else None
 
         return await self._call(_get)
 
     async def unfinished(self) -> list[JobRecord]:
+        """The jobs without a result, oldest first (those whose rows cannot be read skipped)."""
+
         def _unfinished(conn: sqlite3.Connection) -> list[JobRecord]:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE seq IS NULL ORDER BY created_at"
+                f"SELECT {COLUMNS} FROM jobs WHERE seq IS NULL ORDER BY created_at"
             ).fetchall()
-            return [_record(r) for r in rows]
+            return [r for r in map(self._quarantine.read, rows) if r is not None]
 
         return await self._call(_unfinished)
 
-    async def finished(
-        self, state: str | None = None, since: int = 0, limit: int = 100
-    ) -> list[JobRecord]:
-        """Finished jobs in finish order, after the cursor ``since``."""
+    async def finished(self, state: str | None = None, since: int = 0, limit: int = 100) -> Page:
+        """Finished jobs in finish order, after the cursor ``since``; a row that cannot be read
+        is skipped (and counted), and the cursor goes past it."""
 
-        def _page(conn: sqlite3.Connection) -> list[JobRecord]:
-            return list(_iter_finished(conn, state, since, limit))
+        def _page(conn: sqlite3.Connection) -> Page:
+            records: list[JobRecord] = []
+            last = since
+            for seq, found in _iter_finished(conn, self._quarantine, state, since, limit):
+                last = seq
+                if found is not None:
+                    records.append(found)
+            return Page(records, last)
 
         return await self._call(_page)
 
@@ -307,9 +376,14 @@ def _deliver(answers: list[_Answer]) -> None:
 
 
 def _iter_finished(
-    conn: sqlite3.Connection, state: str | None, since: int, limit: int | None
-) -> Iterator[JobRecord]:
-    sql = f"SELECT {_COLUMNS} FROM jobs WHERE seq > ?"
+    conn: sqlite3.Connection,
+    quarantine: Quarantine,
+    state: str | None,
+    since: int,
+    limit: int | None,
+) -> Iterator[tuple[int, JobRecord | None]]:
+    """(seq, record) of each finished job in finish order; None for a row that cannot be read."""
+    sql = f"SELECT {COLUMNS} FROM jobs WHERE seq > ?"
     args: list[Any] = [since]
     if state is not None:
         sql += " AND state = ?"
@@ -319,15 +393,18 @@ def _iter_finished(
         sql += " LIMIT ?"
         args.append(limit)
     for row in conn.execute(sql, args):
-        yield _record(row)
+        yield row[6], quarantine.read(row)
 
 
 def iter_finished(path: str | Path, state: str | None = None) -> Iterator[JobRecord]:
-    """Every finished job in a database, in finish order (for export; blocking)."""
+    """Every finished job in a database, in finish order (for export; blocking). A row that
+    cannot be read is skipped, and said in the log."""
     if not Path(path).exists():
         raise FileNotFoundError(f"no raas database at {path}")
     conn = connect(path)
     try:
-        yield from _iter_finished(conn, state, 0, None)
+        for _, found in _iter_finished(conn, Quarantine(str(path)), state, 0, None):
+            if found is not None:
+                yield found
     finally:
         conn.close()

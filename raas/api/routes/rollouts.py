@@ -144,7 +144,6 @@ async def list_results(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ResultPage:
     """Finished results in the order they finished, including those from before a restart."""
-    records = await svc.pipeline.store.finished(state, since, limit)
-    results = [r.result for r in records if r.result is not None]
-    next_since = records[-1].seq if records and records[-1].seq is not None else since
-    return ResultPage(results=results, next_since=next_since)
+    page = await svc.pipeline.store.finished(state, since, limit)
+    results = [r.result for r in page.records if r.result is not None]
+    return ResultPage(results=results, next_since=page.next_since)
