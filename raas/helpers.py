@@ -12,6 +12,7 @@ import difflib
 import email.utils
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -249,6 +250,18 @@ def without_none(annotation: Any) -> tuple[Any, bool]:
     if len(rest) != 1:
         return annotation, False
     return rest[0], len(rest) < len(args)
+
+
+# What a terminal acts on instead of showing: C0 and C1 controls (ESC starts a sequence that can
+# retitle the window, move the cursor, write the clipboard), DEL, and the bidirectional marks
+# and overrides that reorder the text around them.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: object) -> str:
+    """Text from a job or a server (an instance id, a data_source, an error message) that is
+    safe to print on a terminal: each control character shown as its escape (``\\x1b``)."""
+    return CONTROL_CHARACTERS.sub(lambda m: ascii(m.group())[1:-1], str(value))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

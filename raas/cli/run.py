@@ -111,7 +111,7 @@ def run(
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
 
-    from raas.client.task_files import write_results
+    from raas.client.task_files import markup, write_results
     from raas.llm.models import is_model
     from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
     from raas.run import replay as do_replay
@@ -158,7 +158,7 @@ def run(
     if replay is not None:
         rows = asyncio.run(do_replay(items, replay, console))
         for instance_id, old, new in rows:
-            console.print(f"{instance_id}: stored reward {old}, re-scored {new}")
+            console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
     options = RunOptions(
         url=url,
