@@ -149,6 +149,16 @@ def test_a_database_from_a_newer_raas_is_one_line_before_anything_starts(
         assert (result.exit_code, result.output) == (1, said), args
 
 
+def test_a_key_given_as_a_flag_is_said_to_be_visible_to_everyone() -> None:
+    warning = "--api-key on the command line is visible to every user of this machine"
+    serve = CliRunner().invoke(main, ["serve", "--api-key", "k3y", "--run-workers", "0"])
+    assert serve.exit_code == 2 and warning in serve.output and "--api-key-file" in serve.output
+    jobs = CliRunner().invoke(main, ["jobs", "http://127.0.0.1:9", "--api-key", "k3y"])
+    assert warning in jobs.output and "RAAS_API_KEY" in jobs.output
+    quiet = CliRunner().invoke(main, ["jobs", "http://127.0.0.1:9"], env={"RAAS_API_KEY": "k3y"})
+    assert quiet.exit_code == 1 and warning not in quiet.output
+
+
 # A job's text that a terminal would act on: an escape sequence that retitles the window, a
 # bell, and rich markup.
 EVIL = "\x1b]0;pwned\x07[red]x[/red]"

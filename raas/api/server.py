@@ -10,6 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from raas.api.app import create_app
+from raas.api.log_redaction import redact_logs
 from raas.api.state import ServiceState
 from raas.helpers import check_port
 from raas.settings import ServeSettings
@@ -68,4 +69,5 @@ def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
+    redact_logs(settings.api_key)  # uvicorn's handlers are set up by Config
     DrainingServer(config, app, settings.drain_grace_s).run()

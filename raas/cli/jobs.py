@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
-from raas.cli.output import exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_client
 
 
 @click.command()
 @click.argument("url")
-@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+@api_key_option()
 def status(url: str, api_key: str | None) -> None:
     """Show a server's queues, active jobs per stage and totals."""
     from raas.client import AsyncRolloutClient
@@ -50,7 +50,7 @@ def status(url: str, api_key: str | None) -> None:
 
 @click.command(short_help="The jobs in flight on a server: stage, turns, tokens, time.")
 @click.argument("url")
-@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+@api_key_option()
 def jobs(url: str, api_key: str | None) -> None:
     """List the jobs in flight on the server at URL: stage, turns and tokens so far, elapsed."""
     from rich.console import Console
@@ -94,7 +94,7 @@ def jobs(url: str, api_key: str | None) -> None:
 )
 @click.option("--sampling-params", default=None, help="JSON object merged under each line's own.")
 @click.option("--timeout-s", type=float, help="Per-job budget for lines that set none.")
-@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+@api_key_option()
 def submit(
     url: str,
     file: Path,

@@ -6,13 +6,39 @@ import asyncio
 import logging
 import textwrap
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 CAUSE_CHARS = 300  # of an error's cause on the last line
+
+
+def key_on_command_line(instead: str) -> str:
+    return (
+        "warning: --api-key on the command line is visible to every user of this machine (ps,"
+        f" /proc/PID/cmdline): give it as {instead}"
+    )
+
+
+def _warn_if_typed(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    typed = param.name is not None and ctx.get_parameter_source(param.name)
+    if value is not None and typed is ParameterSource.COMMANDLINE:
+        click.echo(key_on_command_line("RAAS_API_KEY"), err=True)
+    return value
+
+
+def api_key_option(what: str = "The server's API key") -> Callable[[F], F]:
+    """``--api-key``, from RAAS_API_KEY when not given; given, it warns that ps shows it."""
+    return click.option(
+        "--api-key",
+        envvar="RAAS_API_KEY",
+        callback=_warn_if_typed,
+        help=f"{what} (or RAAS_API_KEY, which ps does not show).",
+    )
 
 
 def run_client(coro: Coroutine[Any, Any, T]) -> T:
@@ -56,7 +82,7 @@ def _said(error: Any) -> str:
     from raas.helpers import plain
 
     hint = {
-        401: " (give the server's key: --api-key KEY or RAAS_API_KEY)",
+        401: " (give the server's key: RAAS_API_KEY=KEY, or --api-key KEY)",
         404: " (give the server's base URL, http://HOST:PORT, without a path)",
     }.get(error.status_code, "")
     return f"{plain(error)}{hint}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from raas.cli.output import exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_client
 from raas.settings import defaults
 
 SABOTAGE = click.option(
@@ -58,9 +58,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 @click.option("--limit", type=int, help="Only the first N tasks.")
 @click.option("--url", help="A running raas server; default: start one here.")
 @click.option("--llm", multiple=True, help="Inference servers for the in-process service.")
-@click.option(
-    "--api-key", envvar="RAAS_API_KEY", help="Bearer token of the --url server (or RAAS_API_KEY)."
-)
+@api_key_option("The --url server's API key")
 @click.option(
     "--model",
     default=defaults().tokenizer,

@@ -66,10 +66,12 @@ def settings_options(f: F) -> F:
 def serve(config_file: Path | None, **options: Any) -> None:
     """Run the rollout service (HTTP API, three stage pools, SQLite results)."""
     from raas.api.server import serve as run_server
-    from raas.cli.output import setup_logging
+    from raas.cli.output import key_on_command_line, setup_logging
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
 
+    if options.get("api_key") is not None:
+        click.echo(key_on_command_line("RAAS_API_KEY or in a file (--api-key-file)"), err=True)
     try:
         settings = load_settings(config_file, options)
     except SettingsError as e:
