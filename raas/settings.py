@@ -120,6 +120,13 @@ class ServeSettings(BaseSettings):
         default=None,
         description="A file holding the API key (its first line), which keeps it out of ps.",
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Names the server is reached by besides localhost, 127.0.0.1, ::1 and --host"
+        " (a proxy's): without an API key a request naming another Host is refused (DNS"
+        " rebinding), and pages of these names may post to it. Repeatable; RAAS_ALLOWED_HOSTS:"
+        " comma-separated.",
+    )
     max_body_mb: float = Field(
         default=128.0,
         gt=0,
@@ -153,7 +160,7 @@ class ServeSettings(BaseSettings):
     )
     log_level: LogLevel = Field(default="info", description="Logging level.")
 
-    @field_validator("llm", mode="before")
+    @field_validator("llm", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         # The environment gives one string; a TOML file or flags give a list.

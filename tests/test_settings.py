@@ -84,3 +84,10 @@ def test_the_key_comes_from_a_file_or_the_environment_once(
     for path, says in ((empty, "holds no API key"), (tmp_path / "none", "cannot read the API key")):
         with pytest.raises(SettingsError, match=says):
             validate({"api_key_file": path})
+
+
+def test_allowed_hosts_come_comma_separated_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAAS_ALLOWED_HOSTS", "raas.internal, node-7")
+    assert load_settings(None, {}).allowed_hosts == ["raas.internal", "node-7"]
