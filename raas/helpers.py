@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import email.utils
 import errno
+import ipaddress
 import os
 import re
 import signal
@@ -59,6 +60,19 @@ def check_port(host: str, port: int) -> None:
                     f"{host}:{port} is in use (pass --port N, or stop what holds it)"
                 ) from e
             raise PortBusy(f"{host}:{port} cannot be bound: {e.strerror}") from e
+
+
+def is_loopback(host: str) -> bool:
+    """Does binding ``host`` listen on this machine's loopback only (``localhost``,
+    ``127.0.0.1``, ``::1``, or a name that resolves to nothing else)? ``0.0.0.0``, ``::`` and
+    ``""`` (every interface) do not."""
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), None) if host else []
+    except (OSError, UnicodeError):
+        return False
+    return bool(found) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found
+    )
 
 
 def port_free(host: str, port: int) -> bool:

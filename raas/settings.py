@@ -112,9 +112,9 @@ class ServeSettings(BaseSettings):
     )
     api_key: str | None = Field(
         default=None,
-        description="Require 'Authorization: Bearer KEY' on every route but /healthz. As a flag"
-        " it is visible to every user of the machine (ps): prefer RAAS_API_KEY or"
-        " --api-key-file.",
+        description="Require 'Authorization: Bearer KEY' on every route but /healthz. Without"
+        " one the server binds only a loopback address. As a flag it is visible to every user"
+        " of the machine (ps): prefer RAAS_API_KEY or --api-key-file.",
     )
     api_key_file: Path | None = Field(
         default=None,

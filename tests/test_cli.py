@@ -149,6 +149,29 @@ def test_a_database_from_a_newer_raas_is_one_line_before_anything_starts(
         assert (result.exit_code, result.output) == (1, said), args
 
 
+def test_a_server_without_a_key_binds_loopback_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raas.api.server import DrainingServer
+
+    served: list[str] = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: served.append(self.config.host))
+    for name in ("RAAS_API_KEY", "RAAS_API_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    db = tmp_path / "open.db"
+    serve = ["serve", "--db", str(db), "--port", str(free_port())]
+    for host in ("0.0.0.0", "::"):
+        result = CliRunner().invoke(main, [*serve, "--host", host])
+        assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
+        assert f"--host {host} without an API key" in result.output
+        assert "RAAS_API_KEY or --api-key-file" in result.output
+    assert served == [] and not db.exists()
+    assert CliRunner().invoke(main, [*serve, "--host", "localhost"]).exit_code == 0
+    monkeypatch.setenv("RAAS_API_KEY", "a-key-of-this-server")
+    assert CliRunner().invoke(main, [*serve, "--host", "0.0.0.0"]).exit_code == 0
+    assert served == ["localhost", "0.0.0.0"]
+
+
 def test_a_key_given_as_a_flag_is_said_to_be_visible_to_everyone() -> None:
     warning = "--api-key on the command line is visible to every user of this machine"
     serve = CliRunner().invoke(main, ["serve", "--api-key", "k3y", "--run-workers", "0"])
