@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from raas.client.task_files import write_results
+from raas.client.task_files import markup, write_results
 from raas.oracle.sabotage import sabotage_of
 from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled
@@ -59,7 +59,7 @@ def sabotaged_line(results: list[Any], engine_args: list[str]) -> str:
     """Which rollouts the oracle answered wrong on purpose (they must score 0.0)."""
     fraction = float(engine_args[engine_args.index("--sabotage") + 1]) if engine_args else 0.0
     wrong = [
-        f"{r.instance_id} ({way}: reward {r.reward})"
+        f"{markup(r.instance_id)} ({way}: reward {r.reward})"
         for r in results
         if (way := sabotage_of(r.data_source, str(r.instance_id), fraction, 0)) is not None
     ]

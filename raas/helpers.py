@@ -11,7 +11,9 @@ from __future__ import annotations
 import difflib
 import email.utils
 import errno
+import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,6 +60,19 @@ def check_port(host: str, port: int) -> None:
                     f"{host}:{port} is in use (pass --port N, or stop what holds it)"
                 ) from e
             raise PortBusy(f"{host}:{port} cannot be bound: {e.strerror}") from e
+
+
+def is_loopback(host: str) -> bool:
+    """Does binding ``host`` listen on this machine's loopback only (``localhost``,
+    ``127.0.0.1``, ``::1``, or a name that resolves to nothing else)? ``0.0.0.0``, ``::`` and
+    ``""`` (every interface) do not."""
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), None) if host else []
+    except (OSError, UnicodeError):
+        return False
+    return bool(found) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found
+    )
 
 
 def port_free(host: str, port: int) -> bool:
@@ -249,6 +264,18 @@ def without_none(annotation: Any) -> tuple[Any, bool]:
     if len(rest) != 1:
         return annotation, False
     return rest[0], len(rest) < len(args)
+
+
+# What a terminal acts on instead of showing: C0 and C1 controls (ESC starts a sequence that can
+# retitle the window, move the cursor, write the clipboard), DEL, and the bidirectional marks
+# and overrides that reorder the text around them.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: object) -> str:
+    """Text from a job or a server (an instance id, a data_source, an error message) that is
+    safe to print on a terminal: each control character shown as its escape (``\\x1b``)."""
+    return CONTROL_CHARACTERS.sub(lambda m: ascii(m.group())[1:-1], str(value))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -21,7 +21,13 @@ from rich.table import Table
 
 from raas.api.app import create_app
 from raas.client import RolloutClient
-from raas.client.task_files import Counting, infra_errors, run_requests, say_cancelling
+from raas.client.task_files import (
+    Counting,
+    infra_errors,
+    markup,
+    run_requests,
+    say_cancelling,
+)
 from raas.helpers import free_port, wait_until_answers
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
@@ -156,15 +162,15 @@ def result_table(results: list[RolloutResult], title: str) -> Table:
             ratio=1 if col == "why" else None,
         )
     mixed = len({r.data_source for r in results}) > 1
-    for r in results:
+    for r in results:  # what a job says is its submitter's or its policy's: shown, not acted on
         name = str(r.instance_id or r.job_id[:10])
         table.add_row(
-            f"{r.data_source}:{name}" if mixed and r.data_source not in name else name,
-            r.state,
+            markup(f"{r.data_source}:{name}" if mixed and r.data_source not in name else name),
+            markup(r.state),
             "-" if r.reward is None else f"{r.reward:.1f}",
             str(len(r.trajectory.turns)),
             str(generated_tokens(r)),
-            why(r),
+            markup(why(r)),
             f"{r.timing.total_s:.1f}",
         )
     return table
@@ -181,7 +187,7 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
         f"{len(results)} rollouts in {wall_s:.1f} s ({60 * len(results) / wall_s:.1f} per minute,"
         f" {tokens / wall_s:.1f} generated tokens/s): mean reward {mean:.3f}, pass rate"
         f" {passed}/{len(rewards)}; "
-        + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
+        + ", ".join(f"{markup(k)} {v}" for k, v in sorted(states.items()))
         + (f" ({infra} of them for infra reasons)" if (infra := len(infra_errors(results))) else "")
     )
 
@@ -202,7 +208,7 @@ async def replay(
             handler = registry.get(result.data_source) if result.data_source in registry else None
             artifact = result.metrics.get("artifact")
             if instance is None or not isinstance(handler, AgentTask) or artifact is None:
-                console.print(f"skipping {result.instance_id}: no task, judge or artifact")
+                console.print(f"skipping {markup(result.instance_id)}: no task, judge or artifact")
                 continue
             info = await handler.judge(instance, artifact, services)
             rows.append((str(result.instance_id), result.reward, info.reward))

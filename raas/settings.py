@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -112,7 +112,20 @@ class ServeSettings(BaseSettings):
     )
     api_key: str | None = Field(
         default=None,
-        description="Require 'Authorization: Bearer KEY' on every route but /healthz.",
+        description="Require 'Authorization: Bearer KEY' on every route but /healthz. Without"
+        " one the server binds only a loopback address. As a flag it is visible to every user"
+        " of the machine (ps): prefer RAAS_API_KEY or --api-key-file.",
+    )
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the API key (its first line), which keeps it out of ps.",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Names the server is reached by besides localhost, 127.0.0.1, ::1 and --host"
+        " (a proxy's): without an API key a request naming another Host is refused (DNS"
+        " rebinding), and pages of these names may post to it. Repeatable; RAAS_ALLOWED_HOSTS:"
+        " comma-separated.",
     )
     max_body_mb: float = Field(
         default=128.0,
@@ -147,13 +160,24 @@ class ServeSettings(BaseSettings):
     )
     log_level: LogLevel = Field(default="info", description="Logging level.")
 
-    @field_validator("llm", mode="before")
+    @field_validator("llm", "allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         # The environment gives one string; a TOML file or flags give a list.
         if isinstance(value, str):
             return [a.strip() for a in value.split(",") if a.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _key_from_file(self) -> ServeSettings:
+        if self.api_key_file is None:
+            return self
+        key = read_key_file(self.api_key_file)
+        # Validated again (model_validate does), the key read the first time is no second key.
+        if self.api_key not in (None, key):
+            raise ValueError("give the API key once: api_key (RAAS_API_KEY) or api_key_file")
+        self.api_key = key
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -165,6 +189,18 @@ class ServeSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _TomlFile(settings_cls)
+
+
+def read_key_file(path: Path) -> str:
+    """The key in ``path``: its first line, without the spaces around it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the API key from {path}: {e}") from e
+    if not key:
+        raise ValueError(f"{path} holds no API key (its first line is empty)")
+    return key
 
 
 def defaults() -> ServeSettings:
@@ -198,10 +234,13 @@ def validate(values: Mapping[str, Any]) -> ServeSettings:
 
 
 def _problems(e: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-        for err in e.errors()
-    )
+    return "; ".join(_problem(err) for err in e.errors())
+
+
+def _problem(err: Any) -> str:
+    if not err["loc"]:  # a check across fields: its input is every setting, the key included
+        return str(err["msg"]).removeprefix("Value error, ")
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
 
 
 # -- settings as command-line flags ------------------------------------------------------------

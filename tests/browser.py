@@ -146,13 +146,21 @@ class Browser:
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stdout
 
-    def dom(self, url: str, budget_ms: int = 3000, size: tuple[int, int] = (1400, 1000)) -> Node:
-        """The page's DOM once its data has loaded (after ``budget_ms`` of virtual time)."""
+    def dom(
+        self,
+        url: str,
+        budget_ms: int = 3000,
+        size: tuple[int, int] = (1400, 1000),
+        flags: tuple[str, ...] = (),
+    ) -> Node:
+        """The page's DOM once its data has loaded (after ``budget_ms`` of virtual time);
+        ``flags`` go to Chromium as well."""
         out = self._run(
             url,
             f"--window-size={size[0]},{size[1]}",
             f"--virtual-time-budget={budget_ms}",
             "--dump-dom",
+            *flags,
         )
         return parse(out)
 

@@ -88,7 +88,7 @@ def client(tmp_path: Path, registry: TaskRegistry) -> ApiClient:
         app = create_app(ServeSettings(**{**defaults, **settings}), registry)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://raas") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
                 yield http
 
     return make

@@ -3,6 +3,7 @@ usable, 405s that name every method, and an OpenAPI document that lists what the
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
+from raas.api.auth import COOKIE
 from raas.settings import ServeSettings, SettingsError, load_settings
 from raas.tasks import TaskRegistry
 from tests.probe import WAIT_S, ProbeTask, probe_instance
@@ -44,7 +46,7 @@ def client(tmp_path: Path, registry: TaskRegistry, seen: Seen) -> Client:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)  # an app exception (a 500) is raised here
             async with httpx.AsyncClient(
-                transport=transport, base_url="http://raas", event_hooks={"response": [record]}
+                transport=transport, base_url="http://localhost", event_hooks={"response": [record]}
             ) as http:
                 yield http
 
@@ -66,9 +68,9 @@ async def call_asgi(
         "raw_path": path.encode(),
         "root_path": "",
         "query_string": b"",
-        "headers": headers,
+        "headers": [(b"host", b"localhost"), *headers],
         "client": ("127.0.0.1", 1),
-        "server": ("raas", 80),
+        "server": ("localhost", 80),
     }
     read = 0
     sent: list[dict[str, Any]] = []
@@ -122,6 +124,87 @@ async def test_a_huge_body_without_the_key_is_never_read(
         settings, registry, "/v1/rollouts", [(b"content-length", length)]
     )
     assert status == 401 and not read
+
+
+# -- a server without a key, against web pages ---------------------------------------------------
+
+FOREIGN_PAGE = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+BROWSER = "Mozilla/5.0 (X11; Linux x86_64) Chrome/156.0"
+
+
+async def test_a_keyless_server_answers_only_to_its_own_names(client: Client) -> None:
+    """DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 reads the API
+    as its own origin; its requests still say ``Host: evil.example``."""
+    async with client(allowed_hosts=["raas.internal"]) as http:
+        for host in ("evil.example", "evil.example:8000", "localhost.evil.example", "", "[::2]"):
+            for path in ("/v1/status", "/v1/rollouts", "/healthz", "/ui", "/openapi.json"):
+                r = await http.get(path, headers={"Host": host})
+                assert r.status_code == 403, (host, path, r.text)
+            assert "not a name of this server" in r.json()["detail"]
+        r = await http.post("/stop", headers={"Host": "evil.example"})
+        assert r.status_code == 403 and (await http.get("/v1/status")).json()["accepting"]
+        for host in ("localhost", "LOCALHOST:8000", "127.0.0.1:9", "[::1]:8000", "raas.internal"):
+            assert (await http.get("/v1/status", headers={"Host": host})).status_code == 200, host
+    async with client(api_key=KEY) as http:  # a key guards it: any name leads there
+        r = await http.get("/v1/status", headers={"Host": "raas.example.org", **AUTH})
+        assert r.status_code == 200
+
+
+async def test_a_page_on_another_origin_changes_nothing(client: Client, probe: ProbeTask) -> None:
+    """What a form or a no-cors fetch of another page sends, refused on every route that changes
+    something; a program's request (no Origin) and the server's own pages' pass."""
+    async with client() as http:
+        job = {"instance": probe_instance(run="block"), "job_id": "held"}
+        assert (await http.post("/v1/rollouts", json=job)).status_code == 202
+        await probe.wait_entered("held", "run")
+        assert (await http.post("/v1/backends", json={"url": "http://127.0.0.1:9"})).is_success
+        attempts = [
+            ("/stop", {**FOREIGN_PAGE, "Content-Type": "application/x-www-form-urlencoded"}),
+            ("/stop", {"Origin": "null", "User-Agent": BROWSER}),
+            ("/stop", {"Sec-Fetch-Site": "same-site", "Origin": "http://localhost:9000"}),
+            ("/stop", {"User-Agent": BROWSER}),  # a browser that did not say where from
+            ("/clear_llm_server", {**FOREIGN_PAGE, "Content-Type": "text/plain"}),
+            ("/v1/rollouts/held/cancel", FOREIGN_PAGE),
+            ("/cancel", {**FOREIGN_PAGE, "Content-Type": "text/plain"}),
+        ]
+        for path, headers in attempts:
+            r = await http.post(path, headers=headers, content=b'{"job_id": "held"}')
+            assert r.status_code == 403, (path, headers, r.text)
+            assert "another web page" in r.json()["detail"]
+        blob = {"instance": probe_instance(), "job_id": "planted"}  # a Blob has no type
+        r = await http.post("/v1/rollouts", headers=FOREIGN_PAGE, content=json.dumps(blob))
+        assert r.status_code == 403
+        # A form from no page at all is no API request either.
+        r = await http.post("/stop", data={"a": "1"})
+        assert r.status_code == 415 and "Content-Type: application/json" in r.json()["detail"]
+        status = (await http.get("/v1/status")).json()
+        assert status["accepting"] and status["llm_servers"] == ["http://127.0.0.1:9"]
+        assert (await http.get("/v1/rollouts/held")).json()["state"] == "run"
+        assert (await http.get("/v1/rollouts/planted")).status_code == 404
+
+        # The server's own page (/docs' "try it out"), and programs, as ProRL's send them.
+        own = {"Origin": "http://localhost", "Sec-Fetch-Site": "same-origin", "User-Agent": BROWSER}
+        assert (await http.post("/stop", headers=own)).status_code == 200
+        assert (await http.post("/start")).status_code == 200
+        assert (await http.post("/clear_llm_server")).status_code == 200
+        cancelled = await http.post("/v1/rollouts/held/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+
+
+async def test_the_sign_in_form_is_taken_from_the_servers_own_page_only(client: Client) -> None:
+    async with client(api_key=KEY) as http:
+        own = {"Origin": "http://localhost", "User-Agent": BROWSER}
+        r = await http.post("/ui/login", data={"key": KEY}, headers=own)
+        assert r.status_code == 303 and COOKIE in r.cookies
+        http.cookies.clear()
+        r = await http.post("/ui/login", data={"key": KEY}, headers=FOREIGN_PAGE)
+        assert r.status_code == 403 and COOKIE not in r.cookies
+    # Behind a proxy that sends its own Host, the page's name is one the operator allows.
+    proxied = {"Origin": "https://raas.example", "Host": "127.0.0.1:8000", "User-Agent": BROWSER}
+    for allowed, status in (([], 403), (["raas.example"], 303)):
+        async with client(api_key=KEY, allowed_hosts=allowed) as http:
+            r = await http.post("/ui/login", data={"key": KEY}, headers=proxied)
+            assert r.status_code == status, allowed
 
 
 # -- the body size limit ------------------------------------------------------------------------
@@ -325,6 +408,9 @@ async def test_every_status_the_routes_answer_is_documented(
         await http.get("/v1/dashboard/jobs/a/tokens")
         await http.get("/v1/dashboard/jobs/nope/tokens")
         probe.release("a", "init")
+        await http.post("/stop", headers=FOREIGN_PAGE)
+        await http.post("/stop", data={"a": "1"})
+        await http.get("/v1/status", headers={"Host": "evil.example", "Authorization": "Bearer x"})
         await http.post("/stop")
         await http.post("/v1/rollouts", json={"instance": probe_instance()})
         await http.post("/v1/rollouts:batch", json={"jobs": full})
@@ -332,7 +418,7 @@ async def test_every_status_the_routes_answer_is_documented(
         await http.post("/start")
         await http.post("/process", json={"instance": probe_instance()})
     statuses = {status for _, _, status in seen}
-    assert {200, 201, 202, 204, 303, 401, 404, 409, 413, 422, 429, 503} <= statuses
+    assert {200, 201, 202, 204, 303, 401, 403, 404, 409, 413, 415, 422, 429, 503} <= statuses
     undocumented = sorted(
         (method, path, status)
         for method, path, status in seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -146,6 +147,78 @@ def test_a_database_from_a_newer_raas_is_one_line_before_anything_starts(
     for args in (serve, export):
         result = CliRunner().invoke(main, args)
         assert (result.exit_code, result.output) == (1, said), args
+
+
+def test_a_server_without_a_key_binds_loopback_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raas.api.server import DrainingServer
+
+    served: list[str] = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: served.append(self.config.host))
+    for name in ("RAAS_API_KEY", "RAAS_API_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    db = tmp_path / "open.db"
+    serve = ["serve", "--db", str(db), "--port", str(free_port())]
+    for host in ("0.0.0.0", "::"):
+        result = CliRunner().invoke(main, [*serve, "--host", host])
+        assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
+        assert f"--host {host} without an API key" in result.output
+        assert "RAAS_API_KEY or --api-key-file" in result.output
+    assert served == [] and not db.exists()
+    assert CliRunner().invoke(main, [*serve, "--host", "localhost"]).exit_code == 0
+    monkeypatch.setenv("RAAS_API_KEY", "a-key-of-this-server")
+    assert CliRunner().invoke(main, [*serve, "--host", "0.0.0.0"]).exit_code == 0
+    assert served == ["localhost", "0.0.0.0"]
+
+
+def test_a_key_given_as_a_flag_is_said_to_be_visible_to_everyone() -> None:
+    warning = "--api-key on the command line is visible to every user of this machine"
+    serve = CliRunner().invoke(main, ["serve", "--api-key", "k3y", "--run-workers", "0"])
+    assert serve.exit_code == 2 and warning in serve.output and "--api-key-file" in serve.output
+    jobs = CliRunner().invoke(main, ["jobs", "http://127.0.0.1:9", "--api-key", "k3y"])
+    assert warning in jobs.output and "RAAS_API_KEY" in jobs.output
+    quiet = CliRunner().invoke(main, ["jobs", "http://127.0.0.1:9"], env={"RAAS_API_KEY": "k3y"})
+    assert quiet.exit_code == 1 and warning not in quiet.output
+
+
+# A job's text that a terminal would act on: an escape sequence that retitles the window, a
+# bell, and rich markup.
+EVIL = "\x1b]0;pwned\x07[red]x[/red]"
+SHOWN = "\\x1b]0;pwned\\x07[red]x[/red]"
+
+
+def test_job_data_is_printed_as_text_not_as_terminal_codes_or_markup(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    from raas.api.app import create_app
+    from raas.settings import validate
+    from tests.llm_servers import ServerThread
+
+    tasks = tmp_path / "t.jsonl"
+    instance = {"data_source": "countdown", "numbers": [2, 5, 10], "target": 20}
+    tasks.write_text(json.dumps({**instance, "instance_id": EVIL}) + "\n")
+    running = {"job_id": "j-1", "data_source": EVIL, "state": "run", "stage": "run"}
+    running |= {"turns": 1, "response_tokens": 2, "elapsed_s": 3.0, "attempts": 1}
+    listing = FastAPI()  # a server whose running job says so
+    listing.add_api_route("/v1/rollouts:running", lambda: {"jobs": [running]}, methods=["GET"])
+    servers = [ServerThread(create_app(validate({"db": tmp_path / "r.db"}))), ServerThread(listing)]
+    raas, fake = (s.start() for s in servers)
+    wide = {"COLUMNS": "200"}
+    try:
+        ran = CliRunner().invoke(
+            main,
+            ["run", str(tasks), "--url", raas.url, "--out", str(tmp_path / "r.jsonl")],
+            env=wide,
+        )
+        listed = CliRunner().invoke(main, ["jobs", fake.url], env=wide)
+    finally:
+        for server in servers:
+            server.stop()
+    for result in (ran, listed):
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.output and "\x07" not in result.output
+        assert SHOWN in result.output, result.output
 
 
 def test_serve_refuses_a_tokenizer_it_cannot_load(tmp_path: Path) -> None:

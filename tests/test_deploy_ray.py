@@ -67,6 +67,12 @@ def test_options_become_flags_that_raas_serve_accepts() -> None:
     assert params["run_workers"] == 4 and params["sandbox"] == "local"
 
 
+def test_the_key_reaches_the_servers_environment_not_their_command_lines() -> None:
+    dep = RayDeployment({"api_key": "ray-key", "run_workers": 2}, env={"X": "1"})
+    assert dep.args == ["--run-workers", "2"]
+    assert dep.env == {"X": "1", "RAAS_API_KEY": "ray-key"}
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

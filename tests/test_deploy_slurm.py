@@ -22,6 +22,10 @@ from raas.client import ServerListError, read_server_list
 from raas.deploy.slurm import SlurmOptionError, SlurmOptions, node_command, render_sbatch
 from raas.helpers import free_port
 
+# The node servers listen on every interface, so they need a key.
+KEY = "node-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
 
 def options(tmp_path: Path, **kw: object) -> SlurmOptions:
     base: dict[str, object] = {"workdir": tmp_path, "server_list": tmp_path / "servers.txt"}
@@ -151,6 +155,19 @@ def test_cli_writes_the_script_and_passes_serve_options(tmp_path: Path) -> None:
     assert "-- --run-workers 32 --llm-protocol sglang" in script
 
 
+def test_cli_says_when_the_servers_would_have_no_key(tmp_path: Path) -> None:
+    """The servers listen on every interface, where one without a key refuses to start."""
+    base = ["slurm", "--workdir", str(tmp_path), "-o", str(tmp_path / "job.sbatch")]
+    no_key = {"RAAS_API_KEY": None, "RAAS_API_KEY_FILE": None}
+    bare = CliRunner().invoke(main, base, env=no_key)
+    assert bare.exit_code == 0 and "each needs an API key" in bare.output, bare.output
+    key_file = tmp_path / "key"
+    key_file.write_text("k" * 32)
+    for env, args in (({"RAAS_API_KEY": KEY}, []), (no_key, ["--api-key-file", str(key_file)])):
+        keyed = CliRunner().invoke(main, [*base, *args], env=env)
+        assert keyed.exit_code == 0 and "API key" not in keyed.output, keyed.output
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -239,7 +256,7 @@ def _node(tmp_path: Path, port: int, *serve_args: str, node_id: int = 0) -> subp
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**env, "SLURM_NODEID": str(node_id)},
+        env={**env, "SLURM_NODEID": str(node_id), "RAAS_API_KEY": KEY},
     )
 
 
@@ -252,7 +269,7 @@ def test_nodes_list_their_servers_and_drain_on_sigterm(tmp_path: Path) -> None:
         urls = read_server_list(tmp_path / "servers.txt", wait=60, poll_s=0.1)
         assert urls == [f"http://{socket.gethostname()}:{p}" for p in ports]
         for port in ports:
-            backends = httpx.get(f"http://127.0.0.1:{port}/v1/backends").json()
+            backends = httpx.get(f"http://127.0.0.1:{port}/v1/backends", headers=AUTH).json()
             # The --llm template, with this node's name filled in.
             assert [b["url"] for b in backends] == [f"http://{socket.gethostname()}:1"]
         for proc in procs:

@@ -81,7 +81,7 @@ async def raas_app(
 
 def client(app: FastAPI, token: str) -> openai.AsyncOpenAI:
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-    return openai.AsyncOpenAI(base_url="http://raas/v1", api_key=token, http_client=http)
+    return openai.AsyncOpenAI(base_url="http://localhost/v1", api_key=token, http_client=http)
 
 
 def open_job(gateway: Gateway, job_id: str = "job-1", **params: Any) -> GatewaySession:
@@ -263,7 +263,7 @@ async def test_a_job_token_reaches_its_own_session_only(
             await client(app, a.token).chat.completions.create(model="m", messages=messages)
         # A job token opens the gateway's paths, and nothing else of the server.
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://raas"
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
         ) as http:
             auth = {"Authorization": f"Bearer {b.token}"}
             assert (await http.get("/v1/rollouts", headers=auth)).status_code == 401

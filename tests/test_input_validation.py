@@ -46,7 +46,7 @@ def app(tmp_path: Path, registry: TaskRegistry) -> Any:
 async def http(app: Any) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)  # an app exception would be raised here
-        async with httpx.AsyncClient(transport=transport, base_url="http://raas") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client
 
 

@@ -186,7 +186,7 @@ async def http(tmp_path: Path, registry: TaskRegistry) -> AsyncIterator[httpx.As
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://raas", timeout=120
+            transport=transport, base_url="http://localhost", timeout=120
         ) as client:
             yield client
 

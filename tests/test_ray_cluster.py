@@ -20,6 +20,12 @@ from raas.tasks.countdown import generate_instances
 from raas.wire import RolloutRequest, RolloutResult
 from tests.tiers import require
 
+# The servers listen on the nodes' addresses, so they need a key (given as an option, it goes
+# to their environment, not their command lines).
+KEY = "ray-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+OPTIONS = {"log_level": "warning", "api_key": KEY}
+
 pytestmark = pytest.mark.ray
 
 
@@ -74,11 +80,11 @@ async def rollouts(urls: list[str], n: int, seed: int) -> list[RolloutResult]:
     on each server alone: countdown jobs finish too fast for the client's load balancing to be
     sure to use every server."""
     tasks = generate_instances(n + 2 * len(urls), seed=seed)
-    async with RolloutClient(urls) as client:
+    async with RolloutClient(urls, api_key=KEY) as client:
         ids = await client.submit_batch([RolloutRequest(instance=t) for t in tasks[:n]])
         results = await asyncio.gather(*(client.wait(j) for j in ids))
     for i, url in enumerate(urls):
-        async with RolloutClient(url) as client:
+        async with RolloutClient(url, api_key=KEY) as client:
             mine = tasks[n + 2 * i : n + 2 * i + 2]
             ids = await client.submit_batch([RolloutRequest(instance=t) for t in mine])
             results += await asyncio.gather(*(client.wait(j) for j in ids))
@@ -87,14 +93,16 @@ async def rollouts(urls: list[str], n: int, seed: int) -> list[RolloutResult]:
 
 def finished(url: str) -> int:
     """Results in the server's database (from before a restart too)."""
-    return len(httpx.get(url + "/v1/rollouts", params={"limit": 1000}).json()["results"])
+    return len(
+        httpx.get(url + "/v1/rollouts", params={"limit": 1000}, headers=AUTH).json()["results"]
+    )
 
 
 def test_per_node_servers_survive_kills(cluster: Any, tmp_path: Path) -> None:
     import ray
 
     dep = RayDeployment(
-        {"run_workers": 2, "llm": ["http://127.0.0.1:9"], "log_level": "warning"},
+        {"run_workers": 2, "llm": ["http://127.0.0.1:9"], "log_level": "warning", "api_key": KEY},
         workdir=tmp_path,
         server_list=tmp_path / "servers.txt",
     )
@@ -105,8 +113,10 @@ def test_per_node_servers_survive_kills(cluster: Any, tmp_path: Path) -> None:
         ip = ray.util.get_node_ip_address()
         assert all(u.startswith(f"http://{ip}:") for u in urls)
         assert len({s.node_id for s in dep.servers()}) == 2
+        # The key reached the servers through their environment, not their command lines.
+        assert all(KEY not in Path(f"/proc/{s.pid}/cmdline").read_text() for s in dep.servers())
         for url in urls:  # the options reached every server
-            status = httpx.get(url + "/v1/status").json()
+            status = httpx.get(url + "/v1/status", headers=AUTH).json()
             assert status["stages"]["run"]["workers"] == 2
             assert status["llm_servers"] == ["http://127.0.0.1:9"]
         assert dep.check() == []
@@ -159,14 +169,14 @@ def test_per_node_servers_survive_kills(cluster: Any, tmp_path: Path) -> None:
 
 
 def test_fixed_count_and_nodes_joining_and_leaving(cluster: Any, tmp_path: Path) -> None:
-    with RayDeployment({"log_level": "warning"}, workdir=tmp_path, name="three") as dep:
+    with RayDeployment(OPTIONS, workdir=tmp_path, name="three") as dep:
         dep.start(num_servers=3)
         nodes = [s.node_id for s in dep.servers()]
         assert sorted(nodes.count(n) for n in set(nodes)) == [1, 2]
         assert all(httpx.get(u + "/healthz").status_code == 200 for u in dep.urls())
     assert raas_pids(tmp_path) == []
 
-    with RayDeployment({"log_level": "warning"}, workdir=tmp_path, name="follow") as dep:
+    with RayDeployment(OPTIONS, workdir=tmp_path, name="follow") as dep:
         assert len(dep.start()) == 2
         node = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -183,6 +184,28 @@ def test_submit_file_then_export(start_server: Any, tmp_path: Path) -> None:
     assert table.num_rows == 6
     assert set(table.column("state").to_pylist()) == {"done"}
     assert table.column("reward").to_pylist() == [1.0] * 6
+
+
+def test_the_key_stays_out_of_the_log_and_the_command_line(
+    start_server: Any, tmp_path: Path
+) -> None:
+    """Read from a file (or RAAS_API_KEY), the key is in no process's command line; sent as
+    ``?key=`` (where the dashboard takes it, or anywhere by mistake), it is in no log line."""
+    key = "key-" + secrets.token_hex(12)
+    key_file = tmp_path / "raas.key"
+    key_file.write_text(key + "\n")
+    server = start_server(tmp_path / "keyed.db", "--api-key-file", str(key_file))
+    cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
+    queries = [f"/ui?key={key}", f"/v1/status?key={key}", f"/v1/rollouts?limit=1&api_key={key}"]
+    for path in [*queries, "/ui?key=another-servers-key", f"/v1/rollouts/{key}"]:
+        httpx.get(server.url + path)
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{server.url}/v1/status", headers=auth).status_code == 200
+    assert server.stop() == 0
+    log = server.log_path.read_text()
+    assert key.encode() not in cmdline
+    assert key not in log and "another-servers-key" not in log, log
+    assert log.count("key=(redacted)") == 4 and "GET /v1/rollouts/(redacted)" in log, log
 
 
 def test_submit_reports_a_bad_line(tmp_path: Path) -> None:

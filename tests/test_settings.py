@@ -62,3 +62,32 @@ def test_bad_settings_name_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("RAAS_EVAL_WORKERS", "zero")
     with pytest.raises(SettingsError, match="eval_workers"):
         load_settings(None, {})
+
+
+def test_the_key_comes_from_a_file_or_the_environment_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "raas.key"
+    key_file.write_text("  file-key \n# a second line is not read\n")
+    assert load_settings(None, {"api_key_file": key_file}).api_key == "file-key"
+    monkeypatch.setenv("RAAS_API_KEY_FILE", str(key_file))
+    assert load_settings(None, {}).api_key == "file-key"
+    monkeypatch.setenv("RAAS_API_KEY", "env-key")
+    with pytest.raises(SettingsError, match="give the API key once") as twice:
+        load_settings(None, {})
+    assert "env-key" not in str(twice.value)  # a check across settings echoes none of them
+    monkeypatch.delenv("RAAS_API_KEY_FILE")
+    assert load_settings(None, {}).api_key == "env-key"
+    monkeypatch.delenv("RAAS_API_KEY")
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    for path, says in ((empty, "holds no API key"), (tmp_path / "none", "cannot read the API key")):
+        with pytest.raises(SettingsError, match=says):
+            validate({"api_key_file": path})
+
+
+def test_allowed_hosts_come_comma_separated_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAAS_ALLOWED_HOSTS", "raas.internal, node-7")
+    assert load_settings(None, {}).allowed_hosts == ["raas.internal", "node-7"]

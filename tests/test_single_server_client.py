@@ -39,7 +39,7 @@ async def test_client_waits_out_a_429_and_loses_nothing(
     app = create_app(settings, registry)
     async with app.router.lifespan_context(app):
         transport = ReleaseOn429(httpx.ASGITransport(app=app), probe, "blocker")
-        async with AsyncRolloutClient("http://raas", transport=transport) as client:
+        async with AsyncRolloutClient("http://localhost", transport=transport) as client:
             first = RolloutRequest(instance=probe_instance(init="block"), job_id="blocker")
             await client.submit(first)
             await probe.wait_entered("blocker", "init")
@@ -59,7 +59,7 @@ async def test_run_requests_returns_results_in_submission_order(
     app = create_app(ServeSettings(db=tmp_path / "r.db"), registry)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with RolloutClient("http://raas", transport=transport) as client:
+        async with RolloutClient("http://localhost", transport=transport) as client:
             requests = [RolloutRequest(instance=probe_instance(), job_id=f"r{i}") for i in range(7)]
             seen: list[str] = []
             results = await run_requests(
@@ -90,7 +90,7 @@ async def test_a_batch_cut_off_on_the_wire_is_cancelled_on_the_server(
     app = create_app(ServeSettings(db=tmp_path / "w.db"), registry)
     async with app.router.lifespan_context(app):
         transport = HoldsTheBatchAnswer(httpx.ASGITransport(app=app))
-        async with RolloutClient("http://raas", transport=transport) as client:
+        async with RolloutClient("http://localhost", transport=transport) as client:
             requests = [
                 RolloutRequest(instance=probe_instance(init="block"), job_id=f"w{i}")
                 for i in range(2)
@@ -101,7 +101,9 @@ async def test_a_batch_cut_off_on_the_wire_is_cancelled_on_the_server(
             run.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await run
-        async with AsyncRolloutClient("http://raas", transport=httpx.ASGITransport(app=app)) as c:
+        async with AsyncRolloutClient(
+            "http://localhost", transport=httpx.ASGITransport(app=app)
+        ) as c:
             states = [(await c.get(f"w{i}")).state for i in range(2)]
     assert told == [2]
     assert states == ["cancelled", "cancelled"]

@@ -29,6 +29,9 @@ from raas.wire import RolloutRequest
 
 pytestmark = pytest.mark.slurm
 HOST = socket.gethostname()
+# The servers listen on every interface, so they need a key; sbatch passes the environment on.
+KEY = "slurm-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def processes_with(marker: str, job_id: str) -> dict[int, str]:
@@ -93,6 +96,7 @@ class Job:
             capture_output=True,
             text=True,
             timeout=60,
+            env={**os.environ, "RAAS_API_KEY": KEY},
         )
         assert run.returncode == 0, run.stderr
         self.id = run.stdout.strip()
@@ -133,13 +137,13 @@ def job(tmp_path: Path) -> Iterator[type[Job]]:
 
 
 async def rollouts(urls: list[str], tasks: list[dict[str, object]], **kw: object) -> list[str]:
-    async with RolloutClient(urls) as client:
+    async with RolloutClient(urls, api_key=KEY) as client:
         groups = await client.generate_groups(tasks, n=2, sampling_params=kw)
     return [f"{r.state}:{r.reward}" for g in groups for r in g.results]
 
 
 async def submit_many(urls: list[str], tasks: list[dict[str, object]]) -> int:
-    async with RolloutClient(urls) as client:
+    async with RolloutClient(urls, api_key=KEY) as client:
         ids = await client.submit_batch([RolloutRequest(instance=t) for t in tasks])
     return len(ids)
 
@@ -187,7 +191,7 @@ def test_each_node_server_uses_the_engine_it_started(job: type[Job]) -> None:
     urls = read_server_list(j.servers, wait=300, poll_s=0.2)
     assert any(" -m raas engine --model tiny" in c for c in j.processes().values())
     # Locality: the server's backend is the engine on its own node, by the node's name.
-    backends = httpx.get(urls[0] + "/v1/backends", timeout=10).json()
+    backends = httpx.get(urls[0] + "/v1/backends", headers=AUTH, timeout=10).json()
     assert [(b["url"], b["healthy"]) for b in backends] == [(f"http://{HOST}:{engine_port}", True)]
     task = {"data_source": "math", "problem": "What is 2 + 2?", "answer": "4"}
     states = asyncio.run(rollouts(urls, [task], max_tokens=8, max_turns=1))

@@ -323,7 +323,7 @@ async def test_an_unknown_data_source_is_a_422_naming_it(
         app = create_app(ServeSettings(db=tmp_path / "api.db", cancel_grace_s=0.05), reg)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://raas") as http:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
                 yield http
 
     row = ROWS["gsm8k"][0]

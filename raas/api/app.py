@@ -14,11 +14,12 @@ from fastapi import FastAPI
 
 import raas
 from raas.agent.gateway import PATHS as GATEWAY_PATHS
-from raas.api.auth import ApiKeyMiddleware
+from raas.api.auth import LOGIN_PATH, ApiKeyMiddleware
 from raas.api.body_limit import BodyLimitMiddleware
+from raas.api.browser_guard import UNSAFE_METHODS, BrowserGuardMiddleware, guard_policy
 from raas.api.errors import PathMethods, install_error_handlers, responses
 from raas.api.metrics import PipelineMetrics
-from raas.api.openapi import document_api_key, document_instances
+from raas.api.openapi import document_api_key, document_form_refusal, document_instances
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.state import ServiceState
 from raas.llm.models import loaded_vocab_size
@@ -119,8 +120,8 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
     )
     methods = PathMethods()
     install_error_handlers(app, methods)
-    # The last added runs first: the key is checked before the body's size, both before any of
-    # the body is read.
+    # The last added runs first: a page's request is refused, then the key checked, then the
+    # body's size, all before any of the body is read.
     app.add_middleware(BodyLimitMiddleware, max_body_mb=settings.max_body_mb)
     app.add_middleware(
         ApiKeyMiddleware,
@@ -128,8 +129,12 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         job_paths=GATEWAY_PATHS,
         job_token=lambda token: _job_token(app, token),
     )
+    app.add_middleware(
+        BrowserGuardMiddleware,
+        policy=guard_policy(settings.api_key, settings.host, settings.allowed_hosts, [LOGIN_PATH]),
+    )
 
-    @app.get("/healthz", tags=["system"], responses=responses(413))
+    @app.get("/healthz", tags=["system"], responses=responses(403, 413))
     async def healthz() -> dict[str, str]:
         """``ok``, or ``degraded`` and why: the result store cannot write (a full disk). Still
         a 200: the server is alive, serves what is stored and recovers by itself once it can
@@ -140,7 +145,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             return {"status": "degraded", "detail": problem}
         return {"status": "ok"}
 
-    guarded = responses(401, 413)
+    guarded = responses(401, 403, 413)
     methods.add(app.router.routes)  # FastAPI's pages and /healthz
     routers = (rollouts, system, backends, prorl, gateway, dashboard)
     for router in (module.router for module in routers):
@@ -153,6 +158,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         if app.openapi_schema is None:
             document = generate()  # FastAPI keeps it as app.openapi_schema
             document_instances(document, tasks)
+            document_form_refusal(document, UNSAFE_METHODS, form_paths={LOGIN_PATH})
             if settings.api_key:
                 document_api_key(document)
         return app.openapi_schema or {}

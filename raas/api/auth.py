@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from raas.api.errors import app_path
 from raas.api.ui import login_page
 
 UI_PATH = "/ui"
@@ -114,10 +115,8 @@ class ApiKeyMiddleware:
         if self.expected is None or scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
+        path = app_path(scope)
         root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
         token = bearer_token(scope)
         given = _query_key(scope) if path == UI_PATH and scope["type"] == "http" else None
         if given is not None and secrets.compare_digest(given, self.expected):

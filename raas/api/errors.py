@@ -44,6 +44,12 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
         " (`Authorization: Bearer KEY`), or sent another.",
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
+    403: {
+        "model": ErrorBody,
+        "description": "A server without an API key was named by a Host that is not its own"
+        " (DNS rebinding), or a web page on another origin sent a request that changes"
+        " something (see raas.api.browser_guard).",
+    },
     404: {"model": ErrorBody, "description": "Nothing with this id."},
     409: {
         "model": ConflictBody,
@@ -131,11 +137,15 @@ class PathMethods:
                 self._routes.append((compile_path(path)[0], set(methods)))
 
     def allowed(self, scope: Scope) -> list[str]:
-        path: str = scope["path"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
+        path = app_path(scope)
         return sorted({m for regex, methods in self._routes if regex.match(path) for m in methods})
+
+
+def app_path(scope: Scope) -> str:
+    """The request's path inside the app (``root_path`` taken off)."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
@@ -201,11 +211,12 @@ def _not_json(request: Request, exc: RequestValidationError) -> JSONResponse | N
     errors = exc.errors()
     if "json" in content_type or not errors or list(errors[0].get("loc", ())) != ["body"]:
         return None
+    return JSONResponse(_detail(not_json_message(content_type)), status_code=415)
+
+
+def not_json_message(content_type: str) -> str:
     said = f"{content_type!r}" if content_type else "none"
-    return JSONResponse(
-        _detail(
-            f"the body must be JSON sent with Content-Type: application/json (got {said};"
-            " with curl: -H 'content-type: application/json')"
-        ),
-        status_code=415,
+    return (
+        f"the body must be JSON sent with Content-Type: application/json (got {said};"
+        " with curl: -H 'content-type: application/json')"
     )

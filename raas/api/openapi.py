@@ -9,6 +9,7 @@ by ``data_source``, so a client (or a fuzzer) can build a valid submission from 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from pydantic import BaseModel
@@ -95,3 +96,21 @@ def document_api_key(document: dict[str, Any]) -> None:
     document["security"] = [{"apiKey": []}]
     for operation in document.get("paths", {}).get("/healthz", {}).values():
         operation["security"] = []
+
+
+def document_form_refusal(
+    document: dict[str, Any], methods: Collection[str], form_paths: Collection[str]
+) -> None:
+    """Every operation that changes something answers a form with a 415 (see
+    raas.api.browser_guard), but those of ``form_paths``, which take one."""
+    refusal = {
+        "description": "The body was sent as a form or as text, not as JSON"
+        " (`Content-Type: application/json`).",
+        "content": {"application/json": {"schema": {"$ref": REF + "ErrorBody"}}},
+    }
+    for path, operations in document.get("paths", {}).items():
+        if path in form_paths:
+            continue
+        for method, operation in operations.items():
+            if method.upper() in methods:
+                operation.setdefault("responses", {}).setdefault("415", refusal)

@@ -10,8 +10,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from raas.api.app import create_app
+from raas.api.log_redaction import redact_logs
 from raas.api.state import ServiceState
-from raas.helpers import check_port
+from raas.helpers import check_port, is_loopback
 from raas.settings import ServeSettings
 from raas.store.schema import check_version
 from raas.tasks import TaskRegistry
@@ -57,7 +58,24 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
+class KeyNeeded(ValueError):
+    """A server without an API key asked to listen beyond the loopback interface."""
+
+
+def check_exposure(settings: ServeSettings) -> None:
+    """Refuse to serve without a key anywhere but on loopback: whoever reaches the address
+    could run jobs, read every result and stop the server. A key made up here instead would
+    reach no trainer (and be one more secret in a log), so the operator is told what to do."""
+    if settings.api_key is None and not is_loopback(settings.host):
+        raise KeyNeeded(
+            f"--host {settings.host} without an API key would let anyone who reaches it run and"
+            " cancel jobs: give a key (RAAS_API_KEY or --api-key-file FILE; clients send the"
+            " same), or bind 127.0.0.1 and reach it over ssh -L"
+        )
+
+
 def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None:
+    check_exposure(settings)
     check_port(settings.host, settings.port)  # a busy port is said before the app starts
     check_version(settings.db)  # and a database from a newer raas
     app = create_app(settings, registry)
@@ -68,4 +86,5 @@ def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
+    redact_logs(settings.api_key)  # uvicorn's handlers are set up by Config
     DrainingServer(config, app, settings.drain_grace_s).run()

@@ -8,15 +8,16 @@ from typing import Any
 
 import click
 
-from raas.cli.output import exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_client
 
 
 @click.command()
 @click.argument("url")
-@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+@api_key_option()
 def status(url: str, api_key: str | None) -> None:
     """Show a server's queues, active jobs per stage and totals."""
     from raas.client import AsyncRolloutClient
+    from raas.helpers import plain
 
     async def fetch() -> Any:
         async with AsyncRolloutClient(url, api_key=api_key) as client:
@@ -29,29 +30,34 @@ def status(url: str, api_key: str | None) -> None:
     )
     for name, s in st.stages.items():
         click.echo(
-            f"  {name:<5} active {s.active}/{s.workers}  queued {s.queued}/{s.queue_capacity}"
+            f"  {plain(name):<5} active {s.active}/{s.workers}"
+            f"  queued {s.queued}/{s.queue_capacity}"
         )
-    click.echo("  finished: " + ", ".join(f"{k} {v}" for k, v in st.finished.items()))
-    click.echo("  tasks: " + ", ".join(st.tasks))
+    click.echo("  finished: " + ", ".join(f"{plain(k)} {v}" for k, v in st.finished.items()))
+    click.echo("  tasks: " + plain(", ".join(st.tasks)))
     if not backends:
         click.echo(
             "  LLM backends: none (agent tasks cannot run: raas serve --llm URL,"
             " or POST /v1/backends)"
         )
     for b in backends:
-        health = "up" if b.healthy else f"DOWN ({b.last_error or 'no answer'})"
-        click.echo(f"  LLM {b.url} [{b.protocol}] {health}, sessions {b.sessions}/{b.capacity}")
+        health = "up" if b.healthy else f"DOWN ({plain(b.last_error or 'no answer')})"
+        click.echo(
+            f"  LLM {plain(b.url)} [{plain(b.protocol)}] {health},"
+            f" sessions {b.sessions}/{b.capacity}"
+        )
 
 
 @click.command(short_help="The jobs in flight on a server: stage, turns, tokens, time.")
 @click.argument("url")
-@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+@api_key_option()
 def jobs(url: str, api_key: str | None) -> None:
     """List the jobs in flight on the server at URL: stage, turns and tokens so far, elapsed."""
     from rich.console import Console
     from rich.table import Table
 
     from raas.client import AsyncRolloutClient
+    from raas.client.task_files import markup
 
     async def fetch() -> Any:
         async with AsyncRolloutClient(url, api_key=api_key) as client:
@@ -60,16 +66,16 @@ def jobs(url: str, api_key: str | None) -> None:
     running = run_client(fetch())
     console = Console()
     if not running:
-        console.print(f"{url}: no jobs in flight")
+        console.print(f"{markup(url)}: no jobs in flight")
         return
-    table = Table(title=f"{len(running)} jobs in flight on {url}")
+    table = Table(title=f"{len(running)} jobs in flight on {markup(url)}")
     for column in ("job", "task", "state", "turns", "tokens", "elapsed", "try"):
         table.add_column(column, overflow="fold")
-    for j in running:
+    for j in running:  # what a job says is its submitter's: shown, never acted on
         table.add_row(
-            j.job_id,
-            j.data_source,
-            j.state,
+            markup(j.job_id),
+            markup(j.data_source),
+            markup(j.state),
             str(j.turns),
             str(j.response_tokens),
             f"{j.elapsed_s:.0f} s",
@@ -88,7 +94,7 @@ def jobs(url: str, api_key: str | None) -> None:
 )
 @click.option("--sampling-params", default=None, help="JSON object merged under each line's own.")
 @click.option("--timeout-s", type=float, help="Per-job budget for lines that set none.")
-@click.option("--api-key", envvar="RAAS_API_KEY", help="Bearer token (or RAAS_API_KEY).")
+@api_key_option()
 def submit(
     url: str,
     file: Path,
@@ -113,6 +119,7 @@ def submit(
         say_cancelling,
         write_results,
     )
+    from raas.helpers import plain
 
     try:
         params = json.loads(sampling_params) if sampling_params else None
@@ -137,7 +144,7 @@ def submit(
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
     click.echo(
         f"{len(results)} results in {out}: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items()))
+        + ", ".join(f"{plain(k)} {v}" for k, v in sorted(by_state.items()))
         + f"; mean reward {mean:.3f}"
     )
     exit_for_infra(results)

@@ -6,13 +6,39 @@ import asyncio
 import logging
 import textwrap
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 CAUSE_CHARS = 300  # of an error's cause on the last line
+
+
+def key_on_command_line(instead: str) -> str:
+    return (
+        "warning: --api-key on the command line is visible to every user of this machine (ps,"
+        f" /proc/PID/cmdline): give it as {instead}"
+    )
+
+
+def _warn_if_typed(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    typed = param.name is not None and ctx.get_parameter_source(param.name)
+    if value is not None and typed is ParameterSource.COMMANDLINE:
+        click.echo(key_on_command_line("RAAS_API_KEY"), err=True)
+    return value
+
+
+def api_key_option(what: str = "The server's API key") -> Callable[[F], F]:
+    """``--api-key``, from RAAS_API_KEY when not given; given, it warns that ps shows it."""
+    return click.option(
+        "--api-key",
+        envvar="RAAS_API_KEY",
+        callback=_warn_if_typed,
+        help=f"{what} (or RAAS_API_KEY, which ps does not show).",
+    )
 
 
 def run_client(coro: Coroutine[Any, Any, T]) -> T:
@@ -21,7 +47,7 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
     import httpx
 
     from raas.client import RaasHTTPError, ServerDown
-    from raas.helpers import NotReady
+    from raas.helpers import NotReady, plain
 
     try:
         return asyncio.run(coro)
@@ -41,23 +67,25 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
                     f"bad server URL {url}: {error} (give it as http://HOST:PORT)"
                 ) from e
         raise click.ClickException(
-            f"{e} (start one with `raas serve --port PORT`, or check the URL and port)"
+            f"{plain(e)} (start one with `raas serve --port PORT`, or check the URL and port)"
         ) from e
     except (httpx.TransportError, OSError) as e:
         where = _url_of(e)
         raise click.ClickException(
-            f"no raas server is answering{where}: {e or type(e).__name__}"
+            f"no raas server is answering{where}: {plain(e or type(e).__name__)}"
             " (start one with `raas serve --port PORT`, or check the URL and port)"
         ) from e
 
 
 def _said(error: Any) -> str:
     """A server's error answer, with what to do for the two a person gets by mistake."""
+    from raas.helpers import plain
+
     hint = {
-        401: " (give the server's key: --api-key KEY or RAAS_API_KEY)",
+        401: " (give the server's key: RAAS_API_KEY=KEY, or --api-key KEY)",
         404: " (give the server's base URL, http://HOST:PORT, without a path)",
     }.get(error.status_code, "")
-    return f"{error}{hint}"
+    return f"{plain(error)}{hint}"
 
 
 def _url_of(error: BaseException) -> str:
@@ -83,6 +111,7 @@ def exit_for_infra(results: list[Any]) -> None:
     """Exit 1 when rollouts failed because nothing could run them (kind infra): a run whose
     backends or sandboxes were missing is not a success, whatever the rewards say."""
     from raas.client.task_files import infra_errors
+    from raas.helpers import plain
 
     if errors := infra_errors(results):
         failed = len(errors)
@@ -91,5 +120,5 @@ def exit_for_infra(results: list[Any]) -> None:
         more = f" ({times} of them; the others: the why column)" if times < failed else ""
         raise click.ClickException(
             f"{failed} of {len(results)} rollouts could not run (errors of kind infra){more}:"
-            f" {textwrap.shorten(cause, CAUSE_CHARS)}"
+            f" {textwrap.shorten(plain(cause), CAUSE_CHARS)}"
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from raas.cli.output import exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_client
 from raas.settings import defaults
 
 SABOTAGE = click.option(
@@ -58,9 +58,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 @click.option("--limit", type=int, help="Only the first N tasks.")
 @click.option("--url", help="A running raas server; default: start one here.")
 @click.option("--llm", multiple=True, help="Inference servers for the in-process service.")
-@click.option(
-    "--api-key", envvar="RAAS_API_KEY", help="Bearer token of the --url server (or RAAS_API_KEY)."
-)
+@api_key_option("The --url server's API key")
 @click.option(
     "--model",
     default=defaults().tokenizer,
@@ -111,7 +109,7 @@ def run(
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
 
-    from raas.client.task_files import write_results
+    from raas.client.task_files import markup, write_results
     from raas.llm.models import is_model
     from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
     from raas.run import replay as do_replay
@@ -158,7 +156,7 @@ def run(
     if replay is not None:
         rows = asyncio.run(do_replay(items, replay, console))
         for instance_id, old, new in rows:
-            console.print(f"{instance_id}: stored reward {old}, re-scored {new}")
+            console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
     options = RunOptions(
         url=url,

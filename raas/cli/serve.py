@@ -65,11 +65,14 @@ def settings_options(f: F) -> F:
 @settings_options
 def serve(config_file: Path | None, **options: Any) -> None:
     """Run the rollout service (HTTP API, three stage pools, SQLite results)."""
+    from raas.api.server import KeyNeeded
     from raas.api.server import serve as run_server
-    from raas.cli.output import setup_logging
+    from raas.cli.output import key_on_command_line, setup_logging
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
 
+    if options.get("api_key") is not None:
+        click.echo(key_on_command_line("RAAS_API_KEY or in a file (--api-key-file)"), err=True)
     try:
         settings = load_settings(config_file, options)
     except SettingsError as e:
@@ -78,7 +81,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     check_tokenizer(settings.tokenizer)
     try:
         run_server(settings)
-    except (PortBusy, NewerDatabase) as e:
+    except (PortBusy, NewerDatabase, KeyNeeded) as e:
         raise click.ClickException(str(e)) from e
 
 

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from raas.deploy.slurm import SlurmOptionError, SlurmOptions, write_script
+from raas.deploy.slurm import (
+    NO_KEY,
+    SlurmOptionError,
+    SlurmOptions,
+    key_given,
+    serve_values,
+    write_script,
+)
 from raas.deploy.slurm import submit as do_submit
 
 # The options' defaults are SlurmOptions' own: one place for each.
@@ -124,6 +132,8 @@ def slurm(out: Path, submit: bool, **options: Any) -> None:
     except SlurmOptionError as e:
         raise click.UsageError(str(e)) from e
     click.echo(f"wrote {out}", err=True)
+    if not key_given(serve_values(opts.serve_args), os.environ):
+        click.echo(NO_KEY, err=True)
     if submit:
         try:
             job_id = do_submit(out)

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
 from raas.client.single_server import with_job_id
+from raas.helpers import plain
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 
@@ -132,6 +133,14 @@ def infra_errors(results: list[RolloutResult]) -> list[ErrorInfo]:
     ]
 
 
+def markup(value: object) -> str:
+    """Text from a job or a server inside rich markup: control characters shown as escapes
+    (``plain``) and square brackets escaped, so ``[red]`` is shown, not applied."""
+    from rich.markup import escape
+
+    return escape(plain(value))
+
+
 class Counting:
     """Progress over N jobs: a live bar on a terminal; elsewhere (a log, CI, a pipe) a line every
     ``every_s`` seconds and at the end, so a long CPU run is never silent."""
@@ -144,14 +153,16 @@ class Counting:
         self.failed = 0
         self._started = self._said = time.monotonic()
         self._bar = Progress(console=console) if console.is_terminal else None
-        self._task = self._bar.add_task(label, total=total) if self._bar is not None else None
+        self._task = (
+            self._bar.add_task(markup(label), total=total) if self._bar is not None else None
+        )
         self._ticker: asyncio.Task[None] | None = None  # off a terminal: a line every every_s
 
     def __enter__(self) -> Counting:
         if self._bar is not None:
             self._bar.__enter__()
             return self
-        self.console.print(f"{self.label}: {self.total} jobs")
+        self.console.print(f"{markup(self.label)}: {self.total} jobs")
         with contextlib.suppress(RuntimeError):  # no running loop: lines come with results
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self
@@ -182,6 +193,6 @@ class Counting:
     def _say(self) -> None:
         self._said = time.monotonic()
         self.console.print(
-            f"{self.label}: {self.done}/{self.total} finished ({self.failed} not done),"
+            f"{markup(self.label)}: {self.done}/{self.total} finished ({self.failed} not done),"
             f" {self._said - self._started:.0f} s"
         )

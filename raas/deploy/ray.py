@@ -37,7 +37,7 @@ from raas.helpers import (
     wait_until_answers,
     write_server_list,
 )
-from raas.settings import PER_SERVER, SettingsError, to_flags, validate
+from raas.settings import ENV_PREFIX, PER_SERVER, SettingsError, to_flags, validate
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +190,10 @@ class RayDeployment:
     """raas servers as Ray actors: ``start()``, ``urls()``, ``check()``, ``stop()``.
 
     ``options`` are ``raas serve`` settings by field name (``{"llm": [url], "run_workers": 16,
-    "sandbox": "bwrap"}``); ``env`` is added to each server's environment (``RAAS_API_KEY``
-    there keeps the key off command lines). Databases and logs go to ``workdir/name/`` on each
+    "sandbox": "bwrap"}``); ``env`` is added to each server's environment. The servers listen
+    on their nodes' addresses, so each needs an API key (``RAAS_API_KEY`` in ``env``, or
+    ``options["api_key"]``, which goes there too, off the command lines that ps shows): without
+    one a server refuses to start. Databases and logs go to ``workdir/name/`` on each
     node. With ``server_list``, the URLs are also written to that file (one a line, replaced in
     one rename whenever they change; ``raas.client.read_server_list`` reads it). ``num_cpus``
     is what each actor reserves in Ray's accounting: 0 by default, because the server's work
@@ -215,8 +217,11 @@ class RayDeployment:
         max_failed_checks: int = 2,
         restart_grace_s: float = 5.0,
     ) -> None:
-        self.args = serve_args(options or {})
+        options = dict(options or {})
         self.env = dict(env or {})
+        if options.get("api_key") is not None:  # a flag would show it in ps on every node
+            self.env[f"{ENV_PREFIX}API_KEY"] = str(options.pop("api_key"))
+        self.args = serve_args(options)
         self.dir = Path(workdir) / name
         self.server_list = Path(server_list) if server_list is not None else None
         self.name, self.host, self.address = name, host, address

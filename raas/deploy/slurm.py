@@ -17,14 +17,21 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from raas.settings import ServeSettings, SettingsError, defaults, flag, parse_flags
+from raas.settings import (
+    ENV_PREFIX,
+    ServeSettings,
+    SettingsError,
+    defaults,
+    flag,
+    parse_flags,
+)
 
 # Set per node by the deployment: a pass-through copy would clash with them.
 OWN_SERVE_OPTIONS = {
@@ -91,6 +98,22 @@ def serve_values(args: Sequence[str]) -> dict[str, Any]:
         option = flag(str(err["loc"][0])) if err["loc"] else "server options"
         raise SlurmOptionError(option, f"{err['msg']} (got {err.get('input')!r})") from e
     return values
+
+
+def key_given(values: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
+    """Do the servers get an API key, from their options or the environment sbatch passes on?
+    They listen on every interface, where a server without one refuses to start."""
+    given = values.get("api_key") or values.get("api_key_file")
+    return bool(
+        given or environ.get(f"{ENV_PREFIX}API_KEY") or environ.get(f"{ENV_PREFIX}API_KEY_FILE")
+    )
+
+
+NO_KEY = (
+    "warning: the servers listen on every interface, so each needs an API key, and none is"
+    f" given: export {ENV_PREFIX}API_KEY before submitting (sbatch passes it on) or add"
+    " --api-key-file FILE; without one every server refuses to start"
+)
 
 
 def _port(option: str, port: int) -> None:
