@@ -108,7 +108,7 @@ test-oracle: $(STAMP) system-deps
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)
 	$(BIN)/python -c 'import ray' 2>/dev/null || $(BIN)/pip install --quiet -e '.[ray]'
-	$(BIN)/pytest -q -m ray
+	$(BIN)/pytest -q -m ray tests/test_ray_cluster.py
 
 # Slurm tier: a real sbatch job on a one-node cluster on this host (installed and started by the
 # script, as root; left running for the next run: scripts/hpc/stop-slurm.sh stops it).
