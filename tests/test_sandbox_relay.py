@@ -12,11 +12,13 @@ import json
 import shlex
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from raas.sandbox import ApptainerConfig, BwrapConfig, Sandbox, create_sandbox
-from tests.test_sandbox import LIMITS, config  # noqa: F401 (the fixture)
+from raas.sandbox.client import RELAY_MAX_BODY_BYTES
+from tests.test_sandbox import LIMITS, MiB, config  # noqa: F401 (the fixture)
 
 # Inside: POST a JSON body (or N bytes of it, from argv[3]) and print status, headers, body.
 POST = """
@@ -200,3 +202,83 @@ async def test_a_handler_that_never_answers_gives_a_504(sandbox: Sandbox) -> Non
     # And a later expose replaces the handler on the same port.
     assert await sandbox.expose(Recorder("after")) == port
     assert (await post(sandbox, port, "/v1/models"))["status"] == 200
+
+
+# Inside: send a request of a declared size (or chunked), streaming the body from one buffer,
+# and stop sending as soon as an answer arrives; print the status line's code.
+STREAM = """
+import select, socket, sys
+port, size, token, chunked = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+head = "POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n"
+if token != "-":
+    head += "Authorization: Bearer %s\\r\\n" % token
+if chunked:
+    head += "Transfer-Encoding: chunked\\r\\n\\r\\n"
+else:
+    head += "Content-Length: %d\\r\\n\\r\\n" % size
+block = b"x" * (1 << 20)
+if chunked:
+    block = b"%x\\r\\n" % len(block) + block + b"\\r\\n"
+s = socket.create_connection(("127.0.0.1", port), 30)
+s.sendall(head.encode())
+sent, answer = 0, b""
+while b"\\r\\n" not in answer:
+    readable, writable, _ = select.select([s], [s] if sent < size else [], [], 30)
+    if readable:
+        data = s.recv(65536)
+        if not data:
+            break
+        answer += data
+    elif writable:
+        try:
+            sent += s.send(block)
+        except OSError:
+            sent = size
+    elif not readable:
+        break
+print(answer.split(b"\\r\\n")[0].decode().split(" ")[1] if answer else "none")
+"""
+
+
+def peak_rss(reset: bool = False) -> int:
+    """This process's peak resident memory (VmHWM), in bytes; ``reset``: start it again from
+    the present resident memory first."""
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+
+
+async def stream(sandbox: Sandbox, port: int, size: int, token: str, chunked: bool = False) -> str:
+    await sandbox.write_file("/tmp/stream.py", STREAM)
+    line = f"python3 /tmp/stream.py {port} {size} {token} {int(chunked)}"
+    result = await sandbox.bash(line, timeout_s=60)
+    assert result.exit_code == 0, result.output
+    return result.output.strip()
+
+
+async def test_a_large_body_without_the_token_is_refused_before_it_is_read(
+    sandbox: Sandbox,
+) -> None:
+    gateway = Recorder("g")
+    port = await sandbox.expose(gateway, token="tok-1")
+    before = peak_rss(reset=True)
+    assert await stream(sandbox, port, 150 * MiB, "-") == "401"
+    assert await stream(sandbox, port, 150 * MiB, "tok-2", chunked=True) == "401"
+    # Here is where the host side runs: the 150 MiB never came (it was 742 MiB of this).
+    assert peak_rss() - before < 50 * MiB
+    assert gateway.calls == []
+    # The token's own requests still go through, on a connection of their own.
+    assert (await post(sandbox, port, "/v1/chat/completions"))["status"] == 200
+    assert len(gateway.calls) == 1
+
+
+async def test_a_body_over_the_cap_with_the_token_gets_a_413(sandbox: Sandbox) -> None:
+    gateway = Recorder("g")
+    port = await sandbox.expose(gateway, token="tok-1")  # the default cap
+    assert await stream(sandbox, port, RELAY_MAX_BODY_BYTES + 1, "tok-1") == "413"
+    port = await sandbox.expose(gateway, token="tok-1", max_body_bytes=MiB)
+    assert await stream(sandbox, port, 3 * MiB, "tok-1", chunked=True) == "413"
+    assert await stream(sandbox, port, MiB + 1, "tok-1") == "413"
+    assert gateway.calls == []
+    assert (await post(sandbox, port, "/v1/chat/completions", MiB))["status"] == 200

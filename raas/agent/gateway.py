@@ -48,6 +48,7 @@ from raas.llm.openai_chat import (
 from raas.llm.openai_types import ChatRequest, OpenAIError, ResponsesRequest, read
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser, get_parser
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
+from raas.sandbox.client import UNAUTHORIZED, bearer_matches
 from raas.wire import Trajectory
 
 Reply = tuple[int, dict[str, str], bytes]
@@ -133,9 +134,7 @@ class GatewaySession:
 
     def authorized(self, headers: dict[str, str]) -> bool:
         """Whether ``headers`` hold ``Authorization: Bearer <this session's token>``."""
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        given = token.strip().encode("utf-8", "replace")
-        return scheme.lower() == "bearer" and secrets.compare_digest(given, self.token.encode())
+        return bearer_matches(headers, self.token)
 
     # -- routes -------------------------------------------------------------------------------
 
@@ -341,7 +340,7 @@ class Gateway:
 
 
 async def unauthorized() -> Reply:
-    err = _refused("unknown or closed job token: send 'Authorization: Bearer <job token>'")
+    err = _refused(UNAUTHORIZED)
     return _reply(401, err.body())
 
 

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from raas.sandbox.client import (
+    RELAY_MAX_BODY_BYTES,
     ActionClient,
     BashResult,
     ExecResult,
@@ -264,21 +265,29 @@ class Sandbox(ABC):
         data = await asyncio.to_thread(_tar, source)
         await self.call("upload", dest=dest, tar_b64=base64.b64encode(data).decode())
 
-    async def expose(self, handler: RelayHandler, port: int = 0, timeout_s: float = 600.0) -> int:
+    async def expose(
+        self,
+        handler: RelayHandler,
+        port: int = 0,
+        timeout_s: float = 600.0,
+        *,
+        token: str | None = None,
+        max_body_bytes: int = RELAY_MAX_BODY_BYTES,
+    ) -> int:
         """Serve HTTP on ``127.0.0.1:PORT`` inside the sandbox with ``handler`` (run here, on
         the host) and return PORT (``port``, or a free one for 0). The sandbox keeps no network:
         each request goes over the action server's connection. A request that ``handler`` does
-        not answer within ``timeout_s`` gets a 504, one where it raises a 502. Calling it again
-        replaces the handler (the port stays).
+        not answer within ``timeout_s`` gets a 504, one where it raises a 502. With ``token``,
+        only requests with ``Authorization: Bearer <token>`` reach the handler: the others get a
+        401 before their body is read (see inside/relay.py). A body over ``max_body_bytes``
+        gets a 413. Calling it again replaces the handler, token and cap (the port stays).
         """
         client = self._client()
-        client.set_relay(handler, timeout_s)
+        client.set_relay(handler, timeout_s, token=token, max_body_bytes=max_body_bytes)
         # The server's own deadline is a little later, so that the host's 504 is what arrives.
-        result = await client.call(
-            "expose_gateway",
-            {"port": port, "timeout_s": timeout_s + 5.0},
-            deadline_s=self.limits.start_timeout_s,
-        )
+        args = {"port": port, "timeout_s": timeout_s + 5.0}
+        args |= {"token": token, "max_body": max_body_bytes}
+        result = await client.call("expose_gateway", args, deadline_s=self.limits.start_timeout_s)
         return int(result["port"])
 
     async def download(self, path: str, dest: Path) -> None:

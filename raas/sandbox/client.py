@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ MAX_MESSAGE = 512 * 1024 * 1024
 CLOSE_WAIT_S = 5.0
 # How long sending one relay reply back may take (the server reads all the time).
 RELAY_SEND_S = 30.0
+# The largest body the relay takes (a 413 above). Smaller than the API's 128 MiB: an agent's
+# chat request of a million tokens of text is about 4 MiB of JSON, so 32 MiB leaves room for
+# images, while one relayed body costs the host four to five times its size (the JSON line,
+# its base64 text, the bytes, the parsed request): about 150 MiB at this cap, not 600.
+RELAY_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 # An HTTP request made inside the sandbox: (method, path, headers with lower-case names, body)
 # -> (status, headers, body).
@@ -91,6 +97,8 @@ class ActionClient:
         self._reading: asyncio.Task[None] | None = None
         self._relay: RelayHandler | None = None
         self._relay_timeout_s = 600.0
+        self._relay_token: str | None = None
+        self._relay_max_body = RELAY_MAX_BODY_BYTES
         self._relaying: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -166,28 +174,46 @@ class ActionClient:
         result: dict[str, Any] = answer.get("result") or {}
         return result
 
-    def set_relay(self, handler: RelayHandler | None, timeout_s: float = 600.0) -> None:
+    def set_relay(
+        self,
+        handler: RelayHandler | None,
+        timeout_s: float = 600.0,
+        *,
+        token: str | None = None,
+        max_body_bytes: int = RELAY_MAX_BODY_BYTES,
+    ) -> None:
         """Answer the sandbox's relayed HTTP requests with ``handler``, each within
-        ``timeout_s`` (504 after that; 502 when the handler raises or none is set).
+        ``timeout_s`` (504 after that; 502 when the handler raises or none is set). With
+        ``token``, a request without ``Authorization: Bearer <token>`` gets a 401, one whose
+        body is over ``max_body_bytes`` a 413, before its body is decoded: the relay inside
+        refuses them first, and this holds if the action server was subverted.
         """
         self._relay = handler
         self._relay_timeout_s = timeout_s
+        self._relay_token = token
+        self._relay_max_body = max_body_bytes
 
     async def _answer_relay(self, request: Any) -> None:
         req_id = request.get("id") if isinstance(request, dict) else None
         try:
             if self._relay is None:
                 raise LookupError("no relay handler is set")
-            response = await asyncio.wait_for(
-                self._relay(
-                    str(request["method"]),
-                    str(request["path"]),
-                    {str(k): str(v) for k, v in dict(request.get("headers") or {}).items()},
-                    base64.b64decode(request.get("body_b64") or ""),
-                ),
-                self._relay_timeout_s,
-            )
-            status, headers, body = response
+            headers = {str(k): str(v) for k, v in dict(request.get("headers") or {}).items()}
+            body_b64 = str(request.get("body_b64") or "")
+            if self._relay_token is not None and not bearer_matches(headers, self._relay_token):
+                status, headers, body = _relay_error(401, UNAUTHORIZED)
+            elif len(body_b64) > 4 * (self._relay_max_body // 3 + 1):  # checked before decoding
+                status, headers, body = _relay_error(413, too_large(self._relay_max_body))
+            else:
+                status, headers, body = await asyncio.wait_for(
+                    self._relay(
+                        str(request["method"]),
+                        str(request["path"]),
+                        headers,
+                        base64.b64decode(body_b64),
+                    ),
+                    self._relay_timeout_s,
+                )
         except TimeoutError:
             message = f"the handler did not answer within {self._relay_timeout_s:g} s"
             status, headers, body = _relay_error(504, message)
@@ -211,6 +237,20 @@ class ActionClient:
         self._writer.close()
         with contextlib.suppress(ConnectionError, OSError, TimeoutError):
             await asyncio.wait_for(self._writer.wait_closed(), timeout=CLOSE_WAIT_S)
+
+
+UNAUTHORIZED = "unknown or closed job token: send 'Authorization: Bearer <job token>'"
+
+
+def too_large(max_body: int) -> str:
+    return f"the body is over the relay's {max_body} bytes"
+
+
+def bearer_matches(headers: dict[str, str], token: str) -> bool:
+    """Whether ``headers`` (names in lower case) hold ``Authorization: Bearer <token>``."""
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    value = given.strip().encode("utf-8", "replace")
+    return scheme.lower() == "bearer" and secrets.compare_digest(value, token.encode())
 
 
 def _relay_error(status: int, message: str) -> tuple[int, dict[str, str], bytes]:

@@ -139,7 +139,9 @@ class HarnessTask(AgentTask):
         ctx.segments = session.segments  # the list itself: complete whenever the job ends
         timeout_s = instance.agent_timeout_s or DEFAULT_AGENT_TIMEOUT_S
         try:
-            port = await sandbox.expose(session.handle, timeout_s=timeout_s)
+            # The relay admits the job's token alone: any other request gets its 401 before
+            # its body is read.
+            port = await sandbox.expose(session.handle, timeout_s=timeout_s, token=session.token)
             messages = self.messages(job.instance)
             await sandbox.write_file(f"{IO_DIR}/messages.json", json.dumps(messages))
             await sandbox.write_file(f"{IO_DIR}/task.md", _as_text(messages))

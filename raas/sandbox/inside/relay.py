@@ -10,6 +10,17 @@ headers joined with ", "). HTTP/1.1 with Content-Length or chunked bodies, keep-
 streaming of responses. A request the host does not answer within the deadline gets a 504; one
 made while no host connection is attached, or whose connection is lost, a 502.
 
+Authentication comes before the body. The host gives the relay, with ``expose_gateway``, the
+job's token (``token``) and a cap (``max_body``, bytes). A request whose ``Authorization`` is not
+``Bearer <token>`` is answered 401 as soon as its headers are in, and one whose declared length
+(or chunked body so far) is over the cap 413: neither body is read into memory (nor a
+``100 Continue`` sent for it), and nothing of it goes to the host, so a large unauthenticated
+body costs the host nothing. The connection then closes, after at most ``LINGER_BYTES`` of the
+unread body are read and dropped (so that a client still sending sees the answer, not a reset).
+The token is the job's own, which the agent holds anyway; the host checks it again (and the cap,
+before decoding) in case this process was subverted. Checking here rather than forwarding the
+headers first and waiting for the host's verdict costs no round trip per request.
+
 Standard library only, Python 3.8+.
 """
 
@@ -17,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import itertools
 import json
 from http import HTTPStatus
@@ -24,7 +36,11 @@ from typing import Any, Awaitable, Callable, Dict, Tuple
 
 MAX_LINE = 64 * 1024
 MAX_HEADERS = 100
-MAX_BODY = 256 * 1024 * 1024
+# The cap until the host gives one (the host's default is the same).
+MAX_BODY = 32 * 1024 * 1024
+# After an early refusal: how much of an unread body is read and dropped, and for how long.
+LINGER_BYTES = 1024 * 1024
+LINGER_S = 2.0
 # How long a kept-alive connection may sit idle, and how long one request may take to arrive.
 IDLE_S = 75.0
 REQUEST_S = 120.0
@@ -46,6 +62,13 @@ class RelayLost(Exception):
     pass
 
 
+UNAUTHORIZED = "unknown or closed job token: send 'Authorization: Bearer <job token>'"
+
+
+def too_large(max_body: int) -> str:
+    return f"the body is over the relay's {max_body} bytes"
+
+
 def error_response(status: int, message: str) -> Response:
     """An OpenAI-shaped error body, so that an OpenAI client reports the message."""
     body = json.dumps({"error": {"message": message, "type": "relay_error", "code": status}})
@@ -60,9 +83,20 @@ class Relay:
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
         self.timeout_s = 600.0
+        self.token: str | None = None
+        self.max_body = MAX_BODY
 
-    async def expose(self, send: Send, port: int, timeout_s: float) -> int:
-        """Listen (once; later calls re-attach to ``send``) and return the port."""
+    async def expose(
+        self,
+        send: Send,
+        port: int,
+        timeout_s: float,
+        token: str | None = None,
+        max_body: int = MAX_BODY,
+    ) -> int:
+        """Listen (once; later calls re-attach to ``send``) and return the port. Only requests
+        that carry ``token`` (when given) and a body of at most ``max_body`` bytes are relayed.
+        """
         if self.server is None:
             self.server = await asyncio.start_server(
                 self.http_connection, "127.0.0.1", port, limit=MAX_LINE
@@ -72,7 +106,26 @@ class Relay:
             raise ValueError(f"the relay already listens on port {self.port}")
         self.send = send
         self.timeout_s = timeout_s
+        self.token = token
+        self.max_body = max_body
         return self.port
+
+    def admit(self, headers: dict[str, str]) -> None:
+        """Refuse a request by its headers alone: HttpError 401 without the token, 413 when
+        its declared length is over the cap."""
+        if self.token is not None:
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            value = given.strip().encode("utf-8", "replace")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(value, self.token.encode()):
+                raise HttpError(401, UNAUTHORIZED)
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            raise HttpError(400, "bad Content-Length") from None
+        if length < 0:
+            raise HttpError(400, "bad Content-Length")
+        if length > self.max_body:
+            raise HttpError(413, too_large(self.max_body))
 
     def detach(self, send: Send) -> None:
         """The host connection ``send`` writes to is gone: its relay calls get a 502."""
@@ -142,9 +195,12 @@ class Relay:
                     first = await asyncio.wait_for(reader.readline(), IDLE_S)
                     if not first.strip():
                         break  # end of stream (or a stray blank line: not worth more)
-                    request = await asyncio.wait_for(read_request(first, reader, writer), REQUEST_S)
+                    request = await asyncio.wait_for(
+                        read_request(first, reader, writer, self), REQUEST_S
+                    )
                 except HttpError as e:
                     await write_response(writer, error_response(e.status, str(e)), False)
+                    await linger(reader, writer)
                     break
                 except ValueError:  # a line over the reader's limit
                     await write_response(writer, error_response(431, "a line is too long"), False)
@@ -162,8 +218,9 @@ class Relay:
 
 
 async def read_request(
-    first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: Relay
 ) -> tuple[str, str, str, dict[str, str], bytes]:
+    """One request; its headers pass ``relay.admit`` before any of its body is read."""
     parts = first.decode("latin-1").strip().split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise HttpError(400, "bad request line")
@@ -183,27 +240,20 @@ async def read_request(
         headers[key] = headers[key] + ", " + value if key in headers else value
     else:
         raise HttpError(431, "too many headers")
+    relay.admit(headers)
     if headers.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         await writer.drain()
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await read_chunked(reader)
+        body = await read_chunked(reader, relay.max_body)
     else:
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError:
-            raise HttpError(400, "bad Content-Length") from None
-        if length < 0:
-            raise HttpError(400, "bad Content-Length")
-        if length > MAX_BODY:
-            raise HttpError(413, f"the body is over {MAX_BODY} bytes")
-        body = await reader.readexactly(length)
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
     for name in HOP_BY_HOP | {"expect"}:
         headers.pop(name, None)
     return method, path, version, headers, body
 
 
-async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
     body = bytearray()
     while True:
         size_line = await reader.readline()
@@ -215,10 +265,29 @@ async def read_chunked(reader: asyncio.StreamReader) -> bytes:
             while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                 pass  # trailers: dropped
             return bytes(body)
-        if len(body) + size > MAX_BODY:
-            raise HttpError(413, f"the body is over {MAX_BODY} bytes")
+        if len(body) + size > max_body:
+            raise HttpError(413, too_large(max_body))
         body += await reader.readexactly(size)
         await reader.readline()
+
+
+async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Before closing on a refused request: read and drop what the client still sends, up to
+    ``LINGER_BYTES`` or ``LINGER_S``, so that closing with it unread (a reset) does not destroy
+    the answer before the client reads it. Nothing is kept."""
+    try:
+        if writer.can_write_eof():
+            writer.write_eof()
+        left = LINGER_BYTES
+        loop = asyncio.get_running_loop()
+        end = loop.time() + LINGER_S
+        while left > 0:
+            chunk = await asyncio.wait_for(reader.read(min(left, 65536)), end - loop.time())
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (OSError, asyncio.TimeoutError, ValueError):
+        pass
 
 
 async def write_response(writer: asyncio.StreamWriter, response: Response, keep: bool) -> None:

@@ -6,8 +6,9 @@ request is ``{"id": N, "action": NAME, "args": {...}}``; each answer is ``{"id":
 on one connection may overlap; bash and ipython each run one command at a time.
 
 Protocol 2 adds the relay (see relay.py): the ``expose_gateway`` action (args ``port``, 0 for
-any, and ``timeout_s``, the deadline of one relayed request) listens on 127.0.0.1 inside and
-answers ``{"port": N}``; from then on the server also sends ``{"relay": {...}}`` messages on that
+any; ``timeout_s``, the deadline of one relayed request; ``token``, the bearer token a request
+must carry; ``max_body``, the largest body in bytes) listens on 127.0.0.1 inside and answers
+``{"port": N}``; from then on the server also sends ``{"relay": {...}}`` messages on that
 connection, and the host sends ``{"relay_reply": {...}}`` lines, which get no answer.
 
 The ``exec`` action (see execute.py) runs a fresh process from ``argv`` with the given ``stdin``,
@@ -38,7 +39,7 @@ from editor import Editor, ToolError  # noqa: E402
 from execute import clean_env, run_process  # noqa: E402
 from files import download, read_file, upload, write_file  # noqa: E402
 from pyrepl import IPythonSession, KernelUnavailable  # noqa: E402
-from relay import Relay, Send  # noqa: E402
+from relay import MAX_BODY, Relay, Send  # noqa: E402
 from shell import Shell  # noqa: E402
 
 PROTOCOL = 2
@@ -163,8 +164,12 @@ class ActionServer:
         if not 0 <= port < 65536:
             raise BadRequest("port must be in 0..65535")
         timeout = float(args.get("timeout_s") or 600.0)
+        token = args.get("token")
+        if token is not None and not isinstance(token, str):
+            raise BadRequest("token must be a string")
+        max_body = int(args.get("max_body") or MAX_BODY)
         try:
-            return {"port": await self.relay.expose(send, port, timeout)}
+            return {"port": await self.relay.expose(send, port, timeout, token, max_body)}
         except (OSError, ValueError) as e:
             raise ToolError(f"cannot listen for the relay: {e}") from None
 
