@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 
 from raas.sandbox import procs
-from raas.sandbox.base import SERVER_PYTHON_FLAGS
+from raas.sandbox.base import SERVER_PYTHON_FLAGS, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
@@ -86,6 +86,7 @@ class ApptainerSandbox(NamespacedSandbox):
         args = prefix + self._apptainer_args(binary, image, user, listen_fd)
         return await asyncio.create_subprocess_exec(
             *args,
+            env=launch_env("PATH"),  # apptainer and unshare find their helpers on PATH
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

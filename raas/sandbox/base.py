@@ -56,6 +56,17 @@ STDERR_WAIT_S = 2.0
 log = logging.getLogger(__name__)
 
 
+def launch_env(*keep: str) -> dict[str, str]:
+    """The environment a provider starts its launched process with: ``keep`` (names such as
+    PATH, which the provider's own tools need to find their helpers) of raas's environment, and
+    nothing else. That process (bwrap, apptainer) or a fork of it is the sandbox's PID 1, whose
+    environment anything in the sandbox reads at /proc/1/environ: raas's own (its API key, cloud
+    credentials) must never be there. The action server and the agent get theirs from the
+    provider's clean one (bwrap's ``--clearenv``, apptainer's ``--containall``).
+    """
+    return {name: os.environ[name] for name in keep if name in os.environ}
+
+
 class Sandbox(ABC):
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config

@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 from raas.sandbox import procs
-from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS
+from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
 from raas.sandbox.namespaced import PATH, NamespacedSandbox
@@ -184,7 +184,8 @@ class BwrapSandbox(NamespacedSandbox):
         return ["--", *command, *self.server_args(listen_fd, "/tmp")]
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:
-        if shutil.which("bwrap") is None:
+        binary = shutil.which("bwrap")
+        if binary is None:
             raise SandboxError(
                 "bubblewrap is not installed: apt-get install bubblewrap (or use the 'local'"
                 " provider for development)"
@@ -201,9 +202,10 @@ class BwrapSandbox(NamespacedSandbox):
                 data_fds[name] = fd
             args = b"".join(a.encode() + b"\0" for a in self._bwrap_args(data_fds))
             fds.append(args_fd := _memfd("bwrap-args", args))
-            argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
+            argv = [binary, "--args", str(args_fd), *self._command(listen_fd)]
             return await asyncio.create_subprocess_exec(
                 *argv,
+                env=launch_env(),  # bwrap needs none: it is found by its full path
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,

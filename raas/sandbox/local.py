@@ -12,6 +12,7 @@ from raas.sandbox.base import (
     INSIDE_DIR,
     SERVER_PYTHON_FLAGS,
     Sandbox,
+    launch_env,
     reap,
     warn_unisolated,
 )
@@ -38,6 +39,7 @@ class LocalSandbox(Sandbox):
             *SERVER_PYTHON_FLAGS,
             str(INSIDE_DIR / "server.py"),
             *args,
+            env=launch_env("PATH"),  # no isolation, but not raas's secrets in its environment
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
