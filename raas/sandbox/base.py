@@ -296,8 +296,8 @@ class Sandbox(ABC):
         client = self._client()
         client.set_relay(handler, timeout_s, token=token, max_body_bytes=max_body_bytes)
         # The server's own deadline is a little later, so that the host's 504 is what arrives.
-        args = {"port": port, "timeout_s": timeout_s + 5.0}
-        args |= {"token": token, "max_body": max_body_bytes}
+        args: dict[str, Any] = {"port": port, "timeout_s": timeout_s + 5.0, "token": token}
+        args["max_body"] = max_body_bytes
         result = await client.call("expose_gateway", args, deadline_s=self.limits.start_timeout_s)
         return int(result["port"])
 
