@@ -35,7 +35,7 @@ async def service(db: Path, registry: TaskRegistry) -> AsyncIterator[tuple[Any, 
     app = create_app(ServeSettings(db=db, cancel_grace_s=0.05), registry)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://raas") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield http, app.state.service
 
 
