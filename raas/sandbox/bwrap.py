@@ -202,9 +202,11 @@ class BwrapSandbox(NamespacedSandbox):
                 data_fds[name] = fd
             args = b"".join(a.encode() + b"\0" for a in self._bwrap_args(data_fds))
             fds.append(args_fd := _memfd("bwrap-args", args))
-            argv = [binary, "--args", str(args_fd), *self._command(listen_fd)]
+            # argv[0] is the bare name: the sandbox's PID 1 shows no path of the host.
+            argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
             return await asyncio.create_subprocess_exec(
                 *argv,
+                executable=binary,
                 env=launch_env(),  # bwrap needs none: it is found by its full path
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
