@@ -106,12 +106,18 @@ class Attempt:
     name: str
     want: float
     given: dict[str, Any] = field(default_factory=dict)
+    gap: str | None = None  # a known way it does not get ``want`` yet (a strict xfail)
 
 
 def params(attempts: list[Attempt]) -> list[Any]:
     names = [a.name for a in attempts]
     assert len(names) == len(set(names)), "two attempts of a family share a name"
-    return [pytest.param(a, id=a.name) for a in attempts]
+    return [
+        pytest.param(a, id=a.name, marks=[pytest.mark.xfail(reason=a.gap, strict=True)])
+        if a.gap
+        else pytest.param(a, id=a.name)
+        for a in attempts
+    ]
 
 
 # =============================================================================================
@@ -489,6 +495,16 @@ HUMANEVAL = [
     Attempt("stop_parent", 0.0, he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGSTOP"))),
     # interrupt the parent (KeyboardInterrupt is no Exception)
     Attempt("interrupt_parent", 0.0, he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGINT"))),
+    # kill every process it may signal: the sandbox's action server, which relays the verdict,
+    # goes too, and EVAL fails as an infrastructure error (retried, then failed: no reward, where
+    # a trainer masks the sample) instead of scoring 0
+    Attempt(
+        "kill_every_process",
+        0.0,
+        he(HE0, "    return None\n", "import os, signal\nos.kill(-1, signal.SIGKILL)\n"),
+        gap="the action server shares the candidate's uid and PID namespace; as the namespace's"
+        " PID 1 (bwrap --as-pid-1, reaping orphans) no signal from inside would reach it",
+    ),
     # sleep past the deadline
     Attempt(
         "sleep_past_deadline", 0.0, he(HE0, "    return None\n", "import time\ntime.sleep(3600)\n")
