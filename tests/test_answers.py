@@ -16,11 +16,15 @@ from typing import Any
 import pytest
 
 from raas.tasks.answers import (
+    MathVerdict,
     check_choice,
     check_math,
     check_numeric,
     extract_boxed,
     final_answer,
+    holds_one_value,
+    judge_math,
+    marked_answer,
     parse_choice,
     parse_number,
 )
@@ -69,6 +73,46 @@ def test_final_answer() -> None:
     assert final_answer("no box", None) is None
     assert final_answer(None, None) is None
     assert final_answer("", "") is None
+    # A mark is taken off a finish answer only when it is all the answer holds.
+    every = ("boxed", "gsm8k", "answer_line", "answer_is")
+    assert final_answer(None, "The answer is 4.", every) == "4"
+    assert final_answer(None, "The answer is 4. Or 5.", every) == "The answer is 4. Or 5."
+    assert final_answer(None, r"\boxed{3} \boxed{4}") == r"\boxed{3} \boxed{4}"
+    assert final_answer(r"\boxed{3}, no: \boxed{4}", None) == "4"  # a reply may correct itself
+
+
+def test_marked_answers_are_whole() -> None:
+    assert marked_answer("#### 72 or 73", ["gsm8k"]) == "72 or 73"
+    assert marked_answer("#### 1,000", ["gsm8k"]) == "1000"
+    assert marked_answer("#### 7,2", ["gsm8k"]) == "7,2"  # not a thousands separator
+    assert marked_answer("#### 72 clips.", ["gsm8k"]) == "72 clips"
+
+
+@pytest.mark.parametrize(
+    ("answer", "one"),
+    [
+        ("48", True),
+        (r"\frac{1}{2}", True),
+        ("x = 48, so \\boxed{48}", True),
+        ("The answer is 48.", True),
+        ("48 or 49", False),
+        ("48, 49", False),
+        (r"48 \pm 1", False),
+        ("48 49", False),
+        ("The answer is 48. Or 49.", False),
+        ("", False),
+    ],
+)
+def test_holds_one_value(answer: str, one: bool) -> None:
+    assert holds_one_value(answer) is one
+    assert holds_one_value("48, 49", ["48, 49"])  # a set where the truth is one
+
+
+def test_judge_math_says_what_it_read() -> None:
+    assert judge_math("48 or 49", ["48"]) == MathVerdict(False, "not one value: {48, 49}")
+    assert judge_math("48 49", ["97"]) == MathVerdict(False, "not one value")
+    assert judge_math("1/2", ["3", "0.5"]) == MathVerdict(True, "1/2")
+    assert judge_math(None, ["3"]) == MathVerdict(False, "no answer")
 
 
 # --- check_math -----------------------------------------------------------------------------------
@@ -91,6 +135,8 @@ def test_final_answer() -> None:
         (r"1\,000", "1000"),
         ("25%", "25"),
         (r"25\%", "25"),
+        ("25", r"25\%"),  # a percent sign is a unit: the number is the value
+        ("2 or -2", "2, -2"),  # both solutions, where both are the truth
         ("12 apples", "12"),
         ("12 m/s", "12"),
         (r"12 \text{ cm}", "12"),
@@ -119,6 +165,17 @@ def test_check_math_accepts(prediction: str, truth: str) -> None:
         ("0.75", "3/5"),
         ("x = 2 or x = 3", "2"),  # two answers for one
         ("2, 3", "2"),
+        ("2 or 3", "2"),  # not the first value and unit words
+        ("2 and 3", "2"),
+        ("2 apples or 3 pears", "2"),
+        ("2 m 50 cm", "2"),
+        (r"2 \lor 3", "3"),  # not a number picked out of what LaTeX cannot read
+        ("2 3", "5"),  # side by side, not their sum
+        ("It is $3$, or perhaps $2$", "2"),  # two spans in words
+        ("The answer is 2. Or maybe 3.", "2"),
+        (r"25\%", "0.25"),  # a percent is its number, never the fraction too
+        ("0.25", r"25\%"),
+        (r"2500\%", "25"),
         ("12 apples", "13"),
         ("", "1"),
         ("   ", "1"),
@@ -207,6 +264,10 @@ def test_check_choice_accepts(prediction: str) -> None:
         "(A) and (B)",
         "The answer is B, not A",
         "B or b? I'd say C",
+        "Answer: b or c",  # a second letter in lowercase is offered too
+        "(b) or c",
+        "B, or maybe c",
+        "B. C.",  # a second letter as the first one's "option text"
         "AB",
         "E",  # beyond the four options
         "the answer is a ball",  # "a" as an article names no option

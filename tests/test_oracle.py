@@ -3,8 +3,10 @@ sandboxes, real HTTP) with the oracle policy, once gold and once sabotaged.
 
 Two oracles (``raas.oracle``: a vLLM-protocol server answering gold tool-call trajectories) run
 here, one that never sabotages and one that always does, each behind its own `raas serve`
-process. Every gold trajectory must score 1.0 and every sabotaged one 0.0; a task that does not
-is listed, with why. The token bookkeeping of every multi-turn trajectory is checked against
+process. Every gold trajectory must score 1.0 and every sabotaged one 0.0, with the judge's
+metrics showing what the sabotage broke (the failing test, the patch that did not apply, the
+wrong answer or the two values read), not only the reward; a task that does not is listed,
+with why. The token bookkeeping of every multi-turn trajectory is checked against
 what the oracle really generated: loss_mask 1 exactly on generated tokens, their logprobs in
 place, and prompt_ids + response_ids equal to the last prompt plus the last output.
 
@@ -18,7 +20,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,12 @@ from raas.client import RolloutClient
 from raas.client.task_files import run_requests
 from raas.launch import ServerProcess
 from raas.llm.models import load_tokenizer
+from raas.oracle import sabotage
 from raas.oracle.app import oracle_app
 from raas.oracle.catalogue import SETS, GoldTask, gold_tasks
 from raas.oracle.model import Oracle
 from raas.oracle.sabotage import SABOTAGES, sabotage_of
+from raas.tasks.answers import check_math
 from raas.wire import RolloutRequest, RolloutResult
 from tests.llm_servers import ServerThread
 
@@ -93,6 +97,64 @@ def problems_of(result: RolloutResult, oracle: Oracle, want: float) -> list[str]
         found.append(f"reward {result.reward}, not {want}: {str(metrics)[:600]}")
     found += bookkeeping_problems(result, oracle)
     return found
+
+
+def _stem_wrong(task: GoldTask, metrics: dict[str, Any]) -> bool:
+    """The judge read the wrong letter, or the number five tolerances off, that was given."""
+    instance = task.instance
+    if isinstance(instance.get("choices"), dict):
+        return bool(
+            metrics["read"] == sabotage.wrong_letter(task.solution, list(instance["choices"]))
+        )
+    off = sabotage.off_by_tolerance(float(task.solution), float(instance.get("rel_tol", 0.01)))
+    return bool(metrics["read"] == [float(off)])
+
+
+def _stem_hedge(task: GoldTask, metrics: dict[str, Any]) -> bool:
+    """The judge read no one letter, or two numbers."""
+    if isinstance(task.instance.get("choices"), dict):
+        return metrics["read"] is None
+    return len(metrics["read"]) == 2
+
+
+def _some_test_failed(metrics: dict[str, Any]) -> bool:
+    return any(outcome != "ok" for outcome in metrics.get("FAIL_TO_PASS", {}).values())
+
+
+# What each way of sabotage leaves in the judge's metrics when it took effect.
+EVIDENCE: dict[tuple[str, str], Callable[[GoldTask, dict[str, Any]], bool]] = {
+    # the tests ran, and one of them failed on a value the wrapped function returned
+    ("code", "wrong_value"): lambda t, m: "AssertionError" in m.get("test_output", ""),
+    ("code", "syntax_error"): lambda t, m: "SyntaxError" in m.get("test_output", ""),
+    ("code", "exit_early"): lambda t, m: "SystemExit" in m.get("test_output", ""),
+    # the patch did not apply in the agent's sandbox: no change reached the judge, the bug stayed
+    ("swe", "broken_patch"): lambda t, m: m.get("patch_bytes") == 0 and _some_test_failed(m),
+    ("swe", "wrong_fix"): lambda t, m: bool(m.get("patch_applied")) and _some_test_failed(m),
+    # the edited test files were put back, and the failing tests failed again
+    ("swe", "edit_tests"): lambda t, m: bool(m.get("dropped")) and _some_test_failed(m),
+    # the answer judged is the sabotaged value (the right one plus 1)
+    ("math", "wrong_value"): lambda t, m: check_math(
+        m["artifact"]["answer"], sabotage.wrong_number(t.solution)
+    ),
+    ("math", "hedge"): lambda t, m: str(m.get("read", "")).startswith("not one value"),
+    ("stem", "wrong_value"): _stem_wrong,
+    ("stem", "hedge"): _stem_hedge,
+}
+
+
+def sabotage_problems(task: GoldTask, way: str, result: RolloutResult) -> list[str]:
+    """Whether the judge's metrics show that the sabotage took effect, not only a reward of 0."""
+    if result.state != "done":
+        return []  # problems_of says so
+    metrics = dict(result.metrics)
+    try:
+        shown = EVIDENCE[(task.kind, way)](task, metrics)
+    except (KeyError, TypeError, ValueError):
+        shown = False
+    if shown:
+        return []
+    metrics.pop("artifact", None)
+    return [f"the metrics do not show the {way} sabotage: {str(metrics)[:600]}"]
 
 
 def bookkeeping_problems(result: RolloutResult, oracle: Oracle) -> list[str]:
@@ -164,8 +226,10 @@ def run_both(sides: dict[str, Side], tasks: dict[str, list[GoldTask]]) -> dict[s
             total[key] += 1
             retried += [f"{task.instance_id} ({name}): {e.message}" for e in result.attempt_errors]
             problems = problems_of(result, side.oracle, expected_reward(name))
+            way = side.oracle.way(task)
+            if way is not None:
+                problems += sabotage_problems(task, way, result)
             if problems:
-                way = side.oracle.way(task)
                 label = f"{task.instance_id} ({name}{': ' + way if way else ''})"
                 failures += [f"{label}: {p}" for p in problems]
             else:
@@ -295,3 +359,34 @@ async def test_the_bookkeeping_check_catches_a_misplaced_mask_or_logprob() -> No
     shifted = result.model_copy(deep=True)
     shifted.trajectory.logprobs = shifted.trajectory.logprobs[1:] + [0.0]
     assert "logprobs are not the oracle's" in " ".join(bookkeeping_problems(shifted, oracle))
+
+
+def test_the_evidence_check_wants_the_sabotage_in_the_metrics() -> None:
+    """A sabotaged rollout scoring 0 is not enough: its metrics must show why."""
+
+    def result(metrics: dict[str, Any]) -> RolloutResult:
+        timing = {"queue_s": 0, "init_s": 0, "run_s": 0, "eval_s": 0, "total_s": 0}
+        return RolloutResult.model_validate(
+            {
+                "job_id": "s",
+                "state": "done",
+                "reward": 0.0,
+                "metrics": metrics,
+                "timing": timing,
+                "trajectory": {},
+                "data_source": "math",
+            }
+        )
+
+    math = gold_tasks("math")[0]
+    hedged = result({"correct": False, "read": "not one value: {48, 49}"})
+    assert sabotage_problems(math, "hedge", hedged) == []
+    read_one = result({"correct": False, "read": "48"})  # a hedge read as one value
+    assert "do not show the hedge sabotage" in sabotage_problems(math, "hedge", read_one)[0]
+    wrong = sabotage.wrong_number(math.solution)
+    assert sabotage_problems(math, "wrong_value", result({"artifact": {"answer": wrong}})) == []
+    assert sabotage_problems(math, "wrong_value", result({"artifact": {"answer": "x"}}))
+    code = gold_tasks("humaneval")[0]
+    syntax = result({"test_output": "the solution failed: SyntaxError: '(' was never closed"})
+    assert sabotage_problems(code, "syntax_error", syntax) == []
+    assert sabotage_problems(code, "wrong_value", syntax)  # no test ran to fail

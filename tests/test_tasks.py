@@ -217,7 +217,7 @@ async def test_stem_finish_only_scores_the_finish_call_alone(run: Run) -> None:
         await run(strict, [call("finish", answer="37000")]),
     ]
     assert [r["reward"] for r in results] == [1.0, 0.0, 1.0, 0.0]
-    assert results[1]["metrics"]["artifact"] == {"answer": None}
+    assert results[1]["metrics"]["artifact"] == {"answer": None, "given": True}
 
 
 @pytest.mark.parametrize(

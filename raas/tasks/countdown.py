@@ -117,8 +117,9 @@ def solve(numbers: list[int], target: int) -> list[Move] | None:
     return None
 
 
-def parse_move(text: str) -> Move:
-    m = MOVE_RE.match(text)
+def parse_move(text: object) -> Move:
+    # A message's content as a trajectory holds it: text, or whatever a replayed one has.
+    m = MOVE_RE.match(text) if isinstance(text, str) else None
     if not m:
         raise ValueError(f"not a move of the form 'a op b': {text!r}")
     return Move(int(m.group(1)), m.group(2), int(m.group(3)))

@@ -13,7 +13,8 @@ The agent may compute with ``ipython``.
 data_source (``verl.utils.reward_score.default_compute_score``, verl's rewards as they are, -1.0
 for a wrong DAPO answer included) where the ``verl`` package is installed; such an instance is
 refused at submission where it is not. verl's scorers read a reply's text, so a finish tool's
-answer reaches them written the way the dataset asks (``#### 72``, ``Answer: 72``, a box).
+answer reaches them written the way the dataset asks (``#### 72``, ``Answer: 72``, a box), and
+only where it holds one value: verl's scorers keep one value of ``72 or 73``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, StrictStr, model_validator
@@ -28,7 +30,14 @@ from pydantic_core import PydanticCustomError
 
 from raas.tasks import sources
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
-from raas.tasks.answers import MARKERS, AnswerMarker, check_math, final_answer
+from raas.tasks.answers import (
+    MARKERS,
+    AnswerMarker,
+    final_answer,
+    holds_one_value,
+    judge_math,
+    marked_answer,
+)
 from raas.tasks.protocol import PolicyError, RewardInfo, TaskInstance, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
@@ -134,10 +143,6 @@ def ground_truths(instance: dict[str, Any]) -> list[str]:
     return [str(v) for v in values if str(v).strip()]
 
 
-def _matches(answer: str | None, truths: list[str]) -> bool:
-    return any(check_math(answer, truth) for truth in truths)
-
-
 class QuestionTask(AgentTask):
     """A question answered in a few turns, computing with ipython (math, stem): its text is
     under the first of ``text_keys`` that the instance has, or verl-style ``prompt`` messages."""
@@ -180,7 +185,10 @@ class MathTask(QuestionTask):
             "answer": final_answer(None, ctx.answer, every) or final_answer(text, None, markers)
         }
         if instance.get("scorer") == "verl":
-            artifact["solution"] = verl_solution(text, ctx.answer, markers)
+            # math-verify reads the finish answer: off the event loop.
+            artifact["solution"] = await asyncio.to_thread(
+                verl_solution, text, ctx.answer, markers, ground_truths(instance)
+            )
         return artifact
 
     async def judge(
@@ -191,9 +199,10 @@ class MathTask(QuestionTask):
         truths = ground_truths(instance)
         answer = artifact.get("answer")
         # math-verify may take seconds on a hard expression: never on the event loop.
-        correct = await asyncio.to_thread(_matches, answer, truths)
+        verdict = await asyncio.to_thread(judge_math, answer, truths)
         truth: str | list[str] = truths[0] if len(truths) == 1 else truths
-        return RewardInfo(1.0 if correct else 0.0, {"correct": correct, "ground_truth": truth})
+        metrics = {"correct": verdict.correct, "ground_truth": truth, "read": verdict.read}
+        return RewardInfo(1.0 if verdict.correct else 0.0, metrics)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,15 +219,25 @@ _WRITTEN: dict[AnswerMarker, str] = {
 }
 
 
-def verl_solution(text: str, finish_answer: str | None, markers: tuple[AnswerMarker, ...]) -> str:
+def verl_solution(
+    text: str,
+    finish_answer: str | None,
+    markers: tuple[AnswerMarker, ...],
+    truths: Sequence[str] = (),
+) -> str:
     """The reply as verl's scorer reads it: the last message's text, and the finish tool's answer
-    (if any) on a line of its own, written the way the dataset asks."""
-    solution = text
-    if finish_answer is not None and finish_answer.strip():
-        answer = finish_answer.strip()
-        written = MARKERS[markers[0]](answer) is not None  # "#### 72" given as it is
-        line = answer if written else _WRITTEN[markers[0]].format(answer)
-        solution = f"{text}\n{line}" if text.strip() else line
+    (if any) on a line of its own, written the way the dataset asks (a mark around it taken off
+    first). A finish answer that holds more than one value (``72 or 73``, ``7,2``, two marks) is
+    no answer, and verl is given nothing to read: its scorers would keep one of the values."""
+    if finish_answer is None or not finish_answer.strip():
+        return text[-SOLUTION_CHARS:]
+    every = (*markers, *(m for m in MARKERS if m not in markers))
+    answer = final_answer(None, finish_answer, every)
+    # A mark still in it: it was not all the answer held (final_answer leaves those whole).
+    if marked_answer(answer or "", every) is not None or not holds_one_value(answer, truths):
+        return ""
+    line = _WRITTEN[markers[0]].format(answer)
+    solution = f"{text}\n{line}" if text.strip() else line
     return solution[-SOLUTION_CHARS:]
 
 

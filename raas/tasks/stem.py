@@ -15,7 +15,13 @@ from typing import Any, Self
 from pydantic import Field, StrictBool, StrictFloat, StrictStr, model_validator
 
 from raas.tasks.agentic import AgentContext, last_assistant_text
-from raas.tasks.answers import check_choice, check_numeric, final_answer
+from raas.tasks.answers import (
+    check_choice,
+    check_numeric,
+    final_answer,
+    parse_choice,
+    parse_numbers,
+)
 from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices
@@ -69,7 +75,7 @@ class StemTask(QuestionTask):
 
     async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
         if ctx.job.instance.get("finish_only"):
-            return {"answer": final_answer(None, ctx.answer)}
+            return {"answer": final_answer(None, ctx.answer), "given": True}
         text = last_assistant_text(trajectory)
         given = final_answer(text, ctx.answer)
         # "given": the finish tool's answer or a box, where one value is expected (a hedge such
@@ -80,14 +86,16 @@ class StemTask(QuestionTask):
         self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
     ) -> RewardInfo:
         answer = artifact.get("answer")
+        read: str | list[float] | None
         if isinstance(instance.get("choices"), dict):
-            correct = check_choice(answer, str(instance["answer"]), len(instance["choices"]))
+            n_choices = len(instance["choices"])
+            correct = check_choice(answer, str(instance["answer"]), n_choices)
+            read = parse_choice(answer, n_choices)  # None: no letter, or more than one
         else:
+            one_value = bool(artifact.get("given"))
             rel_tol = float(instance.get("rel_tol", 0.01))
             correct = check_numeric(
-                answer,
-                float(instance["answer"]),
-                rel_tol=rel_tol,
-                one_value=bool(artifact.get("given")),
+                answer, float(instance["answer"]), rel_tol=rel_tol, one_value=one_value
             )
-        return RewardInfo(1.0 if correct else 0.0, {"correct": correct})
+            read = parse_numbers(answer) if one_value else parse_numbers(answer)[-1:]
+        return RewardInfo(1.0 if correct else 0.0, {"correct": correct, "read": read})

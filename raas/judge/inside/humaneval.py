@@ -9,7 +9,9 @@ prints ``{"mark", "passed", "error"?}``; only this process writes to its stdout.
 
 So the solution never shares a process with the tests: it cannot read the tests or the mark,
 patch a builtin the tests use, return an object that equals anything, or redefine a helper of
-the prompt (the helpers are the task's, defined here).
+the prompt (the helpers are the task's, defined here). Nor can it hand this process code: the
+directory it shares with the candidate leaves ``sys.path`` before the candidate starts, so a
+module planted there is never what the tests import.
 
 Standard library only, Python 3.8 or newer.
 """
@@ -23,12 +25,16 @@ import sys
 import traceback
 from typing import Any
 
+# This directory is on the path only for the sibling's import: the candidate runs as the same
+# uid and can write here, and a module it plants must never be what a later import of the tests
+# (``import statistics`` after a first call) finds.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from values import decode, encode
 
+HERE = sys.path.pop(0)
+
 PR_SET_DUMPABLE = 4
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def protect_self() -> None:
@@ -85,7 +91,12 @@ class Candidate:
 def failure(error: Exception, test: str) -> str:
     """What failed, and the test's line where it did."""
     what = "the solution failed" if isinstance(error, CandidateFailed) else type(error).__name__
-    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == "test"]
+    # No source lines are looked up: "test" would be read from a file of that name, the
+    # candidate's to write.
+    frames = traceback.StackSummary.extract(
+        traceback.walk_tb(error.__traceback__), lookup_lines=False
+    )
+    lines = [f.lineno for f in frames if f.filename == "test"]
     where = ""
     if lines and lines[-1] and 0 < lines[-1] <= len(test.splitlines()):
         where = f" (test line {lines[-1]}: {test.splitlines()[lines[-1] - 1].strip()})"
