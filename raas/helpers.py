@@ -1,6 +1,6 @@
 """Helpers every layer shares: free ports, waiting until an HTTP endpoint answers, guarded child
-processes, atomic writes, the server list, retries that honour ``Retry-After``, and reading a
-model field's annotation.
+processes, atomic writes, the server list, retries that honour ``Retry-After``, a request's
+bearer token, and reading a model field's annotation.
 
 Standard library, httpx and tenacity only, and nothing of raas, so that the trainer-side client,
 the LLM and sandbox libraries and the server can all use them.
@@ -249,6 +249,18 @@ class wait_retry_after(wait_base):
         if isinstance(asked, int | float):
             return float(asked)
         return float(self.fallback(retry_state))
+
+
+# -- bearer tokens ----------------------------------------------------------------------------
+
+
+def bearer_token(scope: Mapping[str, Any]) -> bytes | None:
+    """The token of an ASGI request's ``Authorization: Bearer`` header, as the bytes sent."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = bytes(value).partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
 
 
 # -- annotations ------------------------------------------------------------------------------

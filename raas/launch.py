@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from raas.helpers import exited, free_port, terminate, wait_until_answers
@@ -60,7 +62,12 @@ class ServerProcess(ChildServer):
 
 
 class EngineProcess(ChildServer):
-    """``raas engine`` with a model (the first SmolLM2 start converts it: allow minutes)."""
+    """``raas engine`` with a model (the first SmolLM2 start converts it: allow minutes).
+
+    It gets a key of its own (``api_key``, for ``/update_weights``: :meth:`admin_headers`)
+    through its environment, never its argv, which every user of the machine can read; and
+    ``weight_dirs``, where it may load weights from (default: its model cache).
+    """
 
     health_path = "/health"
 
@@ -70,8 +77,18 @@ class EngineProcess(ChildServer):
         log: Path,
         threads: int | None = None,
         extra_args: list[str] | None = None,
+        weight_dirs: Sequence[Path] = (),
     ) -> None:
+        self.api_key = secrets.token_urlsafe(32)
         env = dict(os.environ)
+        env.pop("RAAS_API_KEY_FILE", None)  # a key meant for another server
+        env["RAAS_API_KEY"] = self.api_key
+        if weight_dirs:
+            env["RAAS_WEIGHTS_DIRS"] = os.pathsep.join(str(d) for d in weight_dirs)
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         super().__init__(["engine", "--model", model, *(extra_args or [])], log, env)
+
+    def admin_headers(self) -> dict[str, str]:
+        """The header that opens the engine's admin routes."""
+        return {"Authorization": f"Bearer {self.api_key}"}

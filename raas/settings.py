@@ -170,13 +170,7 @@ class ServeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _key_from_file(self) -> ServeSettings:
-        if self.api_key_file is None:
-            return self
-        key = read_key_file(self.api_key_file)
-        # Validated again (model_validate does), the key read the first time is no second key.
-        if self.api_key not in (None, key):
-            raise ValueError("give the API key once: api_key (RAAS_API_KEY) or api_key_file")
-        self.api_key = key
+        self.api_key = one_key(self.api_key, self.api_key_file)
         return self
 
     @classmethod
@@ -189,6 +183,18 @@ class ServeSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _TomlFile(settings_cls)
+
+
+def one_key(api_key: str | None, api_key_file: Path | None) -> str | None:
+    """The API key given as itself (RAAS_API_KEY) or in a file (--api-key-file), at most once:
+    how ``raas serve`` and ``raas engine`` take theirs."""
+    if api_key_file is None:
+        return api_key
+    key = read_key_file(api_key_file)
+    # Validated again (model_validate does), the key read the first time is no second key.
+    if api_key not in (None, key):
+        raise ValueError("give the API key once: api_key (RAAS_API_KEY) or api_key_file")
+    return key
 
 
 def read_key_file(path: Path) -> str:

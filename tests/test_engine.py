@@ -5,6 +5,7 @@ aborting the generations of clients that left, and a prompt exit on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import time
@@ -26,6 +27,8 @@ from raas.llm.types import SamplingParams
 from tests.llm_servers import ServerThread
 
 Tiny = tuple[Any, Any]
+KEY = "engine-test-key"
+ADMIN = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +38,19 @@ def tiny() -> Tiny:
 
 @pytest.fixture
 def serve(tiny: Tiny) -> Iterator[Any]:
-    """``serve(model=None, **engine_kwargs) -> (url, engine)``: an engine app on a real port."""
+    """``serve(model=None, api_key=None, weight_dirs=None, **engine_kwargs) -> (url, engine)``:
+    an engine app on a real port."""
     started: list[ServerThread] = []
 
-    def start(model: Any = None, **kwargs: Any) -> tuple[str, Engine]:
+    def start(
+        model: Any = None,
+        api_key: str | None = None,
+        weight_dirs: list[Path] | None = None,
+        **kwargs: Any,
+    ) -> tuple[str, Engine]:
         engine = Engine(model if model is not None else tiny[0], tiny[1], **kwargs)
-        server = ServerThread(engine_app(engine, "tiny")).start()
+        app = engine_app(engine, "tiny", api_key=api_key, weight_dirs=weight_dirs)
+        server = ServerThread(app).start()
         started.append(server)
         return server.url, engine
 
@@ -263,7 +273,7 @@ def test_prefix_cache_bookkeeping() -> None:
 
 async def test_update_weights_between_batches(serve: Any, tmp_path: Path) -> None:
     model, _ = load_model("tiny")  # its own copy: this test changes the weights
-    url, engine = serve(model=model)
+    url, engine = serve(model=model, api_key=KEY, weight_dirs=[tmp_path])
     original = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     g = torch.Generator().manual_seed(0)
     perturbed = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in original.items()}
@@ -287,7 +297,9 @@ async def test_update_weights_between_batches(serve: Any, tmp_path: Path) -> Non
             return tokens
 
         async def update(path: Path) -> httpx.Response:
-            return await http.post(url + "/update_weights", json={"path": str(path)}, timeout=60)
+            return await http.post(
+                url + "/update_weights", json={"path": str(path)}, headers=ADMIN, timeout=60
+            )
 
         before = await greedy(200)
         # An update sent while a generation runs waits for it: the whole generation keeps the
@@ -331,8 +343,124 @@ async def test_update_weights_between_batches(serve: Any, tmp_path: Path) -> Non
         assert await greedy() == before[:12]
 
 
+def tiny_checkpoint(tiny: Tiny, path: Path) -> Path:
+    """The tiny model's own weights as a checkpoint file that fits it."""
+    state = {k: v for k, v in tiny[0].state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(path))
+    return path
+
+
+async def test_update_weights_needs_the_engine_key(serve: Any, tiny: Tiny, tmp_path: Path) -> None:
+    """Without the key (or with another, or on an engine given none) /update_weights is a 401
+    that reads nothing, not even the body; generation needs no key, as on vLLM without one."""
+    good = {"path": str(tiny_checkpoint(tiny, tmp_path / "w.safetensors"))}
+    keyed, engine = serve(api_key=KEY, weight_dirs=[tmp_path])
+    keyless, _ = serve(weight_dirs=[tmp_path])
+    async with httpx.AsyncClient(timeout=60) as http:
+        for url, headers in [
+            (keyed, {}),
+            (keyed, {"Authorization": "Bearer not-the-key"}),
+            (keyed, {"Authorization": f"Basic {KEY}"}),
+            (keyed, {"Authorization": "Bearer \u00e9".encode("latin-1")}),  # a 401, not a 500
+            (keyless, ADMIN),
+            (keyless, {}),
+        ]:
+            response = await http.post(url + "/update_weights", json=good, headers=headers)
+            assert response.status_code == 401, response.text
+            assert response.headers["www-authenticate"] == "Bearer"
+        refused = await http.post(keyless + "/update_weights", json=good, headers=ADMIN)
+        assert "started without an API key" in refused.json()["error"]["message"]
+        # Refused before the body is parsed: a body that is no JSON is no 422.
+        garbled = await http.post(keyed + "/update_weights", content=b"{", headers={})
+        assert garbled.status_code == 401
+        assert engine.snapshot()["weight_version"] == 0
+        await complete(http, keyed, prompt_of(4), max_tokens=2)  # generation stays open
+        ok = await http.post(keyed + "/update_weights", json=good, headers=ADMIN)
+        assert ok.status_code == 200, ok.text
+    assert engine.snapshot()["weight_version"] == 1
+
+
+async def test_weights_load_only_from_the_weight_dirs(
+    serve: Any, tiny: Tiny, tmp_path: Path
+) -> None:
+    """A path outside the weight directories is a 403 that says the same whether it exists or
+    not; links are followed first (a link inside pointing out is refused, one pointing in is
+    not); a sharded index cannot name a file outside either."""
+    allowed, outside = tmp_path / "weights", tmp_path / "elsewhere"
+    allowed.mkdir()
+    outside.mkdir()
+    inside = tiny_checkpoint(tiny, allowed / "inside.safetensors")
+    theirs = tiny_checkpoint(tiny, outside / "theirs.safetensors")
+    (allowed / "out-link.safetensors").symlink_to(theirs)
+    (allowed / "missing-link.safetensors").symlink_to(outside / "missing.safetensors")
+    (allowed / "dir-link").symlink_to(outside, target_is_directory=True)
+    (outside / "in-link.safetensors").symlink_to(inside)
+    sharded = allowed / "sharded"
+    sharded.mkdir()
+    index = {"weight_map": {"model.norm.weight": "../../elsewhere/theirs.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    linked_dir = allowed / "linked"
+    linked_dir.mkdir()
+    (linked_dir / "model.safetensors").symlink_to(theirs)
+    url, engine = serve(api_key=KEY, weight_dirs=[allowed])
+
+    async with httpx.AsyncClient(timeout=60) as http:
+
+        async def update(path: Path | str) -> httpx.Response:
+            body = {"path": str(path)}
+            return await http.post(url + "/update_weights", json=body, headers=ADMIN)
+
+        answers = []
+        for path in [
+            theirs,
+            outside / "missing.safetensors",
+            outside,
+            "/etc/passwd",
+            "/no/such/file",
+            allowed / ".." / "elsewhere" / "theirs.safetensors",
+            allowed / "out-link.safetensors",
+            allowed / "missing-link.safetensors",
+            allowed / "dir-link" / "theirs.safetensors",
+            allowed / "dir-link",
+            sharded,
+            linked_dir,
+        ]:
+            response = await update(path)
+            assert response.status_code == 403, (path, response.text)
+            answers.append(response.json())
+        assert all(a == answers[0] for a in answers), answers  # nothing tells them apart
+        assert "elsewhere" not in json.dumps(answers[0])
+        assert engine.snapshot()["weight_version"] == 0
+        # Inside, directly or through a link that leads in: loaded.
+        assert (await update(inside)).json() == {"ok": True, "weight_version": 1}
+        assert (await update(outside / "in-link.safetensors")).status_code == 200
+    assert engine.snapshot()["weight_version"] == 2
+
+
+async def test_an_engine_process_gets_its_key_through_the_environment(tmp_path: Path) -> None:
+    """EngineProcess (raas run, demo, the GRPO example) makes a key, hands it over in the
+    environment (ps shows argv to every user) and uses it; its --weights-dir too."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    engine = EngineProcess("tiny", tmp_path / "engine.log", weight_dirs=[weights])
+    try:
+        assert engine.api_key and all(engine.api_key not in arg for arg in engine.proc.args)
+        engine.wait_ready()
+        tiny_checkpoint(load_model("tiny"), weights / "w.safetensors")
+        body = {"path": str(weights / "w.safetensors")}
+        async with httpx.AsyncClient(timeout=60) as http:
+            refused = await http.post(engine.url + "/update_weights", json=body)
+            loaded = await http.post(
+                engine.url + "/update_weights", json=body, headers=engine.admin_headers()
+            )
+        assert refused.status_code == 401
+        assert loaded.json() == {"ok": True, "weight_version": 1}, loaded.text
+    finally:
+        engine.stop(timeout_s=5)
+
+
 async def test_requests_are_validated(serve: Any) -> None:
-    url, engine = serve()
+    url, engine = serve(api_key=KEY)
     prompt = prompt_of(5)
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"prompt": prompt, "best_of": 2}, 422, "best_of"),
@@ -361,7 +489,9 @@ async def test_requests_are_validated(serve: Any) -> None:
             url + "/v1/completions", json={"prompt": prompt, "max_tokens": engine.max_model_len}
         )
         assert "maximum context length is 4096" in too_long.json()["error"]["message"]
-        response = await http.post(url + "/update_weights", json={"path": "x", "force": True})
+        response = await http.post(
+            url + "/update_weights", json={"path": "x", "force": True}, headers=ADMIN
+        )
         assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] == "force"
 
 

@@ -21,10 +21,20 @@ from raas.llm.models import load_model
 from raas.settings import ServeSettings
 from tests.llm_servers import ServerThread
 
+KEY = "trl-test-key"
+
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    engine = ServerThread(create_engine_app("tiny")).start()
+def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("weights")
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, weights_dir: Path
+) -> Iterator[tuple[str, str]]:
+    app = create_engine_app("tiny", api_key=KEY, weight_dirs=[weights_dir])
+    engine = ServerThread(app).start()
     db = tmp_path_factory.mktemp("trl") / "trl.db"
     service = ServerThread(create_app(ServeSettings(db=db, llm=[engine.url], tokenizer="tiny")))
     service.start()
@@ -42,11 +52,11 @@ def trainer(step: int, model: torch.nn.Module, max_completion_length: int) -> Si
 
 
 def test_rollout_func_caps_completions_and_pushes_weights_after_a_step(
-    servers: tuple[str, str], tmp_path: Path
+    servers: tuple[str, str], weights_dir: Path
 ) -> None:
     engine_url, raas_url = servers
     model, _ = load_model("tiny")
-    sync = WeightSync([engine_url], tmp_path / "weights")
+    sync = WeightSync([engine_url], weights_dir / "sync", api_key=KEY)
     with SyncRolloutClient(raas_url) as client:
         func = make_rollout_func(
             raas_url,
@@ -57,7 +67,7 @@ def test_rollout_func_caps_completions_and_pushes_weights_after_a_step(
         )
         prompts = ["What is 2 + 2?"] * 2 + ["What is 1 + 3?"] * 2
         out = func(prompts, trainer(0, model, max_completion_length=5))
-        assert not (tmp_path / "weights").exists()  # step 0: the servers hold these weights
+        assert not (weights_dir / "sync").exists()  # step 0: the servers hold these weights
         before = httpx.get(f"{engine_url}/v1/engine/stats").json()["weight_version"]
         with torch.no_grad():
             for p in model.parameters():
@@ -72,7 +82,7 @@ def test_rollout_func_caps_completions_and_pushes_weights_after_a_step(
     # The two groups are the two prompts, in order.
     assert out["prompt_ids"][0] == out["prompt_ids"][1] != out["prompt_ids"][2]
     assert (after, again) == (before + 1, before + 1)
-    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step-1"]
+    assert sorted(p.name for p in (weights_dir / "sync").iterdir()) == ["step-1"]
 
 
 def test_a_server_that_refuses_the_weights_is_an_error(

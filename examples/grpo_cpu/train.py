@@ -19,7 +19,10 @@ training and every few steps, a held-out set of questions the trainer never samp
 greedily through raas, like the rollouts: its pass rate, with a 95% Wilson interval, is the result.
 
     python examples/grpo_cpu/train.py                 # starts the engine and the service
-    python examples/grpo_cpu/train.py --raas URL --engine URL
+    RAAS_API_KEY=KEY python examples/grpo_cpu/train.py --raas URL --engine URL
+
+A running engine (``--engine``) needs its key in RAAS_API_KEY and OUT among its --weights-dir;
+one started here gets a fresh key through its environment and OUT as its weight directory.
 
 Writes ``OUT/grpo.csv`` (one row a step, written as it goes) and ``OUT/heldout.png``.
 """
@@ -324,7 +327,9 @@ def heldout_columns(result: HeldOut) -> dict[str, Any]:
     }
 
 
-async def train(args: argparse.Namespace, raas_url: str, engine_url: str, t0: float) -> None:
+async def train(
+    args: argparse.Namespace, raas_url: str, engine_url: str, engine_key: str, t0: float
+) -> None:
     trainer = Trainer(args)
     csv_path = args.out / "grpo.csv"
     write_csv_row(csv_path, None)
@@ -337,7 +342,10 @@ async def train(args: argparse.Namespace, raas_url: str, engine_url: str, t0: fl
     def weight_version() -> int:
         return version
 
-    async with RolloutClient([raas_url]) as client, httpx.AsyncClient(timeout=300) as http:
+    async with (
+        RolloutClient([raas_url]) as client,
+        httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {engine_key}"}) as http,
+    ):
         result = await evaluate(client, pairs, args.max_tokens)
         row: dict[str, Any] = {"step": 0, "wall_s": round(time.perf_counter() - t0, 1)}
         row |= heldout_columns(result) | {"weight_version": version}
@@ -479,14 +487,17 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C, so the engine and the server started here are stopped too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with ExitStack() as stack:
-        engine_url = args.engine
+        engine_url, engine_key = args.engine, os.environ.get("RAAS_API_KEY", "")
         if engine_url is None:
             engine = EngineProcess(
-                args.model, args.out / "engine.log", extra_args=["--max-batch", "32"]
+                args.model,
+                args.out / "engine.log",
+                extra_args=["--max-batch", "32"],
+                weight_dirs=[args.out.resolve()],  # where save_weights writes
             )
             stack.callback(engine.stop)
             engine.wait_ready(timeout_s=600)
-            engine_url = engine.url
+            engine_url, engine_key = engine.url, engine.api_key
         raas_url = args.raas
         if raas_url is None:
             (args.out / "raas.db").unlink(missing_ok=True)  # a fresh run, not a restart
@@ -510,7 +521,7 @@ def main() -> None:
                 sys.exit(
                     f"{flag} {url}: nothing answers GET {health} (start it, or leave {flag} out)"
                 )
-        asyncio.run(train(args, raas_url, engine_url, t0))
+        asyncio.run(train(args, raas_url, engine_url, engine_key, t0))
 
 
 if __name__ == "__main__":

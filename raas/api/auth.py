@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from raas.api.errors import app_path
 from raas.api.ui import login_page
+from raas.helpers import bearer_token
 
 UI_PATH = "/ui"
 LOGIN_PATH = "/ui/login"  # checks the key itself (raas.api.routes.dashboard)
@@ -36,15 +37,6 @@ UNAUTHORIZED = "missing or wrong API key: send 'Authorization: Bearer <key>'"
 COOKIE = "raas_ui"
 COOKIE_METHODS = frozenset({"GET", "HEAD"})
 JOB_UNAUTHORIZED = "unknown or closed job token: send 'Authorization: Bearer <job token>'"
-
-
-def bearer_token(scope: Scope) -> bytes | None:
-    """The token of the request's ``Authorization: Bearer`` header, as the bytes sent."""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, token = bytes(value).partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" else None
-    return None
 
 
 def session_token(api_key: bytes) -> bytes:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from raas.cli.output import api_key_option
 from raas.helpers import PortBusy, check_port
 from raas.settings import ServeSettings, choices, flag, is_list, scalar_type
 
@@ -118,6 +119,23 @@ def check_tokenizer(name: str) -> None:
     " seed and the task's id picks them).  [default: 0]",
 )
 @click.option("--sabotage-seed", type=int, default=None, help="With --model oracle.  [default: 0]")
+@api_key_option("The key POST /update_weights requires (without one it is refused)")
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="RAAS_API_KEY_FILE",
+    help="A file holding the key (its first line), which keeps it out of ps.",
+)
+@click.option(
+    "--weights-dir",
+    "weights_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RAAS_WEIGHTS_DIRS",
+    help="A directory /update_weights may load from (repeatable; RAAS_WEIGHTS_DIRS:"
+    " separated by ':'). Links are followed before the check.  [default: the model cache,"
+    " $RAAS_CACHE_DIR or ~/.cache/raas]",
+)
 def engine(
     model: str,
     host: str,
@@ -127,11 +145,21 @@ def engine(
     prefix_cache_tokens: int,
     sabotage: float | None,
     sabotage_seed: int | None,
+    api_key: str | None,
+    api_key_file: Path | None,
+    weights_dirs: tuple[Path, ...],
 ) -> None:
     """Serve a model on the CPU, speaking vLLM's /v1/completions (token ids in, ids + logprobs
-    out), with /v1/models, /health and POST /update_weights {path}."""
+    out), with /v1/models, /health and POST /update_weights {path} (with the key, from
+    --weights-dir only)."""
+    from raas.settings import one_key
+
     if model != "oracle" and (sabotage is not None or sabotage_seed is not None):
         raise click.UsageError("--sabotage and --sabotage-seed are for --model oracle")
+    try:
+        api_key = one_key(api_key, api_key_file)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
     try:
         check_port(host, port)  # a busy port is said before the model loads
     except PortBusy as e:
@@ -156,6 +184,8 @@ def engine(
             max_batch=max_batch,
             served_name=served_name,
             prefix_cache_tokens=prefix_cache_tokens,
+            api_key=api_key,
+            weight_dirs=weights_dirs or None,
         )
     except ModelNotFound as e:
         raise click.ClickException(str(e)) from e

@@ -53,8 +53,9 @@ RELOAD = {
 class WeightSync:
     """Pushes the trainer's weights to inference servers once per optimizer step.
 
-    ``directory`` must be readable by the servers (a shared file system on a cluster); only the
-    latest checkpoint is kept there.
+    ``directory`` must be readable by the servers (a shared file system on a cluster) and, for
+    raas's engine, one of its ``--weights-dir``; only the latest checkpoint is kept there.
+    ``api_key`` is the servers' (raas's engine refuses ``/update_weights`` without it).
     """
 
     servers: Sequence[str]
@@ -62,6 +63,7 @@ class WeightSync:
     protocol: Literal["raas", "sglang"] = "raas"
     timeout_s: float = 600.0
     step: int = 0  # the step whose weights the servers hold (0: the initial ones)
+    api_key: str | None = None
 
     def push_if_stepped(self, trainer: Any) -> bool:
         step = int(trainer.state.global_step)
@@ -72,9 +74,13 @@ class WeightSync:
         path = Path(self.directory) / f"step-{step}"
         model.save_pretrained(path, safe_serialization=True)
         route, field = RELOAD[self.protocol]
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         for server in self.servers:
             reply = httpx.post(
-                server.rstrip("/") + route, json={field: str(path)}, timeout=self.timeout_s
+                server.rstrip("/") + route,
+                json={field: str(path)},
+                headers=headers,
+                timeout=self.timeout_s,
             )
             if reply.is_error:
                 raise RuntimeError(

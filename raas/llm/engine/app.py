@@ -1,19 +1,21 @@
 """The engine's HTTP face: the part of vLLM's OpenAI-compatible protocol raas uses, plus weight
-updates and counters."""
+updates (behind the engine's key, from its weight directories only) and counters."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 import raas
+from raas.llm.engine.admin_key import AdminKeyMiddleware
 from raas.llm.engine.completion import completion_response
 from raas.llm.engine.generator import (
     Engine,
@@ -33,7 +35,8 @@ from raas.llm.engine.protocol import (
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
-from raas.llm.models import load_model
+from raas.llm.engine.weight_dirs import PathRefused, WeightDirs
+from raas.llm.models import cache_dir, load_model
 from raas.llm.openai_chat import chat_answer, read_output, render_prompt
 from raas.llm.openai_types import CHAT_RESPONSES, ChatRequest, OpenAIError, read
 from raas.llm.toolcalls import HermesParser
@@ -63,20 +66,34 @@ def create_engine_app(
     served_name: str | None = None,
     *,
     prefix_cache_tokens: int = 32768,
+    api_key: str | None = None,
+    weight_dirs: Iterable[str | Path] | None = None,
 ) -> FastAPI:
     """Load ``model_name`` ("smollm2", "tiny" or a checkpoint directory) and serve it.
 
     The model loads here, before the app is returned; the worker thread starts with the app's
-    lifespan (or on the first request) and stops with it.
+    lifespan (or on the first request) and stops with it. ``api_key`` and ``weight_dirs`` are
+    :func:`engine_app`'s.
     """
     model, tokenizer = load_model(model_name)
     engine = Engine(model, tokenizer, max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens)
-    return engine_app(engine, served_name or model_name)
+    return engine_app(engine, served_name or model_name, api_key=api_key, weight_dirs=weight_dirs)
 
 
-def engine_app(engine: Engine, served_name: str) -> FastAPI:
-    """Serve an existing :class:`Engine` under the model name ``served_name``."""
+def engine_app(
+    engine: Engine,
+    served_name: str,
+    *,
+    api_key: str | None = None,
+    weight_dirs: Iterable[str | Path] | None = None,
+) -> FastAPI:
+    """Serve an existing :class:`Engine` under the model name ``served_name``.
+
+    ``/update_weights`` needs ``api_key`` (without one it is refused to everyone) and loads only
+    from ``weight_dirs`` (default: the model cache, :func:`~raas.llm.models.cache_dir`).
+    """
     created = int(time.time())
+    allowed = WeightDirs.of([cache_dir()] if weight_dirs is None else weight_dirs)
     tokenizer = engine.tokenizer
 
     @asynccontextmanager
@@ -88,6 +105,10 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
             engine.max_model_len,
             engine.max_batch,
         )
+        if api_key:
+            log.info("weights load from %s", ", ".join(map(str, allowed.roots)))
+        else:
+            log.info("no API key (RAAS_API_KEY, --api-key-file): /update_weights is refused")
         try:
             yield
         finally:
@@ -99,6 +120,7 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
         summary="A CPU inference engine speaking vLLM's OpenAI-compatible completions protocol",
         lifespan=lifespan,
     )
+    app.add_middleware(AdminKeyMiddleware, api_key=api_key)
     app.state.engine = engine
     app.state.served_name = served_name
 
@@ -195,11 +217,17 @@ def engine_app(engine: Engine, served_name: str) -> FastAPI:
     @app.post(
         "/update_weights",
         tags=["engine"],
-        responses={422: {"description": "The checkpoint does not fit; old weights stay."}},
+        responses={
+            401: {"model": ErrorResponse, "description": "Without the engine's API key."},
+            403: {"model": ErrorResponse, "description": "A path outside --weights-dir."},
+            422: {"description": "The checkpoint does not fit; old weights stay."},
+        },
     )
     async def update_weights(body: UpdateWeightsRequest) -> Any:
         try:
-            version = await engine.update_weights(body.path)
+            version = await engine.update_weights(body.path, allowed)
+        except PathRefused as e:
+            raise APIError(403, str(e), "PermissionDeniedError", "path") from e
         except WeightsError as e:
             detail = [{"loc": ["body", "path"], "msg": str(e), "type": "invalid_checkpoint"}]
             return JSONResponse({"detail": detail}, status_code=422)

@@ -37,6 +37,7 @@ import torch
 from raas.llm.engine.completion import GenerationResult
 from raas.llm.engine.kv import KV, KVCache, assemble, clone, row_view
 from raas.llm.engine.prefix_cache import PrefixCache
+from raas.llm.engine.weight_dirs import WeightDirs
 
 log = logging.getLogger(__name__)
 _Item = TypeVar("_Item")  # what goes to the worker thread: a request or a weight update
@@ -120,25 +121,31 @@ def _fail(future: Future[Any], error: BaseException) -> None:
         future.set_exception(error)
 
 
-def checkpoint_files(path: Path) -> list[Path]:
+def checkpoint_files(path: Path, allowed: WeightDirs | None = None) -> list[Path]:
     """The safetensors files of a checkpoint: a file, or a directory with ``model.safetensors``
-    or a sharded ``model.safetensors.index.json``."""
+    or a sharded ``model.safetensors.index.json``. With ``allowed``, the path, the index and
+    every file must lie in those directories, links followed (else :class:`PathRefused`)."""
+
+    def check(p: Path) -> Path:
+        return p if allowed is None else allowed.check(p)
+
+    path = check(path)
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise WeightsError(f"no such file or directory: {path}")
-    index = path / "model.safetensors.index.json"
+    index = check(path / "model.safetensors.index.json")
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-            return [path / name for name in sorted(set(weight_map.values()))]
+            return [check(path / name) for name in sorted(set(weight_map.values()))]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise WeightsError(f"cannot read {index}: {e}") from e
     if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
+        return [check(path / "model.safetensors")]
     found = sorted(path.glob("*.safetensors"))
     if len(found) == 1:
-        return found
+        return [check(found[0])]
     raise WeightsError(
         f"{path} has no model.safetensors or model.safetensors.index.json"
         + (f" (and {len(found)} other .safetensors files)" if found else "")
@@ -305,15 +312,21 @@ class Engine:
         finally:
             self.abort(future)  # nothing to do once it has finished
 
-    def read_weights(self, path: str | Path) -> dict[str, torch.Tensor]:
+    def read_weights(
+        self, path: str | Path, allowed: WeightDirs | None = None
+    ) -> dict[str, torch.Tensor]:
         """Load a safetensors checkpoint and check it fits the model exactly (every key, no
         unknown key, same shapes). Returns the tensors to copy, by state-dict key. Tied weights
-        (an input embedding shared with the output layer) may appear under either name."""
+        (an input embedding shared with the output layer) may appear under either name.
+
+        With ``allowed``, the path and every file of the checkpoint must lie in those
+        directories (:class:`PathRefused` otherwise, before anything is read)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        files = checkpoint_files(Path(path), allowed)
         loaded: dict[str, torch.Tensor] = {}
-        for file in checkpoint_files(Path(path)):
+        for file in files:
             try:
                 loaded.update(load_file(str(file), device="cpu"))
             except (OSError, SafetensorError, ValueError, RuntimeError) as e:
@@ -355,8 +368,8 @@ class Engine:
         self._hand_over(self._updates, update)
         return update.future
 
-    async def update_weights(self, path: str | Path) -> int:
-        tensors = await asyncio.to_thread(self.read_weights, path)
+    async def update_weights(self, path: str | Path, allowed: WeightDirs | None = None) -> int:
+        tensors = await asyncio.to_thread(self.read_weights, path, allowed)
         return await asyncio.wrap_future(self.submit_weights(tensors))
 
     def snapshot(self) -> dict[str, int]:
