@@ -47,8 +47,8 @@ SKIP = {
 HEAVY = {
     "Using it :: .venv/bin/raas engine --model smollm2 --port 8001 &": "SmolLM2 on the CPU:"
     " converts the model on a first start, then 8 HumanEval rollouts",
-    "The embedded engine :: .venv/bin/raas engine --model smollm2 --port 8001 &": "starts"
-    " SmolLM2 on the CPU",
+    "The embedded engine :: RAAS_API_KEY=$(openssl rand -hex 16) .venv/bin/raas engine --model"
+    " smollm2 --port 8001 &": "starts SmolLM2 on the CPU",
     "Agents raas did not write: the gateway and harness tasks :: make agents-venv": "builds"
     " .venv-agents from PyPI (about 730 MB, minutes), then mini-swe-agent's rollout",
 }
