@@ -226,6 +226,10 @@ class AgentBackend:
                 self.holding.set()
                 await asyncio.to_thread(self._released.wait, self.HOLD_S)
             ids = encode(tok, script(prompt)) + [tok.eos_token_id]
+            finish = "stop"
+            limit = body.get("max_tokens")
+            if isinstance(limit, int) and len(ids) > limit:  # as a real server: cut, "length"
+                ids, finish = ids[:limit], "length"
             logprobs = [logprob(i, t) if logprob else -0.1 for i, t in enumerate(ids)]
             forged = forge(prompt) if forge is not None else None
             if forged is not None:
@@ -241,7 +245,7 @@ class AgentBackend:
                             "text": "",
                             "token_ids": ids,
                             "logprobs": {"token_logprobs": logprobs},
-                            "finish_reason": "stop",
+                            "finish_reason": finish,
                         }
                     ],
                     "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
