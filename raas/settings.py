@@ -123,8 +123,8 @@ class ServeSettings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Names the server is reached by besides localhost, 127.0.0.1, ::1 and --host"
-        " (a proxy's): without an API key a request naming another Host is refused (DNS"
-        " rebinding), and pages of these names may post to it. Repeatable; RAAS_ALLOWED_HOSTS:"
+        " (a reverse proxy's, say): without an API key a request naming another Host is refused"
+        " (DNS rebinding), and pages of these names may post to it. Repeatable; RAAS_ALLOWED_HOSTS:"
         " comma-separated.",
     )
     max_body_mb: float = Field(

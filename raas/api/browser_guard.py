@@ -139,7 +139,8 @@ def refusal(scope: Scope, headers: Headers, policy: GuardPolicy) -> tuple[int, s
     ):
         return 403, (
             f"a request from another web page is refused (Origin {origin or 'not sent'}, this"
-            f" server {host}): a program sends no Origin; a page must be this server's own"
+            f" server {host}): a program sends no Origin, Sec-Fetch-* or Mozilla/ User-Agent;"
+            " a page must be this server's own"
         )
     media = headers.get("content-type", "").partition(";")[0].strip().lower()
     if not websocket and media in FORM_TYPES and app_path(scope) not in policy.form_paths:

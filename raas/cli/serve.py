@@ -119,7 +119,7 @@ def check_tokenizer(name: str) -> None:
     " seed and the task's id picks them).  [default: 0]",
 )
 @click.option("--sabotage-seed", type=int, default=None, help="With --model oracle.  [default: 0]")
-@api_key_option("The key POST /update_weights requires (without one it is refused)")
+@api_key_option("The key POST /update_weights requires; without one no one may change the weights")
 @click.option(
     "--api-key-file",
     type=click.Path(dir_okay=False, path_type=Path),
