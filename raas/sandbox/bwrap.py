@@ -9,7 +9,9 @@ command line. Nothing else of the host is visible: not the home
 directories, not raas's database, not other sandboxes; nothing writable inside is on the host's
 disk, and no nested user namespace can be made (``--disable-userns``) to mount more. As root, raas
 runs each sandbox as its own unprivileged host uid, so process limits count per sandbox and
-root's powers never enter.
+root's powers never enter. A seccomp filter refuses the system calls no agent needs
+(``raas.sandbox.seccomp``), and where raas can write cgroups the sandbox as a whole is held to
+its memory, process and CPU caps (``raas.sandbox.cgroups``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from raas.sandbox import procs
+from raas.sandbox import cgroups, procs, seccomp
 from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
@@ -32,6 +34,10 @@ from raas.sandbox.namespaced import PATH, NamespacedSandbox
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 1000
+# Started through sh when the sandbox has a cgroup: it waits for raas to move it in (a line on
+# its stdin), then execs bwrap on /dev/null with no environment (dash exports PWD; PATH stays an
+# unexported shell variable) and the bare name as argv[0]. $0: bwrap's directory.
+GATE = 'read -r _ || exit 1; exec </dev/null; unset PWD OLDPWD; PATH=$0; exec bwrap "$@"'
 # What of the host's /etc a sandbox sees (read-only): enough for programs to run, no secrets.
 HOST_ETC = [
     "alternatives",
@@ -126,6 +132,7 @@ class BwrapSandbox(NamespacedSandbox):
 
     def __init__(self, config: BwrapConfig) -> None:
         super().__init__(config)
+        self._cgroup: cgroups.SandboxCgroup | None = None
 
     def _bwrap_args(self, data_fds: dict[str, int]) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -141,6 +148,8 @@ class BwrapSandbox(NamespacedSandbox):
         ]  # fmt: skip
         if disables_userns():
             args.append("--disable-userns")
+        if "seccomp" in data_fds:
+            args += ["--seccomp", str(data_fds["seccomp"])]
         if not cfg.network:
             args.append("--unshare-net")
         args += rootfs_args(cfg.image)
@@ -172,11 +181,15 @@ class BwrapSandbox(NamespacedSandbox):
     def _data(self) -> dict[str, bytes]:
         """The files bwrap makes from data: passwd, group, and the action server's code."""
         home = self.config.workdir
-        return {
+        data = {
             "passwd": f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{home}:/bin/bash\n".encode(),
             "group": f"sandbox:x:{SANDBOX_UID}:\n".encode(),
             **_inside_files(),
         }
+        program = seccomp.host_program()
+        if program is not None:
+            data["seccomp"] = program
+        return data
 
     def _command(self, listen_fd: int) -> list[str]:
         """What bwrap runs: it must be on bwrap's own command line, which holds no host path."""
@@ -204,23 +217,59 @@ class BwrapSandbox(NamespacedSandbox):
             fds.append(args_fd := _memfd("bwrap-args", args))
             # argv[0] is the bare name: the sandbox's PID 1 shows no path of the host.
             argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
-            return await asyncio.create_subprocess_exec(
-                *argv,
-                executable=binary,
-                env=launch_env(),  # bwrap needs none: it is found by its full path
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=[listen_fd, *fds],
-                user=user,
-                group=user,
-                extra_groups=[] if user is not None else None,
-                start_new_session=True,
-            )
+            limits = self.limits
+            caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.max_processes, limits.cpus)
+            self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
+            if self._cgroup is None:
+                return await self._spawn(argv, binary, [listen_fd, *fds], user)
+            argv = ["sh", "-c", GATE, os.path.dirname(binary), *argv[1:]]
+            process = await self._spawn(argv, "/bin/sh", [listen_fd, *fds], user, gated=True)
+            assert process.stdin is not None
+            try:
+                await asyncio.to_thread(self._cgroup.join, process.pid)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+                raise
+            process.stdin.write(b"go\n")
+            process.stdin.close()
+            return process
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    async def _spawn(
+        self,
+        argv: list[str],
+        binary: str,
+        pass_fds: list[int],
+        user: int | None,
+        gated: bool = False,
+    ) -> asyncio.subprocess.Process:
+        """Start ``argv``; ``gated``: its stdin a pipe it waits on (``GATE``)."""
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            executable=binary,
+            env=launch_env(),  # bwrap needs none: it is found by its full path
+            stdin=asyncio.subprocess.PIPE if gated else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=pass_fds,
+            user=user,
+            group=user,
+            extra_groups=[] if user is not None else None,
+            start_new_session=True,
+        )
+
+    async def _terminate(self) -> None:
+        try:
+            await super()._terminate()
+        finally:
+            if self._cgroup is not None:
+                await asyncio.to_thread(self._cgroup.remove)
+                self._cgroup = None
 
     def _find_namespace(self, pid: int) -> int | None:
         # bwrap's child is the PID namespace's init; every sandbox process lives in that namespace.

@@ -23,8 +23,18 @@ class SandboxLimits(BaseModel):
     memory_bytes: int | None = Field(
         default=4096 * MiB, description="Address space per process (RLIMIT_AS)."
     )
+    sandbox_memory_bytes: int | None = Field(
+        default=4096 * MiB,
+        description="Memory of the sandbox as a whole, its tmpfs files included (a cgroup; bwrap,"
+        " where raas can write cgroups: see raas.sandbox.cgroups).",
+    )
     max_processes: int | None = Field(
-        default=256, description="Processes (RLIMIT_NPROC; per sandbox when raas runs as root)."
+        default=256,
+        description="Processes (RLIMIT_NPROC; per sandbox when raas runs as root), and the"
+        " sandbox's tasks as a whole where it has a cgroup (pids.max).",
+    )
+    cpus: float | None = Field(
+        default=None, gt=0, description="CPUs the sandbox may use as a whole (a cgroup's quota)."
     )
     disk_bytes: int = Field(default=2048 * MiB, gt=0, description="Size of the workspace tmpfs.")
     tmp_bytes: int = Field(default=512 * MiB, gt=0, description="Size of the private /tmp.")

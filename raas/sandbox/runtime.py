@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from raas.sandbox import procs
+from raas.sandbox import cgroups, procs
 
 LAUNCH_RECORD = "launched.json"
 # How long killing one dead predecessor's sandbox may take (it is SIGKILL: moments).
@@ -94,7 +94,9 @@ def kill_recorded(sandbox_dir: Path, timeout_s: float = KILL_WAIT_S) -> bool:
 
 
 def clean(directory: Path) -> None:
-    """Kill the recorded processes of every entry of ``directory`` and remove the entries."""
+    """Kill the recorded processes of every entry of ``directory`` and remove the entries, and
+    its sandboxes' cgroups.
+    """
     with contextlib.suppress(FileNotFoundError):
         for entry in list(directory.iterdir()):
             if entry.is_dir() and not entry.is_symlink():
@@ -103,6 +105,7 @@ def clean(directory: Path) -> None:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
+    cgroups.remove_all(directory)
 
 
 def _lock(path: Path) -> int | None:

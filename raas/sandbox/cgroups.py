@@ -1,0 +1,241 @@
+"""Caps on a sandbox as a whole (memory, processes, CPU) through a cgroup of its own.
+
+Each sandbox gets one cgroup, ``raas-<hash of its runtime directory>/<sandbox id>`` below the
+server's own cgroup, so two servers never share a parent and a server restarted on the same
+runtime directory finds (and removes) what its dead predecessor left. Its first process is moved
+in before it runs anything: it is started through ``sh``, which waits for a line on a pipe
+while raas writes its PID to the cgroup and only then execs bwrap, so nothing forks before the
+move (asyncio has no hook to run between fork and exec, and a PID written after the start
+would let a fork slip out).
+
+Where: cgroup v1 (a ``memory``, ``pids`` and ``cpu`` hierarchy raas can write, as root in a
+container that mounts them), or cgroup v2 where raas's own cgroup can enable ``memory`` and
+``pids`` for its children (a delegated subtree whose processes live in a leaf). Where neither
+can be written, there is no cap on the sandbox as a whole, said once in the log: the
+per-process limits of the action server (RLIMIT_AS, RLIMIT_NPROC) still hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+EMPTY_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a sandbox's cgroup holds it to (None: no cap)."""
+
+    memory_bytes: int | None
+    max_processes: int | None
+    cpus: float | None
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where raas makes its cgroups: v2's one directory, or v1's one a controller."""
+
+    version: int
+    bases: dict[str, Path]  # controller (v2: "unified") -> raas's own cgroup in its hierarchy
+
+
+def _own_paths() -> dict[str, str]:
+    """Controller -> this process's cgroup path, from /proc/self/cgroup (v2: key "")."""
+    paths: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                paths[controller] = path
+    return paths
+
+
+def _probe(base: Path) -> bool:
+    """Whether raas can make (and remove) a cgroup under ``base``."""
+    probe = base / f"raas-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _v1() -> Hierarchy | None:
+    own = _own_paths()
+    bases = {}
+    for controller in V1_CONTROLLERS:
+        if controller not in own:
+            return None
+        base = ROOT / controller / own[controller].lstrip("/")
+        if not base.is_dir() or not _probe(base):
+            return None
+        bases[controller] = base
+    return Hierarchy(1, bases)
+
+
+def _v2() -> Hierarchy | None:
+    own = _own_paths()
+    if "" not in own or not (ROOT / "cgroup.controllers").exists():
+        return None
+    base = ROOT / own[""].lstrip("/")
+    try:
+        enabled = (base / "cgroup.subtree_control").read_text().split()
+        wanted = [c for c in ("memory", "pids", "cpu") if c not in enabled]
+        if wanted:  # refused (EBUSY) when raas's cgroup holds processes itself
+            (base / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in wanted))
+        enabled = (base / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return None
+    if not {"memory", "pids"} <= set(enabled) or not _probe(base):
+        return None
+    return Hierarchy(2, {"unified": base})
+
+
+@functools.cache
+def hierarchy() -> Hierarchy | None:
+    """Where sandboxes' cgroups go, or None (said once in the log) where none can be made."""
+    found = _v2() or _v1()
+    if found is None:
+        log.warning(
+            "no writable cgroup (v2 delegated subtree, or v1 memory, pids and cpu): sandboxes"
+            " have no cap on memory, processes or CPU as a whole, only per process (rlimits)"
+        )
+    return found
+
+
+def parent_name(runtime_dir: Path) -> str:
+    """The cgroup that holds the sandboxes of ``runtime_dir``."""
+    return "raas-" + hashlib.sha256(str(runtime_dir).encode()).hexdigest()[:12]
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+@dataclass
+class SandboxCgroup:
+    """One sandbox's cgroup: a directory in each hierarchy."""
+
+    version: int
+    dirs: dict[str, Path]
+
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs.values()]
+
+    def join(self, pid: int) -> None:
+        for procs in self.procs_files():
+            _write(procs, str(pid))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for procs in self.procs_files():
+            with contextlib.suppress(OSError):
+                found |= {int(p) for p in procs.read_text().split()}
+        return found
+
+    def remove(self) -> bool:
+        """Kill what is left in it and remove it; True if it is gone."""
+        deadline = time.monotonic() + EMPTY_WAIT_S
+        while (left := self.pids()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        gone = True
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.error("cannot remove the sandbox cgroup %s: %s", d, e)
+                gone = False
+        return gone
+
+
+def create(runtime_dir: Path, sandbox_id: str, caps: Caps) -> SandboxCgroup | None:
+    """A cgroup for sandbox ``sandbox_id`` of ``runtime_dir`` holding it to ``caps``; None where
+    there is no writable hierarchy. Blocking (file writes): run it in a thread.
+    """
+    found = hierarchy()
+    if found is None:
+        return None
+    dirs = {}
+    for controller, base in found.bases.items():
+        parent = base / parent_name(runtime_dir)
+        parent.mkdir(exist_ok=True)
+        if found.version == 2:
+            with contextlib.suppress(OSError):
+                _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
+        dirs[controller] = parent / sandbox_id
+        dirs[controller].mkdir()
+    group = SandboxCgroup(found.version, dirs)
+    try:
+        _set_caps(group, caps)
+    except OSError:
+        group.remove()
+        raise
+    return group
+
+
+def _set_caps(group: SandboxCgroup, caps: Caps) -> None:
+    if group.version == 2:
+        d = group.dirs["unified"]
+        if caps.memory_bytes:
+            _write(d / "memory.max", str(caps.memory_bytes))
+            with contextlib.suppress(FileNotFoundError):
+                _write(d / "memory.swap.max", "0")
+        if caps.max_processes:
+            _write(d / "pids.max", str(caps.max_processes))
+        if caps.cpus and (d / "cpu.max").exists():
+            _write(d / "cpu.max", f"{int(caps.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        return
+    if caps.memory_bytes:
+        memory = group.dirs["memory"]
+        _write(memory / "memory.limit_in_bytes", str(caps.memory_bytes))
+        with contextlib.suppress(FileNotFoundError):  # with swap accounting: no swap past it
+            _write(memory / "memory.memsw.limit_in_bytes", str(caps.memory_bytes))
+    if caps.max_processes:
+        _write(group.dirs["pids"] / "pids.max", str(caps.max_processes))
+    if caps.cpus:
+        cpu = group.dirs["cpu"]
+        _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+        _write(cpu / "cpu.cfs_quota_us", str(int(caps.cpus * CPU_PERIOD_US)))
+
+
+def remove_all(runtime_dir: Path) -> None:
+    """Kill and remove every sandbox cgroup of ``runtime_dir`` (a dead server's leftovers)."""
+    found = hierarchy() if _exists_any(runtime_dir) else None
+    if found is None:
+        return
+    name = parent_name(runtime_dir)
+    parents = {c: base / name for c, base in found.bases.items()}
+    ids = {d.name for p in parents.values() if p.is_dir() for d in p.iterdir() if d.is_dir()}
+    for sandbox_id in ids:
+        SandboxCgroup(found.version, {c: p / sandbox_id for c, p in parents.items()}).remove()
+    for parent in parents.values():
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+
+
+def _exists_any(runtime_dir: Path) -> bool:
+    """Whether a parent cgroup of ``runtime_dir`` may exist (cheap: no probe of hierarchies)."""
+    name = parent_name(runtime_dir)
+    own = _own_paths()
+    candidates = [ROOT / own.get("", "/").lstrip("/") / name]
+    candidates += [ROOT / c / own.get(c, "/").lstrip("/") / name for c in V1_CONTROLLERS]
+    return any(p.is_dir() for p in candidates)
