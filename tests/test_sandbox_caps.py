@@ -8,6 +8,7 @@ and removes what a dead predecessor left, and only what provably was its.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from raas.sandbox import (
     BwrapConfig,
     Sandbox,
     SandboxLimits,
+    cgroups,
     claim_runtime_dir,
     create_sandbox,
     procs,
@@ -253,3 +255,106 @@ async def test_the_server_claims_a_directory_by_its_database_and_removes_it(
         await sandbox.close()
     assert set(runtime_root().glob("srv-*")) - before == set()
     assert not os.path.exists(services.sandbox_config.runtime_dir)
+
+
+# -- the sandbox as a whole (cgroups) and the system calls it never needs (seccomp) ---------------
+
+# Starts N children that each fill MiB mebibytes and then hold them until their stdin closes; once
+# each has said "held" (or died), prints how many are still holding and how many were killed.
+HOLD = r"""
+import json, subprocess, sys
+n, mib = int(sys.argv[1]), int(sys.argv[2])
+child = "import sys; b = b'x' * (%d << 20); print('held', flush=True); sys.stdin.read()" % mib
+kids = [
+    subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    for _ in range(n)
+]
+said = [k.stdout.readline() for k in kids]
+holding = sum(1 for k in kids if k.poll() is None)
+for k in kids:
+    k.stdin.close()
+codes = [k.wait() for k in kids]
+print(json.dumps({"holding": holding, "said": sum(1 for s in said if s), "codes": codes}))
+"""
+
+# Forks children that block on a pipe until a fork fails or LIMIT of them live; prints how many
+# lived and the error that stopped it (if any).
+FORKS = r"""
+import os, sys
+limit, count, error = int(sys.argv[1]), 0, "none"
+read, write = os.pipe()
+while count < limit:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        error = e.__class__.__name__
+        break
+    if pid == 0:
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0)
+    count += 1
+os.close(write)
+for _ in range(count):
+    os.wait()
+print(count, error)
+"""
+
+SYSCALLS = r"""
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    ctypes.set_errno(0)
+    return libc.syscall(nr, *args), ctypes.get_errno()
+NR = {"x86_64": (425, 250, 39), "aarch64": (425, 219, 172)}[__import__("platform").machine()]
+print(json.dumps([call(NR[0], 1, 0), call(NR[1], 0, 0), call(NR[2])]))
+"""
+
+
+async def run_python(sandbox: Sandbox, script: str, *args: object) -> str:
+    await sandbox.write_file("/tmp/script.py", script)
+    result = await sandbox.bash(f"python3 /tmp/script.py {' '.join(map(str, args))}")
+    assert result.exit_code == 0, result.output
+    return result.output.strip().splitlines()[-1]
+
+
+def capped(**limits: object) -> BwrapConfig:
+    return BwrapConfig(limits=SandboxLimits.model_validate(LIMITS.model_dump() | limits))
+
+
+async def test_the_sandbox_as_a_whole_stays_under_its_memory_cap() -> None:
+    # Four processes of 300 MiB each, every one under the per-process limit: together 1.2 GiB.
+    config = capped(sandbox_memory_bytes=512 * MiB)
+    async with create_sandbox(config) as sandbox:
+        alone = json.loads(await run_python(sandbox, HOLD, 1, 300))
+        assert alone == {"holding": 1, "said": 1, "codes": [0]}
+        four = json.loads(await run_python(sandbox, HOLD, 4, 300))
+    assert four["holding"] <= 1, four  # 2 x 300 MiB is past the cap
+    assert sum(1 for code in four["codes"] if code == -signal.SIGKILL) >= 3, four
+
+
+async def test_a_fork_loop_is_held_by_the_sandbox_task_cap() -> None:
+    # No per-process limit: only the sandbox's cgroup holds it.
+    config = capped(max_processes=None, sandbox_tasks=48)
+    async with create_sandbox(config) as sandbox:
+        count, error = (await run_python(sandbox, FORKS, 200)).split()
+    assert error == "BlockingIOError"
+    assert 0 < int(count) < 48
+
+
+async def test_syscalls_no_agent_needs_are_refused(sandbox: Sandbox) -> None:
+    io_uring_setup, keyctl, getpid = json.loads(await run_python(sandbox, SYSCALLS))
+    assert io_uring_setup == [-1, errno.EPERM]
+    assert keyctl == [-1, errno.EPERM]
+    assert getpid[0] > 0 and getpid[1] == 0
+
+
+async def test_a_closed_sandbox_leaves_no_cgroup(sandbox: Sandbox) -> None:
+    found = cgroups.hierarchy()
+    if found is None:
+        pytest.skip("no writable cgroup on this machine")
+    name = cgroups.parent_name(sandbox.dir.parent)
+    dirs = [base / name / sandbox.id for base in found.bases.values()]
+    assert all(d.is_dir() for d in dirs)
+    await sandbox.close()
+    assert not any(d.exists() for d in dirs)

@@ -218,7 +218,7 @@ class BwrapSandbox(NamespacedSandbox):
             # argv[0] is the bare name: the sandbox's PID 1 shows no path of the host.
             argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
             limits = self.limits
-            caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.max_processes, limits.cpus)
+            caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
             self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
             if self._cgroup is None:
                 return await self._spawn(argv, binary, [listen_fd, *fds], user)

@@ -40,7 +40,7 @@ class Caps:
     """What a sandbox's cgroup holds it to (None: no cap)."""
 
     memory_bytes: int | None
-    max_processes: int | None
+    tasks: int | None
     cpus: float | None
 
 
@@ -199,8 +199,8 @@ def _set_caps(group: SandboxCgroup, caps: Caps) -> None:
             _write(d / "memory.max", str(caps.memory_bytes))
             with contextlib.suppress(FileNotFoundError):
                 _write(d / "memory.swap.max", "0")
-        if caps.max_processes:
-            _write(d / "pids.max", str(caps.max_processes))
+        if caps.tasks:
+            _write(d / "pids.max", str(caps.tasks))
         if caps.cpus and (d / "cpu.max").exists():
             _write(d / "cpu.max", f"{int(caps.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
         return
@@ -209,8 +209,8 @@ def _set_caps(group: SandboxCgroup, caps: Caps) -> None:
         _write(memory / "memory.limit_in_bytes", str(caps.memory_bytes))
         with contextlib.suppress(FileNotFoundError):  # with swap accounting: no swap past it
             _write(memory / "memory.memsw.limit_in_bytes", str(caps.memory_bytes))
-    if caps.max_processes:
-        _write(group.dirs["pids"] / "pids.max", str(caps.max_processes))
+    if caps.tasks:
+        _write(group.dirs["pids"] / "pids.max", str(caps.tasks))
     if caps.cpus:
         cpu = group.dirs["cpu"]
         _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))

@@ -29,9 +29,12 @@ class SandboxLimits(BaseModel):
         " where raas can write cgroups: see raas.sandbox.cgroups).",
     )
     max_processes: int | None = Field(
-        default=256,
-        description="Processes (RLIMIT_NPROC; per sandbox when raas runs as root), and the"
-        " sandbox's tasks as a whole where it has a cgroup (pids.max).",
+        default=256, description="Processes (RLIMIT_NPROC; per sandbox when raas runs as root)."
+    )
+    sandbox_tasks: int | None = Field(
+        default=1024,
+        description="Processes and threads of the sandbox as a whole (a cgroup's pids.max; bwrap,"
+        " where raas can write cgroups).",
     )
     cpus: float | None = Field(
         default=None, gt=0, description="CPUs the sandbox may use as a whole (a cgroup's quota)."
