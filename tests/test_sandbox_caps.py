@@ -358,3 +358,34 @@ async def test_a_closed_sandbox_leaves_no_cgroup(sandbox: Sandbox) -> None:
     assert all(d.is_dir() for d in dirs)
     await sandbox.close()
     assert not any(d.exists() for d in dirs)
+
+
+def test_a_claim_removes_the_cgroups_a_dead_server_left(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    found = cgroups.hierarchy()
+    if found is None:
+        pytest.skip("no writable cgroup on this machine")
+    key = uuid.uuid4().hex
+    inside = subprocess.Popen(["sleep", "1000"])
+    sleepers.append(inside)
+    code = (
+        "import os, sys; from raas.sandbox import claim_runtime_dir, cgroups;"
+        " r = claim_runtime_dir(sys.argv[1]);"
+        " cgroups.create(r.path, 'left', cgroups.Caps(None, None, None)).join(int(sys.argv[2]));"
+        " print(r.path, flush=True); os._exit(0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, key, str(inside.pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    parent = cgroups.parent_name(Path(out.stdout.strip()))
+    dirs = [base / parent / "left" for base in found.bases.values()]
+    assert all(str(inside.pid) in (d / "cgroup.procs").read_text().split() for d in dirs)
+    with claim_runtime_dir(key):
+        assert inside.wait(timeout=10) == -signal.SIGKILL
+        assert not any(d.exists() for d in dirs)
+    assert not any((base / parent).exists() for base in found.bases.values())
