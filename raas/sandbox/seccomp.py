@@ -5,9 +5,9 @@ loading kernel modules, eBPF, kexec and perf events. They fail with EPERM, so a 
 probes for them (an io_uring-capable runtime) falls back as it would on a locked-down host.
 Everything else is allowed: a deny list, not a profile of what agents may run.
 
-Written by hand (a classic-BPF program of a dozen instructions): libseccomp is on Debian, but
-its Python binding is not on PyPI as a wheel that installs without compiling, and raas takes
-no compiled dependency for twenty lines. The numbers are those of x86_64 and aarch64 (the
+Written by hand (a classic-BPF program of a dozen instructions). libseccomp is on Debian and
+PyPI has a pure-Python ctypes binding for it (pyseccomp 0.1.2); it was not tried yet, and would
+take the syscall tables below off raas's hands. The numbers are those of x86_64 and aarch64 (the
 kernel's tables); the program first checks the architecture, and a call of any other (32-bit
 x86 through ``int 0x80``) kills the process, as does an x32 call on x86_64, whose numbers
 would otherwise get around the list.
