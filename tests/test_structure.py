@@ -1,4 +1,4 @@
-"""The layout of DESIGN.md, read from the source: no two modules of raas import each other, and
+"""The layout of docs/design.md, read from the source: no two modules of raas import each other, and
 the libraries (llm, sandbox, client, ...) import nothing of the server above them.
 
 Every ``import`` counts, at module level, inside a function or under ``TYPE_CHECKING``: an import
@@ -103,7 +103,7 @@ def test_no_two_modules_import_each_other() -> None:
     assert knots(GRAPH) == []
 
 
-# What each library may import of raas (DESIGN.md's table; itself always). "raas" alone is the
+# What each library may import of raas (docs/design.md's table; itself always). "raas" alone is the
 # root package, which holds the version and nothing else.
 MAY_IMPORT = {
     "raas.llm": ("raas", "raas.helpers"),
