@@ -1,0 +1,11 @@
+"""OCI images for sandboxes: a content-addressed store of unpacked layers shared by every image.
+
+``ImageStore`` (``store``) pulls and imports images (skopeo), unpacks each layer once, and
+answers ``resolve(ref)`` with a ``StoredImage``: the image's layer directories, bottom first, and
+what its config says to run with. A sandbox's root is an overlay over those directories
+(``raas.sandbox.rootfs``), so a sandbox writes only its own upper layer.
+"""
+
+from raas.sandbox.oci.image import ImageError, StoredImage
+
+__all__ = ["ImageError", "StoredImage"]

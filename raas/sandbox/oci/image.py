@@ -1,0 +1,31 @@
+"""What the image store hands a sandbox: an image's unpacked layers and its run settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raas.sandbox.client import SandboxError
+
+
+class ImageError(SandboxError):
+    """An image that cannot be pulled, imported, found or run: one line naming it and why."""
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """An image in the store, ready to be a sandbox's root.
+
+    ``layers`` are the unpacked layer directories, bottom first (overlayfs takes them top
+    first), each shared with every other image that holds the same layer; whiteouts in them are
+    overlayfs whiteouts. ``env``, ``workdir`` and ``user`` are the image config's ``Env``,
+    ``WorkingDir`` and ``User``.
+    """
+
+    ref: str
+    digest: str  # the manifest's digest, sha256:...
+    layers: tuple[Path, ...]
+    env: tuple[str, ...] = ()
+    workdir: str = "/"
+    user: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
