@@ -25,19 +25,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from raas.sandbox import cgroups, procs, seccomp
+from raas.sandbox import procs, seccomp
 from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
-from raas.sandbox.namespaced import PATH, NamespacedSandbox
+from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
 
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 1000
-# Started through sh when the sandbox has a cgroup: it waits for raas to move it in (a line on
-# its stdin), then execs bwrap on /dev/null with no environment (dash exports PWD; PATH stays an
-# unexported shell variable) and the bare name as argv[0]. $0: bwrap's directory.
-GATE = 'read -r _ || exit 1; exec </dev/null; unset PWD OLDPWD; PATH=$0; exec bwrap "$@"'
+# What the gate runs when the sandbox has a cgroup: bwrap with no environment (dash exports PWD;
+# PATH stays an unexported shell variable) and the bare name as argv[0]. $0: bwrap's directory.
+EXEC_BWRAP = 'unset PWD OLDPWD; PATH=$0; exec bwrap "$@"'
 # What of the host's /etc a sandbox sees (read-only): enough for programs to run, no secrets.
 HOST_ETC = [
     "alternatives",
@@ -130,10 +129,6 @@ def _memfd(name: str, data: bytes) -> int:
 class BwrapSandbox(NamespacedSandbox):
     config: BwrapConfig
 
-    def __init__(self, config: BwrapConfig) -> None:
-        super().__init__(config)
-        self._cgroup: cgroups.SandboxCgroup | None = None
-
     def _bwrap_args(self, data_fds: dict[str, int]) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
         action server's code; see ``_data``).
@@ -217,24 +212,13 @@ class BwrapSandbox(NamespacedSandbox):
             fds.append(args_fd := _memfd("bwrap-args", args))
             # argv[0] is the bare name: the sandbox's PID 1 shows no path of the host.
             argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
-            limits = self.limits
-            caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
-            self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
-            if self._cgroup is None:
-                return await self._spawn(argv, binary, [listen_fd, *fds], user)
-            argv = ["sh", "-c", GATE, os.path.dirname(binary), *argv[1:]]
-            process = await self._spawn(argv, "/bin/sh", [listen_fd, *fds], user, gated=True)
-            assert process.stdin is not None
-            try:
-                await asyncio.to_thread(self._cgroup.join, process.pid)
-            except BaseException:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-                raise
-            process.stdin.write(b"go\n")
-            process.stdin.close()
-            return process
+            gated_argv = gate(EXEC_BWRAP, os.path.dirname(binary), *argv[1:])
+
+            async def spawn(run: list[str], gated: bool) -> asyncio.subprocess.Process:
+                executable = "/bin/sh" if gated else binary
+                return await self._spawn(run, executable, [listen_fd, *fds], user, gated)
+
+            return await self._start_in_cgroup(argv, gated_argv, spawn)
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -248,7 +232,7 @@ class BwrapSandbox(NamespacedSandbox):
         user: int | None,
         gated: bool = False,
     ) -> asyncio.subprocess.Process:
-        """Start ``argv``; ``gated``: its stdin a pipe it waits on (``GATE``)."""
+        """Start ``argv``; ``gated``: its stdin a pipe it waits on (``namespaced.gate``)."""
         return await asyncio.create_subprocess_exec(
             *argv,
             executable=binary,
@@ -262,14 +246,6 @@ class BwrapSandbox(NamespacedSandbox):
             extra_groups=[] if user is not None else None,
             start_new_session=True,
         )
-
-    async def _terminate(self) -> None:
-        try:
-            await super()._terminate()
-        finally:
-            if self._cgroup is not None:
-                await asyncio.to_thread(self._cgroup.remove)
-                self._cgroup = None
 
     def _find_namespace(self, pid: int) -> int | None:
         # bwrap's child is the PID namespace's init; every sandbox process lives in that namespace.

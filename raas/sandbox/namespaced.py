@@ -6,6 +6,13 @@ found, and nothing outside the sandbox is ever touched. As root, each sandbox ru
 unprivileged host uid (a slot above the config's ``uid_base``), so RLIMIT_NPROC counts per
 sandbox and root's powers never enter; the slots are one table for both providers, so one raas
 process never gives a bwrap and an apptainer sandbox the same uid.
+
+Where raas can write cgroups, each sandbox is also held to its memory, process and CPU caps as a
+whole (``raas.sandbox.cgroups``): the provider's launch goes through ``_start_in_cgroup``, which
+starts it behind a gate (``sh`` waiting for a line on its stdin), moves that ``sh`` into the
+sandbox's cgroup and only then lets it exec the provider, so nothing forks before the move
+(asyncio has no hook to run between fork and exec, and a PID written after the start would let a
+fork slip out). Close removes the cgroup, killing whatever is left in it.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ import os
 import shutil
 import signal
 from abc import abstractmethod
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from raas.sandbox import procs
+from raas.sandbox import cgroups, procs
 from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, Sandbox, reap
 from raas.sandbox.config import ApptainerConfig, BwrapConfig
 from raas.sandbox.runtime import runtime_root
@@ -30,6 +38,16 @@ log = logging.getLogger(__name__)
 # Both start the action server with a clean environment: the usual tool directories of an image.
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 EMPTY_NAMESPACE_S = 10.0
+# The start of every gate: wait for raas's line (it has moved this sh into the cgroup; EOF: it
+# failed to), then give the rest stdin from /dev/null. The provider's part follows (``gate``).
+GATE = "read -r _ || exit 1; exec </dev/null; "
+# Starts argv; its bool: gated, with its stdin a pipe that the gate waits on.
+Spawn = Callable[[list[str], bool], Awaitable[asyncio.subprocess.Process]]
+
+
+def gate(then: str, *args: str) -> list[str]:
+    """``sh`` running ``then`` (``args`` its $0, $1...) once raas has moved it into a cgroup."""
+    return ["sh", "-c", GATE + then, *args]
 
 
 class _UidSlots:
@@ -81,12 +99,38 @@ class NamespacedSandbox(Sandbox):
         self._slot: int | None = None
         self._pidns: int | None = None
         self._pin: int | None = None  # holds the namespace's number while the sandbox has it
+        self._cgroup: cgroups.SandboxCgroup | None = None
 
     def _sandbox_uid(self) -> int:
         """This sandbox's own host uid (for raas running as root), held until it is closed."""
         if self._slot is None:
             self._slot = _uid_slots.take()
         return self.config.uid_base + self._slot
+
+    async def _start_in_cgroup(
+        self, argv: list[str], gated: list[str], spawn: Spawn
+    ) -> asyncio.subprocess.Process:
+        """Start the sandbox in a cgroup of its own that holds it to its caps: ``gated`` (``argv``
+        behind a ``gate``) is started, moved in, then let go. Where raas can make no cgroup,
+        ``argv`` is started as it is.
+        """
+        limits = self.limits
+        caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
+        self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
+        if self._cgroup is None:
+            return await spawn(argv, False)
+        process = await spawn(gated, True)
+        assert process.stdin is not None
+        try:
+            await asyncio.to_thread(self._cgroup.join, process.pid)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            raise
+        process.stdin.write(b"go\n")
+        process.stdin.close()
+        return process
 
     @abstractmethod
     def _find_namespace(self, pid: int) -> int | None:
@@ -119,6 +163,9 @@ class NamespacedSandbox(Sandbox):
             if self._pin is not None:  # only now may the number name another namespace
                 os.close(self._pin)
                 self._pin = None
+            if self._cgroup is not None:  # kills what is left in it (what escaped the namespace)
+                await asyncio.to_thread(self._cgroup.remove)
+                self._cgroup = None
 
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         if self._pidns is not None:
