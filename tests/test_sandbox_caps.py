@@ -1,5 +1,8 @@
 """What a bubblewrap sandbox cannot get around, and the cleanup after a server that died.
 
+The caps on the sandbox as a whole (cgroups) and the seccomp filter are tested on Apptainer too,
+under ``-m hpc`` (``make test-hpc``), through the ``provider`` fixture.
+
 Caps: nothing inside is writable past a size cap, nothing writable inside is on the host's disk,
 no nested user namespace (in which an agent could mount an uncapped tmpfs), no host path on the
 sandbox's command lines. Runtime directories: a server's own, claimed under a lock; a claim kills
@@ -8,9 +11,11 @@ and removes what a dead predecessor left, and only what provably was its.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -23,6 +28,7 @@ import pytest
 import raas
 from raas.api.app import create_app
 from raas.sandbox import (
+    ApptainerConfig,
     BwrapConfig,
     Sandbox,
     SandboxLimits,
@@ -35,6 +41,7 @@ from raas.sandbox import (
 from raas.sandbox.runtime import LAUNCH_RECORD
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
+from tests.hpc import apptainer_config
 
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(disk_bytes=32 * MiB, tmp_bytes=32 * MiB, shm_bytes=8 * MiB)
@@ -309,6 +316,8 @@ def call(nr, *args):
 NR = {"x86_64": (425, 250, 39), "aarch64": (425, 219, 172)}[__import__("platform").machine()]
 print(json.dumps([call(NR[0], 1, 0), call(NR[1], 0, 0), call(NR[2])]))
 """
+# getpid by its x32 number (x86_64): one of the numbers that would otherwise get around the list.
+X32_GETPID = "import ctypes; print(ctypes.CDLL(None).syscall(0x40000000 | 39))"
 
 
 async def run_python(sandbox: Sandbox, script: str, *args: object) -> str:
@@ -318,13 +327,28 @@ async def run_python(sandbox: Sandbox, script: str, *args: object) -> str:
     return result.output.strip().splitlines()[-1]
 
 
-def capped(**limits: object) -> BwrapConfig:
-    return BwrapConfig(limits=SandboxLimits.model_validate(LIMITS.model_dump() | limits))
+@pytest.fixture(params=["bwrap", pytest.param("apptainer", marks=pytest.mark.hpc)])
+def provider(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
-async def test_the_sandbox_as_a_whole_stays_under_its_memory_cap() -> None:
+async def run_on_host(code: str) -> tuple[int | None, str]:
+    """``code`` run by raas's Python outside any sandbox: its exit status and output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    return process.returncode, output.decode()
+
+
+def capped(provider: str, **limits: object) -> BwrapConfig | ApptainerConfig:
+    merged = SandboxLimits.model_validate(LIMITS.model_dump() | limits)
+    return BwrapConfig(limits=merged) if provider == "bwrap" else apptainer_config(limits=merged)
+
+
+async def test_the_sandbox_as_a_whole_stays_under_its_memory_cap(provider: str) -> None:
     # Four processes of 300 MiB each, every one under the per-process limit: together 1.2 GiB.
-    config = capped(sandbox_memory_bytes=512 * MiB)
+    config = capped(provider, sandbox_memory_bytes=512 * MiB)
     async with create_sandbox(config) as sandbox:
         alone = json.loads(await run_python(sandbox, HOLD, 1, 300))
         assert alone == {"holding": 1, "said": 1, "codes": [0]}
@@ -333,31 +357,109 @@ async def test_the_sandbox_as_a_whole_stays_under_its_memory_cap() -> None:
     assert sum(1 for code in four["codes"] if code == -signal.SIGKILL) >= 3, four
 
 
-async def test_a_fork_loop_is_held_by_the_sandbox_task_cap() -> None:
+async def test_a_fork_loop_is_held_by_the_sandbox_task_cap(provider: str) -> None:
     # No per-process limit: only the sandbox's cgroup holds it.
-    config = capped(max_processes=None, sandbox_tasks=48)
+    config = capped(provider, max_processes=None, sandbox_tasks=48)
     async with create_sandbox(config) as sandbox:
         count, error = (await run_python(sandbox, FORKS, 200)).split()
     assert error == "BlockingIOError"
     assert 0 < int(count) < 48
+    # The control: without the task cap, the same loop gets all its 200 children.
+    async with create_sandbox(capped(provider, max_processes=None)) as sandbox:
+        assert (await run_python(sandbox, FORKS, 200)).split() == ["200", "none"]
 
 
-async def test_syscalls_no_agent_needs_are_refused(sandbox: Sandbox) -> None:
-    io_uring_setup, keyctl, getpid = json.loads(await run_python(sandbox, SYSCALLS))
+async def test_syscalls_no_agent_needs_are_refused(provider: str) -> None:
+    async with create_sandbox(capped(provider)) as sandbox:
+        io_uring_setup, keyctl, getpid = json.loads(await run_python(sandbox, SYSCALLS))
     assert io_uring_setup == [-1, errno.EPERM]
     assert keyctl == [-1, errno.EPERM]
     assert getpid[0] > 0 and getpid[1] == 0
+    # The control: outside the sandbox, the same calls fail for their bad arguments instead.
+    status, output = await run_on_host(SYSCALLS)
+    assert status == 0
+    (_, host_uring), (_, host_keyctl), _ = json.loads(output)
+    assert errno.EPERM not in (host_uring, host_keyctl)
 
 
-async def test_a_closed_sandbox_leaves_no_cgroup(sandbox: Sandbox) -> None:
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 is an x86_64 ABI")
+async def test_an_x32_system_call_kills_the_caller(provider: str) -> None:
+    async with create_sandbox(capped(provider)) as sandbox:
+        x32 = await sandbox.bash(f'python3 -c "{X32_GETPID}"')
+        assert x32.exit_code == 128 + signal.SIGSYS, x32.output
+        assert (await sandbox.bash("echo alive")).output == "alive\n"  # only the caller
+    # The control: outside the sandbox the call is merely unknown (ENOSYS without x32 support).
+    assert (await run_on_host(X32_GETPID))[0] == 0
+
+
+async def test_a_closed_sandbox_leaves_no_cgroup(provider: str) -> None:
     found = cgroups.hierarchy()
     if found is None:
         pytest.skip("no writable cgroup on this machine")
-    name = cgroups.parent_name(sandbox.dir.parent)
-    dirs = [base / name / sandbox.id for base in found.bases.values()]
-    assert all(d.is_dir() for d in dirs)
-    await sandbox.close()
+    sandbox = create_sandbox(capped(provider))
+    await sandbox.start()
+    try:
+        name = cgroups.parent_name(sandbox.dir.parent)
+        dirs = [base / name / sandbox.id for base in found.bases.values()]
+        assert all(d.is_dir() for d in dirs)  # the control: it had one
+        inside = sandbox.host_pids()
+        assert inside and all(inside <= cgroup_pids(d) for d in dirs)
+    finally:
+        await sandbox.close()
     assert not any(d.exists() for d in dirs)
+
+
+def cgroup_pids(directory: Path) -> set[int]:
+    return {int(pid) for pid in (directory / "cgroup.procs").read_text().split()}
+
+
+# A server that starts an apptainer sandbox in its claimed directory and dies (its test SIGKILLs
+# it) while the sandbox runs: apptainer's container does not die with it.
+APPTAINER_PREDECESSOR = r"""
+import asyncio, json, sys
+from raas.sandbox import ApptainerConfig, claim_runtime_dir, create_sandbox
+
+async def main(key, binary, images):
+    runtime = claim_runtime_dir(key)
+    config = ApptainerConfig(binary=binary, images_dir=images, image="raas-test",
+                             runtime_dir=runtime.path)
+    sandbox = create_sandbox(config)
+    await sandbox.start()
+    await sandbox.bash("sleep 1000 &")
+    pids = sorted(sandbox.host_pids())
+    print(json.dumps({"dir": str(runtime.path), "id": sandbox.id, "pids": pids}), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.hpc
+def test_a_claim_removes_a_dead_servers_apptainer_sandboxes_and_their_cgroups() -> None:
+    found = cgroups.hierarchy()
+    if found is None:
+        pytest.skip("no writable cgroup on this machine")
+    config = apptainer_config()
+    key = uuid.uuid4().hex
+    server = subprocess.Popen(
+        [sys.executable, "-c", APPTAINER_PREDECESSOR, key, config.binary, str(config.images_dir)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        left = json.loads(server.stdout.readline())  # EOF if it fails: the test fails
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=10)
+    parent = cgroups.parent_name(Path(left["dir"]))
+    dirs = [base / parent / left["id"] for base in found.bases.values()]
+    pids = {pid for pid in left["pids"] if procs.alive(pid)}
+    assert pids  # the sandbox outlived its server
+    assert all(pids <= cgroup_pids(d) for d in dirs)
+    with claim_runtime_dir(key):
+        assert procs.wait_gone(pids, 10.0) == set()
+        assert not any(d.exists() for d in dirs)
+    assert not any((base / parent).exists() for base in found.bases.values())
 
 
 def test_a_claim_removes_the_cgroups_a_dead_server_left(

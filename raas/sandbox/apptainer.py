@@ -18,27 +18,50 @@ runs as its own unprivileged host uid (``--security uid:N,gid:N``, which only ro
 and its workspace and /tmp are size-capped tmpfs mounts in a mount namespace of its own
 (``unshare``), gone with its last process. As a normal user apptainer runs unprivileged as that
 user; the workspace is then a plain directory, capped per file (RLIMIT_FSIZE) but not in total.
+
+The sandbox as a whole is held to its memory, process and CPU caps by a cgroup of its own where
+raas can write one, as with bwrap (``raas.sandbox.cgroups``, joined through the gate of
+``raas.sandbox.namespaced``): what is launched (``unshare`` as root, else apptainer) is moved in
+before it runs, and apptainer's own processes (its Go runtime parent, the container's init)
+count towards the caps with the agent's, since every one of them descends from it.
+
+The seccomp filter (``raas.sandbox.seccomp``) is apptainer's own ``--security seccomp:FILE``,
+a JSON profile of the same refusals, rather than raas's BPF program installed in a launcher
+before apptainer runs. Apptainer installs it in the container's process just before the exec of
+the action server, so apptainer itself runs unfiltered; it works as root (with ``uid:N``) and
+unprivileged (user namespace mode) alike, both tried with the nested apptainer 1.4.5 of
+``make test-hpc``. A filter installed before apptainer would need no_new_privs as a normal user,
+which turns off the setuid bits of a setuid install's starter and of ``newuidmap`` (what
+``--fakeroot`` runs), and would hold apptainer's own runtime to the list as well. An apptainer
+built without libseccomp only warns and runs unfiltered: raas says so in its log (once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from pathlib import Path
 
-from raas.sandbox import procs
+from raas.sandbox import procs, seccomp
 from raas.sandbox.base import SERVER_PYTHON_FLAGS, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
-from raas.sandbox.namespaced import PATH, NamespacedSandbox, inside_dir
+from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, inside_dir
+
+log = logging.getLogger(__name__)
 
 # Mount a size-capped tmpfs on each of the directories, then run the rest (from root's unshare).
 _MOUNT_TMPFS = (
     'while [ "$1" != -- ]; do mount -t tmpfs -o "$1" tmpfs "$2" || exit 125; shift 2; done;'
     ' shift; exec "$@"'
 )
+SECCOMP_PROFILE = "seccomp.json"
+# What an apptainer built without libseccomp says (and then runs the container unfiltered).
+NO_SECCOMP = b"seccomp requested but not enabled"
+_said_no_seccomp = False
 
 
 class ApptainerSandbox(NamespacedSandbox):
@@ -60,6 +83,7 @@ class ApptainerSandbox(NamespacedSandbox):
             args += ["--security", f"uid:{user},gid:{user}"]
         if cfg.writable == "tmpfs":
             args.append("--writable-tmpfs")
+        args += ["--security", f"seccomp:{self.dir / SECCOMP_PROFILE}"]
         args += [
             "--bind", f"{inside_dir()}:/.raas/inside:ro",
             "--bind", f"{self.dir / 'workspace'}:{cfg.workdir}",
@@ -77,22 +101,27 @@ class ApptainerSandbox(NamespacedSandbox):
         binary = find_binary(self.config.binary)
         image = await asyncio.to_thread(resolve_image, self.config)
         (self.dir / "workspace").mkdir(exist_ok=True)
+        await asyncio.to_thread((self.dir / SECCOMP_PROFILE).write_bytes, seccomp.profile())
         user: int | None = None
         prefix: list[str] = []
         if os.geteuid() == 0 and not self.config.fakeroot:
             user = self._sandbox_uid()
             (self.dir / "tmp").mkdir(exist_ok=True)
             prefix = self._tmpfs_prefix(user)
-        args = prefix + self._apptainer_args(binary, image, user, listen_fd)
-        return await asyncio.create_subprocess_exec(
-            *args,
-            env=launch_env("PATH"),  # apptainer and unshare find their helpers on PATH
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            pass_fds=[listen_fd],
-            start_new_session=True,
-        )
+        argv = prefix + self._apptainer_args(binary, image, user, listen_fd)
+
+        async def spawn(run: list[str], gated: bool) -> asyncio.subprocess.Process:
+            return await asyncio.create_subprocess_exec(
+                *run,
+                env=launch_env("PATH"),  # apptainer and unshare find their helpers on PATH
+                stdin=asyncio.subprocess.PIPE if gated else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=[listen_fd],
+                start_new_session=True,
+            )
+
+        return await self._start_in_cgroup(argv, gate('exec "$@"', "sh", *argv), spawn)
 
     def _tmpfs_prefix(self, user: int) -> list[str]:
         if shutil.which("unshare") is None:
@@ -113,6 +142,14 @@ class ApptainerSandbox(NamespacedSandbox):
         await super()._after_start(process)
         if self._pidns is None:  # without it, close could not find the sandbox's processes
             raise SandboxError(f"sandbox {self.id}: apptainer started no PID namespace")
+        global _said_no_seccomp
+        if NO_SECCOMP in self._stderr and not _said_no_seccomp:
+            _said_no_seccomp = True
+            log.error(
+                "%s was built without seccomp: apptainer sandboxes run without raas's seccomp"
+                " filter (io_uring, keyctl, bpf, kernel modules are not refused)",
+                self.config.binary,
+            )
 
     async def _kill_unfound(self, process: asyncio.subprocess.Process) -> None:
         # Nothing like bwrap's --die-with-parent ties the container to the process we launched:

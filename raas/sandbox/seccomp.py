@@ -1,4 +1,4 @@
-"""The seccomp filter bwrap installs in a sandbox (``--seccomp FD``): system calls refused.
+"""The seccomp filter of a sandbox: system calls refused, in bwrap's form and in apptainer's.
 
 What an agent never needs and the kernel has had its worst bugs in: io_uring, the kernel keyring,
 loading kernel modules, eBPF, kexec and perf events. They fail with EPERM, so a program that
@@ -11,11 +11,18 @@ take the syscall tables below off raas's hands. The numbers are those of x86_64 
 kernel's tables); the program first checks the architecture, and a call of any other (32-bit
 x86 through ``int 0x80``) kills the process, as does an x32 call on x86_64, whose numbers
 would otherwise get around the list.
+
+Apptainer takes the same list as a JSON profile (``profile``, Docker's format, read by
+``apptainer exec --security seccomp:FILE``), which apptainer turns into a filter with libseccomp
+and installs in the container's process just before it execs the command: by name, so for every
+architecture libseccomp knows, and a call of another architecture (or an x32 one) kills the
+calling thread (libseccomp's default for a foreign architecture).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import platform
 import struct
 from dataclasses import dataclass
@@ -99,6 +106,14 @@ def program(arch: Arch) -> bytes:
     ]  # jt: the tests after this one, then ALLOW
     tail = [_insn(BPF_RET_K, SECCOMP_RET_ALLOW), _insn(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPERM)]
     return b"".join(head + tests + tail)
+
+
+def profile() -> bytes:
+    """The filter as a seccomp profile in Docker's JSON format (apptainer's ``--security
+    seccomp:FILE``): everything allowed but ``REFUSED``, which fails with EPERM.
+    """
+    refused = {"names": list(REFUSED), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    return json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [refused]}).encode()
 
 
 def host_program() -> bytes | None:
