@@ -2,17 +2,23 @@
 
 Each sandbox gets one cgroup, ``raas-<hash of its runtime directory>/<sandbox id>`` below the
 server's own cgroup, so two servers never share a parent and a server restarted on the same
-runtime directory finds (and removes) what its dead predecessor left. Its first process is moved
-in before it runs anything: it is started through ``sh``, which waits for a line on a pipe
-while raas writes its PID to the cgroup and only then execs bwrap, so nothing forks before the
-move (asyncio has no hook to run between fork and exec, and a PID written after the start
-would let a fork slip out).
+runtime directory finds (and removes) what its dead predecessor left. A sandbox's first process
+(bwrap, or what starts apptainer) is moved in before it runs anything, through the gate of
+``raas.sandbox.namespaced``.
 
 Where: cgroup v1 (a ``memory``, ``pids`` and ``cpu`` hierarchy raas can write, as root in a
 container that mounts them), or cgroup v2 where raas's own cgroup can enable ``memory`` and
-``pids`` for its children (a delegated subtree whose processes live in a leaf). Where neither
-can be written, there is no cap on the sandbox as a whole, said once in the log: the
-per-process limits of the action server (RLIMIT_AS, RLIMIT_NPROC) still hold.
+``pids`` for its children (a delegated subtree whose processes live in a leaf; ``cpu`` too where
+it is delegated, else no CPU cap). Where neither can be written, there is no cap on the sandbox
+as a whole, said once in the log: the per-process limits of the action server (RLIMIT_AS,
+RLIMIT_NPROC) still hold.
+
+Tested for real on v1 only. The machine raas is developed on mounts v1 ``memory``, ``pids`` and
+``cpu`` hierarchies and a v2 one with no controllers; a controller is in one hierarchy at a time
+for the whole kernel (a private mount namespace sees the same v2 hierarchy), and moving
+``memory`` or ``pids`` to v2 would need the v1 hierarchies emptied and unmounted machine-wide.
+So the v2 branch (``_v2``, ``memory.max``, ``pids.max``, ``cpu.max``) follows the kernel's
+cgroup-v2 documentation and has not run against a kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ROOT = Path("/sys/fs/cgroup")
-V1_CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 EMPTY_WAIT_S = 5.0
 
@@ -77,7 +83,7 @@ def _probe(base: Path) -> bool:
 def _v1() -> Hierarchy | None:
     own = _own_paths()
     bases = {}
-    for controller in V1_CONTROLLERS:
+    for controller in CONTROLLERS:
         if controller not in own:
             return None
         base = ROOT / controller / own[controller].lstrip("/")
@@ -93,16 +99,23 @@ def _v2() -> Hierarchy | None:
         return None
     base = ROOT / own[""].lstrip("/")
     try:
-        enabled = (base / "cgroup.subtree_control").read_text().split()
-        wanted = [c for c in ("memory", "pids", "cpu") if c not in enabled]
-        if wanted:  # refused (EBUSY) when raas's cgroup holds processes itself
-            (base / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in wanted))
-        enabled = (base / "cgroup.subtree_control").read_text().split()
-    except OSError:
-        return None
-    if not {"memory", "pids"} <= set(enabled) or not _probe(base):
+        if not _enable_v2(base) >= {"memory", "pids"} or not _probe(base):
+            return None
+    except OSError:  # EBUSY: raas's cgroup holds processes itself
         return None
     return Hierarchy(2, {"unified": base})
+
+
+def _enable_v2(cgroup: Path) -> set[str]:
+    """Enable for the children of v2 ``cgroup`` what raas caps that it has (``cpu`` may not be
+    delegated: asking for a controller a cgroup lacks fails the whole write); what is enabled.
+    """
+    available = set((cgroup / "cgroup.controllers").read_text().split())
+    enabled = set((cgroup / "cgroup.subtree_control").read_text().split())
+    wanted = [c for c in CONTROLLERS if c in available and c not in enabled]
+    if wanted:
+        _write(cgroup / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+    return set((cgroup / "cgroup.subtree_control").read_text().split())
 
 
 @functools.cache
@@ -179,8 +192,7 @@ def create(runtime_dir: Path, sandbox_id: str, caps: Caps) -> SandboxCgroup | No
         parent = base / parent_name(runtime_dir)
         parent.mkdir(exist_ok=True)
         if found.version == 2:
-            with contextlib.suppress(OSError):
-                _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
+            _enable_v2(parent)
         dirs[controller] = parent / sandbox_id
         dirs[controller].mkdir()
     group = SandboxCgroup(found.version, dirs)
@@ -237,5 +249,5 @@ def _exists_any(runtime_dir: Path) -> bool:
     name = parent_name(runtime_dir)
     own = _own_paths()
     candidates = [ROOT / own.get("", "/").lstrip("/") / name]
-    candidates += [ROOT / c / own.get(c, "/").lstrip("/") / name for c in V1_CONTROLLERS]
+    candidates += [ROOT / c / own.get(c, "/").lstrip("/") / name for c in CONTROLLERS]
     return any(p.is_dir() for p in candidates)
