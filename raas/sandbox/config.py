@@ -25,16 +25,16 @@ class SandboxLimits(BaseModel):
     )
     sandbox_memory_bytes: int | None = Field(
         default=4096 * MiB,
-        description="Memory of the sandbox as a whole, its tmpfs files included (a cgroup; bwrap,"
-        " where raas can write cgroups: see raas.sandbox.cgroups).",
+        description="Memory of the sandbox as a whole, its tmpfs files included (a cgroup of"
+        " bwrap and apptainer sandboxes, where raas can write cgroups: see raas.sandbox.cgroups).",
     )
     max_processes: int | None = Field(
         default=256, description="Processes (RLIMIT_NPROC; per sandbox when raas runs as root)."
     )
     sandbox_tasks: int | None = Field(
         default=1024,
-        description="Processes and threads of the sandbox as a whole (a cgroup's pids.max; bwrap,"
-        " where raas can write cgroups).",
+        description="Processes and threads of the sandbox as a whole (a cgroup's pids.max; bwrap"
+        " and apptainer, where raas can write cgroups).",
     )
     cpus: float | None = Field(
         default=None, gt=0, description="CPUs the sandbox may use as a whole (a cgroup's quota)."
