@@ -30,6 +30,7 @@ from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
+from raas.sandbox.oci.image import StoredImage
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,18 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 class BwrapSandbox(NamespacedSandbox):
+    """A bwrap sandbox; with ``image``, its root is a copy-on-write overlay of that image's
+    layers (``raas.sandbox.rootfs``), its action server runs on the image's own python3, and
+    its environment is the image's ``Env`` (PATH and the rest) under raas's HOME and USER.
+    """
+
     config: BwrapConfig
+
+    def __init__(self, config: BwrapConfig, image: StoredImage | None = None) -> None:
+        super().__init__(config, image)
+        # Read from the image's layers before the launch (off the event loop).
+        self._root_binds: list[str] = []
+        self._root_prefix: list[str] = []
 
     def _bwrap_args(self, data_fds: dict[str, int]) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -147,7 +159,7 @@ class BwrapSandbox(NamespacedSandbox):
             args += ["--seccomp", str(data_fds["seccomp"])]
         if not cfg.network:
             args.append("--unshare-net")
-        args += rootfs_args(cfg.image)
+        args += self._root_binds if self._root is not None else rootfs_args(cfg.image)
         if cfg.network and Path("/etc/resolv.conf").exists():
             args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
         args += [
@@ -167,11 +179,20 @@ class BwrapSandbox(NamespacedSandbox):
         args += [
             # Last: the root tmpfs (and what it holds: /etc, /.raas) becomes read-only.
             "--remount-ro", "/",
-            "--chdir", workdir,
-            "--clearenv", "--setenv", "PATH", PATH, "--setenv", "HOME", workdir,
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "USER", "sandbox",
+            "--chdir", workdir, "--clearenv",
         ]  # fmt: skip
+        for name, value in self._env().items():
+            args += ["--setenv", name, value]
         return args
+
+    def _own_env(self) -> dict[str, str]:
+        return {"PATH": PATH, "HOME": self.config.workdir, "LANG": "C.UTF-8", "USER": "sandbox"}
+
+    def _plan_root(self, user: int | None) -> None:
+        """For an image: its root planned, and bwrap's binds and the mount prefix made."""
+        root = self._prepare_root(user)
+        if root is not None:
+            self._root_binds, self._root_prefix = root.bwrap_args(), root.launch_prefix()
 
     def _data(self) -> dict[str, bytes]:
         """The files bwrap makes from data: passwd, group, and the action server's code."""
@@ -188,7 +209,7 @@ class BwrapSandbox(NamespacedSandbox):
 
     def _command(self, listen_fd: int) -> list[str]:
         """What bwrap runs: it must be on bwrap's own command line, which holds no host path."""
-        command = [self.config.python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
+        command = [self._python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
         return ["--", *command, *self.server_args(listen_fd, "/tmp")]
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:
@@ -202,6 +223,7 @@ class BwrapSandbox(NamespacedSandbox):
         user: int | None = None
         if os.geteuid() == 0:
             user = self._sandbox_uid()
+        await asyncio.to_thread(self._plan_root, user)
         fds: list[int] = []
         try:
             data_fds: dict[str, int] = {}
@@ -212,11 +234,19 @@ class BwrapSandbox(NamespacedSandbox):
             fds.append(args_fd := _memfd("bwrap-args", args))
             # argv[0] is the bare name: the sandbox's PID 1 shows no path of the host.
             argv = ["bwrap", "--args", str(args_fd), *self._command(listen_fd)]
-            gated_argv = gate(EXEC_BWRAP, os.path.dirname(binary), *argv[1:])
+            bwrap_dir = os.path.dirname(binary)
+            gated_argv = gate(EXEC_BWRAP, bwrap_dir, *argv[1:])
+            env: dict[str, str] = {}
+            if self._root is not None:
+                # Mounts the root (as root), then runs bwrap as ``user``, behind the gate when
+                # gated: the mounts' own processes are the sandbox's too.
+                argv = [*self._root_prefix, "/bin/sh", "-c", EXEC_BWRAP, bwrap_dir, *argv[1:]]
+                gated_argv = gate('exec "$@"', "sh", *argv)
+                binary, env, user = argv[0], self._root.launch_env(), None
 
             async def spawn(run: list[str], gated: bool) -> asyncio.subprocess.Process:
                 executable = "/bin/sh" if gated else binary
-                return await self._spawn(run, executable, [listen_fd, *fds], user, gated)
+                return await self._spawn(run, executable, [listen_fd, *fds], user, gated, env)
 
             return await self._start_in_cgroup(argv, gated_argv, spawn)
         finally:
@@ -231,12 +261,14 @@ class BwrapSandbox(NamespacedSandbox):
         pass_fds: list[int],
         user: int | None,
         gated: bool = False,
+        env: dict[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
-        """Start ``argv``; ``gated``: its stdin a pipe it waits on (``namespaced.gate``)."""
+        """Start ``argv``; ``gated``: its stdin a pipe it waits on (``namespaced.gate``);
+        ``env``: for an image root's mount script, which unsets it."""
         return await asyncio.create_subprocess_exec(
             *argv,
             executable=binary,
-            env=launch_env(),  # bwrap needs none: it is found by its full path
+            env={**launch_env(), **(env or {})},  # bwrap needs none: found by its full path
             stdin=asyncio.subprocess.PIPE if gated else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -31,6 +31,8 @@ from pathlib import Path
 from raas.sandbox import cgroups, procs
 from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, Sandbox, reap
 from raas.sandbox.config import ApptainerConfig, BwrapConfig
+from raas.sandbox.oci.image import StoredImage
+from raas.sandbox.rootfs import ImageRoot, check_layers, image_env, image_python, overlay_options
 from raas.sandbox.runtime import runtime_root
 
 log = logging.getLogger(__name__)
@@ -94,8 +96,13 @@ class NamespacedSandbox(Sandbox):
 
     config: BwrapConfig | ApptainerConfig
 
-    def __init__(self, config: BwrapConfig | ApptainerConfig) -> None:
+    def __init__(
+        self, config: BwrapConfig | ApptainerConfig, image: StoredImage | None = None
+    ) -> None:
         super().__init__(config)
+        self.image = image
+        self._root: ImageRoot | None = None
+        self._python = config.python  # an image's own, once found (``_prepare_root``)
         self._slot: int | None = None
         self._pidns: int | None = None
         self._pin: int | None = None  # holds the namespace's number while the sandbox has it
@@ -131,6 +138,37 @@ class NamespacedSandbox(Sandbox):
         process.stdin.write(b"go\n")
         process.stdin.close()
         return process
+
+    @abstractmethod
+    def _own_env(self) -> dict[str, str]:
+        """The environment this provider gives the action server."""
+
+    def _env(self) -> dict[str, str]:
+        """The sandbox's environment: the provider's, under the image's ``Env`` where there is
+        an image (its PATH, LANG, ...), but HOME and USER, which are the sandbox user's."""
+        own = self._own_env()
+        if self.image is None:
+            return own
+        merged = {**own, **image_env(self.image)}
+        for name in ("HOME", "USER"):
+            merged.pop(name, None)
+            if name in own:
+                merged[name] = own[name]
+        return merged
+
+    def _prepare_root(self, user: int | None) -> ImageRoot | None:
+        """For an image (in a thread, before the launch): its layers checked, its python3 found
+        (an ImageError where it has none that raas can run on), its root planned on a tmpfs of
+        the sandbox's disk size; ``user``: the sandbox's host uid when raas runs as root."""
+        if self.image is None:
+            return None
+        check_layers(self.image)
+        self._python, _ = image_python(self.image, self.config.python, self._env()["PATH"])
+        mount_dir = self.dir / "image"
+        mount_dir.mkdir()
+        overlay = overlay_options(rootless=user is None)
+        self._root = ImageRoot(self.image, mount_dir, self.limits.disk_bytes, user, overlay)
+        return self._root
 
     @abstractmethod
     def _find_namespace(self, pid: int) -> int | None:

@@ -131,8 +131,14 @@ async def run_process(
 
 def clean_env(given: Any, home: str) -> dict[str, str]:
     """The program's environment: exactly ``given`` (names and values as strings), with PATH,
-    HOME and a UTF-8 locale where it does not say otherwise; nothing of the server's own."""
-    env = {"PATH": DEFAULT_PATH, "HOME": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    HOME and a UTF-8 locale where it does not say otherwise; nothing of the server's own. The
+    default PATH is the sandbox's (an image's own, where it sets one)."""
+    env = {
+        "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
     if given is None:
         return env
     if not isinstance(given, dict) or not all(

@@ -54,16 +54,20 @@ class BadRequest(Exception):
 class ActionServer:
     def __init__(self, args: SimpleNamespace) -> None:
         self.args = args
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": args.workdir,
-            "TERM": "dumb",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PAGER": "cat",
-            "GIT_PAGER": "cat",
-            "PYTHONUNBUFFERED": "1",
-        }
+        # The provider's environment (clean: the image's Env under raas's own), then the shell's.
+        env = dict(os.environ)
+        env.update(
+            {
+                "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+                "HOME": args.workdir,
+                "TERM": "dumb",
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
+                "PAGER": "cat",
+                "GIT_PAGER": "cat",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         self.shell = Shell(args.workdir, env, args.scratch)
         self.editor = Editor(args.workdir)
         self.ipython = IPythonSession(args.workdir, args.scratch)

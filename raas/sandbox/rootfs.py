@@ -1,0 +1,377 @@
+"""A sandbox's root over an OCI image's layers: copy-on-write, private, gone when it closes.
+
+bubblewrap 0.8 has no overlay options, so the sandbox's launch starts with a mount namespace of
+its own (``unshare --mount``; rootless, ``unshare --user --map-root-user --mount``, which may
+mount overlayfs on kernels >= 5.11). In it a size-capped tmpfs (the sandbox's ``disk_bytes``)
+holds overlayfs' upper and work directories, and an overlay of the image's layers (the top one
+first) is mounted on ``root`` beside them; bwrap then binds the top-level entries of that root
+writable into the sandbox. Every write lands in the sandbox's own upper layer, in memory: the
+layers on disk, shared with other sandboxes and images, never change, and when the sandbox's
+last process exits its mount namespace, and with it the tmpfs and the overlay, is gone.
+Where the kernel refuses the overlay (probed once, said once in the log), the layers are copied
+into the tmpfs instead, bottom first, applying whiteouts and opaque directories as overlayfs
+would (a slower start, the same result).
+
+Ownership. Rootless, the store's layers belong to raas's user (an unprivileged unpack cannot
+chown), who is root in the launch's user namespace and whom bwrap maps to the sandbox's user:
+the agent owns the image's files, as it would as root in a container. As root, raas runs each
+sandbox as its own unprivileged host uid, and the image's files belong to host root: the agent
+could read them but not edit ``/testbed``. So, still as root and before it drops to the
+sandbox's uid (``setpriv``), the launch ``chown``s the image's work directories (its config's
+``WorkingDir`` and ``/testbed``) to that uid in the overlay. With ``metacopy=on`` (root only)
+that copies up metadata, not file contents: the tmpfs holds inodes, the layers stay as they
+are. Elsewhere the image stays root's: pip falls back to a user install (into ``$HOME``, the
+sandbox's workspace). A work directory is chowned only if every component of its path is a real
+directory in the image (no symlink): ``chown -hR`` never follows a link, and a link on the way
+could lead root's chown out of the image. Before the launch, the image's python3 is found and
+its version read from the layers (``image_python``), so an image raas cannot run in is an
+``ImageError`` naming it, not a sandbox that never answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import posixpath
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from raas.sandbox import layers
+from raas.sandbox.layers import is_opaque, is_whiteout
+from raas.sandbox.oci.image import ImageError, StoredImage
+
+log = logging.getLogger(__name__)
+
+MIN_PYTHON = (3, 8)
+# The directories of an image that the agent edits (besides its config's WorkingDir).
+WORK_DIRS = ("/testbed",)
+# Entries of the image's root that the sandbox gets from bwrap instead.
+NOT_BOUND = frozenset({"proc", "dev", "tmp", "sys", ".raas"})
+MAX_SYMLINKS = 40
+# The launch's tools, found by the shell (an unexported variable: nothing inherits it).
+TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Run by sh in the sandbox's mount namespace (the overlay's paths are relative to the tmpfs, so
+# that no host path shows in the sandbox's /proc/self/mountinfo): $1 the tmpfs (mounted on it),
+# $2 its options, $3 "overlay" or "copy", $4 overlay's extra options, $5 the sandbox's host uid
+# or "" (chown the work directories to it), then the layers top first, "--", the work
+# directories, "--", and the command to exec.
+MOUNT_SCRIPT = f"""set -e
+PATH={TOOLS_PATH}
+t=$1 opts=$2 how=$3 extra=$4 owner=$5; shift 5
+mount -t tmpfs -o "$opts" tmpfs "$t"
+cd "$t"
+mkdir root l
+lower= i=0
+while [ "$1" != -- ]; do
+  ln -s "$1" "l/$i"; lower="$lower${{lower:+:}}l/$i"; i=$((i+1)); shift
+done
+shift
+if [ "$how" = overlay ]; then
+  mkdir upper work
+  mount -t overlay -o "lowerdir=$lower,upperdir=upper,workdir=work,nosuid,nodev$extra" \\
+    overlay root
+else
+  "$RAAS_PYTHON" -I -S "$RAAS_COPY" root l/*
+fi
+cd /
+while [ "$1" != -- ]; do
+  [ -z "$owner" ] || chown -hR "$owner:$owner" -- "$t/root$1"; shift
+done
+shift
+unset PWD OLDPWD RAAS_PYTHON RAAS_COPY
+exec "$@"
+"""
+
+
+def check_layers(image: StoredImage) -> None:
+    """Every layer directory of ``image`` is there, or an ImageError naming the missing one."""
+    if not image.layers:
+        raise ImageError(f"image {image.ref}: it has no layers")
+    for layer in image.layers:
+        if not layer.is_dir():
+            raise ImageError(
+                f"image {image.ref}: its layer directory {layer} is missing (removed from the"
+                " image store?): pull or import the image again"
+            )
+
+
+# -- the image's files, read from its layers as overlayfs would merge them -----------------------
+
+
+def _entries(dirs: Sequence[Path], name: str) -> list[Path]:
+    """The layers' copies of ``name`` in the merged directory ``dirs`` (top first): the one
+    that is seen first, and below a directory the lower directories merged with it."""
+    found: list[Path] = []
+    for directory in dirs:
+        path = directory / name
+        try:
+            st = os.lstat(path)
+        except OSError:  # absent, or below a file of this layer
+            continue
+        if is_whiteout(st) or (found and not stat.S_ISDIR(st.st_mode)):
+            break
+        found.append(path)
+        if not stat.S_ISDIR(st.st_mode) or is_opaque(path):
+            break
+    return found
+
+
+def lookup(image: StoredImage, path: str, follow: bool = True) -> Path | None:
+    """The host file that is ``path`` in the image's merged root, or None.
+
+    ``follow``: symbolic links on the way and at the end are followed within the image (an
+    absolute target starts again at the image's root); otherwise a link anywhere on the way
+    gives None (what a root-run chown may trust).
+    """
+    layers = list(reversed(image.layers))
+    parts = [p for p in path.split("/") if p and p != "."]
+    dirs: list[Path] = layers
+    walked: list[str] = []
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            walked = walked[:-1]
+            dirs = _merged_dir(layers, walked)
+            continue
+        found = _entries(dirs, name)
+        if not found:
+            return None
+        if found[0].is_symlink():
+            if not follow or hops >= MAX_SYMLINKS:
+                return None
+            hops += 1
+            target = os.readlink(found[0])
+            if target.startswith("/"):
+                walked = []
+            parts = [p for p in target.split("/") if p and p != "."] + parts
+            dirs = _merged_dir(layers, walked)
+            continue
+        walked.append(name)
+        dirs = found
+    return dirs[0] if walked or dirs else None
+
+
+def _merged_dir(layers: list[Path], parts: list[str]) -> list[Path]:
+    dirs = layers
+    for name in parts:
+        dirs = _entries(dirs, name)
+    return dirs
+
+
+def top_entries(image: StoredImage) -> dict[str, str | None]:
+    """The image root's entries: name -> a symbolic link's target, or None for anything else."""
+    seen: dict[str, str | None] = {}
+    hidden: set[str] = set()
+    for layer in reversed(image.layers):
+        for entry in sorted(os.scandir(layer), key=lambda e: e.name):
+            if entry.name in seen or entry.name in hidden:
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if is_whiteout(st):
+                hidden.add(entry.name)
+            else:
+                seen[entry.name] = os.readlink(entry.path) if entry.is_symlink() else None
+        if is_opaque(layer):
+            break
+    return dict(sorted(seen.items()))
+
+
+def image_env(image: StoredImage) -> dict[str, str]:
+    """The image config's ``Env`` as a dict (a later entry wins, as Docker has it)."""
+    env: dict[str, str] = {}
+    for item in image.env:
+        name, sep, value = item.partition("=")
+        if sep and name:
+            env[name] = value
+    return env
+
+
+_VERSION = re.compile(r"python(\d+)\.(\d+)")
+
+
+def image_python(image: StoredImage, python: str, path: str) -> tuple[str, tuple[int, int]]:
+    """Where ``python`` is in the image (looked up on ``path``, the sandbox's PATH) and its
+    version, read from the layers: the name the links end at (``python3.11``), else the one
+    standard library beside it (``lib/python3.X/os.py``). An ImageError if there is none or it
+    is older than 3.8: raas's action server runs on it.
+    """
+    if "/" in python:
+        candidates = [python]
+    else:
+        candidates = [posixpath.join(d, python) for d in path.split(":") if d.startswith("/")]
+    for candidate in candidates:
+        host = lookup(image, candidate)
+        if host is None or not host.is_file() or not os.stat(host).st_mode & 0o111:
+            continue
+        version = _python_version(image, host, candidate)
+        if version is None:
+            raise ImageError(
+                f"image {image.ref}: cannot tell which Python {candidate} is (no python3.X in"
+                " its name or standard library beside it); raas's action server needs Python"
+                f" {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
+            )
+        if version < MIN_PYTHON:
+            raise ImageError(
+                f"image {image.ref}: its {python} ({candidate}) is Python"
+                f" {version[0]}.{version[1]}; raas's action server needs"
+                f" {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
+            )
+        return candidate, version
+    raise ImageError(
+        f"image {image.ref}: no {python} on its PATH ({path}); raas's action server needs"
+        f" Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer in the image"
+    )
+
+
+def _python_version(image: StoredImage, host: Path, candidate: str) -> tuple[int, int] | None:
+    match = _VERSION.fullmatch(host.name) or _VERSION.fullmatch(host.name.rstrip("mdu"))
+    if match:
+        return int(match[1]), int(match[2])
+    prefix = posixpath.dirname(posixpath.dirname(candidate))
+    versions = set()
+    for layer in image.layers:
+        for os_py in (layer / prefix.lstrip("/") / "lib").glob("python*.*/os.py"):
+            found = _VERSION.fullmatch(os_py.parent.name)
+            if found and lookup(image, f"{prefix}/lib/{os_py.parent.name}/os.py") is not None:
+                versions.add((int(found[1]), int(found[2])))
+    return versions.pop() if len(versions) == 1 else None
+
+
+def work_dirs(image: StoredImage) -> list[str]:
+    """The image's directories that the agent edits: its WorkingDir and /testbed, those that
+    are real directories (no symbolic link on the way)."""
+    dirs: list[str] = []
+    for candidate in (image.workdir, *WORK_DIRS):
+        norm = posixpath.normpath("/" + candidate.lstrip("/"))
+        if norm == "/" or norm in dirs or ".." in norm.split("/"):
+            continue
+        host = lookup(image, norm, follow=False)
+        if host is not None and host.is_dir() and not host.is_symlink():
+            dirs.append(norm)
+    return dirs
+
+
+# -- mounting ------------------------------------------------------------------------------------
+
+
+# The probe: what the launch does, on a small tmpfs, with each set of options in turn; prints
+# the first that mounts (a line each for those that fail, on stderr).
+PROBE_SCRIPT = """mount -t tmpfs -o size=1m tmpfs "$1" && cd "$1" && mkdir l u w m || exit 1
+shift
+for extra in "$@"; do
+  mount -t overlay -o "lowerdir=l,upperdir=u,workdir=w$extra" overlay m && echo "ok$extra" && exit
+done
+exit 1
+"""
+
+
+@functools.cache
+def overlay_options(rootless: bool) -> str | None:
+    """The extra overlayfs options the launch mounts with here: ``,metacopy=on`` where the
+    kernel takes it (root only: a chown then copies no file's data), else none; None where the
+    kernel refuses an overlay at all (probed once, in a throwaway namespace, and said once in
+    the log): then the layers are copied."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise ImageError("unshare (util-linux) is not installed: apt-get install util-linux")
+    tries = [""] if rootless else [",metacopy=on", ""]
+    with tempfile.TemporaryDirectory(prefix="raas-overlay-probe-") as tmp:
+        argv = [unshare, *_namespace_flags(rootless), "--", "sh", "-c", PROBE_SCRIPT, "sh", tmp]
+        try:
+            result = subprocess.run(
+                [*argv, *tries],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+                env=_tools_env(),
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            result = subprocess.CompletedProcess(argv, 1, "", str(e))
+    if result.returncode == 0 and result.stdout.startswith("ok"):
+        return result.stdout.strip()[2:]
+    log.warning(
+        "overlayfs cannot be mounted here (%s): image sandboxes copy their layers into their"
+        " tmpfs instead (a slower start)",
+        result.stderr.strip() or f"exit status {result.returncode}",
+    )
+    return None
+
+
+def _namespace_flags(rootless: bool) -> list[str]:
+    flags = ["--mount", "--propagation", "private"]
+    return ["--user", "--map-root-user", *flags] if rootless else flags
+
+
+def _tools_env() -> dict[str, str]:
+    return {"PATH": TOOLS_PATH}
+
+
+@dataclass(frozen=True)
+class ImageRoot:
+    """How one sandbox's root is made from ``image``: a tmpfs of ``size_bytes`` mounted on
+    ``mount_dir`` (a directory of the sandbox's own), the root at ``mount_dir/root``; ``owner``,
+    the sandbox's host uid when raas runs as root; ``overlay``: the extra options of the overlay
+    (``overlay_options``), or None to copy the layers instead (where the kernel refuses one)."""
+
+    image: StoredImage
+    mount_dir: Path
+    size_bytes: int
+    owner: int | None = None
+    overlay: str | None = ""
+
+    @property
+    def root(self) -> Path:
+        return self.mount_dir / "root"
+
+    def launch_prefix(self, as_owner: bool = True) -> list[str]:
+        """The command that mounts the root and then runs the rest of the argv after it (as
+        ``owner``, when there is one and ``as_owner``; apptainer drops to it itself)."""
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            raise ImageError("unshare (util-linux) is not installed: apt-get install util-linux")
+        rootless = self.owner is None
+        tmpfs = f"size={self.size_bytes},mode=0755,nosuid,nodev"
+        dirs = work_dirs(self.image) if self.owner is not None else []
+        how = "copy" if self.overlay is None else "overlay"
+        owner = "" if self.owner is None else str(self.owner)
+        script = [MOUNT_SCRIPT, "sh", str(self.mount_dir), tmpfs, how, self.overlay or "", owner]
+        top_first = [str(layer) for layer in reversed(self.image.layers)]
+        args = [unshare, *_namespace_flags(rootless), "--", "/bin/sh", "-c", *script]
+        args += [*top_first, "--", *dirs, "--"]
+        if self.owner is not None and as_owner:
+            setpriv = shutil.which("setpriv", path=TOOLS_PATH) or "setpriv"
+            args += [setpriv, "--reuid", owner, "--regid", owner, "--clear-groups", "--"]
+        return args
+
+    def launch_env(self) -> dict[str, str]:
+        """The launch's environment: the copy fallback's python and script (raas's
+        ``layers.py``), which the mount script unsets before it runs the rest."""
+        env: dict[str, str] = {}
+        if self.overlay is None:
+            env["RAAS_PYTHON"] = sys.executable
+            env["RAAS_COPY"] = layers.__file__
+        return env
+
+    def bwrap_args(self) -> list[str]:
+        """bwrap's binds of the root's top-level entries, writable (the overlay is the
+        sandbox's own), but for those the sandbox gets from bwrap (/proc, /dev, /tmp)."""
+        args: list[str] = []
+        for name, target in top_entries(self.image).items():
+            if name in NOT_BOUND:
+                continue
+            if target is not None:
+                args += ["--symlink", target, f"/{name}"]
+            else:
+                args += ["--bind", str(self.root / name), f"/{name}"]
+        return args
