@@ -34,6 +34,9 @@ unprivileged (user namespace mode) alike, both tried with the nested apptainer 1
 which turns off the setuid bits of a setuid install's starter and of ``newuidmap`` (what
 ``--fakeroot`` runs), and would hold apptainer's own runtime to the list as well. An apptainer
 built without libseccomp only warns and runs unfiltered: raas says so in its log (once).
+
+An image of the image store (raas as root) is run as a sandbox directory: the copy-on-write
+overlay of its layers that ``raas.sandbox.rootfs`` mounts in that same mount namespace.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, inside_dir
+from raas.sandbox.oci.image import ImageError, StoredImage
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +69,21 @@ _said_no_seccomp = False
 
 
 class ApptainerSandbox(NamespacedSandbox):
+    """An apptainer sandbox; with ``image`` (raas as root only), apptainer runs the directory
+    that is that image's root (``raas.sandbox.rootfs``: an overlay of its layers, mounted first
+    in a mount namespace of the sandbox's own, its work directories the sandbox uid's), as it
+    runs a sandbox directory: with ``--writable-tmpfs``, writes land in apptainer's own layer
+    over it (``--writable`` could not make the workspace's mount point).
+    """
+
     config: ApptainerConfig
 
-    def __init__(self, config: ApptainerConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ApptainerConfig, image: StoredImage | None = None) -> None:
+        super().__init__(config, image)
+        self._root_prefix: list[str] = []
+
+    def _own_env(self) -> dict[str, str]:
+        return {"PATH": PATH, "LANG": "C.UTF-8", "USER": "sandbox"}
 
     def _apptainer_args(
         self, binary: str, image: Path, user: int | None, listen_fd: int
@@ -88,18 +103,18 @@ class ApptainerSandbox(NamespacedSandbox):
             "--bind", f"{inside_dir()}:/.raas/inside:ro",
             "--bind", f"{self.dir / 'workspace'}:{cfg.workdir}",
             "--pwd", cfg.workdir,
-            "--env", f"PATH={PATH}", "--env", "LANG=C.UTF-8", "--env", "USER=sandbox",
         ]  # fmt: skip
+        for name, value in self._env().items():
+            args += ["--env", f"{name}={value}"]
         for host, target in cfg.ro_binds.items():
             args += ["--bind", f"{host}:{target}:ro"]
         if user is not None:  # a size-capped /tmp of its own (unprivileged: apptainer's own)
             args += ["--bind", f"{self.dir / 'tmp'}:/tmp"]
-        args += [str(image), cfg.python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
+        args += [str(image), self._python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
         return args + self.server_args(listen_fd, "/tmp")
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:
         binary = find_binary(self.config.binary)
-        image = await asyncio.to_thread(resolve_image, self.config)
         (self.dir / "workspace").mkdir(exist_ok=True)
         await asyncio.to_thread((self.dir / SECCOMP_PROFILE).write_bytes, seccomp.profile())
         user: int | None = None
@@ -108,12 +123,27 @@ class ApptainerSandbox(NamespacedSandbox):
             user = self._sandbox_uid()
             (self.dir / "tmp").mkdir(exist_ok=True)
             prefix = self._tmpfs_prefix(user)
+        if self.image is not None:
+            if user is None:
+                raise ImageError(
+                    f"image {self.image.ref}: the apptainer provider runs images of the image"
+                    " store only when raas runs as root, without fakeroot (else: bwrap)"
+                )
+            await asyncio.to_thread(self._plan_root, user)
+            assert self._root is not None
+            image = self._root.root
+            prefix = self._root_prefix + prefix
+        else:
+            image = await asyncio.to_thread(resolve_image, self.config)
         argv = prefix + self._apptainer_args(binary, image, user, listen_fd)
+        env = launch_env("PATH")  # apptainer and unshare find their helpers on PATH
+        if self._root is not None:
+            env.update(self._root.launch_env())
 
         async def spawn(run: list[str], gated: bool) -> asyncio.subprocess.Process:
             return await asyncio.create_subprocess_exec(
                 *run,
-                env=launch_env("PATH"),  # apptainer and unshare find their helpers on PATH
+                env=env,
                 stdin=asyncio.subprocess.PIPE if gated else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -122,6 +152,13 @@ class ApptainerSandbox(NamespacedSandbox):
             )
 
         return await self._start_in_cgroup(argv, gate('exec "$@"', "sh", *argv), spawn)
+
+    def _plan_root(self, user: int) -> None:
+        """For an image: its root planned, and the mount prefix made (apptainer drops to the
+        sandbox's uid itself: ``--security``)."""
+        root = self._prepare_root(user)
+        if root is not None:
+            self._root_prefix = root.launch_prefix(as_owner=False)
 
     def _tmpfs_prefix(self, user: int) -> list[str]:
         if shutil.which("unshare") is None:
