@@ -79,6 +79,7 @@ class Sandbox(ABC):
         self._close_lock = asyncio.Lock()
         self._stderr = bytearray()
         self._stderr_reader: asyncio.Task[None] | None = None
+        self._held = contextlib.ExitStack()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -103,6 +104,11 @@ class Sandbox(ABC):
         if limits.max_processes:
             args += ["--max-processes", str(limits.max_processes)]
         return args
+
+    def hold(self, resource: contextlib.AbstractContextManager[Any]) -> None:
+        """Enter ``resource`` now and leave it when the sandbox is closed (e.g. the image
+        store's ``in_use(image)``, so that no prune removes the layers under the sandbox)."""
+        self._held.enter_context(resource)
 
     async def start(self) -> None:
         try:
@@ -188,6 +194,7 @@ class Sandbox(ABC):
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._stderr_reader
                 await asyncio.to_thread(shutil.rmtree, self.dir, True)
+                self._held.close()
 
     @abstractmethod
     async def _terminate(self) -> None:

@@ -8,6 +8,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from raas.sandbox.oci.store import default_store_dir
+
 MiB = 1024 * 1024
 
 
@@ -62,6 +64,11 @@ class _Namespaced(_Base):
 
     python: str = Field(
         default="python3", description="The image's Python that runs the action server."
+    )
+    image_store: Path = Field(
+        default_factory=default_store_dir,
+        description="The image store's directory: where images named by tasks are looked up"
+        " (default $RAAS_IMAGE_STORE, else oci in raas's cache).",
     )
     uid_base: int = Field(
         default=1_200_000,

@@ -13,16 +13,20 @@ from raas.sandbox.base import Sandbox
 from raas.sandbox.bwrap import BwrapSandbox
 from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig, SandboxConfig
 from raas.sandbox.local import LocalSandbox
+from raas.sandbox.oci.image import ImageError, StoredImage
 
 
-def create_sandbox(config: SandboxConfig) -> Sandbox:
-    """A sandbox of ``config``'s provider (not started yet)."""
+def create_sandbox(config: SandboxConfig, image: StoredImage | None = None) -> Sandbox:
+    """A sandbox of ``config``'s provider (not started yet); with ``image``, one whose root is
+    that image's (bwrap: a copy-on-write overlay of its layers, ``raas.sandbox.rootfs``)."""
     match config:
         case BwrapConfig():
-            return BwrapSandbox(config)
+            return BwrapSandbox(config, image)
         case LocalConfig():
+            if image is not None:
+                raise ImageError(f"image {image.ref}: the local provider cannot run images")
             return LocalSandbox(config)
         case ApptainerConfig():
-            return ApptainerSandbox(config)
+            return ApptainerSandbox(config, image)
         case _:
             assert_never(config)

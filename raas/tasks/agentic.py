@@ -147,9 +147,10 @@ class AgentTask:
 
 
 @asynccontextmanager
-async def fresh_sandbox(services: TaskServices) -> AsyncIterator[Sandbox]:
-    """A sandbox the agent never touched, for judging; closed afterwards."""
-    sandbox = await services.sandbox()
+async def fresh_sandbox(services: TaskServices, image: str | None = None) -> AsyncIterator[Sandbox]:
+    """A sandbox the agent never touched, for judging (with ``image``, from that image of the
+    image store); closed afterwards."""
+    sandbox = await services.sandbox(image)
     try:
         yield sandbox
     finally:

@@ -6,11 +6,20 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from raas.agent.gateway import Gateway
 from raas.agent.loop import Generator
-from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool
+from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
+from raas.sandbox.oci import ImageError, StoredImage
+from raas.sandbox.oci import store as oci_store
+
+
+class ImageResolver(Protocol):
+    """What a task's sandbox asks of the image store (``raas.sandbox.oci.store.ImageStore``);
+    a store that also has ``in_use(image)`` is held by each sandbox while it runs."""
+
+    def resolve(self, ref: str) -> StoredImage: ...
 
 
 @dataclass
@@ -22,6 +31,9 @@ class TaskServices:
     # A virtual environment holding agent frameworks for harness tasks (mini-swe-agent), whose
     # dependencies conflict with raas's own; its site-packages is bound into their sandboxes.
     agents_venv: Path | None = None
+    # Where images named by tasks are found; default: the store at the sandbox config's
+    # image_store directory, opened on first use.
+    image_store: ImageResolver | None = None
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.
@@ -40,12 +52,39 @@ class TaskServices:
             return loaded
         return await asyncio.to_thread(self.tokenizer)
 
-    async def sandbox(self) -> Sandbox:
-        """A started sandbox of the configured kind (warm from the pool when one is ready)."""
+    async def sandbox(self, image: str | None = None) -> Sandbox:
+        """A started sandbox of the configured kind (warm from the pool when one is ready); with
+        ``image``, one whose root is that image of the image store (never from the pool)."""
+        if image is not None:
+            return await self._image_sandbox(image)
         if self._pool is None:
             self._pool = SandboxPool(self.sandbox_config, self.warm_sandboxes)
             self._pool.fill()
         return await self._pool.acquire()
+
+    async def _image_sandbox(self, ref: str) -> Sandbox:
+        store = self._store()
+        stored = await asyncio.to_thread(store.resolve, ref)
+        sandbox = create_sandbox(self.sandbox_config, stored)
+        in_use = getattr(store, "in_use", None)
+        if in_use is not None:  # no prune removes its layers while it runs
+            sandbox.hold(in_use(stored))
+        await sandbox.start()  # a start that fails closes it, and lets the image go
+        return sandbox
+
+    def _store(self) -> ImageResolver:
+        if self.image_store is None:
+            root = (
+                getattr(self.sandbox_config, "image_store", None) or oci_store.default_store_dir()
+            )
+            store_class = getattr(oci_store, "ImageStore", None)
+            if store_class is None:
+                raise ImageError(
+                    f"this raas has no image store (raas.sandbox.oci.store.ImageStore) to find"
+                    f" images in {root}"
+                )
+            self.image_store = store_class(root)
+        return self.image_store
 
     def release(self, session: str) -> None:
         release = getattr(self.llm, "release", None)
