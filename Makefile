@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
+.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -121,6 +121,12 @@ test-slurm: $(STAMP)
 test-hpc: $(STAMP)
 	scripts/hpc/make-apptainer-env.sh
 	$(BIN)/pytest -q -m hpc
+
+# Image tier: sandboxes whose root is an OCI image's layers, on a Debian root filesystem (built
+# once with debootstrap and cached in ~/.cache/raas/swe-images; needs root).
+test-images: $(STAMP) system-deps
+	scripts/images/make-base-rootfs.sh
+	$(BIN)/pytest -q -m images
 
 bench-pipeline: $(STAMP) system-deps
 	$(BIN)/raas bench pipeline
