@@ -80,9 +80,9 @@ def write_repo(root: Path, files: Mapping[str, str] = FILES) -> str:
 
 
 def patch_of(
-    changes: Mapping[str, str | None],
-    *,
+    changes: Mapping[str, str | bytes | None],
     symlinks: Mapping[str, str] | None = None,
+    *,
     files: Mapping[str, str] = FILES,
 ) -> str:
     """The git patch from ``files`` to ``files`` with ``changes`` (None deletes; ``symlinks``:
@@ -96,7 +96,10 @@ def patch_of(
                 target.unlink()
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
+            if isinstance(content, bytes):
+                target.write_bytes(content)
+            else:
+                target.write_text(content)
         for path, link in (symlinks or {}).items():
             (root / path).unlink(missing_ok=True)
             (root / path).symlink_to(link)

@@ -329,3 +329,11 @@ def test_a_row_without_a_script_runs_its_tests_files() -> None:
 def test_a_command_that_is_not_pytest_is_not_judged_here(command: str) -> None:
     with pytest.raises(UnsupportedTests, match="not pytest"):
         plan(["x"], EVAL_SCRIPT.format(command=command))
+
+
+@rootfs
+@pytest.mark.parametrize("patch", ["not a patch\n", GOLD_PATCH.replace("(len(xs) - 1)", "(n - 1)")])
+async def test_a_patch_that_does_not_apply_scores_zero(sandbox: Sandbox, patch: str) -> None:
+    verdict = await judged(sandbox, patch)
+    assert not verdict.passed and verdict.metrics["patch_applied"] is False
+    assert verdict.metrics["apply_output"]

@@ -90,8 +90,8 @@ async def judge_swe_image(
     metrics: dict[str, Any] = {"patch_bytes": len(patch), "patch_applied": False}
     if patch.strip():
         paths = await _patch_paths(sandbox, patch, repo)
-        failed = await apply_patch(sandbox, patch, repo)
-        if failed is not None:
+        failed = await apply_patch(sandbox, patch, repo) if isinstance(paths, list) else paths
+        if failed is not None or not isinstance(paths, list):
             return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
         metrics["patch_applied"] = True
         changes = await _changes(sandbox, repo, paths, tracked, plan.env)
@@ -156,13 +156,14 @@ async def _tracked(sandbox: Sandbox, repo: str, base_commit: str | None) -> dict
     return tracked
 
 
-async def _patch_paths(sandbox: Sandbox, patch: str, repo: str) -> list[str]:
-    """Every path ``patch`` names (both sides of a rename), by git's own reading of it."""
+async def _patch_paths(sandbox: Sandbox, patch: str, repo: str) -> list[str] | str:
+    """Every path ``patch`` names (both sides of a rename), by git's own reading of it; what
+    git said if it cannot read it."""
     probe = f"{JUDGE_DIR}/paths.patch"
     await sandbox.write_file(probe, patch if patch.endswith("\n") else patch + "\n")
     listed = await git(sandbox, "apply", "--numstat", "-z", probe, cwd=repo)
     if listed.exit_code != 0:
-        return []  # it does not apply either: apply_patch says why
+        return (listed.stdout + listed.stderr)[-1000:]
     paths: list[str] = []
     fields = listed.stdout.split("\0")
     i = 0
