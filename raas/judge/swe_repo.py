@@ -13,7 +13,9 @@ The patch of an agent's work is taken without trusting anything the agent wrote 
 shell: the action server reads the working tree as files (``download``: no program of the
 agent's runs, no ``git`` function, no diff.external, textconv, clean filter, fsmonitor or hook),
 the host keeps its regular files and leaves out .git, bytecode and links, and a sandbox the agent
-never touched computes ``git diff`` of them against the snapshot in a .git raas made itself.
+never touched computes ``git diff`` of them against the snapshot in a .git raas made itself (or,
+for a row in its own image, against the commit checked out in a fresh sandbox of that image, with
+the image's own .git).
 The tree's own .gitattributes and .gitignore still reach git there: with no driver configured
 and ``--no-textconv --no-ext-diff --binary`` they can change how a change is written (line
 endings, text or binary) or leave out files the agent chose to ignore, never run a program.
