@@ -111,8 +111,9 @@ class Recorder:
 
 
 def run(request: dict[str, Any], channel: int) -> None:
-    if request.get("path0"):
-        sys.path.insert(0, os.getcwd())
+    # -I leaves PYTHONPATH out; the row's environment (its image, its eval script) may set it.
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = ([os.getcwd()] if request.get("path0") else []) + extra
     import pytest
 
     # After every other plugin's (``-k``, ``--deselect``), so no option deselects a canary.
