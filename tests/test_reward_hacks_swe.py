@@ -11,10 +11,8 @@ judge that scores everything 0 fails here.
 from __future__ import annotations
 
 import importlib.util
-import os
 import py_compile
 import re
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from raas.tasks.datasets import bundled
 from raas.tasks.protocol import RewardInfo, TaskJob
 from raas.tasks.services import TaskServices
 from raas.tasks.swe import REPO, SweTask
+from tests import swe_image_rows
 
 ROW: dict[str, Any] = bundled("swe")[0]
 FILES: dict[str, str] = ROW["snapshot"]["files"]
@@ -54,48 +53,10 @@ def passing_tests() -> str:
     return "\n".join("        pass" if "self.assert" in line else line for line in lines) + "\n"
 
 
-def git(cwd: Path, *args: str) -> str:
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(cwd),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    done = subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True
-    )
-    return done.stdout
-
-
 def patch_of(changes: dict[str, str | bytes | None], symlinks: dict[str, str] | None = None) -> str:
     """The git patch that takes the snapshot to the snapshot with ``changes`` (None deletes;
     ``symlinks``: path -> target), as `git diff --binary` writes it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for path, text in FILES.items():
-            (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_text(text)
-        git(root, "init", "-q")
-        git(root, "add", "-A")
-        git(root, "commit", "-q", "-m", "base")
-        for path, content in changes.items():
-            target = root / path
-            if content is None:
-                target.unlink()
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, bytes):
-                target.write_bytes(content)
-            else:
-                target.write_text(content)
-        for path, link in (symlinks or {}).items():
-            (root / path).unlink(missing_ok=True)
-            (root / path).symlink_to(link)
-        git(root, "add", "-A", "-f")
-        return git(root, "diff", "--cached", "--binary", "HEAD")
+    return swe_image_rows.patch_of(changes, symlinks, files=FILES)
 
 
 def unchecked_pyc(source: str, path: str) -> bytes:

@@ -69,10 +69,10 @@ async def judge_swe(
     ids = list(dict.fromkeys(fail_to_pass + pass_to_pass))
     await install(sandbox)
     await materialise(sandbox, files)
-    where = await _where(sandbox)
+    where = await modules_around(sandbox)
     metrics: dict[str, Any] = {"patch_bytes": len(patch), "patch_applied": False}
     if patch.strip():
-        failed = await _apply(sandbox, patch)
+        failed = await apply_patch(sandbox, patch)
         if failed is not None:
             return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
         metrics["patch_applied"] = True
@@ -101,8 +101,12 @@ async def judge_swe(
     return _verdict(run, request, specs, fail_to_pass, pass_to_pass, metrics)
 
 
-async def _where(sandbox: Sandbox) -> dict[str, Any]:
-    probe = await sandbox.exec(python("swe_tests.py", "names", REPO), cwd=REPO)
+async def modules_around(
+    sandbox: Sandbox, repo: str = REPO, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The directories of ``repo`` on the image's ``sys.path`` (``roots``, the root always
+    among them) and the top-level modules importable from elsewhere (``names``)."""
+    probe = await sandbox.exec(python("swe_tests.py", "names", repo), cwd=repo, env=env)
     try:
         where = json.loads(probe.stdout)
         return {"roots": sorted({"", *where["roots"]}), "names": set(where["names"])}
@@ -110,10 +114,13 @@ async def _where(sandbox: Sandbox) -> dict[str, Any]:
         raise SandboxError(f"the image's python3 did not list its modules: {probe.stderr}") from e
 
 
-async def _apply(sandbox: Sandbox, patch: str) -> str | None:
-    """None once applied, else what git said."""
-    await sandbox.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
-    applied = await git(sandbox, "apply", "--whitespace=nowarn", PATCH_FILE)
+async def apply_patch(
+    sandbox: Sandbox, patch: str, repo: str = REPO, where: str = PATCH_FILE
+) -> str | None:
+    """None once ``patch`` is applied to ``repo`` (written to ``where`` first), else what git
+    said."""
+    await sandbox.write_file(where, patch if patch.endswith("\n") else patch + "\n")
+    applied = await git(sandbox, "apply", "--whitespace=nowarn", where, cwd=repo)
     return None if applied.exit_code == 0 else (applied.stdout + applied.stderr)[-1000:]
 
 
@@ -155,7 +162,7 @@ def _verdict(
     pass_to_pass: list[str],
     metrics: dict[str, Any],
 ) -> Verdict:
-    record, untrusted = _record(run, request["mark"])
+    record, untrusted = read_record(run, request["mark"])
     outcomes = [tuple(o) for o in record.get("outcomes", []) if isinstance(o, list) and len(o) == 2]
     counts = Counter(test_id for test_id, _ in outcomes)
     said = dict(outcomes)
@@ -178,7 +185,7 @@ def _verdict(
     return Verdict(resolved, metrics)
 
 
-def _record(run: ExecResult, mark: str) -> tuple[dict[str, Any], list[str]]:
+def read_record(run: ExecResult, mark: str) -> tuple[dict[str, Any], list[str]]:
     """The runner's record, and why the run cannot be trusted (empty if it can)."""
     if run.timed_out:
         return {}, ["the tests ran past their time"]

@@ -13,7 +13,9 @@ The patch of an agent's work is taken without trusting anything the agent wrote 
 shell: the action server reads the working tree as files (``download``: no program of the
 agent's runs, no ``git`` function, no diff.external, textconv, clean filter, fsmonitor or hook),
 the host keeps its regular files and leaves out .git, bytecode and links, and a sandbox the agent
-never touched computes ``git diff`` of them against the snapshot in a .git raas made itself.
+never touched computes ``git diff`` of them against the snapshot in a .git raas made itself (or,
+for a row in its own image, against the commit checked out in a fresh sandbox of that image, with
+the image's own .git).
 The tree's own .gitattributes and .gitignore still reach git there: with no driver configured
 and ``--no-textconv --no-ext-diff --binary`` they can change how a change is written (line
 endings, text or binary) or leave out files the agent chose to ignore, never run a program.
@@ -60,7 +62,7 @@ MAKE_BASE = (
     " git add -A; git commit -q -m base; git tag base"
 )
 DIFF = ["diff", "--cached", "--binary", "--no-textconv", "--no-ext-diff", "--no-color"]
-DIFF += ["--no-renames", "base"]
+DIFF += ["--no-renames"]
 
 
 class TreeError(Exception):
@@ -94,10 +96,10 @@ async def materialise(sandbox: Sandbox, files: dict[str, str], at: str = REPO) -
         raise SandboxError(f"could not make the git checkout: {(made.stdout + made.stderr)[-500:]}")
 
 
-async def read_tree(agents: Sandbox) -> str:
-    """The regular files of the tree at REPO in the sandbox ``agents``, as a tar (base64), read
-    by the action server: nothing the agent wrote runs."""
-    listing = await agents.call("download", path=REPO)
+async def read_tree(agents: Sandbox, at: str = REPO) -> str:
+    """The regular files of the tree at ``at`` in the sandbox ``agents``, as a tar (base64),
+    read by the action server: nothing the agent wrote runs."""
+    listing = await agents.call("download", path=at)
     return await asyncio.to_thread(_regular_files, str(listing["tar_b64"]))
 
 
@@ -105,12 +107,26 @@ async def tree_patch(clean: Sandbox, files: dict[str, str], tree: str) -> str:
     """The patch from the snapshot ``files`` to ``tree`` (``read_tree``), computed in ``clean``,
     a sandbox the agent never touched."""
     await materialise(clean, files, at=BASE_DIR)
+    return await _diff(clean, tree, f"{BASE_DIR}/.git", REPO.rsplit("/", 1)[-1], "base")
+
+
+async def image_tree_patch(clean: Sandbox, tree: str, repo: str) -> str:
+    """The patch from the commit checked out at ``repo`` to ``tree`` (``read_tree`` of the same
+    path), computed in ``clean``, a fresh sandbox of the same image: its git is the image's own,
+    which the agent never touched (what the agent did to its own .git is not read)."""
+    return await _diff(clean, tree, f"{repo}/.git", repo.rsplit("/", 1)[-1], "HEAD")
+
+
+async def _diff(clean: Sandbox, tree: str, git_dir: str, name: str, base: str) -> str:
+    """``git diff`` from ``base`` in ``git_dir`` to ``tree``, uploaded into ``clean``."""
     await clean.call("upload", dest=TREE, tar_b64=tree)
-    where = {"GIT_DIR": f"{BASE_DIR}/.git", "GIT_WORK_TREE": f"{TREE}/repo"}
-    added = await git(clean, "add", "-A", cwd=f"{TREE}/repo", env=where)
+    where = {"GIT_DIR": git_dir, "GIT_WORK_TREE": f"{TREE}/{name}"}
+    added = await git(clean, "add", "-A", cwd=f"{TREE}/{name}", env=where)
     if added.exit_code != 0:
         raise TreeError(f"git add: {added.stderr[-500:]}")
-    diff = await git(clean, *DIFF, cwd=f"{TREE}/repo", env=where, max_output=MAX_PATCH_BYTES)
+    diff = await git(
+        clean, *DIFF, base, cwd=f"{TREE}/{name}", env=where, max_output=MAX_PATCH_BYTES
+    )
     if diff.exit_code != 0 or diff.timed_out:
         raise TreeError(f"git diff: {diff.stderr[-500:]}")
     if diff.stdout_cut_bytes:

@@ -1,30 +1,37 @@
 """``swe``: fix a repository so that its failing tests pass (SWE-bench format).
 
-Instance (``SweInstance``): ``problem_statement``, ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
-(unittest test ids; a JSON-encoded list, as SWE-bench's rows store them, is read as the list),
-and the repository: a bundled ``snapshot`` ({"files": {path: content}}), or ``repo`` +
-``base_commit`` as in SWE-bench / SWE-Gym / R2E-Gym, whose environments come as images
-(``image_name`` / ``docker_image``): this task has no image support yet, so such an instance is
-accepted and fails at INIT as an infra error that names the image it needs.
+Instance (``SweInstance``): ``problem_statement``, ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` (a
+JSON-encoded list, as SWE-bench's rows store them, is read as the list), and the repository:
 
-The tests are always run with ``TEST_COMMAND`` (``python3 -m unittest -v``, from the checkout's
-root, on the listed ids), and that is the command the model is told about: an instance's own
-``test_command`` is kept with the instance but neither shown nor run, since telling the model
-one command and judging with another would teach it the wrong one.
+- a bundled ``snapshot`` ({"files": {path: content}}), its tests unittest ids. They are always
+  run with ``TEST_COMMAND`` (``python3 -m unittest -v``, from the checkout's root, on the listed
+  ids), and that is the command the model is told about: an instance's own ``test_command`` is
+  kept with the instance but neither shown nor run, since telling the model one command and
+  judging with another would teach it the wrong one. INIT places the repository at
+  /workspace/repo as a git checkout of one commit (tag ``base``; no other history, refs or
+  objects); EVAL judges the patch on a fresh copy in a fresh sandbox (raas.judge.swe: test paths
+  put back, shadowing patches refused, tests run by id with canaries and a structured record).
+- ``repo`` + ``base_commit``, as in SWE-bench / SWE-Gym / R2E-Gym: the row runs in its own image
+  (raas.tasks.swe_images: ``image_name``, ``docker_image``, else SWE-Gym's name for its
+  ``instance_id``), the repository at /testbed at its base commit (INIT checks it with the
+  image's git), its tests pytest node ids, run with its own pytest command where the row
+  carries swebench 5's ``eval_script`` (else ``python3 -m pytest -rA`` on their files; a row whose
+  command is not pytest is refused), its ``test_patch`` applied after the agent's, and graded
+  by SWE-bench's own parser and rules (raas.judge.swe_image).
 
-INIT places the repository at /workspace/repo as a git checkout of one commit (tag ``base``;
-no other history, refs or objects). The artifact is the patch of what the agent left there,
-taken without its shell or its .git (raas.judge.swe_repo: the tree read as files, diffed in a
-fresh sandbox against the snapshot). EVAL judges the patch on a fresh copy in a fresh sandbox
-(raas.judge.swe: test paths put back, shadowing patches refused, tests run by id with canaries
-and a structured record), and resolves only if every FAIL_TO_PASS test passes and every
-PASS_TO_PASS test still passes.
+Either way the artifact is the patch of what the agent left in the repository, taken without its
+shell or its .git (raas.judge.swe_repo: the tree read as files, diffed in a fresh sandbox against
+the snapshot or the image's own commit), and the row is resolved only if every FAIL_TO_PASS test
+passes and every PASS_TO_PASS test still passes.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from typing import Any, Self
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar, Self
 
 from pydantic import (
     BaseModel,
@@ -37,15 +44,31 @@ from pydantic import (
 )
 
 from raas.judge.swe import judge_swe
+from raas.judge.swe_image import TESTBED, judge_swe_image
+from raas.judge.swe_repo import (
+    GIT_ENV,
+    TreeError,
+    image_tree_patch,
+    materialise,
+    read_tree,
+    tree_patch,
+)
 from raas.judge.swe_repo import REPO as REPO
-from raas.judge.swe_repo import TreeError, materialise, read_tree, tree_patch
-from raas.sandbox import SandboxError, ToolError
+from raas.judge.swe_specs import RunPlan, UnsupportedTests, plan
+from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
-from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
+from raas.tasks.protocol import RewardInfo, TaskInstance, TaskJob, Text, located_error
 from raas.tasks.services import TaskServices
+from raas.tasks.swe_images import image_of
 from raas.wire import Trajectory
 
 TEST_COMMAND = "python3 -m unittest -v"  # what the model is told; the judge runs these ids
+IMAGE_TEST_COMMAND = "python3 -m pytest"  # what the model is told of an image row's tests
+SYSTEM_PROMPT = (
+    "You are a software engineer in a Linux sandbox. The repository is checked out at"
+    " {repo}. Find the bug described in the issue and fix it in the source (not the"
+    " tests). Run the tests with bash. When the fix is complete, call finish."
+)
 
 
 class Snapshot(BaseModel):
@@ -61,6 +84,12 @@ class SweInstance(TaskInstance):
     snapshot: Snapshot | None = None
     repo: StrictStr | None = None
     base_commit: StrictStr | None = None
+    # An image row's (raas.judge.swe_specs): the tests the harness adds after the agent's patch,
+    # and swebench 5's eval script (its pytest command), log parser and grading.
+    test_patch: StrictStr = ""
+    eval_script: StrictStr | None = None
+    log_parser: StrictStr | None = None
+    eval_type: StrictStr | None = None
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -82,7 +111,26 @@ class SweInstance(TaskInstance):
                 ("snapshot",),
                 "swe needs a snapshot (files by path) or a repo and its base_commit",
             )
+        if self.snapshot is None and self.image_ref is None:
+            raise located_error(
+                ("image_name",), "swe needs the image of a repo row (or its instance_id)"
+            )
+        if self.snapshot is None:
+            try:
+                self.plan()
+            except UnsupportedTests as e:
+                raise located_error(("eval_script",), str(e)) from e
         return self
+
+    @property
+    def image_ref(self) -> str | None:
+        """The image this row runs in; None for a snapshot."""
+        return None if self.snapshot is not None else image_of(self.model_dump())
+
+    def plan(self) -> RunPlan:
+        """How an image row's tests run and are graded."""
+        ids = [*self.FAIL_TO_PASS, *self.PASS_TO_PASS]
+        return plan(ids, self.eval_script, self.log_parser, self.eval_type)
 
 
 class SweTask(AgentTask):
@@ -90,62 +138,128 @@ class SweTask(AgentTask):
     instance_model = SweInstance
     tools = ("bash", "editor", "finish", "think")
     default_max_turns = 12
-    system_prompt = (
-        "You are a software engineer in a Linux sandbox. The repository is checked out at"
-        f" {REPO}. Find the bug described in the issue and fix it in the source (not the"
-        " tests). Run the tests with bash. When the fix is complete, call finish."
-    )
+    system_prompt = SYSTEM_PROMPT.format(repo=REPO)
+    # Where an image row's repository is (a parameter, so that a plain sandbox can stand in for
+    # an image in tests).
+    testbed: ClassVar[str] = TESTBED
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
+        image = SweInstance.model_validate(instance).image_ref is not None
+        repo, command = (self.testbed, IMAGE_TEST_COMMAND) if image else (REPO, TEST_COMMAND)
         task = (
-            f"Issue:\n{instance['problem_statement']}\n\nThe repository is at {REPO}; its tests"
-            f" run with `{TEST_COMMAND}` from there."
+            f"Issue:\n{instance['problem_statement']}\n\nThe repository is at {repo}; its tests"
+            f" run with `{command}` from there."
         )
-        return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": task},
-        ]
+        system = SYSTEM_PROMPT.format(repo=repo) if image else self.system_prompt
+        return [{"role": "system", "content": system}, {"role": "user", "content": task}]
+
+    async def init(self, job: TaskJob) -> AgentContext:
+        """An image row's sandbox is of its image; a snapshot's, of the configured kind."""
+        self.validate(job)
+        image = SweInstance.model_validate(job.instance).image_ref
+        if image is None:
+            return await super().init(job)
+        ctx = AgentContext(job=job)
+        async with self.cleaned_up_on_error(ctx):
+            ctx.sandbox = await _image_sandbox(self.services_of(job), job.instance, image)
+            ctx.closing.append(ctx.sandbox)
+            await self.setup(ctx)
+        return ctx
 
     async def setup(self, ctx: AgentContext) -> None:
-        instance = ctx.job.instance
-        snapshot = instance.get("snapshot")
-        if snapshot is None:
-            image = instance.get("image_name") or instance.get("docker_image")
-            raise SandboxError(
-                f"{instance.get('instance_id')}: {instance.get('repo')} at"
-                f" {instance.get('base_commit')} needs its environment image"
-                f" ({image or 'the SWE-bench image of ' + str(instance.get('instance_id'))});"
-                " the swe task runs bundled snapshots only"
-            )
         assert ctx.sandbox is not None
-        await materialise(ctx.sandbox, snapshot["files"])
+        instance = SweInstance.model_validate(ctx.job.instance)
+        if instance.snapshot is not None:
+            await materialise(ctx.sandbox, dict(instance.snapshot.files))
+            return
+        head = await ctx.sandbox.exec(["git", "rev-parse", "HEAD"], cwd=self.testbed, env=GIT_ENV)
+        found = head.stdout.strip()
+        if head.exit_code != 0 or not found.startswith(str(instance.base_commit)):
+            raise SandboxError(
+                f"{_named(ctx.job.instance)}: {self.testbed} in {instance.image_ref} is at"
+                f" {found or (head.stdout + head.stderr).strip()[-300:]}, not at the row's"
+                f" base_commit {instance.base_commit}"
+            )
 
     async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
         if ctx.sandbox is None:
             return {"patch": ""}
+        instance = SweInstance.model_validate(ctx.job.instance)
         try:
-            tree = await read_tree(ctx.sandbox)
+            tree = await read_tree(ctx.sandbox, self.testbed if instance.image_ref else REPO)
         except (ToolError, SandboxError, TreeError) as e:  # what the agent left cannot be read
             return {"patch": "", "error": str(e)}
-        async with fresh_sandbox(self.services_of(ctx.job)) as clean:
-            try:
-                patch = await tree_patch(clean, ctx.job.instance["snapshot"]["files"], tree)
-            except TreeError as e:
-                return {"patch": "", "error": str(e)}
+        services = self.services_of(ctx.job)
+        try:
+            async with _fresh(services, ctx.job.instance, instance.image_ref) as clean:
+                if instance.snapshot is not None:
+                    patch = await tree_patch(clean, dict(instance.snapshot.files), tree)
+                else:
+                    patch = await image_tree_patch(clean, tree, self.testbed)
+        except TreeError as e:
+            return {"patch": "", "error": str(e)}
         return {"patch": patch}
 
     async def judge(
         self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
     ) -> RewardInfo:
         parsed = SweInstance.model_validate(instance)
-        if parsed.snapshot is None:
-            raise SandboxError(f"{instance.get('instance_id')}: the swe task judges snapshots only")
-        async with fresh_sandbox(services) as sandbox:
-            verdict = await judge_swe(
-                sandbox,
-                files=dict(parsed.snapshot.files),
-                patch=str(artifact.get("patch") or ""),
-                fail_to_pass=list(parsed.FAIL_TO_PASS),
-                pass_to_pass=list(parsed.PASS_TO_PASS),
-            )
+        patch = str(artifact.get("patch") or "")
+        async with _fresh(services, instance, parsed.image_ref) as sandbox:
+            if parsed.snapshot is not None:
+                verdict = await judge_swe(
+                    sandbox,
+                    files=dict(parsed.snapshot.files),
+                    patch=patch,
+                    fail_to_pass=list(parsed.FAIL_TO_PASS),
+                    pass_to_pass=list(parsed.PASS_TO_PASS),
+                )
+            else:
+                verdict = await judge_swe_image(
+                    sandbox,
+                    patch=patch,
+                    fail_to_pass=list(parsed.FAIL_TO_PASS),
+                    pass_to_pass=list(parsed.PASS_TO_PASS),
+                    plan=parsed.plan(),
+                    test_patch=parsed.test_patch,
+                    base_commit=parsed.base_commit,
+                    repo=self.testbed,
+                )
         return RewardInfo(1.0 if verdict.passed else 0.0, verdict.metrics)
+
+
+def _named(instance: dict[str, Any]) -> str:
+    return (
+        f"{instance.get('instance_id')} ({instance.get('repo')} at {instance.get('base_commit')})"
+    )
+
+
+async def _image_sandbox(services: TaskServices, instance: dict[str, Any], image: str) -> Sandbox:
+    """A sandbox of ``image``, or an infra error that names the image and why there is none."""
+    if "image" not in inspect.signature(services.sandbox).parameters:
+        # Until the image store lands, services cannot start a sandbox from an image.
+        raise SandboxError(
+            f"{_named(instance)} needs its environment image {image}; this server's"
+            " sandboxes run no images yet"
+        )
+    try:
+        sandbox: Sandbox = await services.sandbox(image=image)  # type: ignore[call-arg]
+    except SandboxError as e:
+        raise SandboxError(f"{_named(instance)} needs its environment image {image}: {e}") from e
+    return sandbox
+
+
+@asynccontextmanager
+async def _fresh(
+    services: TaskServices, instance: dict[str, Any], image: str | None
+) -> AsyncIterator[Sandbox]:
+    """A sandbox the agent never touched: of the row's image, or of the configured kind."""
+    if image is None:
+        async with fresh_sandbox(services) as sandbox:
+            yield sandbox
+        return
+    sandbox = await _image_sandbox(services, instance, image)
+    try:
+        yield sandbox
+    finally:
+        await sandbox.close()

@@ -1,0 +1,375 @@
+"""The SWE judge for rows in their own images: the patch applied to the image's repository in a
+fresh sandbox, the tests run with pytest, graded by SWE-bench's own parser and rules, and the log
+checked against a record the tests cannot reach.
+
+EVAL starts from the image and the patch only, in a sandbox the agent never touched, and every
+command is a fresh process (``Sandbox.exec``), never a shell. In order:
+
+1. the repository (``/testbed``; a parameter, so that a plain sandbox can stand in for an
+   image) is checked at the row's base commit, its tracked files listed by the image's own git,
+   and the image's Python says which of its directories are on ``sys.path`` and which top-level
+   modules it finds elsewhere, before anything of the patch exists;
+2. the patch is applied with ``git apply``; the paths it touched (from ``git apply --numstat``)
+   are looked at as they are now, and a patch that could change how the tests are found or run
+   is refused as raas.judge.swe_paths refuses it (shadowing the standard library, site-packages
+   or a test module, startup hooks, bytecode, links), and so is one that writes package
+   metadata (``*.egg-info``, ``*.dist-info``: the entry points pytest loads plugins from);
+   every test path it changed is put back as the base commit has it (added ones removed), and
+   so is pytest's configuration (``pytest.ini``, ``tox.ini``, ``setup.cfg``,
+   ``pyproject.toml``): a patch fixes code, it does not choose which tests run or how;
+3. the row's ``test_patch``, if any, is applied after it, as SWE-bench's harness does;
+4. the tests run through inside/swe_pytest.py: pytest in-process with a plugin that adds canary
+   tests under random names (two that must fail, two that must pass) and records each test's
+   outcome by node id from pytest's own hooks, on a channel the tests' output never reaches;
+   the log (what pytest and the tests printed) comes back on stderr;
+5. the log is read by SWE-bench's own rules (``get_logs_eval``: its markers, the instance's
+   parser from ``PARSER_REGISTRY``, the test command's exit status, here the one the record
+   holds) and graded (``get_eval_tests_report``, ``get_resolution_status``: resolved means
+   ``RESOLVED_FULL``); the record is graded the same way, and the run scores 0 with a reason if
+   the two gradings differ, a canary is missing or has the wrong outcome in either, or the
+   record is not there (the process ended early, printed on the channel, ran past its time).
+
+What it cannot exclude, as raas.judge.swe cannot: the tests call the patched code in their own
+process, so code written to find the recording plugin in memory could forge its record. A
+patch may still edit files in the repository that git does not track (a virtual environment kept
+inside it): they are not the base commit's to put back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from raas.judge.code import Verdict
+from raas.judge.programs import JUDGE_DIR, install, python
+from raas.judge.swe import OUTPUT_CHARS, RUN_OUTPUT, apply_patch, modules_around, read_record
+from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
+from raas.judge.swe_repo import git
+from raas.judge.swe_specs import RunPlan
+from raas.sandbox import ExecResult, Sandbox, SandboxError
+
+TESTBED = "/testbed"
+TEST_TIMEOUT_S = 1800.0  # real suites in real images are slower than the bundled ones
+TEST_PATCH_FILE = f"{JUDGE_DIR}/test.patch"
+# pytest's configuration: which tests run, with which plugins and options.
+RUNNER_FILES = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+METADATA = (".egg-info", ".dist-info", ".egg-link")
+KIND_MODES = {"file": "100644", "exec": "100755", "link": SYMLINK}
+# The order of -rA's short summary (passed, skipped, xfailed, xpassed, error, failed): a test
+# with several outcomes (a pass, then an error in its teardown) is read by its last line.
+SUMMARY_ORDER = ["passed", "skipped", "xfailed", "xpassed", "error", "failed"]
+# The categories -rA writes with the node id, as SWE-bench's parsers read them (a skip is
+# written by file and line, an xpass under a status swebench does not know).
+BY_NODEID = {"passed": "PASSED", "failed": "FAILED", "error": "ERROR", "xfailed": "XFAIL"}
+CANARIES = [(False, False), (False, True), (True, False), (True, True)]  # (passes, a str)
+
+
+async def judge_swe_image(
+    sandbox: Sandbox,
+    *,
+    patch: str,
+    fail_to_pass: list[str],
+    pass_to_pass: list[str],
+    plan: RunPlan,
+    test_patch: str = "",
+    base_commit: str | None = None,
+    repo: str = TESTBED,
+    timeout_s: float = TEST_TIMEOUT_S,
+) -> Verdict:
+    """Whether ``patch`` on the repository at ``repo`` in ``sandbox`` (fresh, from the row's
+    image) resolves the row by SWE-bench's rules: every FAIL_TO_PASS test passes, every
+    PASS_TO_PASS test still does."""
+    _require_swebench()
+    await install(sandbox)
+    tracked = await _tracked(sandbox, repo, base_commit)
+    where = await modules_around(sandbox, repo, plan.env)
+    metrics: dict[str, Any] = {"patch_bytes": len(patch), "patch_applied": False}
+    if patch.strip():
+        paths = await _patch_paths(sandbox, patch, repo)
+        failed = await apply_patch(sandbox, patch, repo) if isinstance(paths, list) else paths
+        if failed is not None or not isinstance(paths, list):
+            return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
+        metrics["patch_applied"] = True
+        changes = await _changes(sandbox, repo, paths, tracked, plan.env)
+        ids = _module_ids(fail_to_pass + pass_to_pass)
+        found = review(changes, set(tracked), ids, where["names"], where["roots"])
+        refused = found.refused or _metadata(changes)
+        if refused is not None:
+            return Verdict(False, {**metrics, "resolved": False, "refused": refused})
+        restore = sorted({*found.restore, *(c.path for c in changes if _runner_file(c.path))})
+        if restore:
+            await _restore(sandbox, repo, restore, tracked)
+            metrics["dropped"] = restore
+    if test_patch.strip():
+        failed = await apply_patch(sandbox, test_patch, repo, TEST_PATCH_FILE)
+        if failed is not None:
+            return Verdict(False, {**metrics, "resolved": False, "test_patch_output": failed})
+    specs = _canaries()
+    request = {
+        "mark": secrets.token_hex(16),
+        "args": plan.args,
+        "path0": plan.path0,
+        "canaries": specs,
+        "seed": secrets.randbits(32),
+    }
+    run = await sandbox.exec(
+        python("swe_pytest.py", "run"),
+        json.dumps(request),
+        cwd=repo,
+        env=plan.env,
+        timeout_s=timeout_s,
+        max_output=RUN_OUTPUT,
+    )
+    return await _verdict(run, request, fail_to_pass, pass_to_pass, plan, metrics)
+
+
+def _require_swebench() -> None:
+    try:
+        import swebench.harness.grading  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(
+            f"image rows are graded by SWE-bench's own rules: pip install 'raas[swe]' ({e})"
+        ) from e
+
+
+async def _tracked(sandbox: Sandbox, repo: str, base_commit: str | None) -> dict[str, str]:
+    """The files the base commit tracks, with their modes (the image's own git: this sandbox is
+    fresh, so nothing of the agent's has touched it)."""
+    if base_commit is not None:
+        head = await git(sandbox, "rev-parse", "HEAD", cwd=repo)
+        if head.exit_code != 0 or not head.stdout.strip().startswith(base_commit):
+            raise SandboxError(
+                f"{repo} is not at the row's base commit {base_commit}:"
+                f" {(head.stdout + head.stderr).strip()[-300:]}"
+            )
+    listed = await git(sandbox, "ls-files", "-s", "-z", cwd=repo, max_output=RUN_OUTPUT)
+    if listed.exit_code != 0 or listed.stdout_cut_bytes:
+        raise SandboxError(f"git could not list {repo}'s files: {listed.stderr[-500:]}")
+    tracked = {}
+    for entry in filter(None, listed.stdout.split("\0")):
+        stage, _, path = entry.partition("\t")
+        tracked[path] = stage.split(" ", 1)[0]
+    return tracked
+
+
+async def _patch_paths(sandbox: Sandbox, patch: str, repo: str) -> list[str] | str:
+    """Every path ``patch`` names (both sides of a rename), by git's own reading of it; what
+    git said if it cannot read it."""
+    probe = f"{JUDGE_DIR}/paths.patch"
+    await sandbox.write_file(probe, patch if patch.endswith("\n") else patch + "\n")
+    listed = await git(sandbox, "apply", "--numstat", "-z", probe, cwd=repo)
+    if listed.exit_code != 0:
+        return (listed.stdout + listed.stderr)[-1000:]
+    paths: list[str] = []
+    fields = listed.stdout.split("\0")
+    i = 0
+    while i < len(fields):
+        counts = fields[i].split("\t")
+        if len(counts) == 3 and counts[2]:
+            paths.append(counts[2])
+            i += 1
+        elif len(counts) == 3:  # a rename: its two paths follow
+            paths += [p for p in fields[i + 1 : i + 3] if p]
+            i += 3
+        else:
+            i += 1
+    return list(dict.fromkeys(paths))
+
+
+async def _changes(
+    sandbox: Sandbox, repo: str, paths: list[str], tracked: dict[str, str], env: dict[str, str]
+) -> list[Change]:
+    """What the patch made of each of its ``paths``: added, modified, deleted or of another
+    type now, by what is on disk (the probe reads it without following links)."""
+    probe = await sandbox.exec(
+        python("swe_pytest.py", "stat"), json.dumps(paths), cwd=repo, env=env
+    )
+    try:
+        kinds = json.loads(probe.stdout)
+    except json.JSONDecodeError as e:
+        raise SandboxError(
+            f"the image's python3 did not look at the patch's paths: {probe.stderr}"
+        ) from e
+    changes = []
+    for path in paths:
+        kind, before = kinds.get(path, "missing"), tracked.get(path)
+        if kind == "missing":
+            if before is not None:
+                changes.append(Change("D", path, "000000"))
+            continue
+        mode = KIND_MODES.get(kind, GITLINK)  # a directory or a device where a file was named
+        if before is None:
+            changes.append(Change("A", path, mode))
+        else:
+            changes.append(Change("M" if before[:2] == mode[:2] else "T", path, mode))
+    return changes
+
+
+def _module_ids(test_ids: list[str]) -> list[str]:
+    """Each test file as the dotted name raas.judge.swe_paths looks test modules up by
+    (``tests/test_x.py::test_y`` -> ``tests.test_x.test_y``)."""
+    out = []
+    for test_id in test_ids:
+        file = test_id.split("::", 1)[0]
+        if file.endswith(".py"):
+            out.append(file[: -len(".py")].replace("/", ".") + ".test")
+    return out
+
+
+def _metadata(changes: list[Change]) -> str | None:
+    for change in changes:
+        if any(part.endswith(METADATA) for part in change.path.split("/")):
+            why = "a patch may not write package metadata (pytest loads plugins from it)"
+            return f"{change.path}: {why}"
+    return None
+
+
+def _runner_file(path: str) -> bool:
+    return path.rsplit("/", 1)[-1] in RUNNER_FILES or is_test_path(path, set())
+
+
+async def _restore(sandbox: Sandbox, repo: str, paths: list[str], tracked: dict[str, str]) -> None:
+    """``paths`` as the base commit has them: removed, whatever they are now, then checked out."""
+    removed = await sandbox.exec(["rm", "-rf", "--", *paths], cwd=repo)
+    if removed.exit_code != 0:
+        raise SandboxError(f"could not put the tests back: {removed.stderr[-500:]}")
+    kept = [p for p in paths if p in tracked]
+    if kept:
+        checked = await git(sandbox, "checkout", "HEAD", "--", *kept, cwd=repo)
+        if checked.exit_code != 0:
+            raise SandboxError(f"could not put the tests back: {checked.stderr[-500:]}")
+
+
+def _canaries() -> list[dict[str, Any]]:
+    specs = []
+    for passes, text in CANARIES:
+        a = secrets.randbelow(10**9)
+        b = a if passes else a + 1 + secrets.randbelow(10**6)
+        values = (f"v{a}", f"v{b}") if text else (a, b)
+        name = f"test_{secrets.token_hex(5)}"
+        specs.append({"name": name, "passes": passes, "a": values[0], "b": values[1]})
+    return specs
+
+
+async def _verdict(
+    run: ExecResult,
+    request: dict[str, Any],
+    fail_to_pass: list[str],
+    pass_to_pass: list[str],
+    plan: RunPlan,
+    metrics: dict[str, Any],
+) -> Verdict:
+    from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, TEST_EXIT_CODE
+    from swebench.harness.grading import (
+        EvalType,
+        ResolvedStatus,
+        get_eval_tests_report,
+        get_resolution_status,
+    )
+
+    record, untrusted = read_record(run, request["mark"])
+    if run.stderr_cut_bytes:
+        untrusted.append("the test log overflowed")
+    # The exit status SWE-bench's rules check the log against: the record's, not a line the
+    # tests could print.
+    log = run.stderr + f"\n{TEST_EXIT_CODE}: {record.get('exit_code', -1)}\n"
+    logged, readable = await asyncio.to_thread(_read_log, log, fail_to_pass, pass_to_pass, plan)
+    recorded = _statuses(record.get("outcomes") or [])
+    gold = {FAIL_TO_PASS: fail_to_pass, PASS_TO_PASS: pass_to_pass}
+    eval_type = EvalType(plan.eval_type)
+    report = get_eval_tests_report(logged, gold, eval_type=eval_type)
+    if record:
+        differ = _differences(report, get_eval_tests_report(recorded, gold, eval_type=eval_type))
+        untrusted += [f"the log and the record disagree on {t}" for t in differ[:10]]
+        untrusted += _canary_problems(request["canaries"], record, recorded, logged)
+    resolution = get_resolution_status(report) if readable else ResolvedStatus.NO.value
+    resolved = readable and resolution == ResolvedStatus.FULL.value and not untrusted
+    metrics = {
+        **metrics,
+        "resolved": resolved,
+        "resolution": resolution,
+        "FAIL_TO_PASS": report[FAIL_TO_PASS],
+        "PASS_TO_PASS": report[PASS_TO_PASS],
+    }
+    if not readable:
+        metrics["log"] = "SWE-bench's rules found no test results in the log it can trust"
+    if untrusted:
+        metrics["untrusted"] = untrusted[:20]
+    if not resolved:
+        metrics["test_output"] = run.stderr[-OUTPUT_CHARS:]
+    return Verdict(resolved, metrics)
+
+
+def _read_log(
+    log: str, fail_to_pass: list[str], pass_to_pass: list[str], plan: RunPlan
+) -> tuple[dict[str, str], bool]:
+    """The log's statuses by test, and whether SWE-bench's rules accept it (``get_logs_eval``
+    reads a file: the log is written to one)."""
+    from swebench.harness.grading import get_logs_eval
+    from swebench.types import TestSpec
+
+    spec = TestSpec(
+        instance_id="",
+        image="",
+        eval_script_list=[],
+        repo="",
+        version="",
+        FAIL_TO_PASS=fail_to_pass,
+        PASS_TO_PASS=pass_to_pass,
+        log_parser=plan.log_parser,
+        eval_type=plan.eval_type,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "test_output.txt"
+        path.write_text(log)
+        statuses, readable = get_logs_eval(spec, str(path))
+    return dict(statuses), bool(readable)
+
+
+def _statuses(outcomes: list[Any]) -> dict[str, str]:
+    """The record's outcomes as the -rA summary would show them by node id: each test's last
+    summary line, the categories that line is not written for left out."""
+    worst: dict[str, int] = {}
+    for outcome in outcomes:
+        if not (isinstance(outcome, list) and len(outcome) == 2):
+            continue
+        nodeid, category = str(outcome[0]), str(outcome[1])
+        rank = SUMMARY_ORDER.index(category) if category in SUMMARY_ORDER else -1
+        worst[nodeid] = max(rank, worst.get(nodeid, -1))
+    statuses = {}
+    for nodeid, rank in worst.items():
+        status = BY_NODEID.get(SUMMARY_ORDER[rank]) if rank >= 0 else None
+        if status is not None:
+            statuses[nodeid] = status
+    return statuses
+
+
+def _differences(logged: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
+    """The tests the two reports class differently."""
+    differ = []
+    for kind in sorted(logged):
+        for side in ("success", "failure"):
+            differ += sorted(set(logged[kind][side]) ^ set(recorded[kind][side]))
+    return list(dict.fromkeys(differ))
+
+
+def _canary_problems(
+    specs: list[dict[str, Any]],
+    record: dict[str, Any],
+    recorded: dict[str, str],
+    logged: dict[str, str],
+) -> list[str]:
+    placed = record.get("canaries") or {}
+    problems = []
+    for spec in specs:
+        want = "PASSED" if spec["passes"] else "FAILED"
+        nodeid = placed.get(spec["name"]) if isinstance(placed, dict) else None
+        got = (recorded.get(nodeid), logged.get(nodeid)) if nodeid else (None, None)
+        if got != (want, want):
+            must = "pass" if spec["passes"] else "fail"
+            problems.append(f"a canary that must {must}: recorded {got[0]}, logged {got[1]}")
+    return problems

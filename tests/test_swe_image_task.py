@@ -1,0 +1,137 @@
+"""The swe task on image rows (SWE-Gym / SWE-bench / R2E-Gym format): which image, INIT's check
+of the base commit, the artifact taken from the agent's tree against the image's own commit, and
+the judge, end to end through the task.
+
+No image store is needed: the services here answer ``sandbox(image=...)`` with a bwrap sandbox
+over the base root filesystem holding the project of tests/swe_image_rows.py at
+/workspace/testbed (the task's ``testbed``), and record which images were asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raas.sandbox import BwrapConfig, Sandbox, SandboxError, create_sandbox
+from raas.tasks.protocol import InvalidInstance, TaskJob, parse_instance
+from raas.tasks.services import TaskServices
+from raas.tasks.swe import SweInstance, SweTask
+from raas.tasks.swe_images import image_of, swe_gym_image
+from tests.swe_image_rows import GOLD_PATCH, PASS_TO_PASS, ROOTFS, SOURCE, row, write_repo
+from tests.test_swe_image_judge import EVAL_SCRIPT, rootfs
+
+TESTBED = "/workspace/testbed"
+
+
+class LocalTestbed(SweTask):
+    testbed = TESTBED
+
+
+class ImageServices(TaskServices):
+    """Sandboxes "of an image": the base root filesystem with the project uploaded."""
+
+    def __init__(self, source: Path) -> None:
+        super().__init__(llm=None)  # type: ignore[arg-type]
+        self.source = source
+        self.images: list[str] = []
+
+    async def sandbox(self, image: str | None = None) -> Sandbox:  # type: ignore[override]
+        assert image is not None
+        self.images.append(image)
+        box = create_sandbox(BwrapConfig(image=ROOTFS))
+        await box.start()
+        await box.upload(self.source, "/workspace")
+        return box
+
+
+# --- the row -----------------------------------------------------------------------------------
+
+
+def test_a_swe_gym_row_runs_in_swe_gyms_image_for_its_id() -> None:
+    instance = parse_instance(SweInstance, row())
+    assert instance.image_ref == "xingyaoww/sweb.eval.x86_64.raas-tests_s_stats-1"
+    assert swe_gym_image("getmoto__moto-5752") == "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"
+    assert instance.FAIL_TO_PASS[0] == "tests/test_stats.py::test_mean"  # JSON text read
+
+
+def test_an_image_the_row_names_comes_first() -> None:
+    assert image_of(row(image_name="swebench/sweb.eval.x86_64.a_1776_b-1:latest")) == (
+        "swebench/sweb.eval.x86_64.a_1776_b-1:latest"
+    )
+    assert image_of(row(docker_image="namanjain12/pandas_final:abc")) == (
+        "namanjain12/pandas_final:abc"
+    )
+    assert parse_instance(SweInstance, {**row(), "snapshot": {"files": {}}}).image_ref is None
+
+
+def test_a_row_whose_tests_are_not_pytest_is_refused_at_submission() -> None:
+    script = EVAL_SCRIPT.format(command="./tests/runtests.py --verbosity 2 admin_views")
+    with pytest.raises(InvalidInstance) as raised:
+        parse_instance(SweInstance, row(eval_script=script))
+    assert "eval_script" in str(raised.value) and "not pytest" in str(raised.value)
+
+
+def test_an_image_row_is_told_where_its_repository_is() -> None:
+    system, user = SweTask().messages(row())
+    assert "/testbed" in system["content"] and "/workspace/repo" not in system["content"]
+    assert "`python3 -m pytest`" in user["content"]
+
+
+async def test_without_image_sandboxes_init_fails_as_infra_naming_the_image() -> None:
+    services = TaskServices(llm=None, sandbox_config=BwrapConfig())  # type: ignore[arg-type]
+    with pytest.raises(SandboxError, match=r"xingyaoww/sweb\.eval\.x86_64\.raas-tests_s_stats-1"):
+        await SweTask().init(TaskJob("j", row(), {}, services))
+    await services.close()
+
+
+# --- through the task, on the base root filesystem -----------------------------------------------
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> ImageServices:
+    write_repo(tmp_path / "testbed")
+    return ImageServices(tmp_path / "testbed")
+
+
+async def rolled(services: ImageServices, instance: dict[str, Any], *commands: str) -> Any:
+    """INIT, the agent's shell running ``commands`` in the repository, the artifact, EVAL."""
+    task = LocalTestbed()
+    ctx = await task.init(TaskJob("j", instance, {}, services))
+    try:
+        assert ctx.sandbox is not None
+        for command in commands:
+            done = await ctx.sandbox.bash(f"cd {TESTBED} && {command}")
+            assert done.exit_code == 0, done
+        info = await task.eval(ctx, ctx.trajectory)
+    finally:
+        await task.cleanup(ctx)
+    return info
+
+
+@rootfs
+async def test_the_gold_fix_made_in_the_shell_scores_one(services: ImageServices) -> None:
+    info = await rolled(services, row(), f"git apply <<'RAAS_EOF'\n{GOLD_PATCH}RAAS_EOF")
+    assert info.reward == 1.0, info.metrics
+    assert info.metrics["PASS_TO_PASS"]["success"] == PASS_TO_PASS
+    assert "+    return sum(xs) / len(xs)" in info.metrics["artifact"]["patch"]
+    # INIT, the artifact's diff and the judge: three sandboxes, each of the row's image.
+    assert services.images == [swe_gym_image(row()["instance_id"])] * 3
+
+
+@rootfs
+async def test_the_artifact_does_not_trust_the_agents_git(services: ImageServices) -> None:
+    # The fix committed: the agent's own git shows no change left, the patch against the
+    # image's commit (in a fresh sandbox) still holds the fix.
+    fix = "sed -i 's|(len(xs) - 1)|len(xs)|' " + SOURCE
+    commit = 'git -c user.name=a -c user.email=a@a commit -qam fix && test -z "$(git diff HEAD)"'
+    info = await rolled(services, row(), fix, commit)
+    assert info.reward == 1.0, info.metrics
+    assert "+    return sum(xs) / len(xs)" in info.metrics["artifact"]["patch"]
+
+
+@rootfs
+async def test_an_image_at_another_commit_fails_init(services: ImageServices) -> None:
+    with pytest.raises(SandboxError, match="not at the row's base_commit 0123abc"):
+        await LocalTestbed().init(TaskJob("j", row(base_commit="0123abc"), {}, services))
