@@ -18,8 +18,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from raas.sandbox.oci import StoredImage
+
 ROOTFS = Path(os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas")
 ROOTFS = ROOTFS / "swe-images" / "base-rootfs"
+
+
+def base_image() -> StoredImage:
+    """The base root filesystem as a one-layer image: its sandbox's root is an overlay that root
+    mounts, so the sandbox's uid need not reach the cache directory."""
+    return StoredImage("raas-test/base", "sha256:" + "0" * 64, (ROOTFS,))
+
 
 SOURCE = "stats.py"
 TESTS = "tests/test_stats.py"

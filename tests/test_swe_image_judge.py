@@ -28,6 +28,7 @@ from tests.swe_image_rows import (
     SOURCE,
     TEST_PATCH,
     TESTS,
+    base_image,
     fixed,
     patch_of,
     write_repo,
@@ -49,7 +50,7 @@ def rootfs(test: Any) -> Any:
 async def sandbox(tmp_path: Path) -> AsyncIterator[Sandbox]:
     """A fresh sandbox with the project at its base commit at REPO."""
     write_repo(tmp_path / "testbed")
-    box = create_sandbox(BwrapConfig(image=ROOTFS))
+    box = create_sandbox(BwrapConfig(), base_image())
     await box.start()
     try:
         await box.upload(tmp_path / "testbed", "/workspace")

@@ -19,7 +19,14 @@ from raas.tasks.protocol import InvalidInstance, TaskJob, parse_instance
 from raas.tasks.services import TaskServices
 from raas.tasks.swe import SweInstance, SweTask
 from raas.tasks.swe_images import image_of, swe_gym_image
-from tests.swe_image_rows import GOLD_PATCH, PASS_TO_PASS, ROOTFS, SOURCE, row, write_repo
+from tests.swe_image_rows import (
+    GOLD_PATCH,
+    PASS_TO_PASS,
+    SOURCE,
+    base_image,
+    row,
+    write_repo,
+)
 from tests.test_swe_image_judge import EVAL_SCRIPT, rootfs
 
 TESTBED = "/workspace/testbed"
@@ -40,7 +47,7 @@ class ImageServices(TaskServices):
     async def sandbox(self, image: str | None = None) -> Sandbox:  # type: ignore[override]
         assert image is not None
         self.images.append(image)
-        box = create_sandbox(BwrapConfig(image=ROOTFS))
+        box = create_sandbox(BwrapConfig(), base_image())
         await box.start()
         await box.upload(self.source, "/workspace")
         return box

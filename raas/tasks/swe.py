@@ -27,7 +27,6 @@ passes and every PASS_TO_PASS test still passes.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -236,17 +235,10 @@ def _named(instance: dict[str, Any]) -> str:
 
 async def _image_sandbox(services: TaskServices, instance: dict[str, Any], image: str) -> Sandbox:
     """A sandbox of ``image``, or an infra error that names the image and why there is none."""
-    if "image" not in inspect.signature(services.sandbox).parameters:
-        # Until the image store lands, services cannot start a sandbox from an image.
-        raise SandboxError(
-            f"{_named(instance)} needs its environment image {image}; this server's"
-            " sandboxes run no images yet"
-        )
     try:
-        sandbox: Sandbox = await services.sandbox(image=image)  # type: ignore[call-arg]
+        return await services.sandbox(image=image)
     except SandboxError as e:
         raise SandboxError(f"{_named(instance)} needs its environment image {image}: {e}") from e
-    return sandbox
 
 
 @asynccontextmanager
