@@ -2,9 +2,10 @@
 of the base commit, the artifact taken from the agent's tree against the image's own commit, and
 the judge, end to end through the task.
 
-No image store is needed: the services here answer ``sandbox(image=...)`` with a bwrap sandbox
-over the base root filesystem holding the project of tests/swe_image_rows.py at
-/workspace/testbed (the task's ``testbed``), and record which images were asked for.
+No registry is needed: the services' image store here is a stand-in that answers every name
+with a two-layer image, the base root filesystem and a layer holding the project of
+tests/swe_image_rows.py at /testbed, and records which images were asked for; the sandboxes are
+the real image sandboxes (an overlay root over those layers).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from raas.sandbox import BwrapConfig, Sandbox, SandboxError, create_sandbox
+from raas.sandbox import BwrapConfig, SandboxError
+from raas.sandbox.oci import StoredImage
 from raas.tasks.protocol import InvalidInstance, TaskJob, parse_instance
 from raas.tasks.services import TaskServices
 from raas.tasks.swe import SweInstance, SweTask
@@ -22,35 +24,27 @@ from raas.tasks.swe_images import image_of, swe_gym_image
 from tests.swe_image_rows import (
     GOLD_PATCH,
     PASS_TO_PASS,
+    ROOTFS,
     SOURCE,
-    base_image,
     row,
     write_repo,
 )
 from tests.test_swe_image_judge import EVAL_SCRIPT, rootfs
 
-TESTBED = "/workspace/testbed"
+TESTBED = SweTask.testbed
 
 
-class LocalTestbed(SweTask):
-    testbed = TESTBED
+class Images:
+    """An image store that holds one image under every name: the base root filesystem and the
+    project at /testbed."""
 
-
-class ImageServices(TaskServices):
-    """Sandboxes "of an image": the base root filesystem with the project uploaded."""
-
-    def __init__(self, source: Path) -> None:
-        super().__init__(llm=None)  # type: ignore[arg-type]
-        self.source = source
+    def __init__(self, layer: Path) -> None:
+        self.layer = layer
         self.images: list[str] = []
 
-    async def sandbox(self, image: str | None = None) -> Sandbox:  # type: ignore[override]
-        assert image is not None
-        self.images.append(image)
-        box = create_sandbox(BwrapConfig(), base_image())
-        await box.start()
-        await box.upload(self.source, "/workspace")
-        return box
+    def resolve(self, ref: str) -> StoredImage:
+        self.images.append(ref)
+        return StoredImage(ref, "sha256:" + "1" * 64, (ROOTFS, self.layer))
 
 
 # --- the row -----------------------------------------------------------------------------------
@@ -97,14 +91,17 @@ async def test_without_image_sandboxes_init_fails_as_infra_naming_the_image() ->
 
 
 @pytest.fixture
-def services(tmp_path: Path) -> ImageServices:
-    write_repo(tmp_path / "testbed")
-    return ImageServices(tmp_path / "testbed")
+async def services(tmp_path: Path) -> Any:
+    write_repo(tmp_path / "layer" / "testbed")
+    images = Images(tmp_path / "layer")
+    made = TaskServices(llm=None, sandbox_config=BwrapConfig(), image_store=images)  # type: ignore[arg-type]
+    yield made
+    await made.close()
 
 
-async def rolled(services: ImageServices, instance: dict[str, Any], *commands: str) -> Any:
+async def rolled(services: TaskServices, instance: dict[str, Any], *commands: str) -> Any:
     """INIT, the agent's shell running ``commands`` in the repository, the artifact, EVAL."""
-    task = LocalTestbed()
+    task = SweTask()
     ctx = await task.init(TaskJob("j", instance, {}, services))
     try:
         assert ctx.sandbox is not None
@@ -118,17 +115,18 @@ async def rolled(services: ImageServices, instance: dict[str, Any], *commands: s
 
 
 @rootfs
-async def test_the_gold_fix_made_in_the_shell_scores_one(services: ImageServices) -> None:
+async def test_the_gold_fix_made_in_the_shell_scores_one(services: TaskServices) -> None:
     info = await rolled(services, row(), f"git apply <<'RAAS_EOF'\n{GOLD_PATCH}RAAS_EOF")
     assert info.reward == 1.0, info.metrics
     assert info.metrics["PASS_TO_PASS"]["success"] == PASS_TO_PASS
     assert "+    return sum(xs) / len(xs)" in info.metrics["artifact"]["patch"]
     # INIT, the artifact's diff and the judge: three sandboxes, each of the row's image.
-    assert services.images == [swe_gym_image(row()["instance_id"])] * 3
+    asked = services.image_store.images  # type: ignore[union-attr]
+    assert asked == [swe_gym_image(row()["instance_id"])] * 3
 
 
 @rootfs
-async def test_the_artifact_does_not_trust_the_agents_git(services: ImageServices) -> None:
+async def test_the_artifact_does_not_trust_the_agents_git(services: TaskServices) -> None:
     # The fix committed: the agent's own git shows no change left, the patch against the
     # image's commit (in a fresh sandbox) still holds the fix.
     fix = "sed -i 's|(len(xs) - 1)|len(xs)|' " + SOURCE
@@ -139,6 +137,6 @@ async def test_the_artifact_does_not_trust_the_agents_git(services: ImageService
 
 
 @rootfs
-async def test_an_image_at_another_commit_fails_init(services: ImageServices) -> None:
+async def test_an_image_at_another_commit_fails_init(services: TaskServices) -> None:
     with pytest.raises(SandboxError, match="not at the row's base_commit 0123abc"):
-        await LocalTestbed().init(TaskJob("j", row(base_commit="0123abc"), {}, services))
+        await SweTask().init(TaskJob("j", row(base_commit="0123abc"), {}, services))

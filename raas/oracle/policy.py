@@ -8,7 +8,7 @@ sentence and Hermes ``<tool_call>{json}</tool_call>`` markup, as the agent loop 
 - code (HumanEval): view ``solution.py``, insert the canonical body after the last line the view
   shows, check that the file imports (bash), finish;
 - swe: run the failing tests, write the gold patch (editor), ``git apply`` it (bash), run the
-  tests, finish;
+  tests, finish; a row in its own image works in /testbed and runs its tests with pytest;
 - math: compute the answer with ipython (``math_solvers``: from the problem's text), then give
   the printed value to finish;
 - stem: give the answer (the letter, or the number and its unit) to finish.
@@ -26,7 +26,7 @@ from raas.oracle import sabotage
 from raas.oracle.catalogue import GoldTask
 from raas.oracle.math_solvers import solver_program
 from raas.tasks.code import SOLUTION
-from raas.tasks.swe import REPO, TEST_COMMAND, SweInstance
+from raas.tasks.swe import IMAGE_TEST_COMMAND, REPO, TEST_COMMAND, SweInstance, SweTask
 
 PATCH_FILE = "/tmp/fix.patch"
 UNKNOWN = (
@@ -132,18 +132,21 @@ def _code(task: GoldTask, way: str | None) -> list[Step]:
 # --- swe --------------------------------------------------------------------------------------
 
 
-def _tests(ids: list[str], lines: int) -> str:
+def _tests(repo: str, command: str, ids: list[str], lines: int) -> str:
     names = " ".join(shlex.quote(t) for t in ids)
-    return f"cd {REPO} && {TEST_COMMAND} {names} 2>&1 | tail -n {lines}"
+    return f"cd {repo} && {command} {names} 2>&1 | tail -n {lines}"
 
 
 def _swe(task: GoldTask, way: str | None) -> list[Step]:
     parsed = SweInstance.model_validate(task.instance)
+    if parsed.image_ref is not None:
+        return _swe_image(task, way)
     failing, passing = list(parsed.FAIL_TO_PASS), list(parsed.PASS_TO_PASS)
     patch = sabotage.broken_patch(task.solution) if way == "broken_patch" else task.solution
 
     def reproduce(turns: list[Turn]) -> str:
-        return say("I run the failing tests first.", call("bash", command=_tests(failing, 20)))
+        command = _tests(REPO, TEST_COMMAND, failing, 20)
+        return say("I run the failing tests first.", call("bash", command=command))
 
     def write_patch(turns: list[Turn]) -> str:
         return say(
@@ -178,13 +181,59 @@ def _swe(task: GoldTask, way: str | None) -> list[Step]:
         return say("I make the failing tests pass.", *calls)
 
     def verify(turns: list[Turn]) -> str:
-        return say("I run the tests again.", call("bash", command=_tests(failing + passing, 5)))
+        command = _tests(REPO, TEST_COMMAND, failing + passing, 5)
+        return say("I run the tests again.", call("bash", command=command))
 
     done = _finish("the issue is fixed")
     if way == "edit_tests":
         return [reproduce, edit_tests, verify, done]
     if way == "wrong_fix":
         return [reproduce, write_patch, apply, wrap, verify, done]
+    return [reproduce, write_patch, apply, verify, done]
+
+
+def _swe_image(task: GoldTask, way: str | None) -> list[Step]:
+    """A row in its own image: the repository at /testbed, its tests pytest node ids. Sabotage:
+    a patch that does not apply, the fix applied and then taken back (``wrong_fix``), or every
+    assert of the failing tests' files made true (``edit_tests``)."""
+    parsed = SweInstance.model_validate(task.instance)
+    repo = SweTask.testbed
+    failing, passing = list(parsed.FAIL_TO_PASS), list(parsed.PASS_TO_PASS)
+    patch = sabotage.broken_patch(task.solution) if way == "broken_patch" else task.solution
+
+    def reproduce(turns: list[Turn]) -> str:
+        command = _tests(repo, IMAGE_TEST_COMMAND, failing, 20)
+        return say("I run the failing tests first.", call("bash", command=command))
+
+    def write_patch(turns: list[Turn]) -> str:
+        return say(
+            "I write the fix as a patch.",
+            call("editor", command="create", path=PATCH_FILE, file_text=patch),
+        )
+
+    def apply(turns: list[Turn]) -> str:
+        command = f"cd {repo} && git apply {PATCH_FILE} && git diff --stat"
+        return say("I apply it.", call("bash", command=command))
+
+    def take_back(turns: list[Turn]) -> str:
+        command = f"cd {repo} && git apply -R {PATCH_FILE}"
+        return say("On second thought I undo it.", call("bash", command=command))
+
+    def edit_tests(turns: list[Turn]) -> str:
+        files = sorted({test_id.split("::")[0] for test_id in failing})
+        quoted = " ".join(shlex.quote(f) for f in files)
+        command = f"cd {repo} && sed -i 's/^\\([ ]*\\)assert /\\1assert True or /' {quoted}"
+        return say("I make the failing tests pass.", call("bash", command=command))
+
+    def verify(turns: list[Turn]) -> str:
+        command = _tests(repo, IMAGE_TEST_COMMAND, failing + passing, 5)
+        return say("I run the tests again.", call("bash", command=command))
+
+    done = _finish("the issue is fixed")
+    if way == "edit_tests":
+        return [reproduce, edit_tests, verify, done]
+    if way == "wrong_fix":
+        return [reproduce, write_patch, apply, take_back, verify, done]
     return [reproduce, write_patch, apply, verify, done]
 
 
