@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
+.PHONY: demo test test-readme test-faults test-oracle test-images test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,13 @@ test-faults: $(STAMP) system-deps
 # policy (raas.oracle), gold and sabotaged; -s shows the per-kind counts.
 test-oracle: $(STAMP) system-deps
 	$(BIN)/pytest -q -s -m oracle tests/test_oracle.py
+
+# Image tier: small real OCI images built offline with umoci on a Debian root filesystem (made
+# once by the script, as root, and cached in ~/.cache/raas/swe-images), pushed to a real registry
+# on 127.0.0.1 and pulled into the image store (tests/test_image_store.py).
+test-images: $(STAMP) system-deps
+	scripts/images/make-base-rootfs.sh
+	$(BIN)/pytest -q -m images
 
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)

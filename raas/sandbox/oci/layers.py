@@ -203,28 +203,39 @@ def unpack_layer(blob: Path, media_type: str, digest: str, diff_id: str, dest: P
     partial.mkdir(parents=True)
     plan = _Plan(dest=os.path.realpath(partial))
     try:
-        with open(blob, "rb") as raw:
-            outer = _Hashing(raw)
-            with _decompressed(outer, media_type) as stream:  # type: ignore[arg-type]
-                inner = _Hashing(stream)
-                try:
-                    with tarfile.open(fileobj=inner, mode="r|") as tar:  # type: ignore[call-overload]
-                        tar.extractall(partial, numeric_owner=True, filter=_filter(plan))
-                except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-                    raise DigestError(f"layer {digest} is not a readable tar: {e}") from e
-                inner.drain()  # the tar's end padding counts in diff_id
-            outer.drain()
-        if outer.digest() != digest:
-            raise DigestError(f"layer blob {digest} has digest {outer.digest()}")
-        if inner.digest() != diff_id:
-            raise DigestError(
-                f"layer {digest} unpacks to {inner.digest()}, not the config's {diff_id}"
-            )
+        try:
+            blob_digest, tar_digest = _extract(blob, media_type, partial, plan)
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+            blob_digest, tar_digest = _file_digest(blob), ""
+            if blob_digest == digest:
+                raise DigestError(f"layer {digest} is not a readable tar: {e}") from e
+        if blob_digest != digest:
+            raise DigestError(f"layer blob {digest} has digest {blob_digest}")
+        if tar_digest != diff_id:
+            raise DigestError(f"layer {digest} unpacks to {tar_digest}, not the config's {diff_id}")
         _apply_whiteouts(plan)
         os.rename(partial, dest)
     except BaseException:
         remove_tree(partial)
         raise
+
+
+def _extract(blob: Path, media_type: str, partial: Path, plan: _Plan) -> tuple[str, str]:
+    """Extract into ``partial``; the digests of the blob and of the tar, every byte read."""
+    with open(blob, "rb") as raw:
+        outer = _Hashing(raw)
+        with _decompressed(outer, media_type) as stream:  # type: ignore[arg-type]
+            inner = _Hashing(stream)
+            with tarfile.open(fileobj=inner, mode="r|") as tar:  # type: ignore[call-overload]
+                tar.extractall(partial, numeric_owner=True, filter=_filter(plan))
+            inner.drain()  # the tar's end padding counts in diff_id
+        outer.drain()
+    return outer.digest(), inner.digest()
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def remove_tree(path: Path) -> None:
