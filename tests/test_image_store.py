@@ -228,6 +228,14 @@ def test_a_layer_killed_mid_unpack_leaves_only_a_partial_that_the_next_try_repla
     assert not (tmp_path / "layer.partial").exists()
 
 
+def test_a_tar_without_its_end_blocks_unpacks_as_go_readers_take_it(tmp_path: Path) -> None:
+    """umoci 0.4's insert ends a layer right after the last file's data."""
+    raw = _tar([(_entry("testbed", tarfile.DIRTYPE), None), (_entry("testbed/a.py"), b"A = 1\n")])
+    cut = raw[: 2 * 512 + 6]
+    _unpack(_blob(tmp_path, cut), tmp_path / "layer")
+    assert (tmp_path / "layer/testbed/a.py").read_text() == "A = 1\n"
+
+
 def test_refs_are_normalised_as_docker_does() -> None:
     assert normalize("ubuntu") == "docker.io/library/ubuntu:latest"
     assert normalize("swebench/x:v1") == "docker.io/swebench/x:v1"

@@ -220,13 +220,36 @@ def unpack_layer(blob: Path, media_type: str, digest: str, diff_id: str, dest: P
         raise
 
 
+class _Padded:
+    """A tar stream, with the zeros after its end that some writers leave out.
+
+    umoci 0.4's ``insert`` (and other Go writers that never close their tar.Writer) ends a layer
+    right after the last file's data: no padding to 512 bytes, no end-of-archive blocks. Go's
+    reader (containerd, Docker, umoci) takes that as the end; Python's stream reader calls it
+    truncated. At most one block of padding and the two end blocks are supplied, outside the
+    diff_id (which covers the bytes as published).
+    """
+
+    def __init__(self, raw: _Hashing) -> None:
+        self.raw = raw
+        self.zeros = 3 * tarfile.BLOCKSIZE
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if data or n == 0:
+            return data
+        give = self.zeros if n < 0 else min(n, self.zeros)
+        self.zeros -= give
+        return bytes(give)
+
+
 def _extract(blob: Path, media_type: str, partial: Path, plan: _Plan) -> tuple[str, str]:
     """Extract into ``partial``; the digests of the blob and of the tar, every byte read."""
     with open(blob, "rb") as raw:
         outer = _Hashing(raw)
         with _decompressed(outer, media_type) as stream:  # type: ignore[arg-type]
             inner = _Hashing(stream)
-            with tarfile.open(fileobj=inner, mode="r|") as tar:  # type: ignore[call-overload]
+            with tarfile.open(fileobj=_Padded(inner), mode="r|") as tar:  # type: ignore[call-overload]
                 tar.extractall(partial, numeric_owner=True, filter=_filter(plan))
             inner.drain()  # the tar's end padding counts in diff_id
         outer.drain()
