@@ -325,7 +325,7 @@ def test_pulled_images_share_their_base_layer_unpacked_once(images: Images, tmp_
     a, b, c = (store.pull(ref, tls_verify=False) for ref in (images.a, images.b, images.c))
     assert a.layers[0] == b.layers[0] == c.layers[0]
     assert len({*a.layers, *b.layers, *c.layers}) == 4
-    assert len(list((store.root / "layers").glob("sha256-*[0-9a-f]"))) == 4
+    assert len([p for p in (store.root / "layers").iterdir() if p.is_dir()]) == 4
     assert (a.layers[-1] / "testbed/a.py").read_text() == "A = 1\n"
     inode = os.stat(a.layers[0]).st_ino
     store.pull(images.a, tls_verify=False)  # again: nothing unpacked anew
@@ -539,8 +539,10 @@ def test_the_images_commands(images: Images, tmp_path: Path) -> None:
     assert "[1/2] " + images.a + ": stored already" in out
     assert "[2/2] " + images.b + ": pulled" in out
     listing = cli("ls")
-    assert all(len(line) <= 80 for line in listing.splitlines()), listing
-    assert "swe/a:v1" in listing and "2 images, 3 layers" in listing and "shared" in listing
+    table = [line for line in listing.splitlines() if not line.startswith("store: ")]
+    assert all(len(line) <= 80 for line in table), listing
+    assert "swe/a:v1" in listing and "2 images, 3 layers" in listing
+    assert "share ratio 2.00" in listing
     assert "removed" in cli("rm", images.b)
     assert "removed 0 layers" in cli("prune")
     bad = runner.invoke(main, ["images", "pull", "127.0.0.1:1/x", "--tls-verify=false", *store])

@@ -234,10 +234,10 @@ def images_ls(store_dir: Path | None) -> None:
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     click.echo(
-        f"{usage.images} images, {usage.layers} layers: {human_bytes(usage.total_bytes)} in"
-        f" {store.root} (layers {human_bytes(usage.layer_bytes)}, shared"
-        f" {usage.share_ratio:.2f}x)"
+        f"{usage.images} images, {usage.layers} layers: {human_bytes(usage.total_bytes)} in all,"
+        f" layers {human_bytes(usage.layer_bytes)}, share ratio {usage.share_ratio:.2f}"
     )
+    click.echo(f"store: {store.root}")
 
 
 @images.command("rm")

@@ -419,7 +419,8 @@ class ImageStore:
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()
-            os.utime(path)
+            now = time.time_ns()  # not the kernel's coarse file clock: two uses a ms apart differ
+            os.utime(path, ns=(now, now))
 
     def _last_used(self, digest: str) -> float:
         try:
