@@ -437,6 +437,26 @@ def test_registry_down_and_unknown_image_are_one_line_each(images: Images, tmp_p
 
 
 @pytest.mark.images
+@pytest.mark.skipif(not ROOT, reason="a small tmpfs for the store needs root")
+def test_a_full_disk_is_one_line_and_leaves_no_partial_layer(
+    images: Images, tmp_path: Path
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(disk)], check=True)
+    try:
+        store = ImageStore(disk / "store")
+        with pytest.raises(ImageError, match=r"cannot pull .*s/0:v1: .*no space left") as e:
+            store.pull(images.small[0], tls_verify=False)  # 1 MB blob + 1 MB unpacked
+        assert "\n" not in str(e.value)
+        assert [p for p in (store.root / "layers").iterdir() if p.is_dir()] == []
+        with pytest.raises(ImageError, match="raas images pull"):
+            store.resolve(images.small[0])
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.images
 def test_prune_and_remove_keep_an_image_a_sandbox_is_using(images: Images, tmp_path: Path) -> None:
     store = _store(tmp_path)
     a = store.pull(images.a, tls_verify=False)
