@@ -7,7 +7,8 @@ with ``tls_verify=False``). ``build_and_push`` does both for one image: the SWE 
 make images with a project at /testbed.
 
 The image tier's root filesystem (Debian bookworm with python3, pytest and git) is
-``base_rootfs()``; ``scripts/images/make-base-rootfs.sh`` builds it.
+``base_rootfs()``; ``scripts/images/make-base-rootfs.sh`` builds it. ``make_sif`` writes a
+``.sif`` without apptainer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import struct
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,3 +192,54 @@ def build_and_push(
     tag = name.replace("/", "-").replace(":", "-")
     builder.image(tag, base_tag, files)
     return builder.push(tag, reg, name)
+
+
+def make_sif(rootfs: Path, out: Path) -> Path:
+    """A SIF (github.com/sylabs/sif's layout) holding ``rootfs`` as its primary squashfs
+    partition, written without apptainer (needs mksquashfs)."""
+    squash = out.with_suffix(".squashfs")
+    _run("mksquashfs", rootfs, squash, "-noappend", "-quiet", "-all-root")
+    data = squash.read_bytes()
+    squash.unlink()
+    descr_offset, data_offset, now = 4096, 32768, int(time.time())
+    header = struct.pack(
+        "<32s10s3s3s16sqqqqqqqq",
+        b"#!/usr/bin/env run-singularity\n",
+        b"SIF_MAGIC",
+        b"01",
+        b"02",
+        os.urandom(16),
+        now,
+        now,
+        47,  # free descriptors
+        48,  # descriptors in all
+        descr_offset,
+        585,
+        data_offset,
+        len(data),
+    )
+    extra = struct.pack("<ii3s", 1, 2, b"02")  # squashfs, primary system partition, amd64
+    descriptor = struct.pack(
+        "<iBIIIqqqqqqq128s384s",
+        0x4004,  # a partition
+        1,
+        1,
+        0xF0000001,
+        0,
+        data_offset,
+        len(data),
+        len(data),
+        now,
+        now,
+        0,
+        0,
+        b"rootfs",
+        extra,
+    )
+    with open(out, "wb") as f:
+        f.write(header)
+        f.seek(descr_offset)
+        f.write(descriptor)
+        f.seek(data_offset)
+        f.write(data)
+    return out

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -33,7 +34,14 @@ from raas.sandbox.oci.layers import DigestError, LayerError, unpack_layer
 from raas.sandbox.oci.refs import normalize
 from raas.sandbox.oci.store import ImageStore, default_store_dir
 from tests import tiers
-from tests.oci_images import ImageBuilder, Registry, base_rootfs, missing_tools, registry
+from tests.oci_images import (
+    ImageBuilder,
+    Registry,
+    base_rootfs,
+    make_sif,
+    missing_tools,
+    registry,
+)
 
 ROOT = os.geteuid() == 0
 GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -234,6 +242,26 @@ def test_a_tar_without_its_end_blocks_unpacks_as_go_readers_take_it(tmp_path: Pa
     cut = raw[: 2 * 512 + 6]
     _unpack(_blob(tmp_path, cut), tmp_path / "layer")
     assert (tmp_path / "layer/testbed/a.py").read_text() == "A = 1\n"
+
+
+@pytest.mark.skipif(shutil.which("mksquashfs") is None, reason="needs squashfs-tools")
+def test_a_sif_is_imported_as_one_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "testbed").mkdir(parents=True)
+    (rootfs / "testbed/a.py").write_text("A = 1\n")
+    sif = make_sif(rootfs, tmp_path / "env.sif")
+    store = ImageStore(tmp_path / "store")
+    image = store.import_(sif)
+    assert image.ref == "docker.io/library/env:latest"
+    assert len(image.layers) == 1
+    assert (image.layers[0] / "testbed/a.py").read_text() == "A = 1\n"
+    assert store.import_(sif, "other/name:v1").layers == image.layers  # unpacked once
+    store.remove("env")
+    store.remove("other/name:v1")
+    assert list((store.root / "layers").iterdir()) == []
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(ImageError, match=r"cannot import .*env.sif .*squashfs-tools"):
+        store.import_(sif)
 
 
 def test_refs_are_normalised_as_docker_does() -> None:
@@ -517,7 +545,7 @@ def test_import_of_docker_save_and_oci_layout(images: Images, tmp_path: Path) ->
         store.import_(tmp_path / "nothing")
     sif = tmp_path / "x.sif"
     sif.write_bytes(b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC\0")
-    with pytest.raises(ImageError, match="sif"):
+    with pytest.raises(ImageError, match=r"x.sif .*not a SIF file"):
         store.import_(sif)
 
 

@@ -208,7 +208,8 @@ def images_import(
     path: Path, ref: str | None, store_dir: Path | None, max_gb: float | None
 ) -> None:
     """Import the image at PATH: a `docker save` archive, an OCI image layout (a directory or a
-    tar) or a .sif; it is named as the archive names it, or --ref."""
+    tar) or an Apptainer/Singularity .sif (its root partition as one layer; needs unsquashfs).
+    It is named as the archive names it (a .sif: its file name), or --ref."""
     store = _store(store_dir, max_gb)
     with _one_line():
         image = store.import_(path, ref)
