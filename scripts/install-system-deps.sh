@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The Debian packages raas needs on the host: bubblewrap (sandboxes), skopeo (the image store's
 # pulls and imports), squashfs-tools (importing a .sif), umoci and docker-registry (the image
-# tier builds images and serves them),
-# tmux (the tool-latency baseline in `raas bench tools`), IPython for the host-/usr sandboxes' python3, and Chromium
-# (headless: the dashboard's browser tests); and, where it can, wrk (the load generator of
-# `raas bench pipeline`, which falls back to Python clients and says so without it; nothing else
-# needs it).
+# tier builds images and serves them), tmux (the tool-latency baseline in `raas bench tools`),
+# IPython for the host-/usr sandboxes' python3, and Chromium (headless: the dashboard's browser
+# tests); and, where it can, wrk (the load generator of `raas bench pipeline`, which falls back
+# to Python clients and says so without it; nothing else needs it).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
