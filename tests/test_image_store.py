@@ -493,13 +493,22 @@ def test_prune_and_remove_keep_an_image_a_sandbox_is_using(images: Images, tmp_p
         with pytest.raises(ImageError, match="in use"):
             store.remove(images.a)
         store.remove(images.b)
-        # a's name pulled anew elsewhere would drop it from the index: its layers stay while held
-        store._drop_ref(a.ref)
-        store.prune()
         assert all(p.is_dir() for p in a.layers)
-        assert [i.ref for i in store.list()] == []
-    result = store.prune()
-    assert result.layers == 2 and result.blobs == 4
+        # The name moves to another image and is pulled anew: the held one's layers stay.
+        moving = images.builder.push("b", images.reg, "swe/moving:v1")
+        held = store.pull(moving, tls_verify=False)
+        with store.in_use(held):
+            images.builder.push("c", images.reg, "swe/moving:v1")
+            assert store.pull(moving, tls_verify=False).digest != held.digest
+            store.prune()
+            assert all(p.is_dir() for p in held.layers)
+        store.remove(moving)
+        assert not held.layers[-1].exists()
+        assert all(p.is_dir() for p in a.layers)
+        assert [i.ref for i in store.list()] == [a.ref]
+    store.remove(images.a)
+    assert list((store.root / "layers").iterdir()) == []
+    assert list((store.root / "blobs/sha256").iterdir()) == []
     assert list((store.root / "layers").iterdir()) == []
     assert list((store.root / "blobs/sha256").iterdir()) == []
 

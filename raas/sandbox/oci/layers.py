@@ -175,8 +175,8 @@ def _apply_whiteouts(plan: _Plan) -> None:
             os.mknod(path, 0o600 | 0o020000, os.makedev(0, 0))
         except PermissionError as e:
             raise LayerError(
-                f"cannot make the overlayfs whiteout for {rel!r} (a 0/0 character device needs"
-                " root or CAP_MKNOD)"
+                f"cannot make the overlayfs whiteout for {rel!r} (a 0/0 character device: root,"
+                " or Linux 5.8+ for other users)"
             ) from e
     for rel in plan.opaque:
         path = os.path.join(plan.dest, rel)
@@ -250,6 +250,7 @@ def _extract(blob: Path, media_type: str, partial: Path, plan: _Plan) -> tuple[s
         with _decompressed(outer, media_type) as stream:  # type: ignore[arg-type]
             inner = _Hashing(stream)
             with tarfile.open(fileobj=_Padded(inner), mode="r|") as tar:  # type: ignore[call-overload]
+                tar.errorlevel = 2  # a member it could not make fails the layer, not a log line
                 tar.extractall(partial, numeric_owner=True, filter=_filter(plan))
             inner.drain()  # the tar's end padding counts in diff_id
         outer.drain()
