@@ -14,6 +14,8 @@ The image tier's root filesystem (Debian bookworm with python3, pytest and git) 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import struct
@@ -113,6 +115,20 @@ class ImageBuilder:
             _run("umoci", "init", "--layout", layout)
             _run("umoci", "new", "--image", f"{layout}:empty")
 
+    def has(self, tag: str) -> bool:
+        index = json.loads((self.layout / "index.json").read_text())
+        return any(
+            (m.get("annotations") or {}).get("org.opencontainers.image.ref.name") == tag
+            for m in index.get("manifests", [])
+        )
+
+    def base_of(self, rootfs: Path) -> str:
+        """The tag of the one-layer image of ``rootfs``, made the first time it is asked for."""
+        tag = "base-" + hashlib.sha256(str(rootfs.resolve()).encode()).hexdigest()[:12]
+        if not self.has(tag):
+            self.base(rootfs, tag)
+        return tag
+
     def base(self, rootfs: Path, tag: str = "base") -> str:
         """An image of one layer: the root filesystem ``rootfs``."""
         _run("umoci", "insert", "--image", f"{self.layout}:empty", "--tag", tag, rootfs, "/")
@@ -185,12 +201,14 @@ def build_and_push(
     reg: Registry,
     name: str,
     files: Mapping[str, str | bytes],
-    base_tag: str = "base",
+    rootfs: Path | None = None,
 ) -> str:
-    """An image of ``builder``'s base (``builder.base(base_rootfs())`` first) plus ``files``,
-    pushed to ``reg`` as ``name``; its reference."""
+    """An image of ``rootfs`` (default: ``base_rootfs()``) plus one layer of ``files``
+    (absolute path in the image -> content), pushed to ``reg`` as ``name`` (NAME:TAG); its
+    reference. Images one builder makes from one rootfs share its layer (made once)."""
+    base = builder.base_of(rootfs or base_rootfs())
     tag = name.replace("/", "-").replace(":", "-")
-    builder.image(tag, base_tag, files)
+    builder.image(tag, base, files)
     return builder.push(tag, reg, name)
 
 

@@ -38,6 +38,7 @@ from tests.oci_images import (
     ImageBuilder,
     Registry,
     base_rootfs,
+    build_and_push,
     make_sif,
     missing_tools,
     registry,
@@ -322,10 +323,10 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("oci")
     builder = ImageBuilder(work / "layout")
-    base = builder.base(rootfs)
     with registry(work) as reg:
-        a = builder.push(builder.image("a", base, {"/testbed/a.py": "A = 1\n"}), reg, "swe/a:v1")
-        b = builder.push(builder.image("b", base, {"/testbed/b.py": "B = 2\n"}), reg, "swe/b:v1")
+        a = build_and_push(builder, reg, "swe/a:v1", {"/testbed/a.py": "A = 1\n"}, rootfs)
+        b = build_and_push(builder, reg, "swe/b:v1", {"/testbed/b.py": "B = 2\n"}, rootfs)
+        base = builder.base_of(rootfs)
         c_tag = builder.image(
             "c",
             base,
@@ -334,6 +335,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
             remove=["/etc/issue"],
         )
         c = builder.push(c_tag, reg, "swe/c:v1")
+        assert builder.has("c") and not builder.has("nothing")
         small = [
             builder.push(
                 builder.image(f"s{i}", "empty", {"/blob": os.urandom(1 << 20)}), reg, f"s/{i}:v1"
@@ -495,7 +497,7 @@ def test_prune_and_remove_keep_an_image_a_sandbox_is_using(images: Images, tmp_p
         store.remove(images.b)
         assert all(p.is_dir() for p in a.layers)
         # The name moves to another image and is pulled anew: the held one's layers stay.
-        moving = images.builder.push("b", images.reg, "swe/moving:v1")
+        moving = images.builder.push("swe-b-v1", images.reg, "swe/moving:v1")
         held = store.pull(moving, tls_verify=False)
         with store.in_use(held):
             images.builder.push("c", images.reg, "swe/moving:v1")
@@ -536,7 +538,13 @@ def test_import_of_docker_save_and_oci_layout(images: Images, tmp_path: Path) ->
     layout = images.builder.layout
     archive = tmp_path / "a.tar"
     subprocess.run(
-        ["skopeo", "copy", "--quiet", f"oci:{layout}:a", f"docker-archive:{archive}:local/a:v1"],
+        [
+            "skopeo",
+            "copy",
+            "--quiet",
+            f"oci:{layout}:swe-a-v1",
+            f"docker-archive:{archive}:local/a:v1",
+        ],
         check=True,
     )
     store = _store(tmp_path)
@@ -545,8 +553,8 @@ def test_import_of_docker_save_and_oci_layout(images: Images, tmp_path: Path) ->
     assert (from_archive.layers[-1] / "testbed/a.py").read_text() == "A = 1\n"
     with pytest.raises(ImageError, match=r"holds \d images: pick one with --ref"):
         store.import_(layout)
-    from_layout = store.import_(layout, "b")
-    assert from_layout.ref == "docker.io/library/b:latest"
+    from_layout = store.import_(layout, "swe-b-v1")
+    assert from_layout.ref == "docker.io/library/swe-b-v1:latest"
     assert from_layout.layers[0] == from_archive.layers[0]  # the same base, by diff_id
     with pytest.raises(ImageError, match=r"cannot import .*nothing"):
         store.import_(tmp_path / "nothing")
