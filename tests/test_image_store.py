@@ -280,6 +280,19 @@ def test_an_unknown_image_says_how_to_get_it(tmp_path: Path) -> None:
     assert "\n" not in str(e.value)
 
 
+def test_prune_removes_what_killed_pulls_left(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store")
+    (store.root / "layers" / ("sha256-" + "a" * 64 + ".partial") / "etc").mkdir(parents=True)
+    (store.root / "tmp" / "copy-x" / "blobs").mkdir(parents=True)
+    (store.root / "blobs" / "sha256").mkdir(parents=True)
+    (store.root / "blobs" / "sha256" / ("b" * 64)).write_bytes(b"orphan")
+    result = store.prune()
+    assert result.blobs == 1
+    assert [p for p in (store.root / "layers").iterdir()] == []
+    assert [p for p in (store.root / "tmp").iterdir()] == []
+    assert [p for p in (store.root / "blobs/sha256").iterdir()] == []
+
+
 def test_the_default_store_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAAS_IMAGE_STORE", raising=False)
     monkeypatch.setenv("RAAS_CACHE_DIR", "/cache")

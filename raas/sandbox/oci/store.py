@@ -352,6 +352,9 @@ class ImageStore:
                         layers += 1
             except locks.Busy:
                 continue  # being unpacked right now
+        if self.tmp_dir.is_dir():  # copies hold gc.lock shared: these were killed mid-way
+            for leftover in self.tmp_dir.iterdir():
+                remove_tree(leftover)
         for blob in self._blobs():
             if "sha256:" + blob.name not in keep_blobs:
                 removed_bytes += blob.stat().st_size
