@@ -466,6 +466,32 @@ def test_a_blob_damaged_in_the_store_is_caught_at_unpack_and_fetched_again(
 
 
 @pytest.mark.images
+def test_a_pull_killed_while_unpacking_leaves_no_layer_and_the_next_pull_completes(
+    images: Images, tmp_path: Path
+) -> None:
+    root = tmp_path / "store"
+    code = (
+        "import sys; from pathlib import Path; from raas.sandbox.oci.store import ImageStore;"
+        " ImageStore(Path(sys.argv[1])).pull(sys.argv[2], tls_verify=False)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", code, str(root), images.a], env=env)
+    deadline = time.monotonic() + 120
+    while not list((root / "layers").glob("*.partial/*")):  # the base layer half unpacked
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert [p for p in (root / "layers").iterdir() if not p.name.endswith(".partial")] == []
+    store = ImageStore(root)
+    with pytest.raises(ImageError, match="raas images pull"):
+        store.resolve(images.a)
+    image = store.pull(images.a, tls_verify=False)
+    assert (image.layers[0] / "usr/bin/python3").exists()
+    assert not list((root / "layers").glob("*.partial"))
+
+
+@pytest.mark.images
 def test_registry_down_and_unknown_image_are_one_line_each(images: Images, tmp_path: Path) -> None:
     from raas.helpers import free_port
 
