@@ -105,6 +105,14 @@ test-faults: $(STAMP) system-deps
 test-oracle: $(STAMP) system-deps
 	$(BIN)/pytest -q -s -m oracle tests/test_oracle.py
 
+# Image tier: small real OCI images built offline with umoci on a Debian root filesystem (made
+# once by the script, as root, and cached in ~/.cache/raas/swe-images), pushed to a real registry
+# on 127.0.0.1 and pulled into the image store; sandboxes whose root is an image's layers; SWE
+# rows in their images, end to end.
+test-images: $(STAMP) system-deps
+	scripts/images/make-base-rootfs.sh
+	$(BIN)/pytest -q -m images
+
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)
 	$(BIN)/python -c 'import ray' 2>/dev/null || $(BIN)/pip install --quiet -e '.[ray]'
@@ -120,13 +128,9 @@ test-slurm: $(STAMP)
 # (a Debian sid root filesystem, built once and cached in ~/.cache/raas/hpc; needs root).
 test-hpc: $(STAMP)
 	scripts/hpc/make-apptainer-env.sh
-	$(BIN)/pytest -q -m hpc
-
-# Image tier: sandboxes whose root is an OCI image's layers, on a Debian root filesystem (built
-# once with debootstrap and cached in ~/.cache/raas/swe-images; needs root).
-test-images: $(STAMP) system-deps
+	# Apptainer runs an image from its layers too (tests/test_image_rootfs.py).
 	scripts/images/make-base-rootfs.sh
-	$(BIN)/pytest -q -m images
+	$(BIN)/pytest -q -m hpc
 
 bench-pipeline: $(STAMP) system-deps
 	$(BIN)/raas bench pipeline

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The Debian packages raas needs on the host: bubblewrap (sandboxes), tmux (the tool-latency
-# baseline in `raas bench tools`), IPython for the host-/usr sandboxes' python3, and Chromium
-# (headless: the dashboard's browser tests); and, where it can, wrk (the load generator of
-# `raas bench pipeline`, which falls back to Python clients and says so without it; nothing else
-# needs it).
+# The Debian packages raas needs on the host: bubblewrap (sandboxes), skopeo (the image store's
+# pulls and imports), squashfs-tools (importing a .sif), umoci and docker-registry (the image
+# tier builds images and serves them), tmux (the tool-latency baseline in `raas bench tools`),
+# IPython for the host-/usr sandboxes' python3, and Chromium (headless: the dashboard's browser
+# tests); and, where it can, wrk (the load generator of `raas bench pipeline`, which falls back
+# to Python clients and says so without it; nothing else needs it).
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v skopeo >/dev/null || missing+=(skopeo)
+command -v unsquashfs >/dev/null || missing+=(squashfs-tools)
+command -v umoci >/dev/null || missing+=(umoci)
+command -v docker-registry >/dev/null || missing+=(docker-registry)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v chromium >/dev/null || missing+=(chromium)
 /usr/bin/python3 -c 'import ipykernel, jupyter_client' 2>/dev/null \

@@ -1,23 +1,38 @@
-"""`raas images`: Apptainer images for the apptainer sandbox provider."""
+"""`raas images`: the OCI image store (pull, import, ls, rm, prune, prefetch) and Apptainer
+images for the apptainer sandbox provider (build, resolve)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
+if TYPE_CHECKING:
+    from raas.sandbox.oci.store import ImageStore
 
-@click.group(short_help="Apptainer images for the apptainer sandbox provider.")
+
+@click.group(short_help="Task images: the OCI image store, and Apptainer images.")
 def images() -> None:
-    """Apptainer images for the `apptainer` sandbox provider (no network needed).
+    """Task images (SWE-bench, SWE-Gym, R2E-Gym environments...).
 
-    Sandboxes run SIF files or sandbox directories from one local directory (the provider's
-    images_dir: $RAAS_APPTAINER_IMAGES, default ~/.cache/raas/images). Task images keep their
-    Docker names (swebench/sweb.eval.x86_64.django__django-11099:latest) and are found there as
-    NAME.sif or a directory NAME, with NAME the image name, every character but letters, digits,
-    '.', '_' and '-' made '_' (or only its last part, as `apptainer pull` names it), or through
-    the provider's image_map. `raas images resolve NAME` shows which file a name finds.
+    The OCI image store (pull, import, ls, rm, prune, prefetch) keeps images from registries or
+    archives with each layer unpacked once and shared by every image that holds it; sandboxes
+    run on an overlay over an image's layers. It lives in --store DIR, default $RAAS_IMAGE_STORE,
+    else $RAAS_CACHE_DIR/oci, else ~/.cache/raas/oci; several servers on a node may share it.
+    Pulls use skopeo (apt-get install skopeo) and its registry logins (--authfile, else
+    $REGISTRY_AUTH_FILE, else `skopeo login`'s file).
+
+    Apptainer images (build, resolve) are for the `apptainer` sandbox provider. Its sandboxes
+    run SIF files or sandbox directories from one local directory (the provider's images_dir:
+    $RAAS_APPTAINER_IMAGES, default ~/.cache/raas/images). Task images keep their Docker names
+    (swebench/sweb.eval.x86_64.django__django-11099:latest) and are found there as NAME.sif or
+    a directory NAME, with NAME the image name, every character but letters, digits, '.', '_'
+    and '-' made '_' (or only its last part, as `apptainer pull` names it), or through the
+    provider's image_map. `raas images resolve NAME` shows which file a name finds.
     """
 
 
@@ -90,3 +105,223 @@ def images_resolve(name: str, images_dir: Path | None) -> None:
         click.echo(resolve_image(config, name))
     except SandboxError as e:
         raise click.ClickException(str(e)) from e
+
+
+def _store_option(f: Any) -> Any:
+    return click.option(
+        "--store",
+        "store_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The image store directory.  [default: $RAAS_IMAGE_STORE, else"
+        " $RAAS_CACHE_DIR/oci, else ~/.cache/raas/oci]",
+    )(f)
+
+
+def _max_bytes_option(f: Any) -> Any:
+    return click.option(
+        "--max-gb",
+        type=click.FloatRange(min=0, min_open=True),
+        help="After pulling, remove the least recently used images no sandbox is using until"
+        " the store fits this size.",
+    )(f)
+
+
+def _pull_options(f: Any) -> Any:
+    f = click.option(
+        "--tls-verify",
+        type=bool,
+        default=True,
+        show_default=True,
+        help="Use HTTPS and check the registry's certificate; --tls-verify=false for a"
+        " plain-HTTP registry (such as one on 127.0.0.1).",
+    )(f)
+    return click.option(
+        "--authfile",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Registry credentials (skopeo's auth.json).  [default: $REGISTRY_AUTH_FILE, else"
+        " skopeo's own]",
+    )(f)
+
+
+def _store(store_dir: Path | None, max_gb: float | None = None) -> ImageStore:
+    from raas.sandbox.oci.store import ImageStore
+
+    max_bytes = int(max_gb * 1e9) if max_gb is not None else None
+    return ImageStore(store_dir, max_bytes=max_bytes)
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    from raas.sandbox.oci.image import ImageError
+
+    try:
+        yield
+    except ImageError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _ago(t: float) -> str:
+    if t <= 0:
+        return "never"
+    s = max(0.0, time.time() - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit} ago"
+    return f"{s:.0f}s ago"
+
+
+@images.command("pull")
+@click.argument("ref")
+@_pull_options
+@_store_option
+@_max_bytes_option
+def images_pull(
+    ref: str, tls_verify: bool, authfile: Path | None, store_dir: Path | None, max_gb: float | None
+) -> None:
+    """Pull image REF from its registry into the store and unpack its new layers.
+
+    REF is a Docker reference: NAME[:TAG] or NAME@sha256:DIGEST, e.g.
+    swebench/sweb.eval.x86_64.django__django-11099 (docker.io and :latest are implied), or
+    127.0.0.1:5000/my/env:v1 --tls-verify=false. Digests are checked as layers arrive and again
+    as they are unpacked.
+    """
+    store = _store(store_dir, max_gb)
+    with _one_line():
+        image = store.pull(ref, tls_verify=tls_verify, authfile=authfile)
+    click.echo(f"pulled {image.ref} {image.digest} ({len(image.layers)} layers)")
+
+
+@images.command("import")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--ref", help="The name to store it under (and which image, in a file of several).")
+@_store_option
+@_max_bytes_option
+def images_import(
+    path: Path, ref: str | None, store_dir: Path | None, max_gb: float | None
+) -> None:
+    """Import the image at PATH: a `docker save` archive, an OCI image layout (a directory or a
+    tar) or an Apptainer/Singularity .sif (its root partition as one layer; needs unsquashfs).
+    It is named as the archive names it (a .sif: its file name), or --ref."""
+    store = _store(store_dir, max_gb)
+    with _one_line():
+        image = store.import_(path, ref)
+    click.echo(f"imported {image.ref} {image.digest} ({len(image.layers)} layers)")
+
+
+@images.command("ls")
+@_store_option
+def images_ls(store_dir: Path | None) -> None:
+    """List the stored images, most recently used first, with the store's size and its share
+    ratio (the layers' size if every image had its own copy, over their size as stored)."""
+    store = _store(store_dir)
+    with _one_line():
+        infos = store.list()
+        usage = store.usage()
+    rows = [("REF", "DIGEST", "LAYERS", "SIZE", "LAST USED")]
+    for info in infos:
+        ref = info.ref if len(info.ref) <= 40 else "..." + info.ref[-37:]
+        used = "in use" if info.in_use else _ago(info.last_used)
+        digest = info.digest.removeprefix("sha256:")[:12]
+        rows.append((ref, digest, str(info.layers), human_bytes(info.size), used))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    click.echo(
+        f"{usage.images} images, {usage.layers} layers: {human_bytes(usage.total_bytes)} in all,"
+        f" layers {human_bytes(usage.layer_bytes)}, share ratio {usage.share_ratio:.2f}"
+    )
+    click.echo(f"store: {store.root}")
+
+
+@images.command("rm")
+@click.argument("refs", nargs=-1, required=True)
+@_store_option
+def images_rm(refs: tuple[str, ...], store_dir: Path | None) -> None:
+    """Remove images REFS... from the store, and the layers no other image needs (not an image
+    a running sandbox is using)."""
+    store = _store(store_dir)
+    with _one_line():
+        for ref in refs:
+            store.remove(ref)
+            click.echo(f"removed {ref}")
+
+
+@images.command("prune")
+@_store_option
+def images_prune(store_dir: Path | None) -> None:
+    """Remove the blobs, layers and half-unpacked layers no image refers to (never those of an
+    image a running sandbox is using)."""
+    store = _store(store_dir)
+    with _one_line():
+        result = store.prune()
+    click.echo(
+        f"removed {result.layers} layers and {result.blobs} blobs ({human_bytes(result.bytes)})"
+    )
+
+
+@images.command("prefetch")
+@click.argument("dataset", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_pull_options
+@_store_option
+@_max_bytes_option
+def images_prefetch(
+    dataset: Path,
+    tls_verify: bool,
+    authfile: Path | None,
+    store_dir: Path | None,
+    max_gb: float | None,
+) -> None:
+    """Pull every image DATASET names, once each: a task file (JSONL of tasks or of jobs) or a
+    verl Parquet file, whose instances name their images as `image_name` or `docker_image`
+    (SWE-bench, SWE-Gym, R2E-Gym rows). Images already stored are not pulled again; a failed
+    pull is reported and the others go on (exit status 1 at the end)."""
+    from raas.tasks.datasets import DatasetError, load_file
+
+    try:
+        refs = dataset_images(load_file(dataset))
+    except DatasetError as e:
+        raise click.ClickException(str(e)) from e
+    if not refs:
+        raise click.ClickException(f"{dataset} names no images (image_name / docker_image)")
+    store = _store(store_dir, max_gb)
+    failed = 0
+    for i, ref in enumerate(refs, 1):
+        from raas.sandbox.oci.image import ImageError
+
+        try:
+            store.resolve(ref)
+            click.echo(f"[{i}/{len(refs)}] {ref}: stored already")
+            continue
+        except ImageError:
+            pass
+        try:
+            store.pull(ref, tls_verify=tls_verify, authfile=authfile)
+            click.echo(f"[{i}/{len(refs)}] {ref}: pulled")
+        except ImageError as e:
+            failed += 1
+            click.echo(f"[{i}/{len(refs)}] {ref}: FAILED: {e}", err=True)
+    if failed:
+        raise click.ClickException(f"{failed} of {len(refs)} images could not be pulled")
+
+
+def dataset_images(rows: list[dict[str, Any]]) -> list[str]:
+    """The images task rows name, in order, once each (an instance's, or in verl's extra_info)."""
+    found: dict[str, None] = {}
+    for row in rows:
+        inner = row.get("instance")
+        instance: dict[str, Any] = inner if isinstance(inner, dict) else row
+        for where in (instance, instance.get("extra_info")):
+            if isinstance(where, dict):
+                name = where.get("image_name") or where.get("docker_image")
+                if isinstance(name, str) and name:
+                    found.setdefault(name, None)
+                    break
+    return list(found)

@@ -7,5 +7,13 @@ what its config says to run with. A sandbox's root is an overlay over those dire
 """
 
 from raas.sandbox.oci.image import ImageError, StoredImage
+from raas.sandbox.oci.store import ImageInfo, ImageStore, StoreUsage, default_store_dir
 
-__all__ = ["ImageError", "StoredImage"]
+__all__ = [
+    "ImageError",
+    "ImageInfo",
+    "ImageStore",
+    "StoreUsage",
+    "StoredImage",
+    "default_store_dir",
+]
