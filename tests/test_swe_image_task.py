@@ -10,6 +10,7 @@ the real image sandboxes (an overlay root over those layers).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,9 @@ class Images:
     def resolve(self, ref: str) -> StoredImage:
         self.images.append(ref)
         return StoredImage(ref, "sha256:" + "1" * 64, (ROOTFS, self.layer))
+
+    def in_use(self, image: StoredImage) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
 
 
 # --- the row -----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -11,15 +12,17 @@ from typing import Any, Protocol
 from raas.agent.gateway import Gateway
 from raas.agent.loop import Generator
 from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
-from raas.sandbox.oci import ImageError, StoredImage
-from raas.sandbox.oci import store as oci_store
+from raas.sandbox.oci import StoredImage
+from raas.sandbox.oci.store import ImageStore, default_store_dir
 
 
 class ImageResolver(Protocol):
-    """What a task's sandbox asks of the image store (``raas.sandbox.oci.store.ImageStore``);
-    a store that also has ``in_use(image)`` is held by each sandbox while it runs."""
+    """What a task's sandbox asks of the image store (``raas.sandbox.oci.store.ImageStore``):
+    the image of a name, and a hold on it (``in_use``) that each sandbox keeps while it runs."""
 
     def resolve(self, ref: str) -> StoredImage: ...
+
+    def in_use(self, image: StoredImage) -> AbstractContextManager[object]: ...
 
 
 @dataclass
@@ -66,24 +69,14 @@ class TaskServices:
         store = self._store()
         stored = await asyncio.to_thread(store.resolve, ref)
         sandbox = create_sandbox(self.sandbox_config, stored)
-        in_use = getattr(store, "in_use", None)
-        if in_use is not None:  # no prune removes its layers while it runs
-            sandbox.hold(in_use(stored))
+        sandbox.hold(store.in_use(stored))  # no prune removes its layers while it runs
         await sandbox.start()  # a start that fails closes it, and lets the image go
         return sandbox
 
     def _store(self) -> ImageResolver:
         if self.image_store is None:
-            root = (
-                getattr(self.sandbox_config, "image_store", None) or oci_store.default_store_dir()
-            )
-            store_class = getattr(oci_store, "ImageStore", None)
-            if store_class is None:
-                raise ImageError(
-                    f"this raas has no image store (raas.sandbox.oci.store.ImageStore) to find"
-                    f" images in {root}"
-                )
-            self.image_store = store_class(root)
+            root = getattr(self.sandbox_config, "image_store", None)  # the local one has none
+            self.image_store = ImageStore(root or default_store_dir())
         return self.image_store
 
     def release(self, session: str) -> None:
