@@ -1,0 +1,147 @@
+"""SWE-Gym rows in their own images, end to end (make test-images): real images built with umoci,
+pushed to a real registry on 127.0.0.1, pulled with `raas images pull`, and run through a real
+`raas serve` whose sandboxes start from the image store, answered by the oracle from the rows'
+own gold patches (`--oracle-rows`), once gold and once sabotaged.
+
+Every gold rollout must resolve by SWE-bench's rules (reward 1.0, the FAIL_TO_PASS tests in the
+report's successes) and every sabotaged one score 0.0; the three images share their base layer,
+which the store holds once; and after the server stops, no mount of a sandbox is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raas.client import RolloutClient
+from raas.client.task_files import run_requests
+from raas.launch import ServerProcess
+from raas.llm.models import load_tokenizer
+from raas.oracle.app import oracle_app
+from raas.oracle.model import Oracle
+from raas.oracle.sabotage import SABOTAGES, sabotage_of
+from raas.sandbox.oci.store import ImageStore
+from raas.wire import RolloutRequest, RolloutResult
+from tests import oci_images
+from tests.llm_servers import ServerThread
+from tests.swe_image_rows import FAIL_TO_PASS, row, write_repo
+
+pytestmark = pytest.mark.images
+
+DEADLINE_S = 900.0  # a safety net for a broken run, never an assertion on speed
+
+
+def instance_ids() -> list[str]:
+    """Three row ids whose sabotage (seed 0, every task sabotaged) covers every way of it."""
+    chosen: dict[str, str] = {}
+    for n in range(200):
+        instance_id = f"raas-tests__stats-{n}"
+        way = sabotage_of("swe", instance_id, 1.0, 0)
+        assert way is not None
+        chosen.setdefault(way, instance_id)
+        if len(chosen) == len(SABOTAGES["swe"]):
+            return [chosen[way] for way in SABOTAGES["swe"]]
+    raise AssertionError("no ids cover every way of sabotage")
+
+
+def checkout_files(root: Path) -> dict[str, str | bytes]:
+    """The project's checkout (its .git included) as the files of an image's /testbed."""
+    write_repo(root)
+    return {
+        f"/testbed/{path.relative_to(root)}": path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def pulled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Three images, one per row, pushed to a registry and pulled into a store with the CLI."""
+    tmp = tmp_path_factory.mktemp("swe-images")
+    files = checkout_files(tmp / "checkout")
+    store = tmp / "store"
+    rows = []
+    with oci_images.registry(tmp / "registry") as registry:
+        builder = oci_images.ImageBuilder(tmp / "layout")
+        for instance_id in instance_ids():
+            name = f"raas-tests/{instance_id.replace('__', '_s_')}:base"
+            ref = oci_images.build_and_push(builder, registry, name, files)
+            pull = [sys.executable, "-m", "raas", "images", "pull", "--store", str(store)]
+            subprocess.run([*pull, "--tls-verify=false", ref], check=True, timeout=600)
+            statement = f"{instance_id}: mean() of [1, 2, 3] is 3, not 2."
+            rows.append(row(instance_id=instance_id, image_name=ref, problem_statement=statement))
+    (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    yield {"tmp": tmp, "store": store, "rows": rows, "rows_file": tmp / "rows.jsonl"}
+
+
+def serve_and_run(pulled: dict[str, Any], fraction: float, name: str) -> list[RolloutResult]:
+    """The rows through `raas serve` (sandboxes from the store) on an oracle that sabotages
+    ``fraction`` of them."""
+    tmp: Path = pulled["tmp"]
+    oracle = Oracle(load_tokenizer("oracle"), fraction, 0, (pulled["rows_file"],))
+    backend = ServerThread(oracle_app(oracle)).start()
+    args = ["--llm", backend.url, "--tokenizer", "oracle", "--max-attempts", "2"]
+    env = {"RAAS_IMAGE_STORE": str(pulled["store"])}
+    server = ServerProcess(tmp / f"{name}.db", tmp / f"{name}.log", args, env=env)
+    try:
+        server.wait_ready()
+        requests = [
+            RolloutRequest.model_validate(
+                {"instance": {**r, "data_source": "swe"}, "job_id": f"{name}-{i}"}
+            )
+            for i, r in enumerate(pulled["rows"])
+        ]
+
+        async def go() -> list[RolloutResult]:
+            async with RolloutClient(server.url) as client:
+                return await asyncio.wait_for(run_requests(client, requests), DEADLINE_S)
+
+        return asyncio.run(go())
+    finally:
+        server.stop()
+        backend.stop()
+
+
+def described(result: RolloutResult) -> str:
+    error = result.error.message[:400] if result.error else ""
+    metrics = {k: v for k, v in result.metrics.items() if k != "artifact"}
+    return f"{result.job_id}: {result.state} reward={result.reward} {error} {str(metrics)[:600]}"
+
+
+def test_the_images_share_their_base_layer_in_the_store(pulled: dict[str, Any]) -> None:
+    store = ImageStore(pulled["store"])
+    images = [store.resolve(r["image_name"]) for r in pulled["rows"]]
+    assert len({image.layers[0] for image in images}) == 1  # one base layer, unpacked once
+    assert all(len(image.layers) == 2 for image in images)
+    assert store.usage().share_ratio > 1.5
+
+
+def test_gold_patches_resolve_by_swebench_rules(pulled: dict[str, Any]) -> None:
+    results = serve_and_run(pulled, 0.0, "gold")
+    for result in results:
+        assert result.state == "done" and result.reward == 1.0, described(result)
+        assert result.metrics["resolution"] == "RESOLVED_FULL", described(result)
+        assert sorted(result.metrics["FAIL_TO_PASS"]["success"]) == sorted(FAIL_TO_PASS)
+    assert no_sandbox_mounts(pulled["tmp"], pulled["store"])
+
+
+def test_every_sabotage_scores_zero(pulled: dict[str, Any]) -> None:
+    results = serve_and_run(pulled, 1.0, "sabotaged")
+    for result in results:
+        assert result.state == "done" and result.reward == 0.0, described(result)
+        assert result.metrics["FAIL_TO_PASS"]["failure"], described(result)
+    assert no_sandbox_mounts(pulled["tmp"], pulled["store"])
+
+
+def no_sandbox_mounts(*roots: Path) -> bool:
+    """No mount in this mount namespace lies under ``roots`` (the sandboxes mount in their own,
+    gone with them)."""
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return not any(str(root) in line for root in roots for line in mounts)
