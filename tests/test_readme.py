@@ -40,6 +40,10 @@ SKIP = {
     " test's own runner) and the SmolLM2 demo: what a fresh clone runs, not a step inside it",
     "raas with verl :: make test-verl": "builds .venv-verl (torch, verl 0.9.1: minutes); it is"
     " a tier of its own",
+    "SWE-bench, SWE-Gym and R2E-Gym rows in their images :: raas images pull"
+    " swebench/sweb.eval.x86_64.astropy__astropy-12907:latest": "pulls SWE-bench's images from"
+    " Docker Hub, which this machine cannot reach (make test-images runs the same path against"
+    " a registry on 127.0.0.1)",
     "On HPC clusters: Apptainer, Slurm, Ray :: raas images build ./rootfs"
     " ~/.cache/raas/images/my-env.sif": "needs a root filesystem, Apptainer images and a Slurm"
     " cluster with GPU nodes (make test-hpc and make test-slurm test those paths)",
