@@ -9,12 +9,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from raas.helpers import exited, free_port, terminate, wait_until_answers
+from raas.helpers import exited, free_port, guarded, terminate, wait_until_answers
 
 
 class ChildServer:
     """``python -m raas ARGS --port P`` in a child process, logging to a file, stopped with
-    SIGTERM (a graceful drain for ``raas serve``)."""
+    SIGTERM (a graceful drain for ``raas serve``).
+
+    The child dies with its parent: it runs in a session of its own, so a Ctrl-C at the terminal
+    reaches only the parent, which stops it (:meth:`stop`) after what it must do first (cancel
+    its jobs on the child's server, say); and it gets SIGTERM from the kernel if the parent dies
+    without stopping it (``guarded``: even by SIGKILL). Start it from the thread that lives as
+    long as it should: the kernel's signal follows the thread that forked.
+    """
 
     health_path = "/healthz"
 
@@ -28,18 +35,22 @@ class ChildServer:
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
+        self.name = f"raas {args[0]}" if args else "raas"
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raas", *args, "--port", str(self.port)],
+            guarded([sys.executable, "-m", "raas", *args, "--port", str(self.port)]),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until it answers; raises NotReady (with its log's tail) if it exits or the time
         runs out."""
-        wait_until_answers(self.url + self.health_path, timeout_s, exited(self.proc, self.log_path))
+        wait_until_answers(
+            self.url + self.health_path, timeout_s, exited(self.proc, self.log_path, self.name)
+        )
 
     def stop(self, timeout_s: float = 60.0) -> int:
         code = terminate(self.proc, timeout_s)

@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from raas.client import RolloutClient
 from raas.client.task_files import (
     Counting,
     infra_errors,
+    keeping,
     markup,
     run_requests,
     say_cancelling,
@@ -42,6 +43,8 @@ from raas.wire import RolloutRequest, RolloutResult
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
 # tasks' defaults, 512 tokens a turn and 8 turns, kept a first run silent for minutes).
 CPU_SAMPLING: dict[str, Any] = {"max_tokens": 256, "max_turns": 4}
+# The engine stops within a decode step of SIGTERM; SIGKILL after this.
+ENGINE_STOP_S = 15.0
 
 
 @dataclass
@@ -71,6 +74,31 @@ def requests_for(
     return out
 
 
+class InProcessServer(uvicorn.Server):
+    """The run's own service. It leaves SIGINT and SIGTERM to asyncio.run (uvicorn would take
+    them and shut down at once): a Ctrl-C cancels the run, which cancels its jobs on this server
+    first and then stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def embedded_engine(options: RunOptions, console: Console) -> AsyncIterator[str]:
+    """The URL of an engine started here, stopped on the way out, even when interrupted while
+    it loads (stopping it also ends the thread that waits for it)."""
+    console.print(f"starting the embedded engine with {options.model} ...")
+    engine = EngineProcess(
+        options.model, options.workdir / "engine.log", extra_args=options.engine_args
+    )
+    try:
+        await asyncio.to_thread(engine.wait_ready, 600.0)
+        yield engine.url
+    finally:
+        await asyncio.to_thread(engine.stop, ENGINE_STOP_S)
+
+
 @contextlib.asynccontextmanager
 async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
     """The URL of a service to run on: the given one, or one started here (with an engine)."""
@@ -78,15 +106,16 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
         yield options.url
         return
     options.workdir.mkdir(parents=True, exist_ok=True)
-    engine = None
-    llm = list(options.llm)
-    if not llm:
-        console.print(f"starting the embedded engine with {options.model} ...")
-        engine = EngineProcess(
-            options.model, options.workdir / "engine.log", extra_args=options.engine_args
-        )
-        await asyncio.to_thread(engine.wait_ready, 600.0)
-        llm = [engine.url]
+    async with contextlib.AsyncExitStack() as stack:
+        llm = list(options.llm) or [
+            await stack.enter_async_context(embedded_engine(options, console))
+        ]
+        yield await stack.enter_async_context(served(options, llm, console))
+
+
+@contextlib.asynccontextmanager
+async def served(options: RunOptions, llm: list[str], console: Console) -> AsyncIterator[str]:
+    """``raas serve`` in this process on ``llm``, until the way out."""
     port = free_port()
     # The run's own service: configured here, not by RAAS_* variables meant for `raas serve`.
     settings = validate(
@@ -99,7 +128,7 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
             "agents_venv": options.agents_venv,
         }
     )
-    server = uvicorn.Server(
+    server = InProcessServer(
         uvicorn.Config(create_app(settings), port=port, log_level=settings.log_level)
     )
     task = asyncio.create_task(server.serve())
@@ -113,24 +142,28 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
             return f"the in-process raas serve stopped while starting: {error!r}"
 
         await asyncio.to_thread(wait_until_answers, url + "/healthz", 60.0, gone)
-        console.print(f"raas serving on http://127.0.0.1:{port}, LLM at {', '.join(llm)}")
+        console.print(f"raas serving on {url}, LLM at {', '.join(llm)}")
         yield url
     finally:
         server.should_exit = True
         await task
-        if engine is not None:
-            await asyncio.to_thread(engine.stop)
 
 
 async def run_tasks(
-    requests: list[RolloutRequest], options: RunOptions, console: Console
+    requests: list[RolloutRequest],
+    options: RunOptions,
+    console: Console,
+    finished: list[RolloutResult] | None = None,
 ) -> tuple[list[RolloutResult], float]:
+    """The results in submission order and the wall time; ``finished`` gets each result as it
+    comes, so that a Ctrl-C still has the ones already done."""
     async with service(options, console) as url:
         with Counting(console, len(requests), "rollouts") as progress:
+            arrived = keeping([] if finished is None else finished, progress.advance)
             start = time.perf_counter()
             async with RolloutClient(url, api_key=options.api_key) as client:
                 results = await run_requests(
-                    client, requests, on_result=progress.advance, on_interrupt=say_cancelling
+                    client, requests, on_result=arrived, on_interrupt=say_cancelling
                 )
             return results, time.perf_counter() - start
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from raas.cli.output import api_key_option, exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_client, run_keeping
 
 
 @click.command()
@@ -114,12 +114,14 @@ def submit(
     from raas.client.task_files import (
         Counting,
         TaskFileError,
+        keeping,
         read_requests,
         run_requests,
         say_cancelling,
         write_results,
     )
     from raas.helpers import plain
+    from raas.wire import RolloutResult
 
     try:
         params = json.loads(sampling_params) if sampling_params else None
@@ -128,14 +130,15 @@ def submit(
         raise click.UsageError(str(e)) from e
     out = out or file.with_suffix(".results.jsonl")
 
+    finished: list[RolloutResult] = []
+
     async def go() -> Any:
         with Counting(Console(), len(requests), file.name) as progress:
+            arrived = keeping(finished, progress.advance)
             async with RolloutClient(url, api_key=api_key) as client:
-                return await run_requests(
-                    client, requests, progress.advance, on_interrupt=say_cancelling
-                )
+                return await run_requests(client, requests, arrived, on_interrupt=say_cancelling)
 
-    results = run_client(go())
+    results = run_keeping(go(), finished, out)
     write_results(results, out)
     by_state: dict[str, int] = {}
     for r in results:

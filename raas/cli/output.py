@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -75,6 +77,20 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
             f"no raas server is answering{where}: {plain(e or type(e).__name__)}"
             " (start one with `raas serve --port PORT`, or check the URL and port)"
         ) from e
+
+
+def run_keeping(coro: Coroutine[Any, Any, T], finished: list[Any], out: Path) -> T:
+    """``run_client`` for a run of jobs that appends each result to ``finished`` as it comes:
+    on Ctrl-C (once the run has cancelled its unfinished jobs) those results go to ``out`` and
+    the exit status is 130, as a shell's for SIGINT, with one line instead of ``Aborted!``."""
+    from raas.client.task_files import write_results
+
+    try:
+        return run_client(coro)
+    except KeyboardInterrupt:
+        write_results(finished, out)
+        click.echo(f"interrupted: the {len(finished)} results that had finished are in {out}")
+        sys.exit(130)
 
 
 def _said(error: Any) -> str:

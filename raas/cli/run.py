@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from raas.cli.output import api_key_option, exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_keeping
 from raas.settings import defaults
 
 SABOTAGE = click.option(
@@ -114,6 +114,7 @@ def run(
     from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled, load_file
+    from raas.wire import RolloutResult
 
     if url is None and not llm and not is_model(model):
         raise click.BadParameter(
@@ -167,7 +168,8 @@ def run(
         agents_venv=agents_venv,
         engine_args=engine_args(model, sabotage),
     )
-    results, wall = run_client(run_tasks(requests, options, console))
+    finished: list[RolloutResult] = []
+    results, wall = run_keeping(run_tasks(requests, options, console, finished), finished, out)
     console.print(result_table(results, f"{len(results)} rollouts"))
     console.print(summary(results, wall))
     write_results(results, out)

@@ -100,15 +100,38 @@ async def run_requests(
         if unfinished:
             if on_interrupt is not None:
                 on_interrupt(len(unfinished))
-            cancels = asyncio.gather(
-                *(client.cancel(j) for j in unfinished), return_exceptions=True
-            )
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(cancels), cancel_timeout_s)
+            await cancel_all(client, unfinished, cancel_timeout_s)
         raise
     finally:
         for task in collectors:
             task.cancel()
+
+
+async def cancel_all(client: RolloutClient, job_ids: list[str], timeout_s: float) -> None:
+    """Cancel the jobs on their servers, all at once, for ``timeout_s`` at most: every cancel
+    is sent (its task started) and awaited or, past the deadline, stopped and awaited."""
+    if not job_ids:
+        return
+    cancels = [asyncio.ensure_future(client.cancel(j)) for j in job_ids]
+    try:
+        await asyncio.wait(cancels, timeout=timeout_s)
+    finally:
+        for task in cancels:
+            task.cancel()
+        await asyncio.gather(*cancels, return_exceptions=True)
+
+
+def keeping(
+    finished: list[RolloutResult], then: Callable[[RolloutResult], None]
+) -> Callable[[RolloutResult], None]:
+    """An ``on_result`` that appends each result to ``finished`` (what a Ctrl-C still has to
+    write) before calling ``then``."""
+
+    def arrived(result: RolloutResult) -> None:
+        finished.append(result)
+        then(result)
+
+    return arrived
 
 
 def say_cancelling(n: int) -> None:
