@@ -59,21 +59,6 @@ class RunOptions:
     engine_args: list[str] = field(default_factory=list)  # for the engine started here
 
 
-def requests_for(
-    tasks: Sequence[dict[str, Any]], sampling: dict[str, Any], timeout_s: float | None
-) -> list[RolloutRequest]:
-    out = []
-    for task in tasks:
-        body = task if "instance" in task else {"instance": task}
-        merged = {**sampling, **body.get("sampling_params", {})}
-        out.append(
-            RolloutRequest.model_validate(
-                {**body, "sampling_params": merged, "timeout_s": body.get("timeout_s", timeout_s)}
-            )
-        )
-    return out
-
-
 class InProcessServer(uvicorn.Server):
     """The run's own service. It leaves SIGINT and SIGTERM to asyncio.run (uvicorn would take
     them and shut down at once): a Ctrl-C cancels the run, which cancels its jobs on this server

@@ -337,3 +337,49 @@ def test_raas_run_refuses_a_model_it_cannot_start_in_one_line() -> None:
     assert "'orcle' is not a model: smollm2, tiny, oracle" in " ".join(result.output.split())
     bad = CliRunner().invoke(main, ["run", "--bundled", "math", "--sampling-params", "t=1"])
     assert bad.exit_code == 2 and "--sampling-params" in bad.output and "JSON" in bad.output
+
+
+def test_a_verl_code_row_runs_alike_through_run_submit_and_the_api(tmp_path: Path) -> None:
+    """A verl-format contest row (chat prompt, tests in reward_model.ground_truth), as JSONL
+    and as Parquet: `raas run` and `raas submit` send it as POST /v1/rollouts takes it, so all
+    of them run it (here to the same end: no model is registered) and none answers a 422."""
+    import httpx
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raas.api.app import create_app
+    from raas.settings import validate
+    from tests.llm_servers import ServerThread
+
+    tests = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    row = {
+        "data_source": "codecontests",
+        "prompt": [{"role": "user", "content": "Print the sum of two integers."}],
+        "ability": "code",
+        "reward_model": {"style": "rule", "ground_truth": json.dumps(tests)},
+        "extra_info": {"index": 7, "split": "train"},
+    }
+    jsonl, parquet = tmp_path / "code.jsonl", tmp_path / "code.parquet"
+    jsonl.write_text(json.dumps(row) + "\n")
+    pq.write_table(pa.Table.from_pylist([row]), parquet)
+    app = create_app(validate({"db": tmp_path / "r.db", "max_attempts": 1}))  # no LLM
+    server = ServerThread(app).start()
+    try:
+        posted = httpx.post(f"{server.url}/v1/rollouts", json={"instance": row})
+        assert posted.status_code == 202, posted.text
+        for n, argv in enumerate(
+            [
+                ["run", str(jsonl), "--url", server.url],
+                ["run", str(parquet), "--url", server.url],
+                ["submit", server.url, str(jsonl)],
+                ["submit", server.url, str(parquet)],
+            ]
+        ):
+            out = tmp_path / f"r{n}.jsonl"
+            result = CliRunner().invoke(main, [*argv, "--out", str(out)])
+            last = result.output.strip().splitlines()[-1]
+            assert "NoBackendAvailable" in last and "Traceback" not in result.output, argv
+            (stored,) = [json.loads(line) for line in out.read_text().splitlines()]
+            assert stored["instance_id"] == "codecontests-7" and stored["task"] == "code", argv
+    finally:
+        server.stop()

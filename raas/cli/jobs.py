@@ -103,10 +103,10 @@ def submit(
     timeout_s: float | None,
     api_key: str | None,
 ) -> None:
-    """Run every task in FILE (JSONL) on the server at URL and write the results.
+    """Run every task in FILE (JSONL or Parquet) on the server at URL and write the results.
 
-    Each line is a task instance (with `data_source`) or a full request
-    (`{"instance": ..., "sampling_params": ..., "job_id": ...}`).
+    Each row is a task instance (with `data_source`), a verl-format row, or a full request
+    (`{"instance": ..., "sampling_params": ..., "job_id": ...}`), read as `raas run` reads it.
     """
     from rich.console import Console
 

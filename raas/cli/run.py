@@ -109,11 +109,11 @@ def run(
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
 
-    from raas.client.task_files import markup, write_results
+    from raas.client.task_files import as_requests, markup, read_tasks, write_results
     from raas.llm.models import is_model
-    from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
+    from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
-    from raas.tasks.datasets import DatasetError, bundled, load_file
+    from raas.tasks.datasets import DatasetError, bundled
     from raas.wire import RolloutResult
 
     if url is None and not llm and not is_model(model):
@@ -132,7 +132,11 @@ def run(
         )
         raise click.UsageError(f"give a task file or --bundled NAME (one of them){why}")
     try:
-        items = load_file(tasks) if tasks is not None else bundled(str(bundled_name))
+        items = (
+            read_tasks(tasks)
+            if tasks is not None
+            else [(f"{bundled_name}:{i}", t) for i, t in enumerate(bundled(str(bundled_name)), 1)]
+        )
         params = json.loads(sampling_params) if sampling_params else {}
         if not isinstance(params, dict):
             raise json.JSONDecodeError("not an object", str(sampling_params), 0)
@@ -140,7 +144,7 @@ def run(
         on_cpu = url is None and not llm and replay is None and model != "oracle"
         if on_cpu:
             params = {**CPU_SAMPLING, **params}
-        requests = requests_for(items[:limit] if limit else items, params, timeout_s)
+        requests = as_requests(items[:limit] if limit else items, params, timeout_s)
     except json.JSONDecodeError as e:
         raise click.BadParameter(
             f"give a JSON object, as '{{\"temperature\": 0.3}}' ({e})",
@@ -155,7 +159,7 @@ def run(
             f" {params['max_turns']} turns (--sampling-params sets others)"
         )
     if replay is not None:
-        rows = asyncio.run(do_replay(items, replay, console))
+        rows = asyncio.run(do_replay([task for _, task in items], replay, console))
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
