@@ -210,26 +210,62 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
     )
 
 
+def tasks_of(
+    results: Sequence[RolloutResult], tasks: Sequence[dict[str, Any]]
+) -> list[dict[str, Any] | None]:
+    """The task instance each stored result came from: the one with the result's instance_id;
+    for a result without one, the task at its place when the file holds one result a task, in
+    order (as ``raas run`` writes them), and of the same data_source; else None."""
+    instances = [t["instance"] if isinstance(t.get("instance"), dict) else t for t in tasks]
+    by_id: dict[str, dict[str, Any]] = {}
+    for instance in instances:
+        if instance.get("instance_id") is not None:
+            by_id.setdefault(str(instance["instance_id"]), instance)
+    in_order = len(results) == len(instances)
+    found: list[dict[str, Any] | None] = []
+    for i, result in enumerate(results):
+        if result.instance_id is not None:
+            found.append(by_id.get(result.instance_id))
+        elif in_order and instances[i].get("data_source") == result.data_source:
+            found.append(instances[i])
+        else:
+            found.append(None)
+    return found
+
+
+def unscorable(result: RolloutResult, instance: dict[str, Any] | None, handler: object) -> str:
+    """Why replay cannot re-score a stored result."""
+    if instance is None and result.instance_id is not None:
+        return "no task with its instance_id"
+    if instance is None:
+        return (
+            "no task at its place (without an instance_id, results are matched to the tasks"
+            " one for one, in order)"
+        )
+    if not isinstance(handler, AgentTask):
+        return "no judge for its data_source"
+    return "no artifact stored"
+
+
 async def replay(
     tasks: Sequence[dict[str, Any]], results_file: Path, console: Console
 ) -> list[tuple[str, float | None, float]]:
     """Re-score stored results with each task's judge (no model): (id, old reward, new)."""
-    by_id = {str(t.get("instance_id")): t for t in tasks}
     registry = TaskRegistry.from_entry_points()
     services = TaskServices(llm=BackendPool(), sandbox_config=BwrapConfig())
     rows: list[tuple[str, float | None, float]] = []
     text = await asyncio.to_thread(results_file.read_text)
     stored = [RolloutResult.model_validate(json.loads(x)) for x in text.splitlines() if x.strip()]
     try:
-        for result in stored:
-            instance = by_id.get(str(result.instance_id))
+        for result, instance in zip(stored, tasks_of(stored, tasks), strict=True):
+            name = result.instance_id or result.job_id[:10]
             handler = registry.get(result.data_source) if result.data_source in registry else None
             artifact = result.metrics.get("artifact")
             if instance is None or not isinstance(handler, AgentTask) or artifact is None:
-                console.print(f"skipping {markup(result.instance_id)}: no task, judge or artifact")
+                console.print(f"skipping {markup(name)}: {unscorable(result, instance, handler)}")
                 continue
             info = await handler.judge(instance, artifact, services)
-            rows.append((str(result.instance_id), result.reward, info.reward))
+            rows.append((name, result.reward, info.reward))
     finally:
         await services.close()
     return rows

@@ -383,3 +383,37 @@ def test_a_verl_code_row_runs_alike_through_run_submit_and_the_api(tmp_path: Pat
             assert stored["instance_id"] == "codecontests-7" and stored["task"] == "code", argv
     finally:
         server.stop()
+
+
+def test_replay_scores_each_result_against_its_own_task_without_instance_ids(
+    tmp_path: Path,
+) -> None:
+    from raas.wire import RolloutResult, Timing, Trajectory
+
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [
+        {"data_source": "math", "problem": "1 + 1?", "answer": "2"},
+        {"data_source": "math", "problem": "2 + 3?", "answer": "5"},
+    ]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stored = tmp_path / "results.jsonl"
+    results = [
+        RolloutResult(
+            job_id=f"j{i}",
+            state="done",
+            reward=0.0,
+            data_source="math",
+            metrics={"artifact": {"answer": row["answer"]}},  # each right for its own task
+            trajectory=Trajectory(),
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+        )
+        for i, row in enumerate(rows)
+    ]
+    stored.write_text("".join(r.model_dump_json() + "\n" for r in results))
+    replay = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
+    assert replay.exit_code == 0, replay.output
+    lines = [line for line in replay.output.splitlines() if "re-scored" in line]
+    assert lines == ["j0: stored reward 0.0, re-scored 1.0", "j1: stored reward 0.0, re-scored 1.0"]
+    stored.write_text(results[1].model_dump_json() + "\n")  # one of two: no place to go by
+    alone = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
+    assert "skipping j1: no task at its place" in " ".join(alone.output.split())

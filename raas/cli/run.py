@@ -159,7 +159,8 @@ def run(
             f" {params['max_turns']} turns (--sampling-params sets others)"
         )
     if replay is not None:
-        rows = asyncio.run(do_replay([task for _, task in items], replay, console))
+        chosen = items[:limit] if limit else items
+        rows = asyncio.run(do_replay([task for _, task in chosen], replay, console))
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
