@@ -74,8 +74,9 @@ async def embedded_engine(options: RunOptions, console: Console) -> AsyncIterato
     """The URL of an engine started here, stopped on the way out, even when interrupted while
     it loads (stopping it also ends the thread that waits for it)."""
     console.print(f"starting the embedded engine with {options.model} ...")
+    # Tied: started on the event loop's thread, which lives as long as the run.
     engine = EngineProcess(
-        options.model, options.workdir / "engine.log", extra_args=options.engine_args
+        options.model, options.workdir / "engine.log", extra_args=options.engine_args, tied=True
     )
     try:
         await asyncio.to_thread(engine.wait_ready, 600.0)
