@@ -58,7 +58,8 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
     except RaasHTTPError as e:
         raise click.ClickException(_said(e)) from e
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
-        raise click.ClickException(f"bad server URL: {e} (give it as http://HOST:PORT)") from e
+        hint = "" if "http://HOST:PORT" in str(e) else " (give it as http://HOST:PORT)"
+        raise click.ClickException(f"bad server URL: {e}{hint}") from e
     except ServerDown as e:
         # A server that answered (401, 404) or a URL httpx cannot use is not one that is down.
         for url, error in e.errors.items():

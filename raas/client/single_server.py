@@ -78,6 +78,15 @@ def explain(detail: Any) -> str:
     return str(detail)
 
 
+def server_url(url: str) -> str:
+    """A server's base URL, without a trailing slash. One without ``http://`` (``127.0.0.1:8002``)
+    is an httpx.InvalidURL that says so here, not a server that seems down at the first call."""
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise httpx.InvalidURL(f"{url!r} is not a server URL: give it as http://HOST:PORT")
+    return url.rstrip("/")
+
+
 class AsyncRolloutClient:
     """Submit, look up, wait for and cancel rollouts on one raas server.
 
@@ -99,15 +108,16 @@ class AsyncRolloutClient:
         retries: int = 3,
         backoff_s: float = 0.2,
     ) -> None:
+        base_url = server_url(base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=base_url,
             headers=headers,
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=max_connections),
             transport=transport,
         )
-        self.url = base_url.rstrip("/")
+        self.url = base_url
         self.timeout_s = timeout_s
         self.overload_wait_s = overload_wait_s
         self.retries = retries
