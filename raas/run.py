@@ -140,16 +140,18 @@ async def run_tasks(
     options: RunOptions,
     console: Console,
     finished: list[RolloutResult] | None = None,
+    names: Sequence[str] | None = None,
 ) -> tuple[list[RolloutResult], float]:
     """The results in submission order and the wall time; ``finished`` gets each result as it
-    comes, so that a Ctrl-C still has the ones already done."""
+    comes, so that a Ctrl-C still has the ones already done; ``names`` says where each request
+    came from (``FILE:LINE``), for the server's refusals."""
     async with service(options, console) as url:
         with Counting(console, len(requests), "rollouts") as progress:
             arrived = keeping([] if finished is None else finished, progress.advance)
             start = time.perf_counter()
             async with RolloutClient(url, api_key=options.api_key) as client:
                 results = await run_requests(
-                    client, requests, on_result=arrived, on_interrupt=say_cancelling
+                    client, requests, on_result=arrived, on_interrupt=say_cancelling, names=names
                 )
             return results, time.perf_counter() - start
 

@@ -417,3 +417,33 @@ def test_replay_scores_each_result_against_its_own_task_without_instance_ids(
     stored.write_text(results[1].model_dump_json() + "\n")  # one of two: no place to go by
     alone = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
     assert "skipping j1: no task at its place" in " ".join(alone.output.split())
+
+
+def test_errors_name_what_was_meant_where_it_was_and_stay_short(tmp_path: Path) -> None:
+    """An inference server given as --url is said to be one (not "without a path": there is
+    none); a refused task is named by its line (from 1), not its place in the batch (from 0);
+    a data_source that differs by its ORG/ is guessed, on one short line."""
+    from raas.api.app import create_app
+    from raas.settings import validate
+    from tests.llm_servers import FakeBackend, ServerThread
+
+    tasks = tmp_path / "t.jsonl"
+    good = {"data_source": "math", "problem": "1 + 1?", "answer": "2"}
+    tasks.write_text(
+        json.dumps(good) + "\n\n" + json.dumps({**good, "data_source": "gsm8k"}) + "\n"
+    )
+    out = ["--out", str(tmp_path / "r.jsonl")]
+    engine = ServerThread(FakeBackend("vllm").app).start()
+    raas = ServerThread(create_app(validate({"db": tmp_path / "r.db"}))).start()
+    try:
+        wrong = CliRunner().invoke(main, ["run", str(tasks), "--url", engine.url, *out])
+        refused = CliRunner().invoke(main, ["submit", raas.url, str(tasks), *out])
+    finally:
+        engine.stop()
+        raas.stop()
+    assert wrong.exit_code == 1 and "without a path" not in wrong.output, wrong.output
+    assert f"{engine.url} is not a raas server" in wrong.output
+    line = refused.output.strip().splitlines()[-1]
+    assert refused.exit_code == 1 and len(line) < 300, line  # the last line, the error
+    assert f"{tasks}:3: instance.data_source: no task handler for data_source 'gsm8k'" in line
+    assert "did you mean 'openai/gsm8k'?" in line and "jobs.1" not in line

@@ -114,8 +114,9 @@ def submit(
     from raas.client.task_files import (
         Counting,
         TaskFileError,
+        as_requests,
         keeping,
-        read_requests,
+        read_tasks,
         run_requests,
         say_cancelling,
         write_results,
@@ -125,7 +126,8 @@ def submit(
 
     try:
         params = json.loads(sampling_params) if sampling_params else None
-        requests = read_requests(file, params, timeout_s)
+        tasks = read_tasks(file)
+        requests = as_requests(tasks, params, timeout_s)
     except (TaskFileError, json.JSONDecodeError) as e:
         raise click.UsageError(str(e)) from e
     out = out or file.with_suffix(".results.jsonl")
@@ -136,7 +138,13 @@ def submit(
         with Counting(Console(), len(requests), file.name) as progress:
             arrived = keeping(finished, progress.advance)
             async with RolloutClient(url, api_key=api_key) as client:
-                return await run_requests(client, requests, arrived, on_interrupt=say_cancelling)
+                return await run_requests(
+                    client,
+                    requests,
+                    arrived,
+                    on_interrupt=say_cancelling,
+                    names=[where for where, _ in tasks],
+                )
 
     results = run_keeping(go(), finished, out)
     write_results(results, out)

@@ -100,9 +100,22 @@ def _said(error: Any) -> str:
 
     hint = {
         401: " (give the server's key: RAAS_API_KEY=KEY, or --api-key KEY)",
-        404: " (give the server's base URL, http://HOST:PORT, without a path)",
+        404: _not_found_hint(getattr(error, "server", None)),
     }.get(error.status_code, "")
     return f"{plain(error)}{hint}"
+
+
+def _not_found_hint(server: str | None) -> str:
+    """A 404 from a URL with a path: the path is the mistake; from a bare HOST:PORT, what
+    answers there is no raas server (an inference engine, say)."""
+    import httpx
+
+    if server is None or httpx.URL(server).path not in ("", "/"):
+        return " (give the server's base URL, http://HOST:PORT, without a path)"
+    return (
+        f" ({server} is not a raas server: it has no /v1 routes; give the URL of `raas serve`,"
+        " not of an inference server)"
+    )
 
 
 def _url_of(error: BaseException) -> str:

@@ -144,7 +144,8 @@ def run(
         on_cpu = url is None and not llm and replay is None and model != "oracle"
         if on_cpu:
             params = {**CPU_SAMPLING, **params}
-        requests = as_requests(items[:limit] if limit else items, params, timeout_s)
+        items = items[:limit] if limit else items
+        requests = as_requests(items, params, timeout_s)
     except json.JSONDecodeError as e:
         raise click.BadParameter(
             f"give a JSON object, as '{{\"temperature\": 0.3}}' ({e})",
@@ -159,8 +160,7 @@ def run(
             f" {params['max_turns']} turns (--sampling-params sets others)"
         )
     if replay is not None:
-        chosen = items[:limit] if limit else items
-        rows = asyncio.run(do_replay([task for _, task in chosen], replay, console))
+        rows = asyncio.run(do_replay([task for _, task in items], replay, console))
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
@@ -174,7 +174,10 @@ def run(
         engine_args=engine_args(model, sabotage),
     )
     finished: list[RolloutResult] = []
-    results, wall = run_keeping(run_tasks(requests, options, console, finished), finished, out)
+    names = [where for where, _ in items]
+    results, wall = run_keeping(
+        run_tasks(requests, options, console, finished, names), finished, out
+    )
     console.print(result_table(results, f"{len(results)} rollouts"))
     console.print(summary(results, wall))
     write_results(results, out)

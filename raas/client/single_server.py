@@ -61,10 +61,11 @@ def _last_answer(state: RetryCallState) -> httpx.Response:
 
 
 class RaasHTTPError(RuntimeError):
-    def __init__(self, status_code: int, detail: Any) -> None:
+    def __init__(self, status_code: int, detail: Any, server: str | None = None) -> None:
         super().__init__(f"raas answered {status_code}: {explain(detail)}")
         self.status_code = status_code
         self.detail = detail
+        self.server = server  # the base URL the client was given, when known
 
 
 def explain(detail: Any) -> str:
@@ -156,7 +157,7 @@ class AsyncRolloutClient:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            raise RaasHTTPError(response.status_code, detail)
+            raise RaasHTTPError(response.status_code, detail, self.url)
         return response.json()
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

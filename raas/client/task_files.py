@@ -10,14 +10,14 @@ import gzip
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
-from raas.client.single_server import with_job_id
+from raas.client.single_server import RaasHTTPError, with_job_id
 from raas.helpers import plain
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
@@ -134,6 +134,7 @@ async def run_requests(
     batch_size: int = 256,
     on_interrupt: Callable[[int], None] | None = None,
     cancel_timeout_s: float = 30.0,
+    names: Sequence[str] | None = None,
 ) -> list[RolloutResult]:
     """Submit in batches and collect results as they finish; returned in submission order.
 
@@ -141,6 +142,7 @@ async def run_requests(
     through it (the client retries 429s) instead of waiting for every submission first. If
     this is cancelled (Ctrl-C), the jobs it submitted that have not finished are cancelled on
     the server too (``on_interrupt`` is told how many first), within ``cancel_timeout_s``.
+    A 422 names a refused job by its entry in ``names`` (``FILE:LINE``), when given.
     """
     submitted: list[str] = []
 
@@ -158,7 +160,10 @@ async def run_requests(
             # Counted as submitted before the answer: a Ctrl-C while the batch is on the wire
             # may leave it running on the server, so it is cancelled with the rest.
             submitted.extend(str(r.job_id) for r in batch)
-            ids = await client.submit_batch(batch)
+            try:
+                ids = await client.submit_batch(batch)
+            except RaasHTTPError as e:
+                raise located(e, names[start:]) if names else e from None
             collectors.extend(asyncio.create_task(collect(job_id)) for job_id in ids)
         return list(await asyncio.gather(*collectors))
     except asyncio.CancelledError:
@@ -177,6 +182,24 @@ async def run_requests(
     finally:
         for task in collectors:
             task.cancel()
+
+
+def located(error: RaasHTTPError, names: Sequence[str]) -> RaasHTTPError:
+    """A 422 on a batch with its first refused job named by ``names`` (where it came from,
+    ``FILE:LINE``) instead of its place in the batch (``jobs.0``, counted from 0)."""
+    detail = error.detail
+    if error.status_code != 422 or not isinstance(detail, list) or not detail:
+        return error
+    first = detail[0] if isinstance(detail[0], dict) else {}
+    loc = list(first.get("loc", []))
+    if loc[:2] != ["body", "jobs"] or len(loc) < 3 or not isinstance(loc[2], int):
+        return error
+    if not 0 <= loc[2] < len(names):
+        return error
+    field = ".".join(str(x) for x in loc[3:])
+    more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
+    text = f"{names[loc[2]]}: {field}: {first.get('msg', '')}{more}"
+    return RaasHTTPError(error.status_code, text, error.server)
 
 
 async def cancel_all(client: RolloutClient, job_ids: list[str], timeout_s: float) -> None:
