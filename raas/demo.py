@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from raas.client.task_files import as_requests, markup, write_results
+from raas.helpers import new_run_dir
 from raas.oracle.sabotage import sabotage_of
 from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled
@@ -37,8 +38,11 @@ def demo_tasks(model: str) -> list[dict[str, Any]]:
 
 
 def run_demo(
-    model: str = "smollm2", workdir: Path = Path("out/demo"), engine_args: list[str] | None = None
+    model: str = "smollm2", workdir: Path | None = None, engine_args: list[str] | None = None
 ) -> int:
+    """The demo on ``model``; its results, database and engine log go to ``workdir`` (default:
+    a new directory under out/demo for each run, named for its time and model)."""
+    workdir = workdir or new_run_dir(Path("out/demo"), model)
     console = Console(width=max(Console().width, 120))
     sampling = ORACLE_SAMPLING if model == "oracle" else DEMO_SAMPLING
     tasks = [(f"demo:{i}", t) for i, t in enumerate(demo_tasks(model), 1)]

@@ -447,3 +447,24 @@ def test_errors_name_what_was_meant_where_it_was_and_stay_short(tmp_path: Path) 
     assert refused.exit_code == 1 and len(line) < 300, line  # the last line, the error
     assert f"{tasks}:3: instance.data_source: no task handler for data_source 'gsm8k'" in line
     assert "did you mean 'openai/gsm8k'?" in line and "jobs.1" not in line
+
+
+def test_each_run_writes_its_results_in_a_directory_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import raas.run
+    from raas.helpers import new_run_dir
+
+    async def nothing(*args: object) -> tuple[list[object], float]:
+        return [], 0.0
+
+    monkeypatch.setattr(raas.run, "run_tasks", nothing)
+    monkeypatch.chdir(tmp_path)
+    base = ["run", "--bundled", "math", "--limit", "1", "--url", "http://127.0.0.1:9"]
+    said = [CliRunner().invoke(main, base).output for _ in range(2)]
+    outs = [re.search(r"results in (\S+)", " ".join(s.split())) for s in said]
+    first, second = (Path(m.group(1)) for m in outs if m is not None)
+    assert first != second and first.parent.parent == second.parent.parent == Path("out/run")
+    assert first.exists() and second.exists() and first.name == "results.jsonl"
+    made = new_run_dir(tmp_path / "demo", "/models/My Model")
+    assert made.parent == tmp_path / "demo" and made.name.endswith("-My_Model")

@@ -77,8 +77,8 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("out/run/results.jsonl"),
-    show_default=True,
+    help="Where to write the results as JSONL (the run's database and engine log go beside it)."
+    "  [default: out/run/YYYYmmdd-HHMMSS/results.jsonl, a new directory each run]",
 )
 @click.option(
     "--agents-venv",
@@ -101,7 +101,7 @@ def run(
     sabotage: float | None,
     sampling_params: str | None,
     timeout_s: float,
-    out: Path,
+    out: Path | None,
     agents_venv: Path | None,
     replay: Path | None,
 ) -> None:
@@ -110,6 +110,7 @@ def run(
     from rich.console import Console
 
     from raas.client.task_files import as_requests, markup, read_tasks, write_results
+    from raas.helpers import new_run_dir
     from raas.llm.models import is_model
     from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
@@ -164,6 +165,7 @@ def run(
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
+    out = out or new_run_dir(Path("out/run")) / "results.jsonl"
     options = RunOptions(
         url=url,
         api_key=api_key,
