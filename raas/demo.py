@@ -18,9 +18,10 @@ from typing import Any
 
 from rich.console import Console
 
-from raas.client.task_files import markup, write_results
+from raas.client.task_files import as_requests, markup, write_results
+from raas.helpers import new_run_dir
 from raas.oracle.sabotage import sabotage_of
-from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
+from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled
 
 DEMO_SAMPLING = {**CPU_SAMPLING, "temperature": 0.7, "top_p": 0.95, "seed": 0}
@@ -37,11 +38,15 @@ def demo_tasks(model: str) -> list[dict[str, Any]]:
 
 
 def run_demo(
-    model: str = "smollm2", workdir: Path = Path("out/demo"), engine_args: list[str] | None = None
+    model: str = "smollm2", workdir: Path | None = None, engine_args: list[str] | None = None
 ) -> int:
+    """The demo on ``model``; its results, database and engine log go to ``workdir`` (default:
+    a new directory under out/demo for each run, named for its time and model)."""
+    workdir = workdir or new_run_dir(Path("out/demo"), model)
     console = Console(width=max(Console().width, 120))
     sampling = ORACLE_SAMPLING if model == "oracle" else DEMO_SAMPLING
-    requests = requests_for(demo_tasks(model), sampling, timeout_s=300)
+    tasks = [(f"demo:{i}", t) for i, t in enumerate(demo_tasks(model), 1)]
+    requests = as_requests(tasks, sampling, timeout_s=300)
     options = RunOptions(model=model, workdir=workdir, engine_args=list(engine_args or []))
     results, wall = asyncio.run(run_tasks(requests, options, console))
     kinds = "code, swe, math and stem" if model == "oracle" else "code, swe and math"

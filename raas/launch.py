@@ -9,12 +9,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from raas.helpers import exited, free_port, terminate, wait_until_answers
+from raas.helpers import exited, free_port, guarded, terminate, wait_until_answers
 
 
 class ChildServer:
     """``python -m raas ARGS --port P`` in a child process, logging to a file, stopped with
-    SIGTERM (a graceful drain for ``raas serve``)."""
+    SIGTERM (a graceful drain for ``raas serve``).
+
+    A ``tied`` child dies with its parent: it runs in a session of its own, so a Ctrl-C at the
+    terminal reaches only the parent, which stops it (:meth:`stop`) after what it must do first
+    (cancel its jobs on the child's server, say); and it gets SIGTERM from the kernel if the
+    parent dies without stopping it (``guarded``: even by SIGKILL). Tie only a child started
+    from a thread that lives as long as it should: the kernel's signal follows the thread that
+    forked (a worker thread of ``asyncio.to_thread`` ends with its loop).
+    """
 
     health_path = "/healthz"
 
@@ -24,22 +32,28 @@ class ChildServer:
         log: Path,
         env: dict[str, str] | None = None,
         port: int | None = None,
+        tied: bool = False,
     ) -> None:
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
+        self.name = f"raas {args[0]}" if args else "raas"
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        argv = [sys.executable, "-m", "raas", *args, "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raas", *args, "--port", str(self.port)],
+            guarded(argv) if tied else argv,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=tied,
         )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Until it answers; raises NotReady (with its log's tail) if it exits or the time
         runs out."""
-        wait_until_answers(self.url + self.health_path, timeout_s, exited(self.proc, self.log_path))
+        wait_until_answers(
+            self.url + self.health_path, timeout_s, exited(self.proc, self.log_path, self.name)
+        )
 
     def stop(self, timeout_s: float = 60.0) -> int:
         code = terminate(self.proc, timeout_s)
@@ -78,6 +92,7 @@ class EngineProcess(ChildServer):
         threads: int | None = None,
         extra_args: list[str] | None = None,
         weight_dirs: Sequence[Path] = (),
+        tied: bool = False,
     ) -> None:
         self.api_key = secrets.token_urlsafe(32)
         env = dict(os.environ)
@@ -87,7 +102,7 @@ class EngineProcess(ChildServer):
             env["RAAS_WEIGHTS_DIRS"] = os.pathsep.join(str(d) for d in weight_dirs)
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        super().__init__(["engine", "--model", model, *(extra_args or [])], log, env)
+        super().__init__(["engine", "--model", model, *(extra_args or [])], log, env, tied=tied)
 
     def admin_headers(self) -> dict[str, str]:
         """The header that opens the engine's admin routes."""

@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from raas.client import RolloutClient
 from raas.client.task_files import (
     Counting,
     infra_errors,
+    keeping,
     markup,
     run_requests,
     say_cancelling,
@@ -42,6 +43,8 @@ from raas.wire import RolloutRequest, RolloutResult
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
 # tasks' defaults, 512 tokens a turn and 8 turns, kept a first run silent for minutes).
 CPU_SAMPLING: dict[str, Any] = {"max_tokens": 256, "max_turns": 4}
+# The engine stops within a decode step of SIGTERM; SIGKILL after this.
+ENGINE_STOP_S = 15.0
 
 
 @dataclass
@@ -56,19 +59,30 @@ class RunOptions:
     engine_args: list[str] = field(default_factory=list)  # for the engine started here
 
 
-def requests_for(
-    tasks: Sequence[dict[str, Any]], sampling: dict[str, Any], timeout_s: float | None
-) -> list[RolloutRequest]:
-    out = []
-    for task in tasks:
-        body = task if "instance" in task else {"instance": task}
-        merged = {**sampling, **body.get("sampling_params", {})}
-        out.append(
-            RolloutRequest.model_validate(
-                {**body, "sampling_params": merged, "timeout_s": body.get("timeout_s", timeout_s)}
-            )
-        )
-    return out
+class InProcessServer(uvicorn.Server):
+    """The run's own service. It leaves SIGINT and SIGTERM to asyncio.run (uvicorn would take
+    them and shut down at once): a Ctrl-C cancels the run, which cancels its jobs on this server
+    first and then stops it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def embedded_engine(options: RunOptions, console: Console) -> AsyncIterator[str]:
+    """The URL of an engine started here, stopped on the way out, even when interrupted while
+    it loads (stopping it also ends the thread that waits for it)."""
+    console.print(f"starting the embedded engine with {options.model} ...")
+    # Tied: started on the event loop's thread, which lives as long as the run.
+    engine = EngineProcess(
+        options.model, options.workdir / "engine.log", extra_args=options.engine_args, tied=True
+    )
+    try:
+        await asyncio.to_thread(engine.wait_ready, 600.0)
+        yield engine.url
+    finally:
+        await asyncio.to_thread(engine.stop, ENGINE_STOP_S)
 
 
 @contextlib.asynccontextmanager
@@ -78,15 +92,16 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
         yield options.url
         return
     options.workdir.mkdir(parents=True, exist_ok=True)
-    engine = None
-    llm = list(options.llm)
-    if not llm:
-        console.print(f"starting the embedded engine with {options.model} ...")
-        engine = EngineProcess(
-            options.model, options.workdir / "engine.log", extra_args=options.engine_args
-        )
-        await asyncio.to_thread(engine.wait_ready, 600.0)
-        llm = [engine.url]
+    async with contextlib.AsyncExitStack() as stack:
+        llm = list(options.llm) or [
+            await stack.enter_async_context(embedded_engine(options, console))
+        ]
+        yield await stack.enter_async_context(served(options, llm, console))
+
+
+@contextlib.asynccontextmanager
+async def served(options: RunOptions, llm: list[str], console: Console) -> AsyncIterator[str]:
+    """``raas serve`` in this process on ``llm``, until the way out."""
     port = free_port()
     # The run's own service: configured here, not by RAAS_* variables meant for `raas serve`.
     settings = validate(
@@ -99,7 +114,7 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
             "agents_venv": options.agents_venv,
         }
     )
-    server = uvicorn.Server(
+    server = InProcessServer(
         uvicorn.Config(create_app(settings), port=port, log_level=settings.log_level)
     )
     task = asyncio.create_task(server.serve())
@@ -113,24 +128,30 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
             return f"the in-process raas serve stopped while starting: {error!r}"
 
         await asyncio.to_thread(wait_until_answers, url + "/healthz", 60.0, gone)
-        console.print(f"raas serving on http://127.0.0.1:{port}, LLM at {', '.join(llm)}")
+        console.print(f"raas serving on {url}, LLM at {', '.join(llm)}")
         yield url
     finally:
         server.should_exit = True
         await task
-        if engine is not None:
-            await asyncio.to_thread(engine.stop)
 
 
 async def run_tasks(
-    requests: list[RolloutRequest], options: RunOptions, console: Console
+    requests: list[RolloutRequest],
+    options: RunOptions,
+    console: Console,
+    finished: list[RolloutResult] | None = None,
+    names: Sequence[str] | None = None,
 ) -> tuple[list[RolloutResult], float]:
+    """The results in submission order and the wall time; ``finished`` gets each result as it
+    comes, so that a Ctrl-C still has the ones already done; ``names`` says where each request
+    came from (``FILE:LINE``), for the server's refusals."""
     async with service(options, console) as url:
         with Counting(console, len(requests), "rollouts") as progress:
+            arrived = keeping([] if finished is None else finished, progress.advance)
             start = time.perf_counter()
             async with RolloutClient(url, api_key=options.api_key) as client:
                 results = await run_requests(
-                    client, requests, on_result=progress.advance, on_interrupt=say_cancelling
+                    client, requests, on_result=arrived, on_interrupt=say_cancelling, names=names
                 )
             return results, time.perf_counter() - start
 
@@ -192,26 +213,62 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
     )
 
 
+def tasks_of(
+    results: Sequence[RolloutResult], tasks: Sequence[dict[str, Any]]
+) -> list[dict[str, Any] | None]:
+    """The task instance each stored result came from: the one with the result's instance_id;
+    for a result without one, the task at its place when the file holds one result a task, in
+    order (as ``raas run`` writes them), and of the same data_source; else None."""
+    instances = [t["instance"] if isinstance(t.get("instance"), dict) else t for t in tasks]
+    by_id: dict[str, dict[str, Any]] = {}
+    for instance in instances:
+        if instance.get("instance_id") is not None:
+            by_id.setdefault(str(instance["instance_id"]), instance)
+    in_order = len(results) == len(instances)
+    found: list[dict[str, Any] | None] = []
+    for i, result in enumerate(results):
+        if result.instance_id is not None:
+            found.append(by_id.get(result.instance_id))
+        elif in_order and instances[i].get("data_source") == result.data_source:
+            found.append(instances[i])
+        else:
+            found.append(None)
+    return found
+
+
+def unscorable(result: RolloutResult, instance: dict[str, Any] | None, handler: object) -> str:
+    """Why replay cannot re-score a stored result."""
+    if instance is None and result.instance_id is not None:
+        return "no task with its instance_id"
+    if instance is None:
+        return (
+            "no task at its place (without an instance_id, results are matched to the tasks"
+            " one for one, in order)"
+        )
+    if not isinstance(handler, AgentTask):
+        return "no judge for its data_source"
+    return "no artifact stored"
+
+
 async def replay(
     tasks: Sequence[dict[str, Any]], results_file: Path, console: Console
 ) -> list[tuple[str, float | None, float]]:
     """Re-score stored results with each task's judge (no model): (id, old reward, new)."""
-    by_id = {str(t.get("instance_id")): t for t in tasks}
     registry = TaskRegistry.from_entry_points()
     services = TaskServices(llm=BackendPool(), sandbox_config=BwrapConfig())
     rows: list[tuple[str, float | None, float]] = []
     text = await asyncio.to_thread(results_file.read_text)
     stored = [RolloutResult.model_validate(json.loads(x)) for x in text.splitlines() if x.strip()]
     try:
-        for result in stored:
-            instance = by_id.get(str(result.instance_id))
+        for result, instance in zip(stored, tasks_of(stored, tasks), strict=True):
+            name = result.instance_id or result.job_id[:10]
             handler = registry.get(result.data_source) if result.data_source in registry else None
             artifact = result.metrics.get("artifact")
             if instance is None or not isinstance(handler, AgentTask) or artifact is None:
-                console.print(f"skipping {markup(result.instance_id)}: no task, judge or artifact")
+                console.print(f"skipping {markup(name)}: {unscorable(result, instance, handler)}")
                 continue
             info = await handler.judge(instance, artifact, services)
-            rows.append((str(result.instance_id), result.reward, info.reward))
+            rows.append((name, result.reward, info.reward))
     finally:
         await services.close()
     return rows

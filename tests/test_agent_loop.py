@@ -36,7 +36,10 @@ class Scripted:
         self.prompts.append(list(prompt_ids))
         text = self.turns.pop(0) if self.turns else "I am done."
         ids = [*encode(self.tok, text), self.tok.eos_token_id]
-        return Generation(ids, [-0.25] * len(ids), "stop", backend="scripted")
+        finish = "stop"
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[: params.max_tokens], "length"  # as a server stops at the limit
+        return Generation(ids, [-0.25] * len(ids), finish, backend="scripted")
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +100,17 @@ async def test_the_loop_guard_stops_repeated_actions(tok: Any, sandbox: Sandbox)
         tok, sandbox, [call("bash", command="ls")] * 10, repeat_limit=3
     )
     assert result.stop_reason == "loop" and len(policy.prompts) == 3
+
+
+async def test_plain_text_ends_the_loop_and_a_reply_cut_at_max_tokens_says_length(
+    tok: Any, sandbox: Sandbox
+) -> None:
+    answer = "The answer is 42, because six times seven is forty-two."
+    _traj, plain, _ = await run(tok, sandbox, [answer], max_tokens=64)
+    assert plain.stop_reason == "no_tool_call"
+    traj, cut, _ = await run(tok, sandbox, [answer], max_tokens=5)
+    assert cut.stop_reason == traj.stop_reason == "length"
+    assert traj.turns[0]["finish_reason"] == "length" and len(traj.response_ids) == 5
 
 
 async def test_turn_and_context_limits(tok: Any, sandbox: Sandbox) -> None:

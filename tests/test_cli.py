@@ -337,3 +337,134 @@ def test_raas_run_refuses_a_model_it_cannot_start_in_one_line() -> None:
     assert "'orcle' is not a model: smollm2, tiny, oracle" in " ".join(result.output.split())
     bad = CliRunner().invoke(main, ["run", "--bundled", "math", "--sampling-params", "t=1"])
     assert bad.exit_code == 2 and "--sampling-params" in bad.output and "JSON" in bad.output
+
+
+def test_a_verl_code_row_runs_alike_through_run_submit_and_the_api(tmp_path: Path) -> None:
+    """A verl-format contest row (chat prompt, tests in reward_model.ground_truth), as JSONL
+    and as Parquet: `raas run` and `raas submit` send it as POST /v1/rollouts takes it, so all
+    of them run it (here to the same end: no model is registered) and none answers a 422."""
+    import httpx
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raas.api.app import create_app
+    from raas.settings import validate
+    from tests.llm_servers import ServerThread
+
+    tests = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    row = {
+        "data_source": "codecontests",
+        "prompt": [{"role": "user", "content": "Print the sum of two integers."}],
+        "ability": "code",
+        "reward_model": {"style": "rule", "ground_truth": json.dumps(tests)},
+        "extra_info": {"index": 7, "split": "train"},
+    }
+    jsonl, parquet = tmp_path / "code.jsonl", tmp_path / "code.parquet"
+    jsonl.write_text(json.dumps(row) + "\n")
+    pq.write_table(pa.Table.from_pylist([row]), parquet)
+    app = create_app(validate({"db": tmp_path / "r.db", "max_attempts": 1}))  # no LLM
+    server = ServerThread(app).start()
+    try:
+        posted = httpx.post(f"{server.url}/v1/rollouts", json={"instance": row})
+        assert posted.status_code == 202, posted.text
+        for n, argv in enumerate(
+            [
+                ["run", str(jsonl), "--url", server.url],
+                ["run", str(parquet), "--url", server.url],
+                ["submit", server.url, str(jsonl)],
+                ["submit", server.url, str(parquet)],
+            ]
+        ):
+            out = tmp_path / f"r{n}.jsonl"
+            result = CliRunner().invoke(main, [*argv, "--out", str(out)])
+            last = result.output.strip().splitlines()[-1]
+            assert "NoBackendAvailable" in last and "Traceback" not in result.output, argv
+            (stored,) = [json.loads(line) for line in out.read_text().splitlines()]
+            assert stored["instance_id"] == "codecontests-7" and stored["task"] == "code", argv
+    finally:
+        server.stop()
+
+
+def test_replay_scores_each_result_against_its_own_task_without_instance_ids(
+    tmp_path: Path,
+) -> None:
+    from raas.wire import RolloutResult, Timing, Trajectory
+
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [
+        {"data_source": "math", "problem": "1 + 1?", "answer": "2"},
+        {"data_source": "math", "problem": "2 + 3?", "answer": "5"},
+    ]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stored = tmp_path / "results.jsonl"
+    results = [
+        RolloutResult(
+            job_id=f"j{i}",
+            state="done",
+            reward=0.0,
+            data_source="math",
+            metrics={"artifact": {"answer": row["answer"]}},  # each right for its own task
+            trajectory=Trajectory(),
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+        )
+        for i, row in enumerate(rows)
+    ]
+    stored.write_text("".join(r.model_dump_json() + "\n" for r in results))
+    replay = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
+    assert replay.exit_code == 0, replay.output
+    lines = [line for line in replay.output.splitlines() if "re-scored" in line]
+    assert lines == ["j0: stored reward 0.0, re-scored 1.0", "j1: stored reward 0.0, re-scored 1.0"]
+    stored.write_text(results[1].model_dump_json() + "\n")  # one of two: no place to go by
+    alone = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
+    assert "skipping j1: no task at its place" in " ".join(alone.output.split())
+
+
+def test_errors_name_what_was_meant_where_it_was_and_stay_short(tmp_path: Path) -> None:
+    """An inference server given as --url is said to be one (not "without a path": there is
+    none); a refused task is named by its line (from 1), not its place in the batch (from 0);
+    a data_source that differs by its ORG/ is guessed, on one short line."""
+    from raas.api.app import create_app
+    from raas.settings import validate
+    from tests.llm_servers import FakeBackend, ServerThread
+
+    tasks = tmp_path / "t.jsonl"
+    good = {"data_source": "math", "problem": "1 + 1?", "answer": "2"}
+    tasks.write_text(
+        json.dumps(good) + "\n\n" + json.dumps({**good, "data_source": "gsm8k"}) + "\n"
+    )
+    out = ["--out", str(tmp_path / "r.jsonl")]
+    engine = ServerThread(FakeBackend("vllm").app).start()
+    raas = ServerThread(create_app(validate({"db": tmp_path / "r.db"}))).start()
+    try:
+        wrong = CliRunner().invoke(main, ["run", str(tasks), "--url", engine.url, *out])
+        refused = CliRunner().invoke(main, ["submit", raas.url, str(tasks), *out])
+    finally:
+        engine.stop()
+        raas.stop()
+    assert wrong.exit_code == 1 and "without a path" not in wrong.output, wrong.output
+    assert f"{engine.url} is not a raas server" in wrong.output
+    line = refused.output.strip().splitlines()[-1]
+    assert refused.exit_code == 1 and len(line) < 300, line  # the last line, the error
+    assert f"{tasks}:3: instance.data_source: no task handler for data_source 'gsm8k'" in line
+    assert "did you mean 'openai/gsm8k'?" in line and "jobs.1" not in line
+
+
+def test_each_run_writes_its_results_in_a_directory_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import raas.run
+    from raas.helpers import new_run_dir
+
+    async def nothing(*args: object) -> tuple[list[object], float]:
+        return [], 0.0
+
+    monkeypatch.setattr(raas.run, "run_tasks", nothing)
+    monkeypatch.chdir(tmp_path)
+    base = ["run", "--bundled", "math", "--limit", "1", "--url", "http://127.0.0.1:9"]
+    said = [CliRunner().invoke(main, base).output for _ in range(2)]
+    outs = [re.search(r"results in (\S+)", " ".join(s.split())) for s in said]
+    first, second = (Path(m.group(1)) for m in outs if m is not None)
+    assert first != second and first.parent.parent == second.parent.parent == Path("out/run")
+    assert first.exists() and second.exists() and first.name == "results.jsonl"
+    made = new_run_dir(tmp_path / "demo", "/models/My Model")
+    assert made.parent == tmp_path / "demo" and made.name.endswith("-My_Model")

@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from raas.cli import main
+from raas.client.task_files import TaskFileError, read_tasks
 from raas.tasks import TaskJob
-from raas.tasks.datasets import BUNDLED, DatasetError, bundled, load_file
+from raas.tasks.datasets import BUNDLED, DatasetError, bundled
 from raas.tasks.math import MathTask
 
 
@@ -26,11 +27,9 @@ def test_verl_parquet_rows_become_math_instances(tmp_path: Path) -> None:
     ]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    (instance,) = load_file(path)
+    ((where, instance),) = read_tasks(path)
     # The row keeps its own data_source; the service runs it as math (raas.tasks.sources).
-    assert instance["data_source"] == "openai/gsm8k" and instance["ground_truth"] == "7"
-    assert instance["instance_id"] == "openai/gsm8k-11"
-    assert instance["prompt"] == rows[0]["prompt"]
+    assert where == f"{path}:1" and instance == {**rows[0], "instance_id": "openai/gsm8k-11"}
     task = MathTask()
     task.validate(TaskJob("j", instance, {}))
     assert task.messages(instance) == rows[0]["prompt"]
@@ -43,15 +42,15 @@ def test_jsonl_rows_requests_and_errors(tmp_path: Path) -> None:
         {"instance": {"data_source": "math", "problem": "2+2", "answer": "4"}, "job_id": "x"},
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    assert load_file(path) == lines
+    assert [task for _, task in read_tasks(path)] == lines
     path.write_text('{"problem": "no source"}\n')
-    with pytest.raises(DatasetError, match=r"tasks\.jsonl:1: no data_source"):
-        load_file(path)
+    with pytest.raises(TaskFileError, match=r"tasks\.jsonl:1: no data_source"):
+        read_tasks(path)
     (tmp_path / "x.csv").write_text("a,b\n")
-    with pytest.raises(DatasetError, match=r"use \.jsonl or \.parquet"):
-        load_file(tmp_path / "x.csv")
-    with pytest.raises(DatasetError, match="no such task file"):
-        load_file(tmp_path / "missing.jsonl")
+    with pytest.raises(TaskFileError, match=r"use \.jsonl or \.parquet"):
+        read_tasks(tmp_path / "x.csv")
+    with pytest.raises(TaskFileError, match="no such task file"):
+        read_tasks(tmp_path / "missing.jsonl")
 
 
 def test_bundled_sets() -> None:

@@ -229,6 +229,26 @@ async def test_a_gateway_segment_that_breaks_the_invariant_fails_the_job_saying_
     assert result["reward"] == 1.0 and result["metrics"]["trajectory_error"] == reason
 
 
+async def test_an_agent_that_crashes_before_calling_the_model_is_a_failed_job_saying_why(
+    tmp_path: Path,
+) -> None:
+    math = {"judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
+    crash = "echo starting; python3 -c 'import no_such_agent_module'"
+    gateway = FakeGateway([{"call": tool_call("finish", answer="42")}])  # never asked
+    result = await run_job(tmp_path, {**math, "agent_command": crash}, gateway)
+    assert (result["state"], result["stage_failed"], result["reward"]) == ("failed", "run", None)
+    error = result["error"]
+    assert (error["type"], error["kind"]) == ("PolicyError", "policy"), error  # not retried
+    assert error["message"].startswith(
+        "the agent program exited with status 1 without calling the model:"
+        " ModuleNotFoundError: No module named 'no_such_agent_module'"
+    )
+    assert result["attempts"] == 1 and result["metrics"]["agent_exit_code"] == 1
+    assert "starting" in result["metrics"]["agent_output"]
+    assert result["trajectory"]["stop_reason"] == "agent_exit_1"
+    assert gateway.sessions[0].requests == []
+
+
 async def test_the_reference_agent_through_the_real_gateway_records_a_trajectory_that_trains(
     tmp_path: Path,
 ) -> None:

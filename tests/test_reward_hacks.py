@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import raas.tasks.code
+from raas.client.task_files import task_instance
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig
 from raas.sandbox import BwrapConfig
 from raas.store.sqlite import ResultStore
@@ -34,7 +35,7 @@ from raas.tasks import TaskJob, TaskRegistry
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.code import CodeTask
 from raas.tasks.countdown import CountdownContext, CountdownTask
-from raas.tasks.datasets import humaneval_problems, normalize
+from raas.tasks.datasets import humaneval_problems
 from raas.tasks.harness import HarnessTask
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import RewardInfo
@@ -797,7 +798,7 @@ def verl_row(data_source: str, truth: str) -> dict[str, Any]:
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"index": 0},
     }
-    return normalize(row, "row")
+    return task_instance(row, "row")
 
 
 CHOICES = {"A": "1.6 m/s", "B": "3.2 m/s", "C": "6.4 m/s", "D": "12.8 m/s"}

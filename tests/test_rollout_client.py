@@ -265,3 +265,10 @@ def test_a_moved_job_is_cancelled_on_its_old_server_once_that_is_back(
         return state
 
     assert asyncio.run(scenario()) == "cancelled"
+
+
+def test_a_server_without_http_is_said_at_once_not_taken_for_one_that_is_down() -> None:
+    for client in (RolloutClient, AsyncRolloutClient):
+        with pytest.raises(httpx.InvalidURL, match=r"'127.0.0.1:8002'.*http://HOST:PORT"):
+            client(["127.0.0.1:8002"] if client is RolloutClient else "127.0.0.1:8002")
+    assert RolloutClient(["http://127.0.0.1:8002/"]).servers[0].url == "http://127.0.0.1:8002"

@@ -22,6 +22,7 @@ import pytest
 
 import raas.tasks.math
 from raas.api.app import create_app
+from raas.client.task_files import TaskFileError, read_tasks, task_instance
 from raas.llm.models import load_tokenizer
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, RequestRejected
 from raas.sandbox import BwrapConfig
@@ -29,7 +30,6 @@ from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskJob, TaskRegistry, UnknownTask
 from raas.tasks.answers import marked_answer
-from raas.tasks.datasets import DatasetError, load_file, normalize
 from raas.tasks.math import MathTask, verl_judge, verl_solution
 from raas.tasks.protocol import PolicyError
 from raas.tasks.services import TaskServices
@@ -211,11 +211,13 @@ def write_rows(tmp_path: Path) -> tuple[list[Path], Path]:
 
 def test_reading_verl_rows_keeps_the_data_source(tmp_path: Path) -> None:
     parquets, jsonl = write_rows(tmp_path)
-    from_jsonl = load_file(jsonl)
-    assert [i for p in parquets for i in load_file(p)] == from_jsonl
+    from_jsonl = [task for _, task in read_tasks(jsonl)]
+    assert [i for p in parquets for _, i in read_tasks(p)] == from_jsonl
     by_kind = dict(zip(ROWS, from_jsonl, strict=True))
     gsm8k = by_kind["gsm8k"]
-    assert gsm8k["data_source"] == "openai/gsm8k" and gsm8k["ground_truth"] == "72"
+    # The row as verl wrote it (what POST /v1/rollouts takes), its id filled in.
+    assert gsm8k == {**ROWS["gsm8k"][0], "instance_id": "openai/gsm8k-0"}
+    assert gsm8k["data_source"] == "openai/gsm8k"
     assert gsm8k["instance_id"] == "openai/gsm8k-0"
     assert gsm8k["prompt"] == ROWS["gsm8k"][0]["prompt"]
     assert gsm8k["ability"] == "math" and gsm8k["extra_info"]["split"] == "train"
@@ -223,14 +225,14 @@ def test_reading_verl_rows_keeps_the_data_source(tmp_path: Path) -> None:
     assert by_kind["numina"]["prompt"][0]["role"] == "system"
     assert "instance_id" not in by_kind["aime"]  # no extra_info index
     assert by_kind["deepscaler"]["data_source"] == "math"  # empty, ability math
-    assert by_kind["deepscaler-list"]["ground_truth"] == ["4.5", "\\frac{9}{2}"]
+    assert by_kind["deepscaler-list"]["reward_model"]["ground_truth"] == ["4.5", "\\frac{9}{2}"]
     reg, task = registry(), MathTask()
     for kind, instance in by_kind.items():
         assert reg.resolve(instance["data_source"]) == "math", kind
         task.validate(TaskJob("j", instance, {}))
         assert task.messages(instance) == ROWS[kind][0]["prompt"], kind
-    with pytest.raises(DatasetError, match=r"x\.jsonl:1: no data_source"):
-        normalize({**ROWS["deepscaler"][0], "ability": "code"}, "x.jsonl:1")
+    with pytest.raises(TaskFileError, match=r"x\.jsonl:1: no data_source"):
+        task_instance({**ROWS["deepscaler"][0], "ability": "code"}, "x.jsonl:1")
 
 
 def test_the_alias_table_and_markers() -> None:
@@ -253,7 +255,7 @@ def test_the_alias_table_and_markers() -> None:
 async def test_each_format_scores_right_and_wrong_both_ways(tmp_path: Path) -> None:
     """Every kind: right and wrong, as plain text and through finish, one pipeline run."""
     _, jsonl = write_rows(tmp_path)
-    instances = dict(zip(ROWS, load_file(jsonl), strict=True))
+    instances = dict(zip(ROWS, [task for _, task in read_tasks(jsonl)], strict=True))
     wrong_finish = "-1"
     jobs: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for kind, (_, right, wrong, finish) in ROWS.items():
@@ -389,7 +391,7 @@ def test_verl_scorer_is_used_when_installed() -> None:
     import verl.utils.reward_score as reward_score  # the stand-in
 
     task = MathTask()
-    instance = {**normalize(ROWS["gsm8k"][0], "row"), "scorer": "verl"}
+    instance = {**task_instance(ROWS["gsm8k"][0], "row"), "scorer": "verl"}
     task.validate(TaskJob("j", instance, {}))  # accepted: verl is importable
     text = "48 + 24 = 72"
     right = verl_judge(instance, {"solution": verl_solution(text, "72", markers("openai/gsm8k"))})
@@ -402,7 +404,7 @@ def test_verl_scorer_is_used_when_installed() -> None:
     assert right.reward == 1.0 and right.metrics["scorer"] == "verl"
     assert right.metrics["correct"] is True and right.metrics["verl"]["pred"] == "## 72"
     assert verl_solution("", "#### 72", markers("openai/gsm8k")) == "#### 72"
-    dapo = {**normalize(ROWS["dapo"][0], "row"), "scorer": "verl"}
+    dapo = {**task_instance(ROWS["dapo"][0], "row"), "scorer": "verl"}
     wrong = verl_judge(dapo, {"solution": verl_solution("Answer: 20", None, markers("math_dapo"))})
     assert (wrong.reward, wrong.metrics["correct"]) == (-1.0, False)  # verl's own reward
     with pytest.raises(PolicyError, match="no scorer for data_source 'taco'"):

@@ -147,8 +147,10 @@ class AgentLoop:
                 traj.stop_reason = "finish"
                 return LoopResult("finish", record.get("answer"))
             if not parsed.calls and not parsed.errors:
-                traj.stop_reason = "no_tool_call"  # the model answered in plain text
-                return LoopResult("no_tool_call")
+                # Plain text: the model's answer, or a reply cut at max_tokens before it got to
+                # (or through) a tool call, which is the limit's doing, not the model's choice.
+                traj.stop_reason = "length" if gen.finish_reason == "length" else "no_tool_call"
+                return LoopResult(traj.stop_reason)
             calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
             action = json.dumps(calls or parsed.errors, sort_keys=True, default=str)
             recent = [*recent[-(cfg.repeat_limit - 1) :], action]

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from raas.cli.output import api_key_option, exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_client, run_keeping
 
 
 @click.command()
@@ -103,10 +103,10 @@ def submit(
     timeout_s: float | None,
     api_key: str | None,
 ) -> None:
-    """Run every task in FILE (JSONL) on the server at URL and write the results.
+    """Run every task in FILE (JSONL or Parquet) on the server at URL and write the results.
 
-    Each line is a task instance (with `data_source`) or a full request
-    (`{"instance": ..., "sampling_params": ..., "job_id": ...}`).
+    Each row is a task instance (with `data_source`), a verl-format row, or a full request
+    (`{"instance": ..., "sampling_params": ..., "job_id": ...}`), read as `raas run` reads it.
     """
     from rich.console import Console
 
@@ -114,28 +114,39 @@ def submit(
     from raas.client.task_files import (
         Counting,
         TaskFileError,
-        read_requests,
+        as_requests,
+        keeping,
+        read_tasks,
         run_requests,
         say_cancelling,
         write_results,
     )
     from raas.helpers import plain
+    from raas.wire import RolloutResult
 
     try:
         params = json.loads(sampling_params) if sampling_params else None
-        requests = read_requests(file, params, timeout_s)
+        tasks = read_tasks(file)
+        requests = as_requests(tasks, params, timeout_s)
     except (TaskFileError, json.JSONDecodeError) as e:
         raise click.UsageError(str(e)) from e
     out = out or file.with_suffix(".results.jsonl")
 
+    finished: list[RolloutResult] = []
+
     async def go() -> Any:
         with Counting(Console(), len(requests), file.name) as progress:
+            arrived = keeping(finished, progress.advance)
             async with RolloutClient(url, api_key=api_key) as client:
                 return await run_requests(
-                    client, requests, progress.advance, on_interrupt=say_cancelling
+                    client,
+                    requests,
+                    arrived,
+                    on_interrupt=say_cancelling,
+                    names=[where for where, _ in tasks],
                 )
 
-    results = run_client(go())
+    results = run_keeping(go(), finished, out)
     write_results(results, out)
     by_state: dict[str, int] = {}
     for r in results:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -56,7 +58,8 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
     except RaasHTTPError as e:
         raise click.ClickException(_said(e)) from e
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
-        raise click.ClickException(f"bad server URL: {e} (give it as http://HOST:PORT)") from e
+        hint = "" if "http://HOST:PORT" in str(e) else " (give it as http://HOST:PORT)"
+        raise click.ClickException(f"bad server URL: {e}{hint}") from e
     except ServerDown as e:
         # A server that answered (401, 404) or a URL httpx cannot use is not one that is down.
         for url, error in e.errors.items():
@@ -77,15 +80,42 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
         ) from e
 
 
+def run_keeping(coro: Coroutine[Any, Any, T], finished: list[Any], out: Path) -> T:
+    """``run_client`` for a run of jobs that appends each result to ``finished`` as it comes:
+    on Ctrl-C (once the run has cancelled its unfinished jobs) those results go to ``out`` and
+    the exit status is 130, as a shell's for SIGINT, with one line instead of ``Aborted!``."""
+    from raas.client.task_files import write_results
+
+    try:
+        return run_client(coro)
+    except KeyboardInterrupt:
+        write_results(finished, out)
+        click.echo(f"interrupted: the {len(finished)} results that had finished are in {out}")
+        sys.exit(130)
+
+
 def _said(error: Any) -> str:
     """A server's error answer, with what to do for the two a person gets by mistake."""
     from raas.helpers import plain
 
     hint = {
         401: " (give the server's key: RAAS_API_KEY=KEY, or --api-key KEY)",
-        404: " (give the server's base URL, http://HOST:PORT, without a path)",
+        404: _not_found_hint(getattr(error, "server", None)),
     }.get(error.status_code, "")
     return f"{plain(error)}{hint}"
+
+
+def _not_found_hint(server: str | None) -> str:
+    """A 404 from a URL with a path: the path is the mistake; from a bare HOST:PORT, what
+    answers there is no raas server (an inference engine, say)."""
+    import httpx
+
+    if server is None or httpx.URL(server).path not in ("", "/"):
+        return " (give the server's base URL, http://HOST:PORT, without a path)"
+    return (
+        f" ({server} is not a raas server: it has no /v1 routes; give the URL of `raas serve`,"
+        " not of an inference server)"
+    )
 
 
 def _url_of(error: BaseException) -> str:

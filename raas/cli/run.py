@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from raas.cli.output import api_key_option, exit_for_infra, run_client
+from raas.cli.output import api_key_option, exit_for_infra, run_keeping
 from raas.settings import defaults
 
 SABOTAGE = click.option(
@@ -77,8 +77,8 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("out/run/results.jsonl"),
-    show_default=True,
+    help="Where to write the results as JSONL (the run's database and engine log go beside it)."
+    "  [default: out/run/YYYYmmdd-HHMMSS/results.jsonl, a new directory each run]",
 )
 @click.option(
     "--agents-venv",
@@ -101,7 +101,7 @@ def run(
     sabotage: float | None,
     sampling_params: str | None,
     timeout_s: float,
-    out: Path,
+    out: Path | None,
     agents_venv: Path | None,
     replay: Path | None,
 ) -> None:
@@ -109,11 +109,13 @@ def run(
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
 
-    from raas.client.task_files import markup, write_results
+    from raas.client.task_files import as_requests, markup, read_tasks, write_results
+    from raas.helpers import new_run_dir
     from raas.llm.models import is_model
-    from raas.run import CPU_SAMPLING, RunOptions, requests_for, result_table, run_tasks, summary
+    from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
-    from raas.tasks.datasets import DatasetError, bundled, load_file
+    from raas.tasks.datasets import DatasetError, bundled
+    from raas.wire import RolloutResult
 
     if url is None and not llm and not is_model(model):
         raise click.BadParameter(
@@ -131,7 +133,11 @@ def run(
         )
         raise click.UsageError(f"give a task file or --bundled NAME (one of them){why}")
     try:
-        items = load_file(tasks) if tasks is not None else bundled(str(bundled_name))
+        items = (
+            read_tasks(tasks)
+            if tasks is not None
+            else [(f"{bundled_name}:{i}", t) for i, t in enumerate(bundled(str(bundled_name)), 1)]
+        )
         params = json.loads(sampling_params) if sampling_params else {}
         if not isinstance(params, dict):
             raise json.JSONDecodeError("not an object", str(sampling_params), 0)
@@ -139,7 +145,8 @@ def run(
         on_cpu = url is None and not llm and replay is None and model != "oracle"
         if on_cpu:
             params = {**CPU_SAMPLING, **params}
-        requests = requests_for(items[:limit] if limit else items, params, timeout_s)
+        items = items[:limit] if limit else items
+        requests = as_requests(items, params, timeout_s)
     except json.JSONDecodeError as e:
         raise click.BadParameter(
             f"give a JSON object, as '{{\"temperature\": 0.3}}' ({e})",
@@ -154,10 +161,11 @@ def run(
             f" {params['max_turns']} turns (--sampling-params sets others)"
         )
     if replay is not None:
-        rows = asyncio.run(do_replay(items, replay, console))
+        rows = asyncio.run(do_replay([task for _, task in items], replay, console))
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
+    out = out or new_run_dir(Path("out/run")) / "results.jsonl"
     options = RunOptions(
         url=url,
         api_key=api_key,
@@ -167,7 +175,11 @@ def run(
         agents_venv=agents_venv,
         engine_args=engine_args(model, sabotage),
     )
-    results, wall = run_client(run_tasks(requests, options, console))
+    finished: list[RolloutResult] = []
+    names = [where for where, _ in items]
+    results, wall = run_keeping(
+        run_tasks(requests, options, console, finished, names), finished, out
+    )
     console.print(result_table(results, f"{len(results)} rollouts"))
     console.print(summary(results, wall))
     write_results(results, out)

@@ -21,7 +21,13 @@ from typing import Any
 
 import httpx
 
-from raas.client.single_server import AsyncRolloutClient, RaasHTTPError, Submission, with_job_id
+from raas.client.single_server import (
+    AsyncRolloutClient,
+    RaasHTTPError,
+    Submission,
+    server_url,
+    with_job_id,
+)
 from raas.wire import FINAL_STATES, RolloutRequest, RolloutResult, ServiceStatus
 
 log = logging.getLogger(__name__)
@@ -87,7 +93,7 @@ class RolloutClient:
             raise ValueError("give at least one server URL")
         self.servers = [
             Server(
-                u.rstrip("/"),
+                server_url(u),
                 AsyncRolloutClient(
                     u, api_key=api_key, transport=transport, max_connections=max_waiting
                 ),

@@ -61,10 +61,11 @@ def _last_answer(state: RetryCallState) -> httpx.Response:
 
 
 class RaasHTTPError(RuntimeError):
-    def __init__(self, status_code: int, detail: Any) -> None:
+    def __init__(self, status_code: int, detail: Any, server: str | None = None) -> None:
         super().__init__(f"raas answered {status_code}: {explain(detail)}")
         self.status_code = status_code
         self.detail = detail
+        self.server = server  # the base URL the client was given, when known
 
 
 def explain(detail: Any) -> str:
@@ -76,6 +77,15 @@ def explain(detail: Any) -> str:
         more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
         return f"{loc}: {first.get('msg', '')}{more}"
     return str(detail)
+
+
+def server_url(url: str) -> str:
+    """A server's base URL, without a trailing slash. One without ``http://`` (``127.0.0.1:8002``)
+    is an httpx.InvalidURL that says so here, not a server that seems down at the first call."""
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise httpx.InvalidURL(f"{url!r} is not a server URL: give it as http://HOST:PORT")
+    return url.rstrip("/")
 
 
 class AsyncRolloutClient:
@@ -99,15 +109,16 @@ class AsyncRolloutClient:
         retries: int = 3,
         backoff_s: float = 0.2,
     ) -> None:
+        base_url = server_url(base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=base_url,
             headers=headers,
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=max_connections),
             transport=transport,
         )
-        self.url = base_url.rstrip("/")
+        self.url = base_url
         self.timeout_s = timeout_s
         self.overload_wait_s = overload_wait_s
         self.retries = retries
@@ -146,7 +157,7 @@ class AsyncRolloutClient:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            raise RaasHTTPError(response.status_code, detail)
+            raise RaasHTTPError(response.status_code, detail, self.url)
         return response.json()
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

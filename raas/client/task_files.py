@@ -1,21 +1,23 @@
-"""Task files in, result files out: running a JSONL file of tasks through a server, with its
-progress and its infra failures (what ``raas submit`` and ``raas run`` do)."""
+"""Task files in, result files out: reading a task file (JSONL or Parquet, raas's rows or
+verl's), running it through a server with its progress and its infra failures, writing the
+results (what ``raas submit`` and ``raas run`` do)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
-from raas.client.single_server import with_job_id
+from raas.client.single_server import RaasHTTPError, with_job_id
 from raas.helpers import plain
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
@@ -27,31 +29,101 @@ class TaskFileError(ValueError):
 def read_requests(
     path: Path, sampling_params: dict[str, Any] | None = None, timeout_s: float | None = None
 ) -> list[RolloutRequest]:
-    """One request a line: a full request (with ``instance``) or a bare task instance."""
+    """Every task in a task file as a request (what ``raas submit`` and ``raas run`` send)."""
+    return as_requests(read_tasks(path), sampling_params, timeout_s)
+
+
+def read_tasks(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every task in a .jsonl (.jsonl.gz, .json) or .parquet file, with where it was
+    (``FILE:LINE``): full requests (with ``instance``), raas's own instances, or verl's rows."""
+    return [(where, task_instance(row, where)) for where, row in read_rows(path)]
+
+
+def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The objects in a task file, each with ``FILE:LINE`` (``FILE:ROW`` in Parquet, from 1)."""
+    if not path.exists():
+        raise TaskFileError(f"no such task file: {path}")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise TaskFileError("reading Parquet needs pyarrow: pip install 'raas[parquet]'") from e
+        try:
+            rows: list[Any] = pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise TaskFileError(f"{path}: not a Parquet file pyarrow can read: {e}") from e
+        numbered = [(f"{path}:{i}", row) for i, row in enumerate(rows, 1)]
+    elif path.suffix in {".jsonl", ".json"} or path.name.endswith(".jsonl.gz"):
+        opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+        numbered = []
+        with opener(path, "rt") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        numbered.append((f"{path}:{lineno}", json.loads(line)))
+                    except json.JSONDecodeError as e:
+                        raise TaskFileError(f"{path}:{lineno}: not JSON: {e}") from e
+    else:
+        raise TaskFileError(f"{path}: use .jsonl or .parquet")
+    for where, row in numbered:
+        if not isinstance(row, dict):
+            raise TaskFileError(f"{where}: expected a JSON object")
+    return numbered
+
+
+def task_instance(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """The task instance (or full request) a row of a task file stands for: the row itself,
+    as ``POST /v1/rollouts`` would take it, so that a row runs the same through every command.
+
+    verl's RL rows (``data_source``, ``prompt`` as chat messages, ``ability``, ``reward_model``
+    with ``ground_truth``, ``extra_info``) keep every field where verl put it (the tasks read
+    ``reward_model.ground_truth``; ``data_source`` such as ``openai/gsm8k`` runs as the task the
+    alias table of ``raas.tasks.sources`` names). Only what the row leaves out is filled in: its
+    id, ``DATA_SOURCE-INDEX`` when ``extra_info`` has an ``index``; and ``math`` as the
+    data_source of a row with an empty one and ``ability`` math (DeepScaleR's rows).
+    """
+    if "instance" in row and isinstance(row["instance"], dict):  # a full request
+        return row
+    row = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()}  # numpy
+    if "reward_model" in row:
+        reward_model = row.get("reward_model")
+        if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+            raise TaskFileError(f"{where}: reward_model has no ground_truth")
+        if not row.get("data_source") and str(row.get("ability", "")).lower() == "math":
+            row["data_source"] = "math"
+        extra = row.get("extra_info")
+        index = extra.get("index") if isinstance(extra, dict) else None
+        if index is not None and row.get("data_source") and row.get("instance_id") is None:
+            row["instance_id"] = f"{row['data_source']}-{index}"
+    if not row.get("data_source"):
+        raise TaskFileError(f"{where}: no data_source (which task scores this row?)")
+    return row
+
+
+def as_requests(
+    tasks: Iterable[tuple[str, dict[str, Any]]],
+    sampling_params: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> list[RolloutRequest]:
+    """Requests for ``(where, instance or full request)`` pairs: ``sampling_params`` merged
+    under each task's own, ``timeout_s`` where a task sets none; a task the wire refuses is
+    a TaskFileError naming where it was and the field."""
     requests = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise TaskFileError(f"{path}:{lineno}: expected a JSON object")
-                body = obj if "instance" in obj else {"instance": obj}
-                if sampling_params:
-                    body = {
-                        **body,
-                        "sampling_params": {**sampling_params, **body.get("sampling_params", {})},
-                    }
-                if timeout_s is not None:
-                    body.setdefault("timeout_s", timeout_s)
-                requests.append(RolloutRequest.model_validate(body))
-            except json.JSONDecodeError as e:
-                raise TaskFileError(f"{path}:{lineno}: not JSON: {e}") from e
-            except ValidationError as e:
-                err = e.errors()[0]
-                where = ".".join(str(p) for p in err["loc"])
-                raise TaskFileError(f"{path}:{lineno}: {where}: {err['msg']}") from e
+    for where, task in tasks:
+        body = task if "instance" in task else {"instance": task}
+        if sampling_params:
+            body = {
+                **body,
+                "sampling_params": {**sampling_params, **(body.get("sampling_params") or {})},
+            }
+        if timeout_s is not None and body.get("timeout_s") is None:
+            body = {**body, "timeout_s": timeout_s}
+        try:
+            requests.append(RolloutRequest.model_validate(body))
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise TaskFileError(f"{where}: {field}: {err['msg']}") from e
     return requests
 
 
@@ -62,6 +134,7 @@ async def run_requests(
     batch_size: int = 256,
     on_interrupt: Callable[[int], None] | None = None,
     cancel_timeout_s: float = 30.0,
+    names: Sequence[str] | None = None,
 ) -> list[RolloutResult]:
     """Submit in batches and collect results as they finish; returned in submission order.
 
@@ -69,6 +142,7 @@ async def run_requests(
     through it (the client retries 429s) instead of waiting for every submission first. If
     this is cancelled (Ctrl-C), the jobs it submitted that have not finished are cancelled on
     the server too (``on_interrupt`` is told how many first), within ``cancel_timeout_s``.
+    A 422 names a refused job by its entry in ``names`` (``FILE:LINE``), when given.
     """
     submitted: list[str] = []
 
@@ -86,7 +160,10 @@ async def run_requests(
             # Counted as submitted before the answer: a Ctrl-C while the batch is on the wire
             # may leave it running on the server, so it is cancelled with the rest.
             submitted.extend(str(r.job_id) for r in batch)
-            ids = await client.submit_batch(batch)
+            try:
+                ids = await client.submit_batch(batch)
+            except RaasHTTPError as e:
+                raise located(e, names[start:]) if names else e from None
             collectors.extend(asyncio.create_task(collect(job_id)) for job_id in ids)
         return list(await asyncio.gather(*collectors))
     except asyncio.CancelledError:
@@ -100,15 +177,56 @@ async def run_requests(
         if unfinished:
             if on_interrupt is not None:
                 on_interrupt(len(unfinished))
-            cancels = asyncio.gather(
-                *(client.cancel(j) for j in unfinished), return_exceptions=True
-            )
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(cancels), cancel_timeout_s)
+            await cancel_all(client, unfinished, cancel_timeout_s)
         raise
     finally:
         for task in collectors:
             task.cancel()
+
+
+def located(error: RaasHTTPError, names: Sequence[str]) -> RaasHTTPError:
+    """A 422 on a batch with its first refused job named by ``names`` (where it came from,
+    ``FILE:LINE``) instead of its place in the batch (``jobs.0``, counted from 0)."""
+    detail = error.detail
+    if error.status_code != 422 or not isinstance(detail, list) or not detail:
+        return error
+    first = detail[0] if isinstance(detail[0], dict) else {}
+    loc = list(first.get("loc", []))
+    if loc[:2] != ["body", "jobs"] or len(loc) < 3 or not isinstance(loc[2], int):
+        return error
+    if not 0 <= loc[2] < len(names):
+        return error
+    field = ".".join(str(x) for x in loc[3:])
+    more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
+    text = f"{names[loc[2]]}: {field}: {first.get('msg', '')}{more}"
+    return RaasHTTPError(error.status_code, text, error.server)
+
+
+async def cancel_all(client: RolloutClient, job_ids: list[str], timeout_s: float) -> None:
+    """Cancel the jobs on their servers, all at once, for ``timeout_s`` at most: every cancel
+    is sent (its task started) and awaited or, past the deadline, stopped and awaited."""
+    if not job_ids:
+        return
+    cancels = [asyncio.ensure_future(client.cancel(j)) for j in job_ids]
+    try:
+        await asyncio.wait(cancels, timeout=timeout_s)
+    finally:
+        for task in cancels:
+            task.cancel()
+        await asyncio.gather(*cancels, return_exceptions=True)
+
+
+def keeping(
+    finished: list[RolloutResult], then: Callable[[RolloutResult], None]
+) -> Callable[[RolloutResult], None]:
+    """An ``on_result`` that appends each result to ``finished`` (what a Ctrl-C still has to
+    write) before calling ``then``."""
+
+    def arrived(result: RolloutResult) -> None:
+        finished.append(result)
+        then(result)
+
+    return arrived
 
 
 def say_cancelling(n: int) -> None:

@@ -35,6 +35,7 @@ class Ending:
     error_type: str
     message: str
     kind: ErrorKind = "infra"
+    metrics: dict[str, Any] = field(default_factory=dict)  # for the result (a PolicyError's)
 
     @property
     def error(self) -> ErrorInfo:

@@ -33,6 +33,7 @@ from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, StoreWriteError
 from raas.tasks.protocol import (
     InvalidInstance,
+    PolicyError,
     RewardInfo,
     TaskContext,
     TaskJob,
@@ -504,6 +505,7 @@ class Pipeline:
                     type(exc).__name__,
                     str(exc) or repr(exc),
                     error_kind(exc),
+                    exc.metrics if isinstance(exc, PolicyError) else {},
                 )
 
     async def _call(self, job: Job, stage: Stage) -> None:

@@ -26,6 +26,8 @@ def result_of(
 ) -> RolloutResult:
     """The one place a result is put together."""
     metrics = dict(reward.metrics) if reward is not None else {}
+    if ending is not None:
+        metrics = {**ending.metrics, **metrics}
     if cleanup_error is not None:
         metrics["cleanup_error"] = cleanup_error
     if trajectory_error is not None:

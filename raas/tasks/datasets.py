@@ -1,4 +1,4 @@
-"""Task files (JSONL, Parquet; raas's own format or verl's) and the bundled sets."""
+"""The bundled task sets (task files are read by ``raas.client.task_files``)."""
 
 from __future__ import annotations
 
@@ -19,82 +19,6 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 class DatasetError(ValueError):
     pass
-
-
-def normalize(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """One task instance: raas's own rows pass through; verl rows are mapped.
-
-    verl's RL format: ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model``
-    with ``ground_truth``, ``extra_info``. The instance keeps the row's own ``data_source``
-    (``openai/gsm8k``: the service runs it as the task the alias table of ``raas.tasks.sources``
-    names, or answers 422 naming it), the messages as they are, the ground truth under verl's
-    name (``ground_truth``: one answer or a list), ``ability`` and ``extra_info``; its id is
-    ``DATA_SOURCE-INDEX`` when ``extra_info`` has an ``index``. A row with an empty
-    ``data_source`` and ``ability`` math (DeepScaleR's rows) runs as ``math``.
-    """
-    if "reward_model" in row:
-        reward_model = row.get("reward_model") or {}
-        if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
-            raise DatasetError(f"{where}: reward_model has no ground_truth")
-        source = str(row.get("data_source") or "")
-        if not source and str(row.get("ability", "")).lower() == "math":
-            source = "math"
-        if not source:
-            raise DatasetError(f"{where}: no data_source (which task scores this row?)")
-        extra = row.get("extra_info") or {}
-        truth = reward_model["ground_truth"]
-        instance: dict[str, Any] = {
-            "data_source": source,
-            "prompt": _messages(row.get("prompt"), where),
-            "ground_truth": truth.tolist() if hasattr(truth, "tolist") else truth,
-            "extra_info": extra,
-        }
-        if row.get("ability") is not None:
-            instance["ability"] = row["ability"]
-        index = extra.get("index") if isinstance(extra, dict) else None
-        if index is not None:
-            instance["instance_id"] = f"{source}-{index}"
-        return instance
-    if "instance" in row and isinstance(row["instance"], dict):  # a full request
-        return row
-    if not row.get("data_source"):
-        raise DatasetError(f"{where}: no data_source (which task scores this row?)")
-    return row
-
-
-def _messages(prompt: Any, where: str) -> list[dict[str, Any]]:
-    if hasattr(prompt, "tolist"):  # numpy arrays from Parquet
-        prompt = prompt.tolist()
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
-        raise DatasetError(f"{where}: prompt must be chat messages or text")
-    return [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-
-
-def load_file(path: Path) -> list[dict[str, Any]]:
-    """Every task in a .jsonl or .parquet file, normalised."""
-    if not path.exists():
-        raise DatasetError(f"no such task file: {path}")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise DatasetError("reading Parquet needs pyarrow: pip install 'raas[parquet]'") from e
-        rows = pq.read_table(path).to_pylist()
-    elif path.suffix in {".jsonl", ".json"} or path.name.endswith(".jsonl.gz"):
-        opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            rows = []
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise DatasetError(f"{path}:{lineno}: not JSON: {e}") from e
-    else:
-        raise DatasetError(f"{path}: use .jsonl or .parquet")
-    return [normalize(row, f"{path}:{i + 1}") for i, row in enumerate(rows)]
 
 
 def _jsonl(name: str) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -43,6 +44,7 @@ from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.code import CodeTask
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import (
+    PolicyError,
     RewardInfo,
     TaskContext,
     TaskInstance,
@@ -58,6 +60,7 @@ AGENTS_INSIDE = "/.raas/agents"
 AGENT_PY_INSIDE = "/.raas/agent-py"  # an agents environment's site-packages
 IO_DIR = "/tmp/raas-harness"
 DEFAULT_AGENT_TIMEOUT_S = 600.0
+LAST_LINE_CHARS = 200  # of a crashed agent's output, in its error message
 AgentName = Literal["reference", "mini-swe-agent"]
 COMMANDS: dict[str, str] = {
     "reference": f"python3 -s {AGENTS_INSIDE}/reference.py",
@@ -167,6 +170,13 @@ class HarnessTask(AgentTask):
             services.release(job.job_id)
         ctx.stop_reason = "agent_timeout" if result.timed_out else f"agent_exit_{result.exit_code}"
         ctx.agent_output = result.output[-4000:]
+        if (
+            not result.timed_out
+            and result.exit_code != 0
+            and not ctx.gateway_metrics["gateway_calls"]
+        ):
+            ctx.trajectory.stop_reason = ctx.stop_reason
+            raise crashed(result.exit_code, ctx.agent_output)
         try:
             ctx.answer = (await sandbox.read_file(f"{IO_DIR}/answer.txt")).decode(errors="replace")
         except (ToolError, SandboxError):
@@ -188,6 +198,18 @@ class HarnessTask(AgentTask):
         info.metrics["agent_output"] = _harness(context).agent_output
         info.metrics.update(_harness(context).gateway_metrics)
         return info
+
+
+def crashed(exit_code: int | None, output: str) -> PolicyError:
+    """An agent program that failed before it called the model: nothing to judge. Its last
+    line (a traceback's, often) says why; the whole end of its output goes in the metrics."""
+    lines = output.strip().splitlines()
+    last = textwrap.shorten(lines[-1], LAST_LINE_CHARS) if lines else "no output"
+    return PolicyError(
+        f"the agent program exited with status {exit_code} without calling the model: {last}"
+        " (its output: metrics.agent_output)",
+        {"agent_output": output, "agent_exit_code": exit_code},
+    )
 
 
 def _harness(context: TaskContext) -> HarnessContext:

@@ -78,7 +78,12 @@ class TaskHandler(Protocol):
 
 class PolicyError(Exception):
     """A task raises this when a job failed through what the model did (or what the job is),
-    so that it is not run again; any other exception counts as an infrastructure failure."""
+    so that it is not run again; any other exception counts as an infrastructure failure.
+    ``metrics`` go into the failed result's metrics (what the task knows of why)."""
+
+    def __init__(self, message: str, metrics: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.metrics = dict(metrics or {})
 
 
 def error_kind(exc: BaseException) -> ErrorKind:

@@ -28,15 +28,30 @@ log = logging.getLogger(__name__)
 
 
 class UnknownTask(KeyError):
-    def __init__(self, data_source: str, known: list[str]) -> None:
+    def __init__(self, data_source: str, known: list[str], tasks: list[str] | None = None) -> None:
         super().__init__(data_source)
         self.data_source = data_source
-        self.known = known
+        self.known = known  # every name that runs: the tasks', then the dataset names
+        self.tasks = known if tasks is None else tasks
 
     def __str__(self) -> str:
-        known = ", ".join(self.known) or "none"
-        hint = did_you_mean(self.data_source, self.known)
-        return f"no task handler for data_source {self.data_source!r} ({hint}known: {known})"
+        """One short line: the likeliest name meant, the tasks, and how many dataset names
+        (the whole list is ``known``, in a 422's ``ctx``; the README has the table)."""
+        aliases = len(self.known) - len(self.tasks)
+        hint = suggestion(self.data_source, self.known)
+        listed = ", ".join(self.tasks) or "none"
+        more = f", and {aliases} dataset names: the README's data_source table" if aliases else ""
+        return f"no task handler for data_source {self.data_source!r} ({hint}tasks: {listed}{more})"
+
+
+def suggestion(word: str, known: list[str]) -> str:
+    """``"did you mean 'x'? "`` for a name ``word`` likely stands for: one that differs in case
+    only, or by its ``ORG/`` (``gsm8k`` for ``openai/gsm8k``), else the closest spelling."""
+    lowered = word.lower()
+    for name in known:
+        if lowered in (name.lower(), name.lower().rsplit("/", 1)[-1]):
+            return f"did you mean {name!r}? "
+    return did_you_mean(word, known)
 
 
 class TaskRegistry:
@@ -55,7 +70,7 @@ class TaskRegistry:
         source = sources.lookup(data_source)
         if source is not None and source.task in self._handlers:
             return source.task
-        raise UnknownTask(data_source, self.known())
+        raise UnknownTask(data_source, self.known(), self.names())
 
     def get(self, data_source: str) -> TaskHandler:
         return self._handlers[self.resolve(data_source)]

@@ -1,0 +1,222 @@
+"""Ctrl-C on `raas run` and `raas submit`, as a terminal sends it (SIGINT to the foreground
+process group of a process on a pty): one SIGINT stops the run, cancels its unfinished jobs on
+the server, writes the results already finished to --out, and leaves no child of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from raas.store.sqlite import iter_finished
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DEADLINE_S = 120.0  # the embedded engine's start is most of it
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Terminal:
+    """A command on a pty, in a session of its own (a shell's foreground job), its output
+    collected as it comes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        leader, follower = pty.openpty()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            env={**env, "COLUMNS": "120"},
+            start_new_session=True,
+        )
+        os.close(follower)
+        self._leader = leader
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self._leader, 4096)
+            except OSError:  # the pty closes when the last process on it exits
+                return
+            if not data:
+                return
+            self._chunks.append(data)
+
+    @property
+    def output(self) -> str:
+        """What it printed, without colours and cursor moves."""
+        return ANSI.sub("", b"".join(self._chunks).decode(errors="replace"))
+
+    @property
+    def tail(self) -> str:
+        return self.output[-3000:]
+
+    def wait_for(self, pattern: str) -> re.Match[str]:
+        """Until the output matches ``pattern`` (readiness, bounded by a deadline)."""
+        deadline = time.monotonic() + DEADLINE_S
+        while (found := re.search(pattern, self.output)) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never printed {pattern!r}:\n{self.tail}")
+            time.sleep(0.05)
+        return found
+
+    def ctrl_c(self, group: bool = True) -> int:
+        """SIGINT to the process group (or, as `kill -INT PID` does, to the process alone),
+        once; its exit status (within the deadline)."""
+        if group:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        else:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"did not stop on one SIGINT:\n{self.tail}") from None
+        self._reader.join(DEADLINE_S)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def children(self) -> list[int]:
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in path.read_text().split()]
+
+
+def wait_gone(pid: int) -> bool:
+    """Whether process ``pid`` (not our child: its parent was the run) has ended within the
+    deadline: a pidfd turns readable when it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], DEADLINE_S)
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def gated_env(tmp_path: Path) -> dict[str, str]:
+    """An environment where the gated task is installed (alone: the shared plugin fixture's
+    broken entry point would print its traceback in the run's own service)."""
+    dist = tmp_path / "site" / "raas_gated-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: raas-gated\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[raas.tasks]\ngated = gated_task:GatedTask\n")
+    path = [str(dist.parent), str(FIXTURES), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def gated_tasks(tmp_path: Path) -> Path:
+    """Two jobs: `quick` finishes at once, `stuck` runs until cancelled."""
+    (tmp_path / "open").touch()
+    rows = [
+        {"data_source": "gated", "instance_id": "quick", "gate": str(tmp_path / "open")},
+        {"data_source": "gated", "instance_id": "stuck", "gate": str(tmp_path / "never")},
+    ]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tasks
+
+
+def stored(out: Path) -> dict[str, str]:
+    """The results in ``out``: instance id to state."""
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return {r["instance_id"]: r["state"] for r in rows}
+
+
+def said_nothing_wrong(output: str) -> None:
+    for bad in ("Traceback", "never awaited", "Aborted!"):
+        assert bad not in output, output[-3000:]
+
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_ctrl_c_against_a_server_cancels_the_unfinished_and_keeps_the_finished(
+    command: str, start_server: Any, server_env: dict[str, str], tmp_path: Path
+) -> None:
+    server = start_server(tmp_path / "interrupt.db")
+    tasks, out = gated_tasks(tmp_path), tmp_path / "results.jsonl"
+    argv = {
+        "run": ["run", str(tasks), "--url", server.url],
+        "submit": ["submit", server.url, str(tasks)],
+    }[command]
+    term = Terminal([sys.executable, "-m", "raas", *argv, "--out", str(out)], server_env)
+    try:
+        term.wait_for(r"\b50%")  # the progress bar: `quick`'s result is in
+        code = term.ctrl_c()
+    finally:
+        term.kill()
+    assert code == 130, term.tail
+    assert "cancelling this run's 1 unfinished jobs on the server" in term.output
+    assert f"the 1 results that had finished are in {out}" in " ".join(term.output.split())
+    said_nothing_wrong(term.output)
+    assert stored(out) == {"quick": "done"}
+    (result,) = httpx.get(f"{server.url}/v1/rollouts", params={"state": "cancelled"}).json()[
+        "results"
+    ]
+    assert result["instance_id"] == "stuck"  # the cancel reached the server before the exit
+
+
+def test_ctrl_c_on_a_run_on_the_embedded_engine_stops_the_engine_too(
+    gated_env: dict[str, str], tmp_path: Path
+) -> None:
+    tasks, out = gated_tasks(tmp_path), tmp_path / "run" / "results.jsonl"
+    argv = ["run", str(tasks), "--model", "tiny", "--out", str(out)]
+    term = Terminal([sys.executable, "-m", "raas", *argv], gated_env)
+    try:
+        term.wait_for(r"raas serving on http://")
+        (engine,) = term.children()  # the in-process service runs no process of its own
+        term.wait_for(r"\b50%")
+        code = term.ctrl_c()
+    finally:
+        term.kill()
+    assert wait_gone(engine), f"the engine ({engine}) outlived the run:\n{term.tail}"
+    assert code == 130, term.tail
+    said_nothing_wrong(term.output)
+    assert stored(out) == {"quick": "done"}
+    states = {r.instance_id: r.state for r in iter_finished(out.parent / "raas.db")}
+    assert states == {"quick": "done", "stuck": "cancelled"}
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["ctrl-c", "kill-int"])
+def test_an_interrupt_while_the_embedded_engine_starts_stops_it(
+    group: bool, gated_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The engine still loading its model: the run stops at once and takes it along, whether
+    the engine got the SIGINT too (a terminal's Ctrl-C) or not (`kill -INT` of the run)."""
+    tasks, out = gated_tasks(tmp_path), tmp_path / "run" / "results.jsonl"
+    argv = ["run", str(tasks), "--model", "tiny", "--out", str(out)]
+    term = Terminal([sys.executable, "-m", "raas", *argv], gated_env)
+    try:
+        term.wait_for(r"starting the embedded engine")
+        deadline = time.monotonic() + DEADLINE_S
+        while not (children := term.children()):
+            assert time.monotonic() < deadline, term.tail
+            time.sleep(0.01)
+        (engine,) = children
+        code = term.ctrl_c(group)
+    finally:
+        term.kill()
+    assert wait_gone(engine), f"the engine ({engine}) outlived the run:\n{term.tail}"
+    assert code == 130, term.tail
+    said_nothing_wrong(term.output)
+    assert "serving on" not in term.output
