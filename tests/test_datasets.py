@@ -43,9 +43,11 @@ def test_jsonl_rows_requests_and_errors(tmp_path: Path) -> None:
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     assert [task for _, task in read_tasks(path)] == lines
-    path.write_text('{"problem": "no source"}\n')
-    with pytest.raises(TaskFileError, match=r"tasks\.jsonl:1: no data_source"):
+    path.write_text('{"problem": "no source"}\n{"data_source": "math", "problem": "own"}\n')
+    with pytest.raises(TaskFileError, match=r"tasks\.jsonl:1: no data_source .*--task NAME"):
         read_tasks(path)
+    # --task names the task of rows without one (SWE-Gym's); a row's own data_source wins.
+    assert [t["data_source"] for _, t in read_tasks(path, "swe")] == ["swe", "math"]
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(TaskFileError, match=r"use \.jsonl or \.parquet"):
         read_tasks(tmp_path / "x.csv")

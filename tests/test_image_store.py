@@ -307,9 +307,12 @@ def test_prefetch_finds_the_images_of_task_rows_and_jobs() -> None:
         {"instance": {"data_source": "swe", "docker_image": "c/d"}},
         {"data_source": "swe", "image_name": "a/b:1"},
         {"data_source": "swe", "extra_info": {"image_name": "e/f"}},
-        {"data_source": "math"},
+        {"data_source": "math", "instance_id": "gsm8k-1"},
+        {"instance_id": "getmoto__moto-5752", "repo": "getmoto/moto", "base_commit": "abc"},
     ]
-    assert dataset_images(rows) == ["a/b:1", "c/d", "e/f"]
+    # A SWE-Gym row names no image: SWE-Gym's own name for it, as the swe task runs it.
+    swe_gym = "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752"
+    assert dataset_images(rows) == ["a/b:1", "c/d", "e/f", swe_gym]
 
 
 # -- real images, a real registry (make test-images) ------------------------------------------

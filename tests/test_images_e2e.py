@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -145,3 +146,24 @@ def no_sandbox_mounts(*roots: Path) -> bool:
     gone with them)."""
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     return not any(str(root) in line for root in roots for line in mounts)
+
+
+def test_raas_run_runs_the_rows_as_they_come(pulled: dict[str, Any]) -> None:
+    """`raas run ROWS --task swe`: SWE-Gym's rows name no data_source; the sandboxes start from
+    the store that `raas images pull` filled."""
+    tmp: Path = pulled["tmp"]
+    oracle = Oracle(load_tokenizer("oracle"), 0.0, 0, (pulled["rows_file"],))
+    backend = ServerThread(oracle_app(oracle)).start()
+    out = tmp / "run" / "results.jsonl"
+    command = [sys.executable, "-m", "raas", "run", str(pulled["rows_file"]), "--task", "swe"]
+    command += ["--llm", backend.url, "--out", str(out)]
+    env = {**os.environ, "RAAS_IMAGE_STORE": str(pulled["store"])}
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        backend.stop()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(results) == len(pulled["rows"])
+    assert all(r["state"] == "done" and r["reward"] == 1.0 for r in results), results
+    assert "pass rate 3/3" in " ".join(done.stdout.split())

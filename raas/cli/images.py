@@ -283,14 +283,17 @@ def images_prefetch(
     verl Parquet file, whose instances name their images as `image_name` or `docker_image`
     (SWE-bench, SWE-Gym, R2E-Gym rows). Images already stored are not pulled again; a failed
     pull is reported and the others go on (exit status 1 at the end)."""
-    from raas.tasks.datasets import DatasetError, load_file
+    from raas.client.task_files import TaskFileError, read_rows
 
     try:
-        refs = dataset_images(load_file(dataset))
-    except DatasetError as e:
+        refs = dataset_images([row for _, row in read_rows(dataset)])
+    except TaskFileError as e:
         raise click.ClickException(str(e)) from e
     if not refs:
-        raise click.ClickException(f"{dataset} names no images (image_name / docker_image)")
+        raise click.ClickException(
+            f"{dataset} names no images (image_name / docker_image, or SWE-Gym rows: repo and"
+            " base_commit)"
+        )
     store = _store(store_dir, max_gb)
     failed = 0
     for i, ref in enumerate(refs, 1):
@@ -313,15 +316,25 @@ def images_prefetch(
 
 
 def dataset_images(rows: list[dict[str, Any]]) -> list[str]:
-    """The images task rows name, in order, once each (an instance's, or in verl's extra_info)."""
+    """The images task rows run in, in order, once each (an instance's, or in verl's
+    extra_info): as the swe task finds a row's image (``raas.tasks.swe_images.image_of``), for
+    rows that name one or are SWE rows (a repo and a base_commit)."""
+    from raas.tasks.swe_images import IMAGE_FIELDS, image_of
+
     found: dict[str, None] = {}
     for row in rows:
         inner = row.get("instance")
         instance: dict[str, Any] = inner if isinstance(inner, dict) else row
         for where in (instance, instance.get("extra_info")):
-            if isinstance(where, dict):
-                name = where.get("image_name") or where.get("docker_image")
-                if isinstance(name, str) and name:
-                    found.setdefault(name, None)
-                    break
+            if not isinstance(where, dict):
+                continue
+            named = any(isinstance(where.get(k), str) and where[k] for k in IMAGE_FIELDS)
+            name = (
+                image_of(where)
+                if named or (where.get("repo") and where.get("base_commit"))
+                else None
+            )
+            if name is not None:
+                found.setdefault(name, None)
+                break
     return list(found)

@@ -92,6 +92,12 @@ def jobs(url: str, api_key: str | None) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Where to write results as JSONL.  [default: FILE.results.jsonl]",
 )
+@click.option(
+    "--task",
+    "task_name",
+    help="The task (data_source) of rows that name none, e.g. swe for SWE-Gym's and SWE-bench's"
+    " own rows; a row's own data_source wins.",
+)
 @click.option("--sampling-params", default=None, help="JSON object merged under each line's own.")
 @click.option("--timeout-s", type=float, help="Per-job budget for lines that set none.")
 @api_key_option()
@@ -99,6 +105,7 @@ def submit(
     url: str,
     file: Path,
     out: Path | None,
+    task_name: str | None,
     sampling_params: str | None,
     timeout_s: float | None,
     api_key: str | None,
@@ -126,7 +133,7 @@ def submit(
 
     try:
         params = json.loads(sampling_params) if sampling_params else None
-        tasks = read_tasks(file)
+        tasks = read_tasks(file, task_name)
         requests = as_requests(tasks, params, timeout_s)
     except (TaskFileError, json.JSONDecodeError) as e:
         raise click.UsageError(str(e)) from e

@@ -57,6 +57,12 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 )
 @click.option("--limit", type=int, help="Only the first N tasks.")
 @click.option("--url", help="A running raas server; default: start one here.")
+@click.option(
+    "--task",
+    "task_name",
+    help="The task (data_source) of rows that name none, e.g. swe for SWE-Gym's and SWE-bench's"
+    " own rows; a row's own data_source wins.",
+)
 @click.option("--llm", multiple=True, help="Inference servers for the in-process service.")
 @api_key_option("The --url server's API key")
 @click.option(
@@ -95,6 +101,7 @@ def run(
     bundled_name: str | None,
     limit: int | None,
     url: str | None,
+    task_name: str | None,
     llm: tuple[str, ...],
     api_key: str | None,
     model: str,
@@ -134,7 +141,7 @@ def run(
         raise click.UsageError(f"give a task file or --bundled NAME (one of them){why}")
     try:
         items = (
-            read_tasks(tasks)
+            read_tasks(tasks, task_name)
             if tasks is not None
             else [(f"{bundled_name}:{i}", t) for i, t in enumerate(bundled(str(bundled_name)), 1)]
         )

@@ -33,10 +33,11 @@ def read_requests(
     return as_requests(read_tasks(path), sampling_params, timeout_s)
 
 
-def read_tasks(path: Path) -> list[tuple[str, dict[str, Any]]]:
+def read_tasks(path: Path, task: str | None = None) -> list[tuple[str, dict[str, Any]]]:
     """Every task in a .jsonl (.jsonl.gz, .json) or .parquet file, with where it was
-    (``FILE:LINE``): full requests (with ``instance``), raas's own instances, or verl's rows."""
-    return [(where, task_instance(row, where)) for where, row in read_rows(path)]
+    (``FILE:LINE``): full requests (with ``instance``), raas's own instances, or verl's rows.
+    ``task``: the ``data_source`` of rows that name none (SWE-Gym's and SWE-bench's own rows)."""
+    return [(where, task_instance(row, where, task)) for where, row in read_rows(path)]
 
 
 def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -71,7 +72,7 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return numbered
 
 
-def task_instance(row: dict[str, Any], where: str) -> dict[str, Any]:
+def task_instance(row: dict[str, Any], where: str, task: str | None = None) -> dict[str, Any]:
     """The task instance (or full request) a row of a task file stands for: the row itself,
     as ``POST /v1/rollouts`` would take it, so that a row runs the same through every command.
 
@@ -80,7 +81,8 @@ def task_instance(row: dict[str, Any], where: str) -> dict[str, Any]:
     ``reward_model.ground_truth``; ``data_source`` such as ``openai/gsm8k`` runs as the task the
     alias table of ``raas.tasks.sources`` names). Only what the row leaves out is filled in: its
     id, ``DATA_SOURCE-INDEX`` when ``extra_info`` has an ``index``; and ``math`` as the
-    data_source of a row with an empty one and ``ability`` math (DeepScaleR's rows).
+    data_source of a row with an empty one and ``ability`` math (DeepScaleR's rows); ``task``
+    as the data_source of any other row without one.
     """
     if "instance" in row and isinstance(row["instance"], dict):  # a full request
         return row
@@ -95,8 +97,13 @@ def task_instance(row: dict[str, Any], where: str) -> dict[str, Any]:
         index = extra.get("index") if isinstance(extra, dict) else None
         if index is not None and row.get("data_source") and row.get("instance_id") is None:
             row["instance_id"] = f"{row['data_source']}-{index}"
+    if not row.get("data_source") and task:
+        row = {**row, "data_source": task}
     if not row.get("data_source"):
-        raise TaskFileError(f"{where}: no data_source (which task scores this row?)")
+        raise TaskFileError(
+            f"{where}: no data_source (which task scores this row? --task NAME names it for"
+            " rows without one, e.g. --task swe for SWE-Gym's)"
+        )
     return row
 
 
