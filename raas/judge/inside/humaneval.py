@@ -70,11 +70,13 @@ class Candidate:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise CandidateFailed("the solution's process ended") from None
+            pass  # it has ended: what it said first (why the solution did not load) is read next
         line = self.process.stdout.readline()
         if not line:
             raise CandidateFailed("the solution's process ended")
         reply = json.loads(line)
+        if reply.get("id") is None and "error" in reply:  # the solution did not load
+            raise CandidateFailed(str(reply["error"]))
         if reply.get("id") != self.calls:
             raise CandidateFailed(
                 "the solution answered out of turn: {}".format(reply.get("error"))
