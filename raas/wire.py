@@ -356,6 +356,23 @@ class ServiceStatus(BaseModel):
     finished: dict[str, int] = Field(description="Jobs finished by this process, by state.")
     tasks: list[str]
     llm_servers: list[str]
+    images_version: str | None = Field(
+        default=None,
+        description="Names the list of images the image store of the server's node holds (GET"
+        " /v1/images): it changes whenever the list does, so a client reads the list again only"
+        " then. Null from a server that reports no images.",
+    )
+
+
+class NodeImages(BaseModel):
+    """The images the image store of a server's node holds: a client sends a job whose instance
+    names one of them to this server rather than to one that lacks it."""
+
+    version: str = Field(description="The `images_version` of /v1/status this list goes with.")
+    images: list[str] = Field(
+        description="Their names as the store keys them (`docker.io/library/ubuntu:latest`),"
+        " sorted."
+    )
 
 
 # -- the dashboard's own routes (/v1/dashboard/...): what /v1/rollouts and /v1/status lack -------

@@ -29,9 +29,9 @@ from click.testing import CliRunner
 
 from raas.cli import main
 from raas.cli.images import dataset_images
+from raas.image_refs import normalize
 from raas.sandbox.oci import ImageError
 from raas.sandbox.oci.layers import DigestError, LayerError, unpack_layer
-from raas.sandbox.oci.refs import normalize
 from raas.sandbox.oci.store import ImageStore, default_store_dir
 from tests import tiers
 from tests.oci_images import (

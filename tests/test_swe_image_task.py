@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from raas.image_refs import image_of, swe_gym_image
 from raas.sandbox import BwrapConfig, SandboxError
 from raas.sandbox.oci import StoredImage
 from raas.tasks.protocol import InvalidInstance, TaskJob, parse_instance
 from raas.tasks.services import TaskServices
 from raas.tasks.swe import SweInstance, SweTask
-from raas.tasks.swe_images import image_of, swe_gym_image
 from tests.swe_image_rows import (
     GOLD_PATCH,
     PASS_TO_PASS,

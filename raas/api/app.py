@@ -18,6 +18,7 @@ from raas.api.auth import LOGIN_PATH, ApiKeyMiddleware
 from raas.api.body_limit import BodyLimitMiddleware
 from raas.api.browser_guard import UNSAFE_METHODS, BrowserGuardMiddleware, guard_policy
 from raas.api.errors import PathMethods, install_error_handlers, responses
+from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
 from raas.api.openapi import document_api_key, document_form_refusal, document_instances
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
@@ -26,6 +27,7 @@ from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig
 from raas.sandbox import claim_runtime_dir, sandbox_config
+from raas.sandbox.oci import ImageStore
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
@@ -90,12 +92,19 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             services=services,
         )
         metrics.watch(pipeline)
+        # What the node's image store holds, for the clients' placement and /metrics: read
+        # once before the first request, then kept fresh in the background.
+        images = ImageStoreMonitor(ImageStore(services.image_store_dir()))
+        await images.refresh()
+        images.start()
+        metrics.watch_images(images)
         llm.start()
         app.state.service = ServiceState(
             settings,
             pipeline,
             metrics,
             llm,
+            images,
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
         )
@@ -105,6 +114,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         try:
             yield
         finally:
+            await images.stop()
             await pipeline.stop(grace_s=settings.drain_grace_s)
             await llm.stop()
             await services.close()

@@ -1,4 +1,5 @@
-"""Prometheus metrics: jobs by state, errors by kind, stage durations, queue depths, activity."""
+"""Prometheus metrics: jobs by state, errors by kind, stage durations, queue depths, activity, the
+node's image store."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from raas.api.image_store import ImageStoreMonitor
 from raas.pipeline import Job, JobState, Pipeline, Stage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -48,6 +50,9 @@ class PipelineMetrics:
 
     def watch(self, pipeline: Pipeline) -> None:
         self.registry.register(_PipelineGauges(pipeline))
+
+    def watch_images(self, images: ImageStoreMonitor) -> None:
+        self.registry.register(_ImageStoreGauges(images))
 
     def job_submitted(self, job: Job) -> None:
         self.submitted.labels(job.data_source).inc()
@@ -100,4 +105,32 @@ class _PipelineGauges(Collector):
             "raas_store_unreadable_rows",
             "Rows of the result store found unreadable: quarantined, skipped where listed.",
             value=stats["unreadable_rows"],
+        )
+
+
+class _ImageStoreGauges(Collector):
+    """The last reading of the node's image store (read off the event loop by the monitor)."""
+
+    def __init__(self, images: ImageStoreMonitor) -> None:
+        self.images = images
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        usage = self.images.usage
+        if usage is None:  # not read yet
+            return
+        yield GaugeMetricFamily(
+            "raas_image_store_images", "Images the node's image store names.", value=usage.images
+        )
+        yield GaugeMetricFamily(
+            "raas_image_store_layers", "Unpacked layers in the image store.", value=usage.layers
+        )
+        yield GaugeMetricFamily(
+            "raas_image_store_bytes",
+            "Bytes of the image store: unpacked layers, each once, and blobs.",
+            value=usage.total_bytes,
+        )
+        yield GaugeMetricFamily(
+            "raas_image_store_share_ratio",
+            "Layer bytes the images would take unshared, over those stored (1: nothing shared).",
+            value=usage.share_ratio,
         )

@@ -1,4 +1,4 @@
-"""What the routes share: the pipeline, its metrics and the registered LLM servers."""
+"""What the routes share: the pipeline, its metrics, the LLM servers, the node's images."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import Request
 
 from raas.agent.gateway import Gateway
+from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
@@ -21,6 +22,8 @@ class ServiceState:
     pipeline: Pipeline
     metrics: PipelineMetrics
     llm: BackendPool
+    # The node's image store as this server reports it (/v1/images, /metrics).
+    images: ImageStoreMonitor
     # /process rollouts in flight under each job_id a ProRL client named them by (for /cancel).
     prorl_jobs: dict[str, set[str]] = field(default_factory=dict)
     # Agent programs' OpenAI-style sessions, one per job (raas.api.routes.gateway).

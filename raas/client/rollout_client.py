@@ -1,7 +1,10 @@
 """The trainer's client for one or many raas servers.
 
 Jobs go to the server with the most free capacity (from ``/v1/status``: jobs in flight per RUN
-worker, counting what this client sent since), each job keeps its server, and a server that
+worker, counting what this client sent since); a job whose instance names an image
+(``raas.image_refs.image_of``: a SWE row's) goes to the least loaded of the servers whose node
+already holds that image (``/v1/images``, read again when its version in the status changes),
+since a server without it would fail the job. Each job keeps its server, and a server that
 stops answering is set aside: its jobs are submitted again elsewhere under the same ids, so no
 rollout is lost. The server a job left is still asked for it: if it comes back (restarted on the
 same database, or after a network blip) with the job finished before it died, that result is
@@ -28,6 +31,7 @@ from raas.client.single_server import (
     server_url,
     with_job_id,
 )
+from raas.image_refs import stored_name_of
 from raas.wire import FINAL_STATES, RolloutRequest, RolloutResult, ServiceStatus
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,8 @@ class Server:
     sent_since_status: int = 0
     down_until: float = 0.0
     last_error: Exception | None = None  # why it was last set aside
+    images: frozenset[str] = frozenset()  # what its node's image store holds
+    images_version: str | None = None
 
     @property
     def up(self) -> bool:
@@ -141,6 +147,11 @@ class RolloutClient:
             try:
                 server.status = await server.client.status()
                 server.sent_since_status -= sent  # keep what was sent while it was read
+                version = server.status.images_version
+                if version is not None and version != server.images_version:
+                    listed = await server.client.images()
+                    server.images = frozenset(listed.images)
+                    server.images_version = listed.version
             except (httpx.TransportError, RaasHTTPError) as e:
                 self._set_aside(server, e)
 
@@ -153,16 +164,30 @@ class RolloutClient:
         server.down_until = time.monotonic() + self.down_for_s
         server.last_error = error
 
-    async def _pick(self, exclude: set[str] | None = None) -> Server:
-        if time.monotonic() - self._status_at > self.status_every_s:
-            await self.refresh()
+    async def _pick(self, exclude: set[str] | None = None, image: str | None = None) -> Server:
+        """The least loaded server up; of those whose node holds ``image``, if any does."""
+        await self._fresh()
         candidates = [s for s in self.servers if s.up and s.url not in (exclude or set())]
         if not candidates:
             raise ServerDown(
                 "no raas server is answering: " + ", ".join(s.url for s in self.servers),
                 {s.url: s.last_error for s in self.servers if s.last_error is not None},
             )
-        return min(candidates, key=lambda s: s.load)
+        holders = [s for s in candidates if image is not None and image in s.images]
+        return min(holders or candidates, key=lambda s: s.load)
+
+    async def _fresh(self) -> None:
+        if time.monotonic() - self._status_at > self.status_every_s:
+            await self.refresh()
+
+    def _held_image(self, request: RolloutRequest) -> str | None:
+        """The image the job runs in, if a server's node holds it (else placement is by load
+        alone, and the jobs of any number of images go in one batch)."""
+        up = [s for s in self.servers if s.up]
+        if len(up) < 2:
+            return None  # nothing to choose: one batch
+        image = stored_name_of(request.instance)
+        return image if any(image in s.images for s in up) else None
 
     # -- jobs ------------------------------------------------------------------------------------
 
@@ -172,11 +197,20 @@ class RolloutClient:
         return job_id
 
     async def submit_batch(self, submissions: Sequence[Submission]) -> list[str]:
-        """Submit, every job with an id; a server that fails is skipped for the next one."""
+        """Submit, every job with an id: one batch for the jobs of each image some server holds
+        (to such a server), one for the rest; a server that fails is skipped for the next one."""
         requests = [with_job_id(r) for r in submissions]
+        await self._fresh()
+        by_image: dict[str | None, list[RolloutRequest]] = {}
+        for request in requests:
+            by_image.setdefault(self._held_image(request), []).append(request)
+        await asyncio.gather(*(self._submit_to_one(i, batch) for i, batch in by_image.items()))
+        return [str(r.job_id) for r in requests]
+
+    async def _submit_to_one(self, image: str | None, requests: list[RolloutRequest]) -> None:
         tried: set[str] = set()
         while True:
-            server = await self._pick(tried)
+            server = await self._pick(tried, image)
             # Counted before the submission is sent, so that concurrent submits spread out.
             server.sent_since_status += len(requests)
             ids = [str(r.job_id) for r in requests]
@@ -192,7 +226,7 @@ class RolloutClient:
                 self._set_aside(server, e)
                 tried.add(server.url)
                 continue
-            return ids
+            return
 
     async def wait(self, job_id: str, poll_s: float = 30.0) -> RolloutResult:
         """The job's result; if its server stops answering, the job runs again elsewhere."""
@@ -209,7 +243,7 @@ class RolloutClient:
 
     async def _move(self, job_id: str, dead: Server) -> None:
         request = self._requests[job_id]
-        new = await self._pick({dead.url})
+        new = await self._pick({dead.url}, stored_name_of(request.instance))
         log.warning("job %s moves from %s to %s", job_id, dead.url, new.url)
         await new.client.submit(request)
         new.sent_since_status += 1

@@ -15,6 +15,7 @@ from raas.wire import (
     BackendOut,
     BatchSubmitted,
     JobStatus,
+    NodeImages,
     RolloutRequest,
     RolloutResult,
     RunningJob,
@@ -198,6 +199,10 @@ class AsyncRolloutClient:
 
     async def status(self) -> ServiceStatus:
         return ServiceStatus.model_validate(await self._request("GET", "/v1/status"))
+
+    async def images(self) -> NodeImages:
+        """The images the image store of the server's node holds."""
+        return NodeImages.model_validate(await self._request("GET", "/v1/images"))
 
     async def running(self) -> list[RunningJob]:
         """The server's jobs in flight, oldest first."""

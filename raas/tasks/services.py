@@ -75,9 +75,13 @@ class TaskServices:
 
     def _store(self) -> ImageResolver:
         if self.image_store is None:
-            root = getattr(self.sandbox_config, "image_store", None)  # the local one has none
-            self.image_store = ImageStore(root or default_store_dir())
+            self.image_store = ImageStore(self.image_store_dir())
         return self.image_store
+
+    def image_store_dir(self) -> Path:
+        """The directory of the node's image store: the sandbox config's ``image_store``."""
+        root = getattr(self.sandbox_config, "image_store", None)  # the local one has none
+        return Path(root) if root is not None else default_store_dir()
 
     def release(self, session: str) -> None:
         release = getattr(self.llm, "release", None)

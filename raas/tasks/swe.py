@@ -12,7 +12,7 @@ JSON-encoded list, as SWE-bench's rows store them, is read as the list), and the
   objects); EVAL judges the patch on a fresh copy in a fresh sandbox (raas.judge.swe: test paths
   put back, shadowing patches refused, tests run by id with canaries and a structured record).
 - ``repo`` + ``base_commit``, as in SWE-bench / SWE-Gym / R2E-Gym: the row runs in its own image
-  (raas.tasks.swe_images: ``image_name``, ``docker_image``, else SWE-Gym's name for its
+  (raas.image_refs: ``image_name``, ``docker_image``, else SWE-Gym's name for its
   ``instance_id``), the repository at /testbed at its base commit (INIT checks it with the
   image's git), its tests pytest node ids, run with its own pytest command where the row
   carries swebench 5's ``eval_script`` (else ``python3 -m pytest -rA`` on their files; a row whose
@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from raas.image_refs import image_of
 from raas.judge.swe import judge_swe
 from raas.judge.swe_image import TESTBED, judge_swe_image
 from raas.judge.swe_repo import (
@@ -58,7 +59,6 @@ from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, TaskJob, Text, located_error
 from raas.tasks.services import TaskServices
-from raas.tasks.swe_images import image_of
 from raas.wire import Trajectory
 
 TEST_COMMAND = "python3 -m unittest -v"  # what the model is told; the judge runs these ids

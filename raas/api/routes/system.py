@@ -1,4 +1,4 @@
-"""Service status, liveness and Prometheus metrics."""
+"""Service status, the node's images, liveness and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Response
 
 from raas.api.metrics import CONTENT_TYPE
 from raas.api.state import ServiceState, service
-from raas.wire import ServiceStatus
+from raas.wire import NodeImages, ServiceStatus
 
 router = APIRouter(tags=["system"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -20,6 +20,7 @@ def service_status(svc: ServiceState) -> ServiceStatus:
             **svc.pipeline.stats(),
             "tasks": svc.pipeline.registry.names(),
             "llm_servers": [b.url for b in svc.llm.backends()],
+            "images_version": svc.images.version,
         }
     )
 
@@ -28,6 +29,13 @@ def service_status(svc: ServiceState) -> ServiceStatus:
 async def get_status(svc: Service) -> ServiceStatus:
     """Queue depth and active jobs per stage, totals by state, uptime."""
     return service_status(svc)
+
+
+@router.get("/v1/images", response_model=NodeImages)
+async def get_images(svc: Service) -> NodeImages:
+    """The images the image store of this server's node holds (as last read: at most a few
+    seconds old), and the version /v1/status names them by."""
+    return NodeImages(version=svc.images.version or "", images=list(svc.images.names))
 
 
 @router.get("/metrics", response_class=Response)

@@ -259,6 +259,15 @@ class ImageStore:
             )
         return sorted(infos, key=lambda i: -i.last_used)
 
+    def names(self) -> builtins.list[str]:
+        """Every named image, sorted (cheap: index.json alone, no manifest read)."""
+        return sorted(self._index())
+
+    @property
+    def index_file(self) -> Path:
+        """The layout's index.json: it changes whenever an image is added or removed."""
+        return self.root / "index.json"
+
     def usage(self) -> StoreUsage:
         """Sizes for ``raas images ls`` and the server's /metrics (cheap: no tree walks)."""
         keys: set[str] = set()
