@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.sandbox.oci import archives, locks, manifests, refs, skopeo
+from raas.image_refs import normalize
+from raas.sandbox.oci import archives, locks, manifests, skopeo
 from raas.sandbox.oci.image import ImageError, StoredImage
 from raas.sandbox.oci.layers import DigestError, LayerError, remove_tree, tree_bytes, unpack_layer
 from raas.sandbox.oci.manifests import Image, ManifestError
@@ -479,7 +480,7 @@ class ImageStore:
 
 def _normalize(ref: str) -> str:
     try:
-        return refs.normalize(ref)
+        return normalize(ref)
     except ValueError as e:
         raise ImageError(str(e)) from e
 
