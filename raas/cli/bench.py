@@ -10,7 +10,7 @@ import click
 
 import raas.bench
 
-NOT_BENCHMARKS = {"forked", "jobload"}  # shared helpers of the benchmarks
+NOT_BENCHMARKS = {"forked", "jobload", "oci_fixtures"}  # shared helpers of the benchmarks
 
 
 def known() -> list[str]:
