@@ -36,6 +36,7 @@ def test_the_report_fits_80_columns_and_gives_the_ratios() -> None:
     pulls = images.Pulls(
         store=[[4.0, 0.2, 0.2], [5.0, 0.3, 0.1]],
         copy=[[0.5, 0.1, 0.1], [0.5, 0.1, 0.1]],
+        untar=[1.0, 2.0],
         layers=[2, 2, 2],
     )
     usage = StoreUsage(
@@ -50,6 +51,7 @@ def test_the_report_fits_80_columns_and_gives_the_ratios() -> None:
     rows = {line.split("  ")[0]: line.split() for line in pull}
     assert rows["image 1 (all layers)"][-3:] == ["0.50", "s", "9.0x"]  # median 4.5 s / 0.5 s
     assert rows["all images"][-1] == "7.0x"  # median of the sums: 4.9 s / 0.7 s
+    assert pull[-1].endswith("1.50 s: the store's unpack 2.7x tar")  # (4.5 - 0.5) / 1.5
     assert "sharing stores 3.00x less unpacked layer data" in disk
     assert "300.0 MiB" in disk[3] and "100.0 MiB" in disk[2]
     assert start[2].split()[-4:] == ["(overlay)", "200.0", "380.0", "2.00x"]

@@ -7,7 +7,8 @@ docker-registry on 127.0.0.1, then, in the same run:
 - pull and unpack (``ImageStore.pull``: skopeo copy, digests verified, each layer unpacked
   once) into a fresh store, each round; the first image fetches and unpacks the base, the others
   find it there. Floor: skopeo's copy alone of the same images into a plain OCI layout, its blob
-  directory shared the same way (no unpack). Medians of ``--rounds`` rounds.
+  directory shared the same way (no unpack); and GNU tar extracting the first image's layer
+  blobs, against the store's unpack of them. Medians of ``--rounds`` rounds.
 - disk for the images with layer sharing (each layer stored once) and without (each image its
   own copy), from ``ImageStore.usage()``, and the ratio;
 - sandbox start from an image (resolve, hold, bwrap over a copy-on-write root of its layers,
@@ -24,6 +25,7 @@ import asyncio
 import os
 import shlex
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -33,7 +35,7 @@ from pathlib import Path
 from raas.bench import oci_fixtures
 from raas.bench.tools import bare_bwrap, pct
 from raas.sandbox import BwrapConfig, create_sandbox
-from raas.sandbox.oci import ImageStore, StoreUsage, skopeo
+from raas.sandbox.oci import ImageStore, StoreUsage, manifests, skopeo
 from raas.sandbox.oci.layers import remove_tree, tree_bytes
 from raas.sandbox.rootfs import overlay_options
 
@@ -46,6 +48,7 @@ class Pulls:
 
     store: list[list[float]]
     copy: list[list[float]]
+    untar: list[float]  # each round, GNU tar extracting the first image's layer blobs
     layers: list[int]  # each image's layers
 
 
@@ -88,10 +91,16 @@ def pull_report(pulls: Pulls) -> list[str]:
     floor = statistics.median(sum(r) for r in pulls.copy)
     rows.append(["all images", "", f"{total:.2f} s", f"{floor:.2f} s", f"{total / floor:.1f}x"])
     header = ["pull", "layers", "store", "copy only", "ratio"]
+    first = statistics.median(r[0] for r in pulls.store) - statistics.median(
+        r[0] for r in pulls.copy
+    )
+    untar = statistics.median(pulls.untar)
     return [
         f"pull + unpack into a fresh store, median of {len(pulls.store)} rounds; floor: skopeo",
         "copy alone (same blobs shared, no unpack):",
         *table(header, rows),
+        f"image 1's unpack (store - copy only) {first:.2f} s; GNU tar -xf of its layer",
+        f"blobs alone {untar:.2f} s: the store's unpack {first / untar:.1f}x tar",
     ]
 
 
@@ -150,7 +159,7 @@ def build(tmp: Path, reg: oci_fixtures.Registry, n: int, kib: int) -> list[str]:
 def timed_pulls(tmp: Path, refs: list[str], rounds: int) -> tuple[Pulls, ImageStore]:
     """Each round, the floor's copies and then a fresh store's pulls, so both see the same
     machine; the last round's store is kept (for its usage and the starts)."""
-    store_rounds, copy_rounds = [], []
+    store_rounds, copy_rounds, untars = [], [], []
     store = ImageStore(tmp / "store")
     layers: list[int] = []
     for r in range(rounds):
@@ -162,6 +171,7 @@ def timed_pulls(tmp: Path, refs: list[str], rounds: int) -> tuple[Pulls, ImageSt
                 f"docker://{ref}", tmp / "copy" / str(i), tmp / "copy/blobs", tls_verify=False
             )
             copies.append(time.perf_counter() - start)
+        untars.append(untar(tmp / "copy" / "0", tmp / "copy" / "blobs", tmp / "copy" / "root"))
         remove_tree(tmp / "copy")
         copy_rounds.append(copies)
         remove_tree(store.root)
@@ -173,7 +183,21 @@ def timed_pulls(tmp: Path, refs: list[str], rounds: int) -> tuple[Pulls, ImageSt
             if r == 0:
                 layers.append(len(image.layers))
         store_rounds.append(pulls)
-    return Pulls(store=store_rounds, copy=copy_rounds, layers=layers), store
+    return Pulls(store_rounds, copy_rounds, untars, layers), store
+
+
+def untar(layout: Path, blob_dir: Path, dest: Path) -> float:
+    """Seconds GNU tar takes to extract the layer blobs of the image in ``layout`` into
+    ``dest``, bottom first: a floor for the store's unpack (which also verifies digests and
+    applies whiteouts)."""
+    image = manifests.read_image(blob_dir, str(manifests.index_manifests(layout)[0]["digest"]))
+    dest.mkdir()
+    start = time.perf_counter()
+    for layer in image.layers:
+        blob = manifests.blob_path(blob_dir, layer.digest)
+        # Not checked: rootless, tar cannot make the image's device nodes (nor can the store).
+        subprocess.run(["tar", "-xf", str(blob), "-C", str(dest)], stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
 
 
 async def timed_starts(store: ImageStore, ref: str, n: int) -> Starts:
