@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak example-grpo system-deps clean
+.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -150,6 +150,12 @@ bench-scale: $(STAMP)
 # 10,000 jobs while the server and its backends are killed on a schedule (about 15 minutes here).
 bench-soak: $(STAMP) system-deps
 	$(BIN)/raas bench soak
+
+# Images from a registry through the store into sandboxes: pull, disk with and without layer
+# sharing, start from an image against a plain sandbox (needs the image tier's root filesystem).
+bench-images: $(STAMP) system-deps
+	scripts/images/make-base-rootfs.sh
+	$(BIN)/raas bench images
 
 # GRPO on the CPU over HTTP: starts raas engine and raas serve, 20 steps (about 50 minutes here).
 example-grpo: $(STAMP) system-deps

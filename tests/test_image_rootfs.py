@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from raas.bench.oci_fixtures import base_rootfs_dir
 from raas.sandbox import (
     BwrapConfig,
     LocalConfig,
@@ -43,11 +44,6 @@ from tests.hpc import apptainer_config
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(action_timeout_s=60, disk_bytes=256 * MiB, start_timeout_s=60)
 PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def base_rootfs() -> Path:
-    cache = Path(os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas")
-    return cache / "swe-images" / "base-rootfs"
 
 
 def whiteout(path: Path) -> None:
@@ -229,7 +225,7 @@ def test_local_sandboxes_run_no_images(tmp_path: Path) -> None:
 
 @pytest.fixture
 def debian() -> Path:
-    root = base_rootfs()
+    root = base_rootfs_dir()
     if not (root / "usr/bin/python3").exists():
         why = f"no Debian root filesystem at {root}: scripts/images/make-base-rootfs.sh builds it"
         if tiers.selected("images"):

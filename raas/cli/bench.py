@@ -10,7 +10,7 @@ import click
 
 import raas.bench
 
-NOT_BENCHMARKS = {"forked", "jobload"}  # shared helpers of the benchmarks
+NOT_BENCHMARKS = {"forked", "jobload", "oci_fixtures"}  # shared helpers of the benchmarks
 
 
 def known() -> list[str]:
@@ -25,8 +25,8 @@ def known() -> list[str]:
 @click.argument("name")
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
-    """Run benchmark NAME: dapo, gateway, llm, pipeline, scale, soak or tools. Its own options
-    come after `--`: `raas bench pipeline -- --help`, `raas bench pipeline -- --jobs 96`.
+    """Run benchmark NAME: dapo, gateway, images, llm, pipeline, scale, soak or tools. Its own
+    options come after `--`: `raas bench pipeline -- --help`, `raas bench pipeline -- --jobs 96`.
     Benchmarks print medians and ratios against a baseline measured in the same run; they
     never assert."""
     if name not in known():
