@@ -42,10 +42,14 @@ def engine_args(model: str, sabotage: float | None) -> list[str]:
 def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     """Start the embedded engine and the service, run a mix of bundled code, SWE-style and math
     tasks in bubblewrap sandboxes, and print the results."""
-    from raas.demo import run_demo
+    from raas.demo import Demo
+    from raas.wire import RolloutResult
 
     model = "oracle" if oracle else model
-    sys.exit(run_demo(model, engine_args=engine_args(model, sabotage)))
+    plan = Demo.of(model, engine_args=engine_args(model, sabotage))
+    finished: list[RolloutResult] = []
+    results, wall = run_keeping(plan.run(finished), finished, plan.out)
+    sys.exit(plan.report(results, wall))
 
 
 @click.command(short_help="Run a task file or a bundled set, with progress and a table.")
