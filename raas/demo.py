@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from raas.helpers import new_run_dir
 from raas.oracle.sabotage import sabotage_of
 from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled
+from raas.wire import RolloutResult
 
 DEMO_SAMPLING = {**CPU_SAMPLING, "temperature": 0.7, "top_p": 0.95, "seed": 0}
 # The oracle's trajectories take the tasks' own turn limits (up to 6 turns for swe) and write a
@@ -37,27 +40,63 @@ def demo_tasks(model: str) -> list[dict[str, Any]]:
     return tasks
 
 
+@dataclass
+class Demo:
+    """One demo run: its tasks, where its results go, and what it prints at the end. ``raas
+    demo`` runs it as ``raas run`` runs a file (a Ctrl-C keeps what finished)."""
+
+    model: str
+    workdir: Path
+    engine_args: list[str] = field(default_factory=list)
+    console: Console = field(default_factory=lambda: Console(width=max(Console().width, 120)))
+
+    @classmethod
+    def of(
+        cls,
+        model: str = "smollm2",
+        workdir: Path | None = None,
+        engine_args: list[str] | None = None,
+    ) -> Demo:
+        """The demo on ``model``; its results, database and engine log go to ``workdir``
+        (default: a new directory under out/demo for each run, named for its time and model)."""
+        return cls(model, workdir or new_run_dir(Path("out/demo"), model), list(engine_args or []))
+
+    @property
+    def out(self) -> Path:
+        return self.workdir / "results.jsonl"
+
+    def run(
+        self, finished: list[RolloutResult] | None = None
+    ) -> Coroutine[Any, Any, tuple[list[RolloutResult], float]]:
+        """The run (results in order, wall time); ``finished`` gets each result as it comes."""
+        sampling = ORACLE_SAMPLING if self.model == "oracle" else DEMO_SAMPLING
+        tasks = [(f"demo:{i}", t) for i, t in enumerate(demo_tasks(self.model), 1)]
+        requests = as_requests(tasks, sampling, timeout_s=300)
+        options = RunOptions(model=self.model, workdir=self.workdir, engine_args=self.engine_args)
+        return run_tasks(requests, options, self.console, finished)
+
+    def report(self, results: list[RolloutResult], wall_s: float) -> int:
+        """Print the table and the summary, write the results; the exit status."""
+        oracle = self.model == "oracle"
+        kinds = "code, swe, math and stem" if oracle else "code, swe and math"
+        self.console.print(
+            result_table(results, f"raas demo: {self.model} on bundled {kinds} tasks")
+        )
+        self.console.print(summary(results, wall_s))
+        if oracle:
+            self.console.print(sabotaged_line(results, self.engine_args))
+        write_results(results, self.out)
+        self.console.print(f"results (trajectories with token ids, masks, logprobs) in {self.out}")
+        return 0 if all(r.state in {"done", "failed", "timeout"} for r in results) else 1
+
+
 def run_demo(
     model: str = "smollm2", workdir: Path | None = None, engine_args: list[str] | None = None
 ) -> int:
-    """The demo on ``model``; its results, database and engine log go to ``workdir`` (default:
-    a new directory under out/demo for each run, named for its time and model)."""
-    workdir = workdir or new_run_dir(Path("out/demo"), model)
-    console = Console(width=max(Console().width, 120))
-    sampling = ORACLE_SAMPLING if model == "oracle" else DEMO_SAMPLING
-    tasks = [(f"demo:{i}", t) for i, t in enumerate(demo_tasks(model), 1)]
-    requests = as_requests(tasks, sampling, timeout_s=300)
-    options = RunOptions(model=model, workdir=workdir, engine_args=list(engine_args or []))
-    results, wall = asyncio.run(run_tasks(requests, options, console))
-    kinds = "code, swe, math and stem" if model == "oracle" else "code, swe and math"
-    console.print(result_table(results, f"raas demo: {model} on bundled {kinds} tasks"))
-    console.print(summary(results, wall))
-    if model == "oracle":
-        console.print(sabotaged_line(results, options.engine_args))
-    out = workdir / "results.jsonl"
-    write_results(results, out)
-    console.print(f"results (trajectories with token ids, masks, logprobs) in {out}")
-    return 0 if all(r.state in {"done", "failed", "timeout"} for r in results) else 1
+    """The demo on ``model`` start to end (``Demo.of``); its exit status."""
+    demo = Demo.of(model, workdir, engine_args)
+    results, wall = asyncio.run(demo.run())
+    return demo.report(results, wall)
 
 
 def sabotaged_line(results: list[Any], engine_args: list[str]) -> str:

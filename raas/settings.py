@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import DirectoryPath, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -153,10 +153,17 @@ class ServeSettings(BaseSettings):
         " runs $RAAS_APPTAINER_IMAGE from $RAAS_APPTAINER_IMAGES, see `raas images`).",
     )
     warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes kept started ahead.")
-    agents_venv: Path | None = Field(
+    agents_venv: DirectoryPath | None = Field(
         default=None,
         description="A virtual environment holding agent frameworks that harness tasks run"
         ' (`"agent": "mini-swe-agent"`); `make agents-venv` builds .venv-agents.',
+    )
+    agent_files: DirectoryPath | None = Field(
+        default=None,
+        description="A directory of your own agent's files for harness tasks: copied (links as"
+        " links) and bound read-only into their sandboxes at $RAAS_AGENT_DIR, so that an"
+        ' instance\'s agent_command can run it ("python3 $RAAS_AGENT_DIR/agent.py"). Everything'
+        " in it is readable by the model's commands: put no secret there.",
     )
     log_level: LogLevel = Field(default="info", description="Logging level.")
 
@@ -308,6 +315,12 @@ def choices(name: str) -> tuple[str, ...] | None:
     if typing.get_origin(annotation) is Literal:
         return tuple(str(a) for a in typing.get_args(annotation))
     return None
+
+
+def is_directory(name: str) -> bool:
+    """Whether a path field names a directory (``DirectoryPath``): its flag takes one."""
+    annotation = without_none(ServeSettings.model_fields[name].annotation)[0]
+    return any(getattr(m, "path_type", None) == "dir" for m in typing.get_args(annotation)[1:])
 
 
 def scalar_type(name: str) -> type:

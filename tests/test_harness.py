@@ -16,6 +16,7 @@ from raas.llm.pool import BackendPool
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig
 from raas.sandbox import BwrapConfig
+from raas.sandbox.pydeps import staged_binds
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.datasets import humaneval_problems
@@ -415,3 +416,81 @@ async def test_mini_swe_agent_without_an_agents_environment_fails_saying_what_to
     with pytest.raises(InvalidInstance) as err:
         HarnessTask().validate(TaskJob("j", {**instance, "agent": "claude-code"}, {}))
     assert err.value.loc[:2] == ("instance", "agent")
+
+
+OWN_AGENT = """\
+import json, os
+from openai import OpenAI
+
+messages = json.load(open(os.environ["RAAS_MESSAGES_FILE"]))
+assert os.environ["RAAS_MESSAGES"] == os.environ["RAAS_MESSAGES_FILE"]  # the earlier name
+reply = OpenAI().chat.completions.create(model="policy", messages=messages)
+open(os.environ["RAAS_ANSWER_FILE"], "w").write(reply.choices[0].message.content)
+print("asked:", messages[-1]["content"])
+here = os.environ["RAAS_AGENT_DIR"]
+print("helper:", open(os.path.join(here, "lib", "helper.txt")).read())
+for name in ("secret", "outside"):
+    try:
+        print(name + ":", open(os.path.join(here, name)).read())
+    except OSError as e:
+        print(name + ":", type(e).__name__)
+try:
+    open(os.path.join(here, "written"), "w")
+    print("write: allowed")
+except OSError as e:
+    print("write:", type(e).__name__)
+"""
+
+
+async def test_your_own_agent_runs_from_the_service_s_agent_files(tmp_path: Path) -> None:
+    """What the README's gateway section tells a user to do: the agent's directory is the
+    service's agent_files, bound read-only at $RAAS_AGENT_DIR; a link in it to a host file
+    outside brings nothing in (and that file's mode is left alone)."""
+    agent = tmp_path / "my_agent"
+    (agent / "lib").mkdir(parents=True)
+    (agent / "agent.py").write_text(OWN_AGENT)
+    (agent / "lib" / "helper.txt").write_text("bound in")
+    secret = tmp_path / "key.txt"
+    secret.write_text("HOST-SECRET")
+    secret.chmod(0o600)
+    (agent / "secret").symlink_to(secret)
+    (agent / "outside").symlink_to("../key.txt")
+    services = TaskServices(llm=NoLLM(), sandbox_config=BwrapConfig(), agent_files=agent)
+    math = {"judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
+    command = "python3 $RAAS_AGENT_DIR/agent.py"
+    result = await run_job(
+        tmp_path / "run",
+        {**math, "agent_command": command},
+        FakeGateway([{"content": "42"}]),
+        services,
+    )
+    output = result["metrics"]["agent_output"]
+    assert (result["state"], result["reward"]) == ("done", 1.0), output
+    assert result["metrics"]["agent_exit_code"] == 0
+    assert "asked: What is 6 * 7?" in output and "helper: bound in" in output
+    assert "HOST-SECRET" not in output
+    assert "secret: FileNotFoundError" in output and "outside: FileNotFoundError" in output
+    assert "write: OSError" in output  # read-only (EROFS)
+    assert secret.stat().st_mode & 0o777 == 0o600
+
+
+async def test_an_agent_command_in_raas_agent_dir_without_agent_files_says_the_flag(
+    tmp_path: Path,
+) -> None:
+    math = {"judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
+    instance = {**math, "agent_command": "python3 $RAAS_AGENT_DIR/agent.py"}
+    result = await run_job(tmp_path, instance, FakeGateway([]))
+    assert (result["state"], result["stage_failed"]) == ("failed", "init")
+    assert "--agent-files DIR" in result["error"]["message"]
+
+
+def test_agent_files_are_staged_again_when_they_change(tmp_path: Path) -> None:
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "agent.py").write_text("print(1)\n")
+    [(first, target)] = staged_binds(None, {str(agent): "/x"}, own_files=True).items()
+    assert (target, (Path(first) / "agent.py").read_text()) == ("/x", "print(1)\n")
+    (agent / "agent.py").write_text("print(2)\n")
+    [second] = staged_binds(None, {str(agent): "/x"}, own_files=True)
+    assert second != first and (Path(second) / "agent.py").read_text() == "print(2)\n"
+    assert staged_binds(None, {str(agent): "/x"}, own_files=True) == {second: "/x"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -428,9 +429,14 @@ async def test_drain_finishes_jobs_in_flight_and_refuses_new_ones(
 
 
 async def test_drain_cancels_what_outlasts_the_grace_period(
-    make_pipeline: Any, probe: ProbeTask
+    make_pipeline: Any, probe: ProbeTask, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="raas.pipeline")
     async with make_pipeline() as pipeline:
+        asked = await submit_one(pipeline, probe_instance(run="block"))
+        await probe.wait_entered(asked, "run")
+        pipeline.cancel(asked)
+        await finished(pipeline, asked)
         job_id = await submit_one(pipeline, probe_instance(run="block"))
         await probe.wait_entered(job_id, "run")
         await pipeline.drain(grace_s=0.05)
@@ -439,6 +445,13 @@ async def test_drain_cancels_what_outlasts_the_grace_period(
     assert record.result.state == "cancelled"
     assert record.result.error is not None and record.result.error.type == "shutdown"
     assert probe.closed[job_id] == 1
+    # A cancel that was asked for is logged as news; one forced by a shutdown as a warning.
+    levels = {
+        r.getMessage().split()[1]: r.levelname
+        for r in caplog.records
+        if " cancelled " in r.getMessage()
+    }
+    assert levels == {asked: "INFO", job_id: "WARNING"}
 
 
 async def test_restart_reports_in_flight_jobs_as_failed_and_keeps_results(

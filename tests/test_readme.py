@@ -86,6 +86,10 @@ EXPECT = {
         r"HumanEval/0 done",
         r"1 rollouts in .* done 1",
     ],
+    "Agents raas did not write: the gateway and harness tasks :: mkdir -p my_agent": [
+        r"math-gen-0001 done 0\.0 1 32 agent_exit_0",  # task, state, reward, turns, tokens, why
+        r"exit code 0 output: the model answered: '",  # metrics.agent_output: what it printed
+    ],
 }
 DEADLINE_S = 240.0  # per block, generous for a loaded 2-core machine
 HEAVY_DEADLINE_S = 1200.0

@@ -1,6 +1,7 @@
-"""Ctrl-C on `raas run` and `raas submit`, as a terminal sends it (SIGINT to the foreground
-process group of a process on a pty): one SIGINT stops the run, cancels its unfinished jobs on
-the server, writes the results already finished to --out, and leaves no child of its own."""
+"""Ctrl-C on `raas run`, `raas submit` and `raas demo`, as a terminal sends it (SIGINT to the
+foreground process group of a process on a pty): one SIGINT stops the run, cancels its unfinished
+jobs on the server, writes the results already finished to --out (the demo: its results file),
+and leaves no child of its own."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Terminal:
     """A command on a pty, in a session of its own (a shell's foreground job), its output
     collected as it comes."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         leader, follower = pty.openpty()
         self.proc = subprocess.Popen(
             argv,
@@ -39,6 +40,7 @@ class Terminal:
             stdout=follower,
             stderr=follower,
             env={**env, "COLUMNS": "120"},
+            cwd=cwd,
             start_new_session=True,
         )
         os.close(follower)
@@ -220,3 +222,34 @@ def test_an_interrupt_while_the_embedded_engine_starts_stops_it(
     assert code == 130, term.tail
     said_nothing_wrong(term.output)
     assert "serving on" not in term.output
+
+
+def test_ctrl_c_on_the_demo_stops_its_engine_and_keeps_what_finished(tmp_path: Path) -> None:
+    """`raas demo` as `raas run`: one line, exit 130, its engine stopped, its unfinished jobs
+    cancelled and what finished in its results file (it printed `Aborted!` and kept nothing)."""
+    term = Terminal(
+        [sys.executable, "-m", "raas", "demo", "--model", "tiny"], dict(os.environ), tmp_path
+    )
+    try:
+        url = term.wait_for(r"raas serving on (http://127\.0\.0\.1:\d+)")[1]
+        (engine,) = term.children()
+        deadline = time.monotonic() + DEADLINE_S
+        # Ctrl-C once its jobs are on the server (the tiny model takes minutes over them).
+        while httpx.get(f"{url}/v1/status").json()["in_flight"] < 8:
+            assert time.monotonic() < deadline, term.tail
+            time.sleep(0.05)
+        code = term.ctrl_c()
+    finally:
+        term.kill()
+    assert wait_gone(engine), f"the engine ({engine}) outlived the demo:\n{term.tail}"
+    assert code == 130, term.tail
+    said_nothing_wrong(term.output)
+    assert "cancelled by request" not in term.output  # the service's log: no line a job
+    said = re.search(r"interrupted: the (\d+) results that had finished are in (\S+)", term.output)
+    assert said is not None, term.tail
+    out = tmp_path / said[2]
+    kept = stored(out) if out.read_text() else {}
+    assert len(kept) == int(said[1])
+    states = {r.instance_id: r.state for r in iter_finished(out.parent / "raas.db")}
+    assert len(states) == 8 and {states[i] for i in kept} <= {"done", "failed", "timeout"}
+    assert all(state == "cancelled" for i, state in states.items() if i not in kept)

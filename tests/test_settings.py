@@ -91,3 +91,20 @@ def test_allowed_hosts_come_comma_separated_from_the_environment(
 ) -> None:
     monkeypatch.setenv("RAAS_ALLOWED_HOSTS", "raas.internal, node-7")
     assert load_settings(None, {}).allowed_hosts == ["raas.internal", "node-7"]
+
+
+@pytest.mark.parametrize("name", ["agents_venv", "agent_files"])
+def test_raas_serve_s_directory_flags_take_a_directory(name: str, tmp_path: Path) -> None:
+    """`raas serve --agents-venv .venv-agents`, as the README gives it (its flag refused every
+    directory once: 'is a directory')."""
+    import click
+
+    from raas.cli.serve import serve
+
+    [option] = [p for p in serve.params if p.name == name]
+    assert option.type.convert(str(tmp_path), option, None) == tmp_path
+    (tmp_path / "file").touch()
+    with pytest.raises(click.BadParameter, match="is a file"):
+        option.type.convert(str(tmp_path / "file"), option, None)
+    with pytest.raises(SettingsError, match="does not point to a directory"):
+        load_settings(None, {name: tmp_path / "missing"})

@@ -83,6 +83,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             sandbox_config=sandbox_config(settings.sandbox, runtime_dir=runtime.path),
             warm_sandboxes=settings.warm_sandboxes,
             agents_venv=settings.agents_venv,
+            agent_files=settings.agent_files,
         )
         pipeline = Pipeline(
             tasks,

@@ -42,10 +42,14 @@ def engine_args(model: str, sabotage: float | None) -> list[str]:
 def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     """Start the embedded engine and the service, run a mix of bundled code, SWE-style and math
     tasks in bubblewrap sandboxes, and print the results."""
-    from raas.demo import run_demo
+    from raas.demo import Demo
+    from raas.wire import RolloutResult
 
     model = "oracle" if oracle else model
-    sys.exit(run_demo(model, engine_args=engine_args(model, sabotage)))
+    plan = Demo.of(model, engine_args=engine_args(model, sabotage))
+    finished: list[RolloutResult] = []
+    results, wall = run_keeping(plan.run(finished), finished, plan.out)
+    sys.exit(plan.report(results, wall))
 
 
 @click.command(short_help="Run a task file or a bundled set, with progress and a table.")
@@ -92,6 +96,12 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     help="The in-process service's agents environment (raas serve --agents-venv).",
 )
 @click.option(
+    "--agent-files",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A directory of your own agent's files, at $RAAS_AGENT_DIR in harness sandboxes"
+    " (raas serve --agent-files).",
+)
+@click.option(
     "--replay",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Re-score the results in this file (no model) instead of running.",
@@ -110,6 +120,7 @@ def run(
     timeout_s: float,
     out: Path | None,
     agents_venv: Path | None,
+    agent_files: Path | None,
     replay: Path | None,
 ) -> None:
     """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
@@ -180,6 +191,7 @@ def run(
         model=model,
         workdir=out.parent,
         agents_venv=agents_venv,
+        agent_files=agent_files,
         engine_args=engine_args(model, sabotage),
     )
     finished: list[RolloutResult] = []

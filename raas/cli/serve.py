@@ -10,7 +10,7 @@ import click
 
 from raas.cli.output import api_key_option
 from raas.helpers import PortBusy, check_port
-from raas.settings import ServeSettings, choices, flag, is_list, scalar_type
+from raas.settings import ServeSettings, choices, flag, is_directory, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
     "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
@@ -26,7 +26,8 @@ def _param_type(name: str) -> Any:
         return click.Choice(allowed)
     kind = scalar_type(name)
     if kind is Path:
-        return click.Path(dir_okay=False, path_type=Path)
+        directory = is_directory(name)
+        return click.Path(file_okay=not directory, dir_okay=directory, path_type=Path)
     return kind if kind in (int, float) else str
 
 

@@ -7,11 +7,11 @@ and ``OPENAI_API_KEY``. It runs mini-SWE-agent's own command line, unmodified, w
 COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` to finish): unattended (``--yolo
 --exit-immediately``), on litellm's ``openai/`` provider pointed at the gateway, with
 litellm's packaged model cost map (it would fetch one from the internet otherwise) and cost
-tracking off (the gateway's model has no price). The task is the job's user messages
-(``$RAAS_MESSAGES``), the step limit ``$RAAS_MAX_TURNS``; the submission (what the finishing
-command's output holds after its first line) goes to ``$RAAS_ANSWER_FILE``. Arguments are
-passed on to ``mini`` (``-c agent.step_limit=5``, ``-c swebench.yaml``...). Standard library
-only.
+tracking off (the gateway's model has no price). The task is the job's user messages (in the
+file ``$RAAS_MESSAGES_FILE``), the step limit ``$RAAS_MAX_TURNS``; the submission (what the
+finishing command's output holds after its first line) goes to ``$RAAS_ANSWER_FILE``.
+Arguments are passed on to ``mini`` (``-c agent.step_limit=5``, ``-c swebench.yaml``...).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def mini_command(task: str, trajectory: str, extra: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     extra = sys.argv[1:] if argv is None else argv
-    with open(os.environ["RAAS_MESSAGES"], encoding="utf-8") as f:
+    with open(os.environ["RAAS_MESSAGES_FILE"], encoding="utf-8") as f:
         messages: list[dict[str, Any]] = json.load(f)
     # The problem itself: raas's system prompts describe raas's own tools, not mini's.
     task = "\n\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")

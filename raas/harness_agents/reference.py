@@ -1,10 +1,10 @@
 """The reference agent: a small tool loop on the real ``openai`` client, run inside a sandbox.
 
 It talks to ``$OPENAI_BASE_URL`` with ``$OPENAI_API_KEY`` (the gateway, through the relay),
-reads its chat from ``$RAAS_MESSAGES`` (a JSON list of messages), offers the model a ``bash``
-tool (run here with subprocess) and a ``finish`` tool, and stops at ``finish`` or at a reply
-without tool calls; the answer (finish's argument, else that reply) goes to
-``$RAAS_ANSWER_FILE``. Standard library and openai only.
+reads its chat from the file ``$RAAS_MESSAGES_FILE`` names (a JSON list of messages), offers
+the model a ``bash`` tool (run here with subprocess) and a ``finish`` tool, and stops at
+``finish`` or at a reply without tool calls; the answer (finish's argument, else that reply)
+goes to ``$RAAS_ANSWER_FILE``. Standard library and openai only.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run_bash(command: str, timeout_s: float, max_output: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--messages", default=os.environ.get("RAAS_MESSAGES"))
+    parser.add_argument("--messages", default=os.environ.get("RAAS_MESSAGES_FILE"))
     parser.add_argument("--answer-file", default=os.environ.get("RAAS_ANSWER_FILE"))
     parser.add_argument("--model", default=os.environ.get("RAAS_MODEL", "policy"))
     parser.add_argument("--max-turns", type=int, default=int(os.environ.get("RAAS_MAX_TURNS", 20)))
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output", type=int, default=8000)
     args = parser.parse_args(argv)
     if not args.messages:
-        parser.error("no messages: pass --messages or set RAAS_MESSAGES")
+        parser.error("no messages: pass --messages or set RAAS_MESSAGES_FILE")
     with open(args.messages, encoding="utf-8") as f:
         messages: list[dict[str, Any]] = json.load(f)
 

@@ -730,4 +730,7 @@ def _log_finished(job: Job, state: JobState, result: RolloutResult) -> None:
     if job.ending is not None:
         where = f" in {job.ending.stage}" if job.ending.stage else ""
         summary += f"{where}: {job.ending.error_type}: {job.ending.message}"
-    log.log(logging.INFO if state is JobState.DONE else logging.WARNING, summary)
+    # A cancel someone asked for is no warning: a Ctrl-C of raas run or raas demo would print
+    # one for each job over its own last line.
+    asked = job.ending is not None and job.ending.error_type == "cancelled"
+    log.log(logging.INFO if state is JobState.DONE or asked else logging.WARNING, summary)

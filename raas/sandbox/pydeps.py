@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import os
 import re
 import shutil
 import sys
@@ -91,6 +92,7 @@ def staged_binds(
     dirs: dict[str, str] | None = None,
     dest: str = DEST,
     bytecode: bool = False,
+    own_files: bool = False,
 ) -> dict[str, str]:
     """Like ``package_binds``, but from a world-readable copy under ``runtime_root()``.
 
@@ -99,9 +101,14 @@ def staged_binds(
     ``distribution`` None), and each of ``dirs`` (``{host dir: sandbox path}``), is copied once
     into a directory of its own whose name is a digest of what it holds, and bound from there.
     ``bytecode`` keeps the ``__pycache__`` directories: the sandbox cannot write them, and a
-    large package (litellm) imports seconds slower without. Blocking: call it off the loop.
+    large package (litellm) imports seconds slower without. ``own_files``: ``dirs`` are a
+    user's own (an agent's), which may change between jobs and may hold links: they are looked
+    at again on every call (copied again only when they changed), and a link is copied as a
+    link, so that none brings a host file from outside them in. Blocking: call it off the loop.
     """
-    key = (distribution, tuple(sorted((dirs or {}).items())), dest, bytecode)
+    key = (distribution, tuple(sorted((dirs or {}).items())), dest, bytecode, own_files)
+    if own_files:
+        return dict(_stage(*key))
     binds = dict(_staged(*key))
     if not all(Path(host).exists() for host in binds):  # the copy was removed (a /tmp clean-up)
         _staged.cache_clear()
@@ -109,22 +116,25 @@ def staged_binds(
     return binds
 
 
-@functools.cache
-def _staged(
-    distribution: str | None, dirs_items: tuple[tuple[str, str], ...], dest: str, bytecode: bool
+def _stage(
+    distribution: str | None,
+    dirs_items: tuple[tuple[str, str], ...],
+    dest: str,
+    bytecode: bool,
+    own_files: bool,
 ) -> tuple[tuple[str, str], ...]:
-    # Once a process: the digest walks every file of the closure (thousands of stats), and the
-    # installed packages do not change under a running server.
     from raas.sandbox.runtime import runtime_root
 
     dirs = dict(dirs_items)
     closure = _closure(distribution) if distribution is not None else ()
     sources = {f"py/{top}": host for top, host in closure if host.exists()}
     sources |= {f"dir{i}": Path(host) for i, host in enumerate(sorted(dirs))}
-    digest = hashlib.sha256(f"bytecode={bytecode}\n".encode())
+    digest = hashlib.sha256(f"bytecode={bytecode} links={own_files}\n".encode())
     for name, host in sorted(sources.items()):
-        for path in sorted(host.rglob("*")) if host.is_dir() else [host]:
-            if path.is_file() and (bytecode or "__pycache__" not in path.parts):
+        for path in _entries(host):
+            if own_files and path.is_symlink():
+                digest.update(f"{name}:{path}->{os.readlink(path)}\n".encode())
+            elif path.is_file() and (bytecode or "__pycache__" not in path.parts):
                 stat = path.stat()
                 digest.update(f"{name}:{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     root = runtime_root() / f"py-{digest.hexdigest()[:16]}"
@@ -136,11 +146,12 @@ def _staged(
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if host.is_dir():
                     ignore = None if bytecode else shutil.ignore_patterns("__pycache__")
-                    shutil.copytree(host, target, ignore=ignore, symlinks=False)
+                    shutil.copytree(host, target, ignore=ignore, symlinks=own_files)
                 else:
                     shutil.copy2(host, target)
-            for path in [staging, *staging.rglob("*")]:
-                path.chmod(0o755 if path.is_dir() else 0o644)
+            for path in [staging, *_entries(staging)]:
+                if not path.is_symlink():  # chmod follows a link: to a host file outside
+                    path.chmod(0o755 if path.is_dir() else 0o644)
             staging.rename(root)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
@@ -150,3 +161,17 @@ def _staged(
     for i, source in enumerate(sorted(dirs)):
         binds[str(root / f"dir{i}")] = dirs[source]
     return tuple(binds.items())
+
+
+# Once a process for installed packages: the digest walks every file of the closure (thousands
+# of stats), and they do not change under a running server.
+_staged = functools.cache(_stage)
+
+
+def _entries(top: Path) -> list[Path]:
+    """Everything below ``top`` (itself, when a file), sorted; links are listed, never
+    followed into."""
+    if not top.is_dir() or top.is_symlink():
+        return [top]
+    found = [Path(d, n) for d, dirs, files in os.walk(top) for n in [*dirs, *files]]
+    return sorted(found)

@@ -3,11 +3,16 @@
 RUN opens a gateway session for the job (``services.gateway.open(job_id, params, trajectory)``;
 the session records every model call into the trajectory), exposes it inside the sandbox
 (``Sandbox.expose``: ``http://127.0.0.1:PORT/v1``, no network), and runs the agent's command
-line with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the session's token), ``RAAS_MESSAGES`` (the
-task's chat as JSON), ``RAAS_TASK`` (the same as text), ``RAAS_ANSWER_FILE`` and
-``RAAS_MAX_TURNS``, within ``agent_timeout_s``. EVAL is the judge of the task the instance names
-(``judge``: code, swe or math), on the same artifact that task takes (solution file, patch,
-answer).
+line with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the session's token),
+``RAAS_MESSAGES_FILE`` (a file of the task's chat messages as JSON), ``RAAS_TASK_FILE`` (a file
+of the same as text), ``RAAS_ANSWER_FILE`` (where the answer goes) and ``RAAS_MAX_TURNS``, within
+``agent_timeout_s``; ``RAAS_MESSAGES`` and ``RAAS_TASK`` are the first two's earlier names (the
+same paths). EVAL is the judge of the task the instance names (``judge``: code, swe or math), on
+the same artifact that task takes (solution file, patch, answer).
+
+A user's own agent comes in as the service's ``agent_files`` (``raas serve --agent-files DIR``):
+a directory copied (links as links, so that none reaches outside it) and bound read-only at
+``RAAS_AGENT_DIR``, where the instance's ``agent_command`` runs it.
 
 The instance's ``agent`` picks a bundled agent: its packages are bound read-only into the
 sandbox, on ``PYTHONPATH``, and its command line is the default one (``agent_command`` replaces
@@ -58,6 +63,7 @@ from raas.wire import Trajectory
 AGENTS_DIR = Path(__file__).resolve().parent.parent / "harness_agents"
 AGENTS_INSIDE = "/.raas/agents"
 AGENT_PY_INSIDE = "/.raas/agent-py"  # an agents environment's site-packages
+AGENT_FILES_INSIDE = "/.raas/agent-files"  # the service's agent_files ($RAAS_AGENT_DIR)
 IO_DIR = "/tmp/raas-harness"
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 LAST_LINE_CHARS = 200  # of a crashed agent's output, in its error message
@@ -83,6 +89,7 @@ class HarnessInstance(TaskInstance):
 @dataclass
 class HarnessContext(AgentContext):
     agent_output: str | None = None  # the end of what the agent program printed
+    agent_exit_code: int | None = None  # None: it ran out of agent_timeout_s
     agent_site: Path | None = None  # the agents environment's site-packages (not the reference)
     # What the gateway recorded (calls, segments with their tokens, drift), for the result.
     gateway_metrics: dict[str, Any] = field(default_factory=dict)
@@ -113,8 +120,15 @@ class HarnessTask(AgentTask):
     async def init(self, job: TaskJob) -> HarnessContext:
         self.validate(job)
         services = self.services_of(job)
-        agent = HarnessInstance.model_validate(job.instance).agent
+        instance = HarnessInstance.model_validate(job.instance)
+        agent = instance.agent
         ctx = HarnessContext(job=job)
+        if services.agent_files is None and "RAAS_AGENT_DIR" in (instance.agent_command or ""):
+            raise SandboxError(
+                "the agent_command runs a file in $RAAS_AGENT_DIR, but this service has no agent"
+                " files: start raas serve with --agent-files DIR (raas run --agent-files DIR,"
+                " RAAS_AGENT_FILES), the directory that holds your agent"
+            )
         async with self.cleaned_up_on_error(ctx):
             if agent != "reference":
                 ctx.agent_site = await asyncio.to_thread(agents_site_packages, services)
@@ -151,12 +165,17 @@ class HarnessTask(AgentTask):
             env = {
                 "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                 "OPENAI_API_KEY": str(session.token),
+                "RAAS_MESSAGES_FILE": f"{IO_DIR}/messages.json",
+                "RAAS_TASK_FILE": f"{IO_DIR}/task.md",
+                # Their names before: an agent written for them keeps working.
                 "RAAS_MESSAGES": f"{IO_DIR}/messages.json",
                 "RAAS_TASK": f"{IO_DIR}/task.md",
                 "RAAS_ANSWER_FILE": f"{IO_DIR}/answer.txt",
                 "RAAS_MAX_TURNS": str(config.max_turns),
                 "PYTHONPATH": _pythonpath(sandbox, ctx.agent_site),
             }
+            if services.agent_files is not None:
+                env["RAAS_AGENT_DIR"] = _agent_dir(sandbox, services.agent_files)
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
             workdir = shlex.quote(sandbox.config.workdir)
             # A subshell: the variables and the cd stay out of the sandbox's shell.
@@ -170,6 +189,7 @@ class HarnessTask(AgentTask):
             services.release(job.job_id)
         ctx.stop_reason = "agent_timeout" if result.timed_out else f"agent_exit_{result.exit_code}"
         ctx.agent_output = result.output[-4000:]
+        ctx.agent_exit_code = None if result.timed_out else result.exit_code
         if (
             not result.timed_out
             and result.exit_code != 0
@@ -196,6 +216,7 @@ class HarnessTask(AgentTask):
     async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
         info = await super().eval(context, trajectory)
         info.metrics["agent_output"] = _harness(context).agent_output
+        info.metrics["agent_exit_code"] = _harness(context).agent_exit_code
         info.metrics.update(_harness(context).gateway_metrics)
         return info
 
@@ -219,9 +240,10 @@ def _harness(context: TaskContext) -> HarnessContext:
 
 
 def _agent_sandbox(services: TaskServices, site: Path | None) -> Sandbox:
-    """A sandbox of the service's kind with the launchers and the agent's packages (openai's
-    closure, else the agents environment's ``site``) bound in. Not started; blocking: the
-    first call copies them where the sandbox's uid can read."""
+    """A sandbox of the service's kind with the launchers, the agent's packages (openai's
+    closure, else the agents environment's ``site``) and the service's agent files bound in.
+    Not started; blocking: the first call copies the packages where the sandbox's uid can
+    read; the agent files are looked at again each time (an edit reaches the next job)."""
     config = services.sandbox_config
     if isinstance(config, BwrapConfig | ApptainerConfig):
         launchers = {str(AGENTS_DIR): AGENTS_INSIDE}
@@ -229,8 +251,19 @@ def _agent_sandbox(services: TaskServices, site: Path | None) -> Sandbox:
             staged = staged_binds("openai", launchers)
         else:
             staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
+        if services.agent_files is not None:
+            own = {str(services.agent_files.resolve()): AGENT_FILES_INSIDE}
+            staged |= staged_binds(None, own, own_files=True)
         config = config.model_copy(update={"ro_binds": {**config.ro_binds, **staged}})
     return create_sandbox(config)
+
+
+def _agent_dir(sandbox: Sandbox, agent_files: Path) -> str:
+    """Where the agent files are for the program: bound in, else (the local provider, no
+    isolation) where they are on the host."""
+    if isinstance(sandbox.config, BwrapConfig | ApptainerConfig):
+        return AGENT_FILES_INSIDE
+    return str(agent_files.resolve())
 
 
 def agents_site_packages(services: TaskServices) -> Path:

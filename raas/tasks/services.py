@@ -34,6 +34,8 @@ class TaskServices:
     # A virtual environment holding agent frameworks for harness tasks (mini-swe-agent), whose
     # dependencies conflict with raas's own; its site-packages is bound into their sandboxes.
     agents_venv: Path | None = None
+    # A directory of the user's own agent program, bound read-only into harness sandboxes.
+    agent_files: Path | None = None
     # Where images named by tasks are found; default: the store at the sandbox config's
     # image_store directory, opened on first use.
     image_store: ImageResolver | None = None
