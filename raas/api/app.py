@@ -21,6 +21,7 @@ from raas.api.errors import PathMethods, install_error_handlers, responses
 from raas.api.metrics import PipelineMetrics
 from raas.api.openapi import document_api_key, document_form_refusal, document_instances
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
+from raas.api.series import Series
 from raas.api.state import ServiceState
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
@@ -67,6 +68,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         store = ResultStore(settings.db)
         await store.open()
         metrics = PipelineMetrics()
+        series = Series()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
@@ -86,7 +88,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tasks,
             store,
             PipelineConfig.from_settings(settings),
-            observers=[metrics],
+            observers=[metrics, series],
             services=services,
         )
         metrics.watch(pipeline)
@@ -98,6 +100,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             llm,
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
+            series=series,
         )
         await pipeline.start()
         await _report_backends(llm)

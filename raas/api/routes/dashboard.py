@@ -22,7 +22,7 @@ from raas.api.state import ServiceState, service
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
 from raas.store.dashboard import JobFilter
-from raas.wire import DashboardStats, JobSummaryPage, TokenView, Trajectory
+from raas.wire import DashboardSeries, DashboardStats, JobSummaryPage, TokenView, Trajectory
 
 router = APIRouter(tags=["dashboard"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -121,6 +121,14 @@ async def dashboard_stats(svc: Service) -> DashboardStats:
     """Every finished job in the database (before restarts too): by state, by error type, and
     how many finished in the last minute and 10 minutes."""
     return await svc.pipeline.store.stats()
+
+
+@router.get("/v1/dashboard/series", response_model=DashboardSeries)
+async def dashboard_series(svc: Service) -> DashboardSeries:
+    """What finished in each 10 s since this server started (two hours back at most): rollouts
+    a minute, generated tokens a second, mean reward and pass rate, mean seconds of each stage,
+    errors by kind. In memory: a restart starts them again."""
+    return svc.series.read()
 
 
 @router.get("/v1/dashboard/jobs", response_model=JobSummaryPage)
