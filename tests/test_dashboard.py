@@ -43,6 +43,7 @@ READS = (
     "/v1/dashboard/jobs/x/tokens",
     "/v1/status",
     "/v1/rollouts:running",
+    "/v1/dashboard/series",
 )
 
 
@@ -106,6 +107,13 @@ async def test_without_an_api_key_the_dashboard_is_open(client: Client) -> None:
         assert page.status_code == 200 and '<script src="ui/assets/app.js"' in page.text
         script = await http.get("/ui/assets/app.js")
         assert script.headers["content-type"].startswith("text/javascript")
+        # The plotting library is the package's own copy, its license beside it: no CDN.
+        assert '<script src="ui/assets/uPlot.iife.min.js"' in page.text and "//" not in "".join(
+            line for line in page.text.splitlines() if "src=" in line or "href=" in line
+        )
+        uplot = await http.get("/ui/assets/uPlot.iife.min.js")
+        assert uplot.status_code == 200 and uplot.text.startswith("/*! https://github.com/leeoniya")
+        assert "MIT License" in (await http.get("/ui/assets/uPlot.LICENSE")).text
         for name in ("nope.js", "__init__.py", "login.html", "..%2Fauth.py"):
             assert (await http.get(f"/ui/assets/{name}")).status_code == 404, name
         assert (await http.post("/ui/login", data={"key": "x"})).status_code == 303
