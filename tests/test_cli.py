@@ -306,6 +306,45 @@ def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> No
     assert lines[-1].startswith("tasks.jsonl: 2/2 finished (1 not done)")
 
 
+def test_raas_runs_progress_counts_finished_and_running_and_the_mean_reward() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raas.run import RunProgress
+    from raas.wire import RolloutResult, Timing, Trajectory
+
+    def result(state: str, reward: float | None) -> RolloutResult:
+        timing = Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0)
+        traj = Trajectory()
+        return RolloutResult(
+            job_id="j", state=state, reward=reward, trajectory=traj, data_source="x", timing=timing
+        )
+
+    results = [result("done", 1.0), result("done", 0.0), result("failed", None)]
+    log = io.StringIO()  # off a terminal: a line each time (every_s=0)
+    with RunProgress(Console(file=log, force_terminal=False, width=120), 4, "rollouts", 0) as p:
+        for r in results:
+            p.advance(r)
+    lines = [line.rsplit(", ", 1)[0] for line in log.getvalue().splitlines()]
+    assert lines == [
+        "rollouts: 4 jobs",
+        "rollouts: 1/4 finished, 3 running, mean reward 1.000 (1 passed)",
+        "rollouts: 2/4 finished, 2 running, mean reward 0.500 (1 passed)",
+        "rollouts: 3/4 finished, 1 running, mean reward 0.500 (1 passed), 1 not done",
+        "rollouts: 3/4 finished, 1 running, mean reward 0.500 (1 passed), 1 not done",  # at exit
+    ], log.getvalue()
+
+    screen = io.StringIO()  # on a terminal: the bar says the same
+    terminal = Console(file=screen, force_terminal=True, width=120)
+    with RunProgress(terminal, 4, "rollouts") as p:
+        for r in results[:2]:
+            p.advance(r)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert "rollouts: 2/4 finished, 2 running, mean reward 0.500 (1 passed)" in shown, shown
+    assert "50%" in shown and "0:00:0" in shown  # the share and the time elapsed, no ETA
+
+
 def test_raas_run_on_the_cpu_engine_sizes_sampling_for_it_unless_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
