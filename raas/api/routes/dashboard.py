@@ -3,7 +3,8 @@
 The page itself reads /v1/status, /v1/backends, /v1/rollouts:running and /v1/rollouts/{id};
 the routes here add what those do not give: finished jobs as a filterable list without their
 trajectories, counts over every result in the database (by state, by error, recent
-throughput), and a trajectory's tokens decoded with the server's tokenizer.
+throughput, mean reward and pass rate), the series its plots draw (raas.api.series, in memory),
+and a trajectory's tokens decoded with the server's tokenizer.
 """
 
 from __future__ import annotations
