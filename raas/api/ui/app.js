@@ -179,21 +179,22 @@ const fromZero = { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] };
 
 // Each plot: its id, title, series (after x) and its columns of the series JSON, the y axes.
 function plotSpecs(s) {
-  const fixed = (d) => (u, vals) => vals.map((v) => (v === null ? "" : v.toFixed(d)));
+  // Ticks with the decimals they need (0.5, 40, 1.25), so that no two read the same.
+  const ticks = (u, vals) => vals.map((v) => (v === null ? "" : String(+v.toFixed(2))));
   return [
     { id: "plot-reward", title: "Reward and pass rate (finished in each bucket)",
       series: [line("mean reward", "#2f5bd3"), line("pass rate", "#1f8a4c", { dash: [6, 4] })],
-      data: [s.reward_mean, s.pass_rate], scales: { y: { range: [0, 1] } }, axes: [{ values: fixed(1) }] },
+      data: [s.reward_mean, s.pass_rate], scales: { y: { range: [0, 1] } }, axes: [{ values: ticks }] },
     { id: "plot-throughput", title: "Throughput",
       series: [line("rollouts/min", "#2f5bd3", { scale: "y" }), line("generated tokens/s", "#a86400", { scale: "tok" })],
       data: [s.rollouts_per_min, s.generated_tokens_per_s], scales: { y: fromZero, tok: fromZero },
-      axes: [{ scale: "y", values: fixed(1) }, { scale: "tok", side: 1, grid: { show: false }, values: fixed(0) }] },
+      axes: [{ scale: "y", values: ticks }, { scale: "tok", side: 1, grid: { show: false }, values: ticks }] },
     { id: "plot-stages", title: "Stage latency (mean seconds of the runs that ended)",
       series: ["init", "run", "eval"].map((k) => line(k.toUpperCase(), STAGE_COLORS[k])),
-      data: ["init", "run", "eval"].map((k) => s.stage_s[k]), scales: { y: fromZero }, axes: [{ values: fixed(2) }] },
+      data: ["init", "run", "eval"].map((k) => s.stage_s[k]), scales: { y: fromZero }, axes: [{ values: ticks }] },
     { id: "plot-errors", title: "Errors by kind",
       series: [bars("infra", "#7a4fb3", -1), bars("policy", "#e0a030", 1)],
-      data: [s.errors.infra, s.errors.policy], scales: { y: fromZero }, axes: [{ incrs: COUNTS, values: fixed(0) }] },
+      data: [s.errors.infra, s.errors.policy], scales: { y: fromZero }, axes: [{ incrs: COUNTS, values: ticks }] },
   ];
 }
 
