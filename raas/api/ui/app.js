@@ -390,7 +390,6 @@ function summary(status, result, running) {
   if (result) {
     facts.push(["data_source", result.data_source + (result.task && result.task !== result.data_source ? ` (task ${result.task})` : "")],
       ["reward", reward(result.reward)], ["stop", result.trajectory.stop_reason || "–"], ["attempts", String(result.attempts)]);
-    if (result.instance_id) facts.push(["instance", result.instance_id]);
   } else if (running) {
     facts.push(["data_source", running.data_source + (running.task && running.task !== running.data_source ? ` (task ${running.task})` : "")],
       ["stage", running.state === "queued" ? `queued for ${running.stage}` : running.stage],
