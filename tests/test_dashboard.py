@@ -220,6 +220,8 @@ async def test_results_of_an_earlier_process_and_an_older_database_are_listed(
         stats = (await http.get("/v1/dashboard/stats")).json()
         assert stats["finished"] == {"done": 4, "failed": 2}
         assert [f["type"] for f in stats["failures"]] == ["PolicyError", "RuntimeError"]
+        # The rewards counted from the table when the store opened.
+        assert (stats["rewarded"], stats["mean_reward"], stats["pass_rate"]) == (4, 0.5, 0.25)
         crashed = await http.get("/v1/dashboard/jobs", params={"error_type": "RuntimeError"})
         (crash,) = crashed.json()["jobs"]
         assert crash["job_id"] == "crash" and crash["response_tokens"] == 3
