@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from raas.api.app import create_app
@@ -37,7 +38,7 @@ from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
 from raas.tasks.services import TaskServices
-from raas.wire import RolloutRequest, RolloutResult
+from raas.wire import PASS_REWARD, RolloutRequest, RolloutResult
 
 # Sampling for a run on the embedded CPU engine, under the tasks' own: SmolLM2-135M generates about
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
@@ -137,6 +138,47 @@ async def served(options: RunOptions, llm: list[str], console: Console) -> Async
         await task
 
 
+class RunProgress(Counting):
+    """Counting that says what a person watches a run for: how many finished, how many are still
+    running, and the mean reward so far, on the bar (with the time elapsed, not an ETA that
+    cannot be guessed before the first job ends) and on each line off a terminal."""
+
+    def __init__(self, console: Console, total: int, label: str, every_s: float = 15.0) -> None:
+        super().__init__(console, total, label, every_s)
+        self.rewards: list[float] = []
+        if self._bar is not None:
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self._task = self._bar.add_task(self.line(), total=total)
+
+    def line(self) -> str:
+        """``LABEL: 3/8 finished, 5 running, mean reward 0.667 (2 passed)``."""
+        rewards = self.rewards
+        mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+        passed = sum(r >= PASS_REWARD for r in rewards)
+        return (
+            f"{markup(self.label)}: {self.done}/{self.total} finished,"
+            f" {self.total - self.done} running, mean reward {mean} ({passed} passed)"
+        )
+
+    def advance(self, result: Any = None) -> None:
+        if result is not None and result.reward is not None:
+            self.rewards.append(result.reward)
+        super().advance(result)
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, description=self.line())
+
+    def _say(self) -> None:
+        self._said = time.monotonic()
+        failed = f", {self.failed} not done" if self.failed else ""
+        self.console.print(f"{self.line()}{failed}, {self._said - self._started:.0f} s")
+
+
 async def run_tasks(
     requests: list[RolloutRequest],
     options: RunOptions,
@@ -148,7 +190,7 @@ async def run_tasks(
     comes, so that a Ctrl-C still has the ones already done; ``names`` says where each request
     came from (``FILE:LINE``), for the server's refusals."""
     async with service(options, console) as url:
-        with Counting(console, len(requests), "rollouts") as progress:
+        with RunProgress(console, len(requests), "rollouts") as progress:
             arrived = keeping([] if finished is None else finished, progress.advance)
             start = time.perf_counter()
             async with RolloutClient(url, api_key=options.api_key) as client:
@@ -203,7 +245,7 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
     states = Counter(r.state for r in results)
     rewards = [r.reward for r in results if r.reward is not None]
     mean = sum(rewards) / len(rewards) if rewards else 0.0
-    passed = sum(1 for r in rewards if r >= 1.0)
+    passed = sum(1 for r in rewards if r >= PASS_REWARD)
     tokens = sum(generated_tokens(r) for r in results)
     wall_s = max(wall_s, 1e-9)  # an empty task file finishes at once
     return (

@@ -21,6 +21,8 @@ StageName = Literal["init", "run", "eval"]
 # infra: the sandbox, a backend, the action server, the server itself or a judge failed; such a
 # job runs again (up to the attempt limit). policy: what the model did (time spent, its output).
 ErrorKind = Literal["infra", "policy"]
+# A reward at least this is a pass (pass rates count these).
+PASS_REWARD = 1.0
 FINAL_STATES = ("done", "failed", "timeout", "cancelled")
 
 
@@ -324,10 +326,20 @@ class RunningJob(BaseModel):
 
     job_id: str
     data_source: str
+    instance_id: str | None = None
+    task: str | None = Field(default=None, description="The raas task that runs it.")
     state: JobStateName = Field(description="queued, init, run or eval.")
     stage: StageName | None = None
     turns: int = Field(description="Agent turns taken so far (this attempt).")
-    response_tokens: int = Field(description="Response tokens so far (this attempt).")
+    prompt_tokens: int = Field(
+        default=0,
+        description="The first prompt's tokens, known once RUN has rendered it: a turn's tokens"
+        " come back whole when it ends (the backends are not streamed), so a job in its first"
+        " turn has these and no response tokens yet.",
+    )
+    response_tokens: int = Field(
+        description="Response tokens so far (this attempt; a gateway job's every segment)."
+    )
     elapsed_s: float = Field(description="Since it was submitted.")
     attempts: int = 1
 
@@ -385,6 +397,7 @@ class JobSummary(BaseModel):
     state: JobStateName
     data_source: str
     task: str | None = None
+    instance_id: str | None = None
     reward: float | None = None
     error_type: str | None = None
     error_kind: ErrorKind | None = None
@@ -424,6 +437,34 @@ class DashboardStats(BaseModel):
     failures: list[FailureCount] = Field(description="Finished jobs by error, most first.")
     throughput: list[Throughput] = Field(description="Over the last minute and 10 minutes.")
     data_sources: list[str] = Field(description="Every data_source a job was submitted with.")
+    rewarded: int = Field(default=0, description="Finished jobs with a reward.")
+    mean_reward: float | None = Field(default=None, description="Over the rewarded jobs.")
+    pass_rate: float | None = Field(
+        default=None, description="The share of rewarded jobs whose reward is 1 or more."
+    )
+
+
+class DashboardSeries(BaseModel):
+    """What finished over the server's recent past (since it started, at most ``keep`` buckets):
+    one value a bucket of ``bucket_s`` seconds, oldest first, in columns as a plot takes them.
+    Kept in memory: a restart starts them again (the stats count the whole database)."""
+
+    bucket_s: float
+    t: list[float] = Field(description="Each bucket's start, Unix time.")
+    finished: list[int] = Field(description="Jobs finished in the bucket.")
+    rollouts_per_min: list[float]
+    generated_tokens_per_s: list[float] = Field(
+        description="Tokens the model generated (loss mask 1) of the jobs that finished."
+    )
+    rewarded: list[int] = Field(description="Finished jobs with a reward.")
+    reward_mean: list[float | None] = Field(description="Null where none was rewarded.")
+    pass_rate: list[float | None] = Field(description="Share of the rewarded with reward >= 1.")
+    stage_s: dict[StageName, list[float | None]] = Field(
+        description="Mean seconds of the stage runs that ended in the bucket (null: none)."
+    )
+    errors: dict[ErrorKind, list[int]] = Field(
+        description="Errors that ended a run of a job (its last, or one run again), by kind."
+    )
 
 
 class TokenView(BaseModel):

@@ -309,8 +309,8 @@ async def test_running_jobs_are_listed_with_their_progress(
     client: Client, probe: ProbeTask
 ) -> None:
     async with client() as http:
-        job = {"instance": probe_instance(run="block"), "job_id": "r"}
-        await http.post("/v1/rollouts", json=job)
+        instance = {**probe_instance(run="block"), "instance_id": "probe-7"}
+        await http.post("/v1/rollouts", json={"instance": instance, "job_id": "r"})
         await probe.wait_entered("r", "run")
         running = (await http.get("/v1/rollouts:running")).json()["jobs"]
         probe.release("r", "run")
@@ -324,5 +324,6 @@ async def test_running_jobs_are_listed_with_their_progress(
         "probe",
     )
     assert (job["turns"], job["response_tokens"], job["attempts"]) == (1, 3, 1)
+    assert (job["instance_id"], job["task"], job["prompt_tokens"]) == ("probe-7", "probe", 0)
     assert job["elapsed_s"] >= 0
     assert after == []

@@ -221,6 +221,44 @@ def test_job_data_is_printed_as_text_not_as_terminal_codes_or_markup(tmp_path: P
         assert SHOWN in result.output, result.output
 
 
+def test_jobs_lists_a_job_a_line_in_80_columns() -> None:
+    from fastapi import FastAPI
+
+    from tests.llm_servers import ServerThread
+
+    swe = {"job_id": "9f1c2b7e4d3a4c5b8e6f7a1b2c3d4e5f", "instance_id": "django__django-11099"}
+    swe |= {"data_source": "princeton-nlp/SWE-bench_Verified", "task": "swe", "state": "run"}
+    swe |= {"stage": "run", "turns": 3, "prompt_tokens": 1834, "response_tokens": 2210}
+    swe |= {"elapsed_s": 123.4, "attempts": 1}
+    queued = {"job_id": "0a1b2c3d4e5f60718293a4b5c6d7e8f9", "data_source": "openai/gsm8k"}
+    queued |= {"task": "math", "state": "queued", "stage": "init", "turns": 0}
+    queued |= {"response_tokens": 0, "elapsed_s": 2.0, "attempts": 2}
+    listing = FastAPI()
+    listing.add_api_route("/v1/rollouts:running", lambda: {"jobs": [swe, queued]}, methods=["GET"])
+    server = ServerThread(listing).start()
+    try:
+        narrow, wide = (
+            CliRunner().invoke(main, ["jobs", server.url], env={"COLUMNS": str(width)})
+            for width in (80, 200)
+        )
+    finally:
+        server.stop()
+    for listed in (narrow, wide):
+        assert listed.exit_code == 0, listed.output
+    lines = narrow.output.splitlines()
+    assert max(map(len, lines)) <= 80, narrow.output
+    # One line a job, the numbers whole; the ids cut with an ellipsis, never folded.
+    (django,) = (line for line in lines if line.startswith("django__"))
+    assert re.search(r"\brun\s+3\s+2210\s+1834\s+123 s\s+1\s", django), django
+    (gsm8k,) = (line for line in lines if line.startswith("- "))
+    assert re.search(r"\bqueued\s+0\s+0\s+0\s+2 s\s+2\s", gsm8k), gsm8k
+    assert "…" in django and len(lines) == 5  # title, head, rule, two jobs
+    # Wide enough, nothing is cut: the instance, the dataset and its task, the job id.
+    (row,) = (line for line in wide.output.splitlines() if line.startswith("django__"))
+    assert "django__django-11099  princeton-nlp/SWE-bench_Verified (swe)  run" in row
+    assert row.endswith(swe["job_id"]) and "…" not in wide.output
+
+
 def test_serve_refuses_a_tokenizer_it_cannot_load(tmp_path: Path) -> None:
     from raas.llm.models import tokenizer_missing
 
@@ -266,6 +304,45 @@ def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> No
     assert lines[0] == "tasks.jsonl: 2 jobs"
     assert any(line.startswith("tasks.jsonl: 0/2 finished (0 not done)") for line in lines)
     assert lines[-1].startswith("tasks.jsonl: 2/2 finished (1 not done)")
+
+
+def test_raas_runs_progress_counts_finished_and_running_and_the_mean_reward() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raas.run import RunProgress
+    from raas.wire import RolloutResult, Timing, Trajectory
+
+    def result(state: str, reward: float | None) -> RolloutResult:
+        timing = Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0)
+        traj = Trajectory()
+        return RolloutResult(
+            job_id="j", state=state, reward=reward, trajectory=traj, data_source="x", timing=timing
+        )
+
+    results = [result("done", 1.0), result("done", 0.0), result("failed", None)]
+    log = io.StringIO()  # off a terminal: a line each time (every_s=0)
+    with RunProgress(Console(file=log, force_terminal=False, width=120), 4, "rollouts", 0) as p:
+        for r in results:
+            p.advance(r)
+    lines = [line.rsplit(", ", 1)[0] for line in log.getvalue().splitlines()]
+    assert lines == [
+        "rollouts: 4 jobs",
+        "rollouts: 1/4 finished, 3 running, mean reward 1.000 (1 passed)",
+        "rollouts: 2/4 finished, 2 running, mean reward 0.500 (1 passed)",
+        "rollouts: 3/4 finished, 1 running, mean reward 0.500 (1 passed), 1 not done",
+        "rollouts: 3/4 finished, 1 running, mean reward 0.500 (1 passed), 1 not done",  # at exit
+    ], log.getvalue()
+
+    screen = io.StringIO()  # on a terminal: the bar says the same
+    terminal = Console(file=screen, force_terminal=True, width=120)
+    with RunProgress(terminal, 4, "rollouts") as p:
+        for r in results[:2]:
+            p.advance(r)
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+    assert "rollouts: 2/4 finished, 2 running, mean reward 0.500 (1 passed)" in shown, shown
+    assert "50%" in shown and "0:00:0" in shown  # the share and the time elapsed, no ETA
 
 
 def test_raas_run_on_the_cpu_engine_sizes_sampling_for_it_unless_told(

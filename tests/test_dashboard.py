@@ -14,6 +14,7 @@ import httpx
 from raas.api.auth import COOKIE, session_token
 from raas.llm.chat import encode, token_texts
 from raas.llm.models import load_tokenizer
+from raas.pipeline import Stage
 from raas.store.sqlite import JobRecord, ResultStore
 from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 from tests.probe import WAIT_S, ProbeTask, probe_instance
@@ -42,6 +43,7 @@ READS = (
     "/v1/dashboard/jobs/x/tokens",
     "/v1/status",
     "/v1/rollouts:running",
+    "/v1/dashboard/series",
 )
 
 
@@ -105,6 +107,13 @@ async def test_without_an_api_key_the_dashboard_is_open(client: Client) -> None:
         assert page.status_code == 200 and '<script src="ui/assets/app.js"' in page.text
         script = await http.get("/ui/assets/app.js")
         assert script.headers["content-type"].startswith("text/javascript")
+        # The plotting library is the package's own copy, its license beside it: no CDN.
+        assert '<script src="ui/assets/uPlot.iife.min.js"' in page.text and "//" not in "".join(
+            line for line in page.text.splitlines() if "src=" in line or "href=" in line
+        )
+        uplot = await http.get("/ui/assets/uPlot.iife.min.js")
+        assert uplot.status_code == 200 and uplot.text.startswith("/*! https://github.com/leeoniya")
+        assert "MIT License" in (await http.get("/ui/assets/uPlot.LICENSE")).text
         for name in ("nope.js", "__init__.py", "login.html", "..%2Fauth.py"):
             assert (await http.get(f"/ui/assets/{name}")).status_code == 404, name
         assert (await http.post("/ui/login", data={"key": "x"})).status_code == 303
@@ -211,6 +220,8 @@ async def test_results_of_an_earlier_process_and_an_older_database_are_listed(
         stats = (await http.get("/v1/dashboard/stats")).json()
         assert stats["finished"] == {"done": 4, "failed": 2}
         assert [f["type"] for f in stats["failures"]] == ["PolicyError", "RuntimeError"]
+        # The rewards counted from the table when the store opened.
+        assert (stats["rewarded"], stats["mean_reward"], stats["pass_rate"]) == (4, 0.5, 0.25)
         crashed = await http.get("/v1/dashboard/jobs", params={"error_type": "RuntimeError"})
         (crash,) = crashed.json()["jobs"]
         assert crash["job_id"] == "crash" and crash["response_tokens"] == 3
@@ -284,3 +295,57 @@ def test_token_texts_keep_characters_whole_and_mark_unknown_ids() -> None:
     assert "".join(t for t in texts if t) == "héllo 🎉<|im_end|>"
     emoji = texts.index(" 🎉")
     assert texts[emoji - 1] == "" and all("\ufffd" not in (t or "") for t in texts)
+
+
+# -- plots over time ----------------------------------------------------------------------------
+
+
+async def test_the_series_count_what_finished_by_bucket(client: Client) -> None:
+    async with client() as http:
+        await submit_and_finish(http, JOBS)
+        r = await http.get("/v1/dashboard/series")
+        assert r.status_code == 200, r.text
+        series = r.json()
+        stats = (await http.get("/v1/dashboard/stats")).json()
+    n = len(series["t"])
+    assert n >= 1 and all(len(v) == n for k, v in series.items() if isinstance(v, list))
+    steps = {b - a for a, b in zip(series["t"], series["t"][1:], strict=False)}
+    assert steps <= {series["bucket_s"]}  # one point a bucket, empty ones included
+
+    def total(key: str) -> float:
+        return sum(x or 0 for x in series[key])
+
+    def weighted(key: str) -> float:  # a bucket's mean back to its sum
+        return sum((m or 0) * w for m, w in zip(series[key], series["rewarded"], strict=True))
+
+    assert total("finished") == 6
+    assert total("rollouts_per_min") * series["bucket_s"] / 60 == 6
+    # Rewards: two probes 0.5 each, countdown solved 1 and unsolved 0; the failures none.
+    assert total("rewarded") == 4 and weighted("reward_mean") == 2.0
+    assert weighted("pass_rate") == 1  # the solved countdown
+    # The probe's three response tokens are generated (mask 1): 4 probe jobs ran RUN.
+    assert total("generated_tokens_per_s") * series["bucket_s"] == 3 * 4
+    # The crash's run again once (infra) and failed again; the policy error is never retried.
+    assert {k: sum(v) for k, v in series["errors"].items()} == {"infra": 2, "policy": 1}
+    assert set(series["stage_s"]) == {"init", "run", "eval"}
+    for stage, means in series["stage_s"].items():
+        assert any(m is not None and m >= 0 for m in means), stage
+    # The overall figures, over every result in the database.
+    assert stats["rewarded"] == 4 and stats["mean_reward"] == 0.5 and stats["pass_rate"] == 0.25
+
+
+def test_the_series_ring_keeps_the_last_buckets_and_fills_the_gaps() -> None:
+    from raas.api.series import Series
+
+    now = [1000.0]
+    series = Series(bucket_s=10.0, keep=3, clock=lambda: now[0])
+    series.stage_ended(None, Stage.RUN, 2.0)  # type: ignore[arg-type]
+    now[0] = 1015.0
+    series.stage_ended(None, Stage.RUN, 4.0)  # type: ignore[arg-type]
+    series.stage_ended(None, Stage.RUN, 6.0)  # type: ignore[arg-type]
+    read = series.read()
+    assert read.t == [1000.0, 1010.0] and read.stage_s["run"] == [2.0, 5.0]
+    assert read.stage_s["init"] == [None, None] and read.finished == [0, 0]
+    now[0] = 1100.0  # long after: only the last `keep` buckets, the old ones out of sight
+    later = series.read()
+    assert later.t == [1080.0, 1090.0, 1100.0] and later.stage_s["run"] == [None] * 3

@@ -128,6 +128,13 @@ def test_the_overview_shows_the_service_and_its_jobs(
     assert jobs["solved"].all("td")[3].text == "1"  # its reward
     assert broken["error"]["type"] in jobs["broken"].text
     assert "run" in jobs["held"].text  # the stage it is in
+    # Each job by its instance, not its job id (that is in the link's title).
+    for job_id, instance in (("solved", SOLVED), ("broken", BROKEN), ("held", HELD)):
+        link = jobs[job_id].all("td")[0].one("a")
+        assert link.text == instance["instance_id"] and link.attrs["title"] == f"job {job_id}"
+    # The held job waits on its first turn: no response tokens yet, its prompt's counted.
+    tokens = next(td for td in jobs["held"].all("td") if td.has_class("tokens")).text
+    assert re.fullmatch(r"0 \+[1-9]\d* prompt", tokens), tokens
 
     failures = dom.one(id="failures")
     (failure,) = failures.all("tr", data_failure=None)
@@ -142,8 +149,24 @@ def test_the_overview_shows_the_service_and_its_jobs(
     finished = dom.one(id="finished").text
     assert "done 1" in finished and "failed 1" in finished, finished
     assert dom.one(id="throughput").text  # jobs/min and tokens/s
+    # Over the two finished jobs: one rewarded (1), one failed without a reward.
+    assert dom.one(id="mean-reward").text == "1" and dom.one(id="pass-rate").text == "100.0%"
+    assert "1 rewarded" in dom.one(id="rewards").text
 
-    browser.screenshot(dashboard.page(), SCREENSHOTS / "dashboard.png", size=(1400, 1100))
+    # The plots: each drawn by uPlot on a canvas, with its legend.
+    assert dom.one("body").attrs.get("data-plots") == "4"
+    legends = {}
+    for plot in (d for d in dom.one(id="plots").all("div") if d.has_class("plot")):
+        assert plot.all("canvas"), plot.attrs["id"]
+        legends[plot.attrs["id"]] = [t.text for t in plot.all("th")]
+    assert legends == {
+        "plot-reward": ["mean reward", "pass rate"],
+        "plot-throughput": ["rollouts/min", "generated tokens/s"],
+        "plot-stages": ["INIT", "RUN", "EVAL"],
+        "plot-errors": ["infra", "policy"],
+    }, legends
+
+    browser.screenshot(dashboard.page(), SCREENSHOTS / "dashboard.png", size=(1400, 1500))
 
 
 def test_the_filters_narrow_the_list(browser: Browser, dashboard: Dashboard) -> None:

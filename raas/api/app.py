@@ -22,6 +22,7 @@ from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
 from raas.api.openapi import document_api_key, document_form_refusal, document_instances
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
+from raas.api.series import Series
 from raas.api.state import ServiceState
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
@@ -69,6 +70,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         store = ResultStore(settings.db)
         await store.open()
         metrics = PipelineMetrics()
+        series = Series()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
@@ -89,7 +91,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tasks,
             store,
             PipelineConfig.from_settings(settings),
-            observers=[metrics],
+            observers=[metrics, series],
             services=services,
         )
         metrics.watch(pipeline)
@@ -108,6 +110,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             images,
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
+            series=series,
         )
         await pipeline.start()
         await _report_backends(llm)

@@ -11,6 +11,7 @@ from fastapi import Request
 from raas.agent.gateway import Gateway
 from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
+from raas.api.series import Series
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
 from raas.settings import ServeSettings
@@ -30,6 +31,8 @@ class ServiceState:
     gateway: Gateway | None = None
     # The served model's tokenizer, loaded off the event loop (the dashboard decodes with it).
     tokenizer: Callable[[], Awaitable[Any]] | None = None
+    # What finished over time, for the dashboard's plots (fed as a pipeline observer).
+    series: Series = field(default_factory=Series)
 
 
 async def service(request: Request) -> ServiceState:

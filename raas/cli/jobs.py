@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from raas.cli.output import api_key_option, exit_for_infra, run_client, run_keeping
+
+if TYPE_CHECKING:  # the command's imports are made when it runs: `raas --help` stays quick
+    from rich.table import Table
+
+    from raas.wire import RunningJob
 
 
 @click.command()
@@ -52,9 +57,10 @@ def status(url: str, api_key: str | None) -> None:
 @click.argument("url")
 @api_key_option()
 def jobs(url: str, api_key: str | None) -> None:
-    """List the jobs in flight on the server at URL: stage, turns and tokens so far, elapsed."""
+    """List the jobs in flight on the server at URL: each by its instance_id, its stage, turns
+    and tokens so far (response, and the prompt's), elapsed; a row a job, in 80 columns (ids too
+    long are cut with an ellipsis; the job id shows in full on a wider terminal)."""
     from rich.console import Console
-    from rich.table import Table
 
     from raas.client import AsyncRolloutClient
     from raas.client.task_files import markup
@@ -68,20 +74,58 @@ def jobs(url: str, api_key: str | None) -> None:
     if not running:
         console.print(f"{markup(url)}: no jobs in flight")
         return
-    table = Table(title=f"{len(running)} jobs in flight on {markup(url)}")
-    for column in ("job", "task", "state", "turns", "tokens", "elapsed", "try"):
-        table.add_column(column, overflow="fold")
-    for j in running:  # what a job says is its submitter's: shown, never acted on
-        table.add_row(
-            markup(j.job_id),
-            markup(j.data_source),
-            markup(j.state),
-            str(j.turns),
-            str(j.response_tokens),
-            f"{j.elapsed_s:.0f} s",
-            str(j.attempts),
+    title = f"{len(running)} jobs in flight on {markup(url)}"
+    console.print(running_table(running, title, console.width))
+
+
+def running_table(running: list[RunningJob], title: str, width: int) -> Table:
+    """One line a job in ``width`` columns: the numbers keep their width, and the instance, task
+    and job ids share the rest (4:2:1), cut with an ellipsis where it is too narrow; rich left
+    to itself folds them over lines, or squeezes the numbers out, when it fits them."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    from raas.helpers import plain
+
+    rows = []
+    for j in running:  # what a job says is its submitter's: shown as text, never as markup
+        task = j.data_source if j.task in (None, j.data_source) else f"{j.data_source} ({j.task})"
+        stage = "queued" if j.state == "queued" else j.stage or j.state
+        numbers = (j.turns, j.response_tokens, j.prompt_tokens, f"{j.elapsed_s:.0f} s", j.attempts)
+        cells = [j.instance_id or "-", task, stage, *numbers, j.job_id]
+        rows.append([plain(c) for c in cells])
+    head = ["instance", "task", "stage", "turns", "tokens", "prompt", "elapsed", "try", "job"]
+    shares = {0: 4, 1: 2, 8: 1}  # the columns of ids and names, and their parts of the room left
+    natural = [max(cell_len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fixed = sum(n for i, n in enumerate(natural) if i not in shares)
+    room = width - fixed - 2 * (len(head) - 1)  # between columns: a rule and a space
+    widths = _shared(room, {i: natural[i] for i in shares}, shares)
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
+    )
+    for i, name in enumerate(head):
+        table.add_column(
+            name,
+            justify="left" if i in shares or name == "stage" else "right",
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=widths.get(i),
         )
-    console.print(table)
+    for row in rows:
+        table.add_row(*map(Text, row))
+    return table
+
+
+def _shared(room: int, wants: dict[int, int], weights: dict[int, int]) -> dict[int, int]:
+    """``room`` characters shared by columns by weight, none given more than it wants: those
+    that want less than their part leave the rest to the others (4 each at the least)."""
+    widths, weight = {}, sum(weights.values())
+    for i in sorted(wants, key=lambda i: wants[i] / weights[i]):
+        widths[i] = min(wants[i], max(room * weights[i] // weight, 4))
+        room, weight = room - widths[i], weight - weights[i]
+    return widths
 
 
 @click.command(short_help="Run a task file on the server at URL; results as JSONL.")

@@ -147,6 +147,15 @@ class Job:
             return self.context.trajectory
         return Trajectory()
 
+    def tokens_so_far(self) -> tuple[int, int]:
+        """The first prompt's tokens and the response tokens so far (of every gateway segment,
+        whose first is the trajectory). Both grow a turn at a time: a backend answers a turn's
+        tokens whole."""
+        traj = self.partial_trajectory()
+        segments = self.context.segments if self.context is not None else ()
+        response = sum(len(s.response_ids) for s in segments) or len(traj.response_ids)
+        return len(traj.prompt_ids), response
+
     def broken_trajectory(self) -> str | None:
         """How the job's trajectory, or one of its segments, breaks the token invariant (see
         Trajectory.invariant_error), or None where every one holds."""

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.wire import DashboardStats, FailureCount, JobSummary, Throughput
+from raas.wire import PASS_REWARD, DashboardStats, FailureCount, JobSummary, Throughput
 
 MESSAGE_CHARS = 300
 WINDOWS_S = (60.0, 600.0)
@@ -30,6 +30,7 @@ _FIELDS = {
     "state": "state",
     "data_source": "COALESCE(data_source, '')",
     "task": f"json_extract({_RESULT}, '$.task')",
+    "instance_id": "instance_id",
     "reward": "reward",
     "error_type": "error_type",
     "error_kind": "error_kind",
@@ -89,11 +90,15 @@ def summaries(
 
 @dataclass
 class Tally:
-    """Finished jobs by state and by error, and every data_source, of the whole table."""
+    """Finished jobs by state and by error, their rewards, and every data_source, of the whole
+    table."""
 
     states: Counter[str] = field(default_factory=Counter)
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     sources: set[str] = field(default_factory=set)
+    rewarded: int = 0
+    reward_sum: float = 0.0
+    passed: int = 0
 
     @classmethod
     def count(cls, conn: sqlite3.Connection) -> Tally:
@@ -110,13 +115,32 @@ class Tally:
         tally.sources.update(
             s for (s,) in conn.execute("SELECT DISTINCT data_source FROM jobs") if s is not None
         )
+        # Once a start, over the table (no index holds rewards): the rows' large results lie
+        # on overflow pages that this does not read.
+        rewarded, total, passed = conn.execute(
+            "SELECT COUNT(reward), TOTAL(reward), COUNT(CASE WHEN reward >= ? THEN 1 END)"
+            " FROM jobs WHERE seq IS NOT NULL",
+            (PASS_REWARD,),
+        ).fetchone()
+        tally.rewarded, tally.reward_sum, tally.passed = rewarded, total, passed
         return tally
 
-    def add(self, state: str, error_type: str | None, error_kind: str | None, n: int = 1) -> None:
+    def add(
+        self,
+        state: str,
+        error_type: str | None,
+        error_kind: str | None,
+        reward: float | None,
+        n: int = 1,
+    ) -> None:
         """Count ``n`` results (-1: one taken back, when a result is written over)."""
         self.states[state] += n
         if error_type is not None:
             self.errors[error_type, error_kind or "infra"] += n
+        if reward is not None:
+            self.rewarded += n
+            self.reward_sum += n * reward
+            self.passed += n if reward >= PASS_REWARD else 0
 
 
 def stats(conn: sqlite3.Connection, tally: Tally, now: float | None = None) -> DashboardStats:
@@ -137,4 +161,7 @@ def stats(conn: sqlite3.Connection, tally: Tally, now: float | None = None) -> D
         failures=failures,
         throughput=throughput,
         data_sources=sorted(tally.sources),
+        rewarded=tally.rewarded,
+        mean_reward=tally.reward_sum / tally.rewarded if tally.rewarded else None,
+        pass_rate=tally.passed / tally.rewarded if tally.rewarded else None,
     )

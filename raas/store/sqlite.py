@@ -288,7 +288,7 @@ class ResultStore:
             tokens = len(stored.trajectory.response_ids)
             seq = self._seq + 1
             before = conn.execute(
-                "SELECT state, error_type, error_kind FROM jobs"
+                "SELECT state, error_type, error_kind, reward FROM jobs"
                 " WHERE job_id = ? AND seq IS NOT NULL",
                 (job_id,),
             ).fetchone()
@@ -309,10 +309,10 @@ class ResultStore:
             ).rowcount
             self._seq = seq
             if before is not None:  # a result written over: its counts go
-                old_state, old_type, old_kind = before
-                self._tally.add(old_state, old_type, old_kind, -1)
+                old_state, old_type, old_kind, old_reward = before
+                self._tally.add(old_state, old_type, old_kind, old_reward, -1)
             if written:
-                self._tally.add(stored.state, error_type, error_kind)
+                self._tally.add(stored.state, error_type, error_kind, stored.reward)
             return stored
 
         return await self._call(lambda conn: self._write(conn, _save))

@@ -3,7 +3,8 @@
 The page itself reads /v1/status, /v1/backends, /v1/rollouts:running and /v1/rollouts/{id};
 the routes here add what those do not give: finished jobs as a filterable list without their
 trajectories, counts over every result in the database (by state, by error, recent
-throughput), and a trajectory's tokens decoded with the server's tokenizer.
+throughput, mean reward and pass rate), the series its plots draw (raas.api.series, in memory),
+and a trajectory's tokens decoded with the server's tokenizer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from raas.api.state import ServiceState, service
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
 from raas.store.dashboard import JobFilter
-from raas.wire import DashboardStats, JobSummaryPage, TokenView, Trajectory
+from raas.wire import DashboardSeries, DashboardStats, JobSummaryPage, TokenView, Trajectory
 
 router = APIRouter(tags=["dashboard"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -121,6 +122,14 @@ async def dashboard_stats(svc: Service) -> DashboardStats:
     """Every finished job in the database (before restarts too): by state, by error type, and
     how many finished in the last minute and 10 minutes."""
     return await svc.pipeline.store.stats()
+
+
+@router.get("/v1/dashboard/series", response_model=DashboardSeries)
+async def dashboard_series(svc: Service) -> DashboardSeries:
+    """What finished in each 10 s since this server started (two hours back at most): rollouts
+    a minute, generated tokens a second, mean reward and pass rate, mean seconds of each stage,
+    errors by kind. In memory: a restart starts them again."""
+    return svc.series.read()
 
 
 @router.get("/v1/dashboard/jobs", response_model=JobSummaryPage)

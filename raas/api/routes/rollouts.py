@@ -113,15 +113,18 @@ async def list_running(
     now = time.time()
     jobs = []
     for job in svc.pipeline.in_flight()[:limit]:
-        traj = job.partial_trajectory()
+        prompt, response = job.tokens_so_far()
         jobs.append(
             RunningJob(
                 job_id=job.id,
                 data_source=job.data_source,
+                instance_id=job.instance_id,
+                task=job.task,
                 state=job.state.value,
                 stage=job.stage.value if job.stage is not None else None,
-                turns=len(traj.turns),
-                response_tokens=len(traj.response_ids),
+                turns=len(job.partial_trajectory().turns),
+                prompt_tokens=prompt,
+                response_tokens=response,
                 elapsed_s=now - job.timing.submitted_at,
                 attempts=job.attempts,
             )

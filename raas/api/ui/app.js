@@ -1,7 +1,7 @@
 // The raas dashboard: one page, two views (#/ the service and its jobs, #/jobs/ID one job),
-// read from the server's own routes every few seconds. No framework and no build step. Every
-// text from the server goes into the page as text (textContent), never as HTML: trajectories
-// hold whatever a model wrote.
+// read from the server's own routes every few seconds. No framework and no build step; the plots
+// are uPlot's (vendored beside this file). Every text from the server goes into the page as text
+// (textContent), never as HTML: trajectories hold whatever a model wrote.
 "use strict";
 
 const POLL_MS = 2000;
@@ -145,13 +145,101 @@ function throughputCard(stats) {
   const perMin = (t) => (t.finished / (t.window_s / 60)).toFixed(1);
   const tokS = (t) => (t.response_tokens / t.window_s).toFixed(1);
   const counts = STATES.slice(1).map((s) => h("span", { class: "count" }, badge(s), ` ${stats.finished[s] || 0}`));
+  const share = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
   return card("Throughput",
     h("div", { class: "bigs", id: "throughput" },
       h("div", {}, h("b", {}, perMin(minute)), h("span", {}, "jobs/min, last minute")),
       h("div", {}, h("b", {}, perMin(ten)), h("span", {}, "jobs/min, last 10 min")),
       h("div", {}, h("b", {}, tokS(minute)), h("span", {}, "response tokens/s, last minute"))),
+    h("div", { class: "bigs", id: "rewards", title: `over the ${stats.rewarded} finished jobs with a reward, every one in the database` },
+      h("div", {}, h("b", { id: "mean-reward" }, reward(stats.mean_reward)), h("span", {}, `mean reward (${stats.rewarded} rewarded)`)),
+      h("div", {}, h("b", { id: "pass-rate" }, share(stats.pass_rate)), h("span", {}, "pass rate (reward ≥ 1)"))),
     h("p", { class: "counts", id: "finished" }, "finished in all: ", counts));
 }
+
+// -- plots over time: uPlot charts made once and given new data on every poll -----------------
+
+const STAGE_COLORS = { init: "#7fa7e8", run: "#2f5bd3", eval: "#3aa56a" };
+const PLOT_HEIGHT = 170;
+const PLOT_WINDOW_S = 600; // the time axis spans 10 minutes at least, however few buckets there are
+const COUNTS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]; // whole-number ticks
+const plots = { card: null, charts: [] };
+
+function line(label, stroke, extra) {
+  return { label, stroke, width: 2, spanGaps: true, points: { show: true, size: 4 }, ...extra };
+}
+
+// Side by side: the first kind left of its bucket's time, the second right of it.
+function bars(label, fill, align) {
+  return { label, stroke: fill, fill, width: 1, paths: uPlot.paths.bars({ size: [0.4, 12], align }), points: { show: false } };
+}
+
+// From 0 to a little above the largest value (1 when all are 0): counts and rates never go below.
+const fromZero = { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] };
+
+// Each plot: its id, title, series (after x) and its columns of the series JSON, the y axes.
+function plotSpecs(s) {
+  // Ticks with the decimals they need (0.5, 40, 1.25), so that no two read the same.
+  const ticks = (u, vals) => vals.map((v) => (v === null ? "" : String(+v.toFixed(2))));
+  return [
+    { id: "plot-reward", title: "Reward and pass rate (finished in each bucket)",
+      series: [line("mean reward", "#2f5bd3"), line("pass rate", "#1f8a4c", { dash: [6, 4] })],
+      data: [s.reward_mean, s.pass_rate], scales: { y: { range: [0, 1] } }, axes: [{ values: ticks }] },
+    { id: "plot-throughput", title: "Throughput",
+      series: [line("rollouts/min", "#2f5bd3", { scale: "y" }), line("generated tokens/s", "#a86400", { scale: "tok" })],
+      data: [s.rollouts_per_min, s.generated_tokens_per_s], scales: { y: fromZero, tok: fromZero },
+      axes: [{ scale: "y", values: ticks }, { scale: "tok", side: 1, grid: { show: false }, values: ticks }] },
+    { id: "plot-stages", title: "Stage latency (mean seconds of the runs that ended)",
+      series: ["init", "run", "eval"].map((k) => line(k.toUpperCase(), STAGE_COLORS[k])),
+      data: ["init", "run", "eval"].map((k) => s.stage_s[k]), scales: { y: fromZero }, axes: [{ values: ticks }] },
+    { id: "plot-errors", title: "Errors by kind",
+      series: [bars("infra", "#7a4fb3", -1), bars("policy", "#e0a030", 1)],
+      data: [s.errors.infra, s.errors.policy], scales: { y: fromZero }, axes: [{ incrs: COUNTS, values: ticks }] },
+  ];
+}
+
+function plotsCard(series) {
+  const specs = plotSpecs(series);
+  if (!plots.card) {
+    plots.cells = specs.map((p) => h("div", { class: "plot", id: p.id }, h("h3", {}, p.title)));
+    plots.card = wide(card("Over time", h("p", { class: "muted", id: "plots-note" }),
+      h("div", { class: "plots", id: "plots" }, plots.cells)));
+  }
+  const n = series.t.length;
+  plots.card.querySelector("#plots-note").textContent =
+    `${n} bucket${n === 1 ? "" : "s"} of ${series.bucket_s} s since this server started (kept in memory: a restart starts them again)`;
+  plots.pending = specs;
+  return plots.card;
+}
+
+// Called once the card is in the page (uPlot needs its cell's width).
+function drawPlots(series) {
+  if (!plots.pending) return;
+  plots.pending.forEach((p, i) => {
+    const data = [series.t, ...p.data];
+    if (plots.charts[i]) {
+      plots.charts[i].setData(data);
+      return;
+    }
+    const cell = plots.cells[i];
+    const axes = [{ space: 70 }, ...p.axes.map((a) => ({ size: 52, ...a }))];
+    // From the data, not uPlot's min and max: for a single point it widens them by 1000 days.
+    const x = { time: true, range: (u) => {
+      const t = u.data[0];
+      return [Math.min(t[0], t[t.length - 1] - PLOT_WINDOW_S), t[t.length - 1] + series.bucket_s];
+    } };
+    plots.charts[i] = new uPlot({
+      width: Math.max(cell.clientWidth - 4, 200), height: PLOT_HEIGHT,
+      series: [{}, ...p.series], scales: { x, ...p.scales }, axes,
+      legend: { live: false }, cursor: { drag: { x: false, y: false } },
+    }, data, cell);
+  });
+  document.body.dataset.plots = String(plots.charts.length);
+}
+
+window.addEventListener("resize", () => {
+  plots.charts.forEach((c, i) => c.setSize({ width: Math.max(plots.cells[i].clientWidth - 4, 200), height: PLOT_HEIGHT }));
+});
 
 function backendsCard(backends) {
   if (!backends.length) {
@@ -204,22 +292,33 @@ function runningRows(running, q) {
   if ((state && state !== "running") || q.get("min_reward") || q.get("max_reward") || q.get("error_type") || q.get("before")) return [];
   return running.jobs.filter((j) => !q.get("data_source") || j.data_source === q.get("data_source"))
     .map((j) => h("tr", { "data-job": j.job_id, "data-state": "running" },
-      h("td", { class: "mono" }, h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}` }, j.job_id)),
+      jobCell(j),
       h("td", {}, badge("running"), " ", h("span", { class: "muted" }, j.state === "queued" ? `queued for ${j.stage}` : j.stage)),
-      h("td", {}, j.data_source),
+      sourceCell(j),
       h("td", { class: "num" }, "–"),
       h("td", {}, j.attempts > 1 ? `attempt ${j.attempts}` : ""),
       h("td", { class: "num" }, String(j.turns)),
-      h("td", { class: "num" }, String(j.response_tokens)),
+      h("td", { class: "num tokens", title: "response tokens so far; a turn's come when it ends (the prompt's are known from the start of RUN)" },
+        String(j.response_tokens), h("span", { class: "muted small" }, ` +${j.prompt_tokens} prompt`)),
       h("td", { class: "num" }, seconds(j.elapsed_s)),
       h("td", { class: "muted" }, "running")));
 }
 
+// A job by what it is (its instance_id), its job id on hover and in its page's address.
+function jobCell(j) {
+  return h("td", { class: "job" }, h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}`, title: `job ${j.job_id}` },
+    j.instance_id || j.job_id));
+}
+
+function sourceCell(j) {
+  return h("td", {}, j.data_source, j.task && j.task !== j.data_source ? h("span", { class: "muted" }, ` (${j.task})`) : null);
+}
+
 function finishedRows(page) {
   return page.jobs.map((j) => h("tr", { "data-job": j.job_id, "data-state": j.state },
-    h("td", { class: "mono" }, h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}` }, j.job_id)),
+    jobCell(j),
     h("td", {}, badge(j.state)),
-    h("td", {}, j.data_source),
+    sourceCell(j),
     h("td", { class: "num" }, reward(j.reward)),
     h("td", { class: "err", title: j.error_message || "" },
       j.error_type ? h("span", {}, h("b", {}, j.error_type), h("span", { class: `kind ${j.error_kind}` }, j.error_kind), " ", j.error_message || "")
@@ -241,8 +340,8 @@ function jobsQuery(q) {
 async function overview(mine) {
   const q = hashQuery();
   const wantsFinished = q.get("state") !== "running";
-  const [status, backends, stats, running, page] = await Promise.all([
-    get("v1/status"), get("v1/backends"), get("v1/dashboard/stats"), get("v1/rollouts:running"),
+  const [status, backends, stats, series, running, page] = await Promise.all([
+    get("v1/status"), get("v1/backends"), get("v1/dashboard/stats"), get("v1/dashboard/series"), get("v1/rollouts:running"),
     wantsFinished ? get(`v1/dashboard/jobs?${jobsQuery(q)}`) : Promise.resolve({ jobs: [], next_before: null }),
   ]);
   if (mine !== view) return;
@@ -257,12 +356,13 @@ async function overview(mine) {
   const old = document.getElementById("filters");
   const form = old && old.contains(active) ? old : filterForm(q, stats);
   const jobs = wide(card("Jobs", form,
-    rows.length ? table(["job", "state", "data_source", "reward:num", "error / stop", "turns:num", "tokens:num", "time:num", "finished"], rows, { id: "jobs" })
+    rows.length ? table(["instance", "state", "data_source", "reward:num", "error / stop", "turns:num", "tokens:num", "time:num", "finished"], rows, { id: "jobs" })
       : h("p", { class: "muted", id: "jobs" }, "No job matches."),
     nav));
   main.replaceChildren(
     h("div", { class: "grid" }, stagesCard(status), throughputCard(stats), failuresCard(stats)),
-    wide(backendsCard(backends)), jobs);
+    plotsCard(series), wide(backendsCard(backends)), jobs);
+  drawPlots(series);
   if (form === old && document.activeElement !== active) active.focus();
   document.body.dataset.loaded = "overview";
 }
@@ -290,10 +390,10 @@ function summary(status, result, running) {
   if (result) {
     facts.push(["data_source", result.data_source + (result.task && result.task !== result.data_source ? ` (task ${result.task})` : "")],
       ["reward", reward(result.reward)], ["stop", result.trajectory.stop_reason || "–"], ["attempts", String(result.attempts)]);
-    if (result.instance_id) facts.push(["instance", result.instance_id]);
   } else if (running) {
-    facts.push(["data_source", running.data_source], ["stage", running.state === "queued" ? `queued for ${running.stage}` : running.stage],
-      ["turns so far", String(running.turns)], ["tokens so far", String(running.response_tokens)],
+    facts.push(["data_source", running.data_source + (running.task && running.task !== running.data_source ? ` (task ${running.task})` : "")],
+      ["stage", running.state === "queued" ? `queued for ${running.stage}` : running.stage],
+      ["turns so far", String(running.turns)], ["tokens so far", `${running.response_tokens} response + ${running.prompt_tokens} prompt`],
       ["elapsed", seconds(running.elapsed_s)], ["attempt", String(running.attempts)]);
   } else {
     facts.push(["stage", status.stage || "–"]);
@@ -414,7 +514,8 @@ async function jobView(id, mine) {
   document.getElementById("service").textContent = `job ${id}`;
   const parts = [
     h("p", {}, h("a", { href: "#/" }, "← all jobs")),
-    h("section", { class: "card wide" }, h("h1", { class: "mono", id: "job-id" }, id), summary(status, result, running),
+    h("section", { class: "card wide" }, h("h1", { class: "mono", id: "job-title" }, (result || running || {}).instance_id || id),
+      h("p", { class: "muted mono jobid" }, "job ", h("span", { id: "job-id" }, id)), summary(status, result, running),
       result && result.error ? errorBox(result.error) : null,
       result ? (result.attempt_errors || []).map((e, i) => errorBox(e, `Attempt ${i + 1} was run again after`)) : null,
       result ? timingBar(result.timing) : null,
