@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
+.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ system-deps:
 demo: $(STAMP) system-deps
 	$(BIN)/raas demo
 
-test: $(STAMP) system-deps lint typecheck unit
+test: $(STAMP) system-deps lint typecheck docs unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check raas tests scripts examples
@@ -30,6 +30,10 @@ lint: $(STAMP)
 	# The bundled data sets are what their generators write.
 	$(BIN)/python scripts/make_math_bundle.py --check
 	$(BIN)/python scripts/make_stem_bundle.py --check
+
+# The manual (docs/) as a site in site/, with MkDocs; strict: a broken link or page fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,4 +1,4 @@
-"""Every ```bash block of README.md runs as written.
+"""Every ```bash block of README.md and of the pages in docs/ runs as written.
 
 Each block runs as a script (``bash -e -o pipefail``: a failing command fails the block) in a
 fresh directory that looks like the repository's root (its files linked in, so ``examples/...``
@@ -33,6 +33,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The README and the manual's pages, whose blocks are keyed by heading as the README's are.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # Keyed by the block's section heading and its first line (without a trailing comment).
 SKIP = {
@@ -104,6 +106,7 @@ class Block:
     heading: str
     line: int  # of the opening fence
     text: str
+    page: str = "README.md"  # relative to the repository's root
 
     @property
     def key(self) -> str:
@@ -112,7 +115,7 @@ class Block:
         return f"{self.heading} :: {command}"
 
 
-def bash_blocks(markdown: str) -> list[Block]:
+def bash_blocks(markdown: str, page: str = "README.md") -> list[Block]:
     blocks: list[Block] = []
     heading, fence, start, body = "", None, 0, []
     for number, line in enumerate(markdown.splitlines(), 1):
@@ -123,14 +126,14 @@ def bash_blocks(markdown: str) -> list[Block]:
                 fence, start, body = line[3:].strip(), number, []
         elif line.startswith("```"):
             if fence == "bash":
-                blocks.append(Block(heading, start, "\n".join(body) + "\n"))
+                blocks.append(Block(heading, start, "\n".join(body) + "\n", page))
             fence = None
         else:
             body.append(line)
     return blocks
 
 
-BLOCKS = bash_blocks(README.read_text())
+BLOCKS = [b for p in PAGES for b in bash_blocks(p.read_text(), str(p.relative_to(ROOT)))]
 
 
 def test_the_lists_name_blocks_that_exist() -> None:
@@ -288,11 +291,12 @@ def _params() -> list[object]:
     for block in BLOCKS:
         marks: list[pytest.MarkDecorator] = []
         if block.key in SKIP:
-            marks.append(pytest.mark.skip(reason=f"README:{block.line}: {SKIP[block.key]}"))
+            marks.append(pytest.mark.skip(reason=f"{block.page}:{block.line}: {SKIP[block.key]}"))
         elif block.key in HEAVY:
             marks.append(pytest.mark.readme)
         section = block.key.split(" :: ")[0]
-        params.append(pytest.param(block, marks=marks, id=f"L{block.line}-{section}"))
+        page = Path(block.page).stem
+        params.append(pytest.param(block, marks=marks, id=f"{page}-L{block.line}-{section}"))
     return params
 
 
@@ -300,7 +304,7 @@ def _params() -> list[object]:
 def test_readme_block_runs_as_written(block: Block, workdir: Path) -> None:
     heavy = block.key in HEAVY
     outcome = run_block(block, workdir, HEAVY_DEADLINE_S if heavy else DEADLINE_S)
-    where = f"README.md:{block.line} ({block.key})"
+    where = f"{block.page}:{block.line} ({block.key})"
     tail = outcome.output[-6000:]
     assert outcome.returncode is not None, f"{where} ran past its deadline; output:\n{tail}"
     assert outcome.returncode == 0, f"{where} exited {outcome.returncode}; output:\n{tail}"

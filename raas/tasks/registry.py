@@ -36,11 +36,11 @@ class UnknownTask(KeyError):
 
     def __str__(self) -> str:
         """One short line: the likeliest name meant, the tasks, and how many dataset names
-        (the whole list is ``known``, in a 422's ``ctx``; the README has the table)."""
+        (the whole list is ``known``, in a 422's ``ctx``; docs/tasks.md has the table)."""
         aliases = len(self.known) - len(self.tasks)
         hint = suggestion(self.data_source, self.known)
         listed = ", ".join(self.tasks) or "none"
-        more = f", and {aliases} dataset names: the README's data_source table" if aliases else ""
+        more = f", and {aliases} dataset names: docs/tasks.md lists them" if aliases else ""
         return f"no task handler for data_source {self.data_source!r} ({hint}tasks: {listed}{more})"
 
 
