@@ -28,6 +28,7 @@ from raas.sandbox.oci.layers import WHITEOUT_PREFIX
 from tests import tiers
 from tests.oci_images import ImageBuilder, base_rootfs, missing_tools, registry
 from tests.test_image_rootfs import snapshot
+from tests.test_image_store import GZIP, _blob, _entry, _tar
 from tests.unprivileged import User, readable, unprivileged_user
 
 pytestmark = pytest.mark.images
@@ -65,7 +66,13 @@ def _top_layer(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def setup() -> Iterator[Setup]:
+def user() -> Iterator[User]:
+    with unprivileged_user() as user:
+        yield user
+
+
+@pytest.fixture(scope="module")
+def setup(user: User) -> Iterator[Setup]:
     missing = missing_tools()
     if missing:
         why = f"the images tier needs {', '.join(missing)}: scripts/install-system-deps.sh"
@@ -73,18 +80,48 @@ def setup() -> Iterator[Setup]:
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
     rootfs = base_rootfs()
-    with unprivileged_user() as user:
-        builder = ImageBuilder(user.shared / "layout")
-        swe = builder.image("swe", builder.base_of(rootfs), FILES)
-        top = _top_layer(user.shared / "top.tar")
-        layout = f"{builder.layout}:{swe}"
-        run_tool("umoci", "raw", "add-layer", "--image", layout, "--tag", TAG, top)
-        readable(user.shared)
-        with registry(user.shared / "registry") as reg:
-            reg_ref = builder.push(TAG, reg, "swe/rootless:v1")
-            imported = user.raas("images", "import", str(builder.layout), "--ref", TAG)
-            assert imported.returncode == 0, imported.stderr
-            yield Setup(user, reg_ref, imported.stdout)
+    builder = ImageBuilder(user.shared / "layout")
+    swe = builder.image("swe", builder.base_of(rootfs), FILES)
+    top = _top_layer(user.shared / "top.tar")
+    layout = f"{builder.layout}:{swe}"
+    run_tool("umoci", "raw", "add-layer", "--image", layout, "--tag", TAG, top)
+    readable(user.shared)
+    with registry(user.shared / "registry") as reg:
+        reg_ref = builder.push(TAG, reg, "swe/rootless:v1")
+        imported = user.raas("images", "import", str(builder.layout), "--ref", TAG)
+        assert imported.returncode == 0, imported.stderr
+        yield Setup(user, reg_ref, imported.stdout)
+
+
+UNPACK = (
+    "import sys; from pathlib import Path; from raas.sandbox.oci.layers import unpack_layer;"
+    " unpack_layer(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], Path(sys.argv[5]))"
+)
+
+
+def test_an_unprivileged_unpack_marks_read_only_directories_too(user: User) -> None:
+    # Without root's CAP_DAC_OVERRIDE, a whiteout in (or an opaque mark on) a directory the tar
+    # made 0555 needs the directory made writable meanwhile.
+    raw = _tar(
+        [
+            (_entry("ro", tarfile.DIRTYPE, mode=0o555), None),
+            (_entry("ro/.wh.gone"), b""),
+            (_entry("ro/kept", mode=0o444), b"k"),
+            (_entry("opaque", tarfile.DIRTYPE, mode=0o555), None),
+            (_entry("opaque/.wh..wh..opq"), b""),
+        ]
+    )
+    blob = _blob(user.shared, raw, "ro-blob")
+    readable(user.shared)
+    dest = user.home / "ro-layer"
+    args = [str(blob.path), GZIP, blob.digest, blob.diff_id, str(dest)]
+    unpacked = user.python_run("-c", UNPACK, *args)
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert is_whiteout(os.lstat(dest / "ro/gone"))
+    assert os.getxattr(dest / "opaque", "user.overlay.opaque") == b"y"
+    for directory in ("ro", "opaque"):  # as the tar has them again
+        assert stat.S_IMODE(os.lstat(dest / directory).st_mode) == 0o555
+    assert (dest / "ro/kept").read_bytes() == b"k"
 
 
 def _layer_dirs(store: Path) -> list[Path]:
