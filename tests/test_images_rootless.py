@@ -25,8 +25,7 @@ import pytest
 from raas.bench.oci_fixtures import run_tool
 from raas.sandbox.layers import is_opaque, is_whiteout
 from raas.sandbox.oci.layers import WHITEOUT_PREFIX
-from tests import tiers
-from tests.oci_images import ImageBuilder, base_rootfs, missing_tools, registry
+from tests.oci_images import ImageBuilder, base_rootfs, registry, require_tools
 from tests.test_image_rootfs import snapshot
 from tests.test_image_store import GZIP, _blob, _entry, _tar
 from tests.unprivileged import User, readable, unprivileged_user
@@ -73,12 +72,7 @@ def user() -> Iterator[User]:
 
 @pytest.fixture(scope="module")
 def setup(user: User) -> Iterator[Setup]:
-    missing = missing_tools()
-    if missing:
-        why = f"the images tier needs {', '.join(missing)}: scripts/install-system-deps.sh"
-        if tiers.selected("images"):
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
+    require_tools()
     rootfs = base_rootfs()
     builder = ImageBuilder(user.shared / "layout")
     swe = builder.image("swe", builder.base_of(rootfs), FILES)
