@@ -18,6 +18,7 @@ import pytest
 
 from raas.bench import oci_fixtures
 from raas.bench.oci_fixtures import ImageBuilder, Registry, missing_tools, registry, run_tool
+from tests import tiers
 
 __all__ = [
     "ImageBuilder",
@@ -27,6 +28,7 @@ __all__ = [
     "make_sif",
     "missing_tools",
     "registry",
+    "require_tools",
 ]
 
 
@@ -36,6 +38,17 @@ def base_rootfs() -> Path:
     if not oci_fixtures.rootfs_ready(root):
         pytest.skip(f"no base root filesystem at {root}: {oci_fixtures.MAKE_ROOTFS}")
     return root
+
+
+def require_tools() -> None:
+    """Skip where the tools the images tier needs are missing (fail, where the run asked for
+    the tier by its marker)."""
+    missing = missing_tools()
+    if missing:
+        why = f"the images tier needs {', '.join(missing)}: scripts/install-system-deps.sh"
+        if tiers.selected("images"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
 
 
 def build_and_push(

@@ -33,15 +33,14 @@ from raas.image_refs import normalize
 from raas.sandbox.oci import ImageError
 from raas.sandbox.oci.layers import DigestError, LayerError, unpack_layer
 from raas.sandbox.oci.store import ImageStore, default_store_dir
-from tests import tiers
 from tests.oci_images import (
     ImageBuilder,
     Registry,
     base_rootfs,
     build_and_push,
     make_sif,
-    missing_tools,
     registry,
+    require_tools,
 )
 
 ROOT = os.geteuid() == 0
@@ -330,12 +329,7 @@ class Images:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
-    missing = missing_tools()
-    if missing:
-        why = f"the images tier needs {', '.join(missing)}: scripts/install-system-deps.sh"
-        if tiers.selected("images"):
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
+    require_tools()
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("oci")
     builder = ImageBuilder(work / "layout")

@@ -1,16 +1,17 @@
 """A sandbox's root over an OCI image's layers: copy-on-write, private, gone when it closes.
 
-bubblewrap 0.8 has no overlay options, so the sandbox's launch starts with a mount namespace of
-its own (``unshare --mount``; rootless, ``unshare --user --map-root-user --mount``, which may
-mount overlayfs on kernels >= 5.11). In it a size-capped tmpfs (the sandbox's ``disk_bytes``)
-holds overlayfs' upper and work directories, and an overlay of the image's layers (the top one
-first) is mounted on ``root`` beside them; bwrap then binds the top-level entries of that root
-writable into the sandbox. Every write lands in the sandbox's own upper layer, in memory: the
-layers on disk, shared with other sandboxes and images, never change, and when the sandbox's
-last process exits its mount namespace, and with it the tmpfs and the overlay, is gone.
-Where the kernel refuses the overlay (probed once, said once in the log), the layers are copied
-into the tmpfs instead, bottom first, applying whiteouts and opaque directories as overlayfs
-would (a slower start, the same result).
+bubblewrap 0.8 has no overlay options, so the sandbox's launch starts with a mount namespace of its
+own (``unshare --mount``; rootless, ``unshare --user --map-root-user --mount``, which may mount
+overlayfs on kernels >= 5.11, with ``userxattr`` so that it reads the ``user.overlay.`` opaque marks
+a rootless store sets; see ``OVERLAY_TRIES``). In it a size-capped tmpfs (the sandbox's
+``disk_bytes``) holds overlayfs' upper and work directories, and an overlay of the image's layers
+(the top one first) is mounted on ``root`` beside them; bwrap then binds the top-level entries of
+that root writable into the sandbox. Every write lands in the sandbox's own upper layer, in memory:
+the layers on disk, shared with other sandboxes and images, never change, and when the sandbox's
+last process exits its mount namespace, and with it the tmpfs and the overlay, is gone. Where the
+kernel refuses the overlay (probed once, said once in the log), the layers are copied into the tmpfs
+instead, bottom first, applying whiteouts and opaque directories as overlayfs would (a slower start,
+the same result).
 
 Ownership. Rootless, the store's layers belong to raas's user (an unprivileged unpack cannot
 chown), who is root in the launch's user namespace and whom bwrap maps to the sandbox's user:
@@ -275,16 +276,24 @@ exit 1
 """
 
 
+# The extra overlay options to try, best first. As root: ``metacopy=on`` where the kernel takes
+# it (a chown then copies no file's data). Rootless: ``userxattr`` only. In a user namespace the
+# kernel cannot read ``trusted.*`` xattrs, so without it overlayfs would ignore the opaque marks
+# of a rootless store (which can set only ``user.overlay.opaque``) and show what an opaque
+# directory hides; the option came with unprivileged overlay mounts (Linux 5.11), and where a
+# kernel refuses it the layers are copied, which honours both marks.
+OVERLAY_TRIES = {False: (",metacopy=on", ""), True: (",userxattr",)}
+
+
 @functools.cache
 def overlay_options(rootless: bool) -> str | None:
-    """The extra overlayfs options the launch mounts with here: ``,metacopy=on`` where the
-    kernel takes it (root only: a chown then copies no file's data), else none; None where the
-    kernel refuses an overlay at all (probed once, in a throwaway namespace, and said once in
-    the log): then the layers are copied."""
+    """The extra overlayfs options the launch mounts with here (the first of ``OVERLAY_TRIES``
+    that mounts); None where the kernel refuses an overlay at all (probed once, in a throwaway
+    namespace, and said once in the log): then the layers are copied."""
     unshare = shutil.which("unshare")
     if unshare is None:
         raise ImageError("unshare (util-linux) is not installed: apt-get install util-linux")
-    tries = [""] if rootless else [",metacopy=on", ""]
+    tries = OVERLAY_TRIES[rootless]
     with tempfile.TemporaryDirectory(prefix="raas-overlay-probe-") as tmp:
         argv = [unshare, *_namespace_flags(rootless), "--", "sh", "-c", PROBE_SCRIPT, "sh", tmp]
         try:

@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import zlib
@@ -163,6 +164,22 @@ def _filter(plan: _Plan) -> Any:
     return layer_filter
 
 
+@contextlib.contextmanager
+def _writable(directory: str) -> Iterator[None]:
+    """``directory`` writable by its owner meanwhile: unpacking as an unprivileged user (no
+    CAP_DAC_OVERRIDE), a whiteout cannot be added to, nor an opaque mark set on, a directory
+    that the tar made read-only (0555), as it can as root."""
+    mode = stat.S_IMODE(os.lstat(directory).st_mode)
+    if mode & stat.S_IWUSR:
+        yield
+        return
+    os.chmod(directory, mode | stat.S_IWUSR)
+    try:
+        yield
+    finally:
+        os.chmod(directory, mode)
+
+
 def _apply_whiteouts(plan: _Plan) -> None:
     for rel in plan.whiteouts:
         path = os.path.join(plan.dest, rel)
@@ -172,7 +189,8 @@ def _apply_whiteouts(plan: _Plan) -> None:
         if os.path.lexists(path):  # the same layer also has NAME: it wins (spec: whiteout below)
             continue
         try:
-            os.mknod(path, 0o600 | 0o020000, os.makedev(0, 0))
+            with _writable(os.path.dirname(path)):
+                os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
         except PermissionError as e:
             raise LayerError(
                 f"cannot make the overlayfs whiteout for {rel!r} (a 0/0 character device: root,"
@@ -184,10 +202,11 @@ def _apply_whiteouts(plan: _Plan) -> None:
             raise LayerError(f"unsafe opaque directory in layer: {rel!r}")
         os.makedirs(path, exist_ok=True)
         marked = False
-        for attr in ("trusted.overlay.opaque", "user.overlay.opaque"):
-            with contextlib.suppress(OSError):
-                os.setxattr(path, attr, b"y", follow_symlinks=False)
-                marked = True
+        with _writable(path):
+            for attr in ("trusted.overlay.opaque", "user.overlay.opaque"):
+                with contextlib.suppress(OSError):
+                    os.setxattr(path, attr, b"y", follow_symlinks=False)
+                    marked = True
         if not marked:
             raise LayerError(f"cannot mark {rel!r} opaque (this filesystem has no xattrs)")
 
