@@ -15,12 +15,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from raas.api.app import runtime_key
 from raas.client import RolloutClient
 from raas.client.task_files import run_requests
 from raas.launch import ServerProcess
@@ -29,9 +32,11 @@ from raas.oracle.app import oracle_app
 from raas.oracle.model import Oracle
 from raas.oracle.sabotage import SABOTAGES, sabotage_of
 from raas.sandbox.oci.store import ImageStore
+from raas.sandbox.procs import descendants, start_time
+from raas.sandbox.runtime import runtime_dir_of
 from raas.wire import RolloutRequest, RolloutResult
 from tests import oci_images
-from tests.llm_servers import ServerThread
+from tests.llm_servers import AgentBackend, ServerThread
 from tests.swe_image_rows import FAIL_TO_PASS, row, write_repo
 
 pytestmark = pytest.mark.images
@@ -167,3 +172,45 @@ def test_raas_run_runs_the_rows_as_they_come(pulled: dict[str, Any]) -> None:
     assert len(results) == len(pulled["rows"])
     assert all(r["state"] == "done" and r["reward"] == 1.0 for r in results), results
     assert "pass rate 3/3" in " ".join(done.stdout.split())
+
+
+def test_a_killed_server_leaves_no_image_sandbox(pulled: dict[str, Any]) -> None:
+    """SIGKILL to `raas serve` while a row's image sandbox runs (its model call held): every
+    process of it ends, no mount of it is left, and the next server on the database takes its
+    runtime directory and leaves nothing there."""
+    tmp: Path = pulled["tmp"]
+    held = AgentBackend(lambda prompt: "thinking", hold=lambda prompt: True)
+    backend = ServerThread(held.app).start()
+    db, args = tmp / "killed.db", ["--llm", backend.url, "--tokenizer", "tiny"]
+    env = {"RAAS_IMAGE_STORE": str(pulled["store"])}
+    server = ServerProcess(db, tmp / "killed.log", args, env=env)
+    try:
+        server.wait_ready()
+        job = {"instance": {**pulled["rows"][0], "data_source": "swe"}, "job_id": "held"}
+        assert httpx.post(f"{server.url}/v1/rollouts", json=job).status_code == 202
+        assert held.holding.wait(DEADLINE_S), "the job never reached its model call"
+        seen = {(p, start_time(p)) for p in descendants(server.proc.pid)}
+        runtime = runtime_dir_of(runtime_key(db))
+        killed_sandboxes = {d.name for d in runtime.iterdir() if d.is_dir()}
+        assert killed_sandboxes, "no sandbox directory while the job runs"
+        assert any(Path(f"/proc/{p}/comm").read_text().strip() == "bwrap" for p, _ in seen)
+        server.proc.kill()
+        server.proc.wait()
+        deadline = time.monotonic() + DEADLINE_S
+        while any(start_time(p) == started is not None for p, started in seen):
+            assert time.monotonic() < deadline, "a process of the killed server lives on"
+            time.sleep(0.05)
+        assert no_sandbox_mounts(pulled["store"], runtime)
+        again = ServerProcess(db, tmp / "again.log", args, env=env)  # claims the runtime dir
+        try:
+            again.wait_ready()
+            # The job runs again there (a server restart is infra): only its new sandbox.
+            left = {d.name for d in runtime.iterdir()} if runtime.exists() else set()
+            assert not left & killed_sandboxes, sorted(runtime.rglob("*"))
+        finally:
+            held.release()  # the re-run's model call, so that the server stops at once
+            again.stop()
+    finally:
+        held.release()
+        server.stop()
+        backend.stop()
