@@ -109,7 +109,8 @@ async def served(options: RunOptions, llm: list[str], console: Console) -> Async
     settings = validate(
         {
             "port": port,
-            "db": options.workdir / "raas.db",
+            # Not raas.db, `raas serve`'s default: a run beside a server keeps to its own.
+            "db": options.workdir / "run.db",
             "llm": llm,
             "tokenizer": options.model,
             "log_level": "warning" if options.quiet_server else "info",

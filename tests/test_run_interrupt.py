@@ -195,7 +195,7 @@ def test_ctrl_c_on_a_run_on_the_embedded_engine_stops_the_engine_too(
     assert code == 130, term.tail
     said_nothing_wrong(term.output)
     assert stored(out) == {"quick": "done"}
-    states = {r.instance_id: r.state for r in iter_finished(out.parent / "raas.db")}
+    states = {r.instance_id: r.state for r in iter_finished(out.parent / "run.db")}
     assert states == {"quick": "done", "stuck": "cancelled"}
 
 
@@ -250,6 +250,6 @@ def test_ctrl_c_on_the_demo_stops_its_engine_and_keeps_what_finished(tmp_path: P
     out = tmp_path / said[2]
     kept = stored(out) if out.read_text() else {}
     assert len(kept) == int(said[1])
-    states = {r.instance_id: r.state for r in iter_finished(out.parent / "raas.db")}
+    states = {r.instance_id: r.state for r in iter_finished(out.parent / "run.db")}
     assert len(states) == 8 and {states[i] for i in kept} <= {"done", "failed", "timeout"}
     assert all(state == "cancelled" for i, state in states.items() if i not in kept)

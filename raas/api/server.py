@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -15,6 +17,7 @@ from raas.api.state import ServiceState
 from raas.helpers import check_port, is_loopback
 from raas.settings import ServeSettings
 from raas.store.schema import check_version
+from raas.store.sqlite import hold_database
 from raas.tasks import TaskRegistry
 
 log = logging.getLogger(__name__)
@@ -74,10 +77,18 @@ def check_exposure(settings: ServeSettings) -> None:
         )
 
 
+def check_free(db: Path) -> None:
+    """DatabaseInUse, said before the app starts, if another server holds ``db`` (the store
+    takes the same hold for its life when it opens)."""
+    if db.parent.is_dir():
+        os.close(hold_database(db))
+
+
 def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None:
     check_exposure(settings)
     check_port(settings.host, settings.port)  # a busy port is said before the app starts
     check_version(settings.db)  # and a database from a newer raas
+    check_free(settings.db)  # or one another server holds
     app = create_app(settings, registry)
     config = uvicorn.Config(
         app,

@@ -279,10 +279,12 @@ def images_prefetch(
     store_dir: Path | None,
     max_gb: float | None,
 ) -> None:
-    """Pull every image DATASET names, once each: a task file (JSONL of tasks or of jobs) or a
-    verl Parquet file, whose instances name their images as `image_name` or `docker_image`
-    (SWE-bench, SWE-Gym, R2E-Gym rows). Images already stored are not pulled again; a failed
-    pull is reported and the others go on (exit status 1 at the end)."""
+    """Pull every image DATASET's rows run in, once each: a task file (JSONL of tasks or of
+    jobs) or a verl Parquet file. A row's image is its `image_name` (SWE-bench), its
+    `docker_image` (R2E-Gym), or, for a row with a `repo` and `base_commit` that names none,
+    SWE-Gym's image of its `instance_id`, as the swe task finds it. Images already stored are
+    not pulled again; a failed pull is reported and the others go on (exit status 1 at the
+    end)."""
     from raas.client.task_files import TaskFileError, read_rows
 
     try:

@@ -72,6 +72,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     from raas.cli.output import key_on_command_line, setup_logging
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
+    from raas.store.sqlite import DatabaseInUse
 
     if options.get("api_key") is not None:
         click.echo(key_on_command_line("RAAS_API_KEY or in a file (--api-key-file)"), err=True)
@@ -83,7 +84,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     check_tokenizer(settings.tokenizer)
     try:
         run_server(settings)
-    except (PortBusy, NewerDatabase, KeyNeeded) as e:
+    except (PortBusy, NewerDatabase, DatabaseInUse, KeyNeeded) as e:
         raise click.ClickException(str(e)) from e
 
 

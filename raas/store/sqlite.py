@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +46,32 @@ log = logging.getLogger(__name__)
 # (None for a note that nobody waits for).
 _Call = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any] | None"]
 _Answer = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class DatabaseInUse(RuntimeError):
+    """Another live server (or ``raas run``) holds the database: one writer a database."""
+
+
+def hold_database(path: str | Path) -> int:
+    """An exclusive hold on the database at ``path`` for this process (a lock on ``PATH.lock``,
+    released when the fd closes or the process dies); DatabaseInUse if another process has it.
+
+    A server numbers results in memory (``seq``) and keeps tallies as one writer: two servers
+    on one database would give two results the same number, and one of them could never be
+    written. The lock is on a file of its own, not the database, because on NFS ``flock`` is
+    emulated with the same POSIX locks SQLite takes.
+    """
+    lock = Path(f"{path}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DatabaseInUse(
+            f"{path} is in use by another raas server (or raas run): give this one a database"
+            " of its own (--db FILE)"
+        ) from None
+    return fd
 
 
 class StoreWriteError(Exception):
@@ -79,6 +107,7 @@ class ResultStore:
         self.path = Path(path)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raas-store")
         self._conn: sqlite3.Connection | None = None
+        self._hold: int | None = None  # hold_database's fd, while open
         self._seq = 0
         self._tally = Tally()  # used on the store's thread only
         self._pending: list[_Call] = []  # calls of this event-loop turn, not yet sent
@@ -172,7 +201,13 @@ class ResultStore:
     async def open(self) -> None:
         def _open() -> None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = connect(self.path)
+            self._hold = hold_database(self.path)
+            try:
+                self._conn = connect(self.path)
+            except BaseException:
+                os.close(self._hold)
+                self._hold = None
+                raise
             (max_seq,) = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
             self._seq = int(max_seq)
             self._tally = Tally.count(self._conn)
@@ -185,6 +220,9 @@ class ResultStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._hold is not None:
+                os.close(self._hold)
+                self._hold = None
 
         self._flush()  # what was asked before closing runs before it
         loop = asyncio.get_running_loop()
