@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raas.pipeline import JobState, Pipeline, Stage
+from raas.sandbox.oci import ImageNotStored
 from raas.tasks import RewardInfo, TaskContext, TaskJob
 from raas.tasks.protocol import PolicyError
 from raas.wire import Trajectory
@@ -55,6 +56,8 @@ class ProbeTask:
         how = job.instance.get(stage, "ok")
         if how == "raise" or (how == "raise_once" and self.calls[job.job_id, stage] == 1):
             raise RuntimeError(f"boom in {stage}")
+        if how == "no_image":  # what the store says of an image it does not hold
+            raise ImageNotStored(f"image x:1 is not in the image store (in {stage})")
         if how == "fail_once" and self.calls[job.job_id, stage] == 1:
             await self.released[job.job_id, stage].wait()
             raise RuntimeError(f"boom in {stage}")

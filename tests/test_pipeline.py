@@ -486,3 +486,17 @@ async def test_restart_reports_in_flight_jobs_as_failed_and_keeps_results(
     assert lost.result.stage_failed == "run"
     assert kept is not None and kept.state is JobState.DONE
     assert kept.result is not None and kept.result.reward == 0.5
+
+
+@pytest.mark.parametrize(("how", "attempts"), [("no_image", 1), ("raise", 3)])
+async def test_an_infra_failure_a_retry_cannot_help_ends_the_job_at_once(
+    make_pipeline: Any, probe: ProbeTask, how: str, attempts: int
+) -> None:
+    """A missing image (``retry = False`` on its error) is not run again; any other infra
+    failure is, while attempts are left (the control)."""
+    async with make_pipeline(max_attempts=3) as pipeline:
+        job_id = await submit_one(pipeline, probe_instance(init=how))
+        result = await finished(pipeline, job_id)
+    assert result["state"] == "failed" and result["error"]["kind"] == "infra"
+    assert result["attempts"] == attempts
+    assert probe.calls[job_id, "init"] == attempts

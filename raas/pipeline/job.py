@@ -36,6 +36,9 @@ class Ending:
     message: str
     kind: ErrorKind = "infra"
     metrics: dict[str, Any] = field(default_factory=dict)  # for the result (a PolicyError's)
+    # False: running the job again cannot help (an exception's own ``retry = False``, such as a
+    # missing image's), so an infra failure ends it at once.
+    retry: bool = True
 
     @property
     def error(self) -> ErrorInfo:

@@ -506,6 +506,7 @@ class Pipeline:
                     str(exc) or repr(exc),
                     error_kind(exc),
                     exc.metrics if isinstance(exc, PolicyError) else {},
+                    retry=getattr(exc, "retry", True) is not False,
                 )
 
     async def _call(self, job: Job, stage: Stage) -> None:
@@ -558,6 +559,7 @@ class Pipeline:
         return (
             ending is not None
             and ending.kind == "infra"
+            and ending.retry
             and ending.state in (JobState.FAILED, JobState.TIMEOUT)
             and job.attempts < self.config.max_attempts
             and not self.stopping

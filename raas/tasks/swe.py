@@ -237,8 +237,8 @@ async def _image_sandbox(services: TaskServices, instance: dict[str, Any], image
     """A sandbox of ``image``, or an infra error that names the image and why there is none."""
     try:
         return await services.sandbox(image=image)
-    except SandboxError as e:
-        raise SandboxError(f"{_named(instance)} needs its environment image {image}: {e}") from e
+    except SandboxError as e:  # the same class: whether a retry may help stays with it
+        raise type(e)(f"{_named(instance)} needs its environment image {image}: {e}") from e
 
 
 @asynccontextmanager

@@ -6,12 +6,13 @@ what its config says to run with. A sandbox's root is an overlay over those dire
 (``raas.sandbox.rootfs``), so a sandbox writes only its own upper layer.
 """
 
-from raas.sandbox.oci.image import ImageError, StoredImage
+from raas.sandbox.oci.image import ImageError, ImageNotStored, StoredImage
 from raas.sandbox.oci.store import ImageInfo, ImageStore, StoreUsage, default_store_dir
 
 __all__ = [
     "ImageError",
     "ImageInfo",
+    "ImageNotStored",
     "ImageStore",
     "StoreUsage",
     "StoredImage",

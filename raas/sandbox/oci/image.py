@@ -12,6 +12,13 @@ class ImageError(SandboxError):
     """An image that cannot be pulled, imported, found or run: one line naming it and why."""
 
 
+class ImageNotStored(ImageError):
+    """The store holds no image of that name: a job that needs it fails at once, since running
+    it again cannot make the image appear (``retry``: the pipeline reads it)."""
+
+    retry = False
+
+
 @dataclass(frozen=True)
 class StoredImage:
     """An image in the store, ready to be a sandbox's root.

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from raas.image_refs import normalize
 from raas.sandbox.oci import archives, locks, manifests, skopeo
-from raas.sandbox.oci.image import ImageError, StoredImage
+from raas.sandbox.oci.image import ImageError, ImageNotStored, StoredImage
 from raas.sandbox.oci.layers import DigestError, LayerError, remove_tree, tree_bytes, unpack_layer
 from raas.sandbox.oci.manifests import Image, ManifestError
 
@@ -195,7 +195,7 @@ class ImageStore:
         name = _normalize(ref)
         entry = self._index().get(name)
         if entry is None:
-            raise ImageError(
+            raise ImageNotStored(
                 f"image {name} is not in the image store {self.root}: raas images pull {ref}"
             )
         digest = str(entry["digest"])
