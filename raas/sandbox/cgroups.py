@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,9 +119,17 @@ def _enable_v2(cgroup: Path) -> set[str]:
     return set((cgroup / "cgroup.subtree_control").read_text().split())
 
 
-@functools.cache
+_finding = threading.Lock()
+
+
 def hierarchy() -> Hierarchy | None:
     """Where sandboxes' cgroups go, or None (said once in the log) where none can be made."""
+    with _finding:  # sandboxes start from several threads at once: one looks, once
+        return _hierarchy()
+
+
+@functools.cache
+def _hierarchy() -> Hierarchy | None:
     found = _v2() or _v1()
     if found is None:
         log.warning(
