@@ -134,12 +134,42 @@ def _runs_raas(user: User) -> bool:
 
 
 @contextlib.contextmanager
+def traversable(listed: Path, *paths: str | Path) -> Iterator[None]:
+    """Let every user pass through (``o+x``: enter, not list) the directories above ``paths``
+    and ``listed``, and list ``listed`` (``o+rx``: an import path's directory is listed), where
+    they do not allow it, for the ``with`` block: a clone in a fresh ``mktemp -d`` (0700) holds
+    the repository and its venv. The user's home is never opened so: there this gives up and
+    the caller's check says the user cannot run raas."""
+    home = Path.home().resolve()
+    opened: list[tuple[Path, int]] = []
+    wanted = {above: 0o001 for path in (listed, *paths) for above in Path(path).resolve().parents}
+    wanted[listed.resolve()] = 0o005
+    try:
+        for above, bits in sorted(wanted.items()):
+            mode = above.stat().st_mode
+            if above == home or mode & bits == bits or os.geteuid() != 0:
+                continue
+            above.chmod(mode | bits)
+            opened.append((above, mode))
+        yield
+    finally:
+        for above, mode in reversed(opened):
+            above.chmod(mode & 0o7777)
+
+
+@contextlib.contextmanager
 def unprivileged_user() -> Iterator[User]:
     """An unprivileged user (nobody as root, else ourselves) with a home of its own, removed
     after the ``with`` block. Raises RuntimeError naming what is missing where it cannot run
     raas."""
     uid = NOBODY if os.geteuid() == 0 else os.geteuid()
     top = Path(tempfile.mkdtemp(prefix="raas-rootless-"))
+    venv = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    with traversable(REPO, *venv):
+        yield from _user_in(uid, top)
+
+
+def _user_in(uid: int, top: Path) -> Iterator[User]:
     try:
         top.chmod(0o711)  # the user may enter, not list
         home = top / "home"
