@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response,
 
 from raas.api.auth import logged_in
 from raas.api.errors import responses
-from raas.api.routes.rollouts import FinalStateName
+from raas.api.routes.rollouts import Cursor, FinalStateName
 from raas.api.state import ServiceState, service
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
@@ -132,7 +132,7 @@ async def dashboard_jobs(
     min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     before: Annotated[
-        int | None, Query(ge=1, description="Cursor: next_before of the previous page.")
+        Cursor | None, Query(ge=1, description="Cursor: next_before of the previous page.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> JobSummaryPage:
