@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from raas.api.errors import app_path
 from raas.api.ui import login_page
 from raas.helpers import bearer_token
+from raas.llm.openai_types import OpenAIError
 
 UI_PATH = "/ui"
 LOGIN_PATH = "/ui/login"  # checks the key itself (raas.api.routes.dashboard)
@@ -135,14 +136,8 @@ class ApiKeyMiddleware:
             return
         body: dict[str, object] = {"detail": UNAUTHORIZED}
         if path in self.job_paths:  # OpenAI's clients read OpenAI's error shape
-            body = {
-                "error": {
-                    "message": JOB_UNAUTHORIZED,
-                    "type": "authentication_error",
-                    "param": None,
-                    "code": "invalid_api_key",
-                }
-            }
+            kind, code = "authentication_error", "invalid_api_key"
+            body = OpenAIError(401, JOB_UNAUTHORIZED, None, kind, code).body()
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
