@@ -400,6 +400,7 @@ async def test_every_status_the_routes_answer_is_documented(
         await http.get("/ui", headers={"Authorization": "Bearer nope"})
         await http.post("/ui/login", data={"key": KEY})
         await http.post("/ui/login", data={"key": "nope"})
+        await http.post("/ui/login")
         await http.get("/ui/assets/app.js")
         await http.get("/ui/assets/nope.js")
         await http.get("/v1/dashboard/stats")
