@@ -169,7 +169,9 @@ BackendUrl = Annotated[
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a field takes its own JSON type, as the document says (not "5" or true for an
+    # integer, "1.5" for a number).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Request(_Strict):

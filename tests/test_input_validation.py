@@ -169,6 +169,15 @@ async def test_bad_fields_are_a_422_located_by_the_model(
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc
 
 
+async def test_a_field_takes_its_own_json_type(http: httpx.AsyncClient) -> None:
+    for field, value in [("priority", False), ("priority", "5"), ("timeout_s", "5")]:
+        r = await http.post("/v1/rollouts", json={"instance": COUNTDOWN, field: value})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field]
+    r = await http.post("/v1/backends", json={"url": "http://h:1", "capacity": "4"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "capacity"]
+    await still_works(http)
+
+
 async def test_process_refuses_non_finite_numbers(http: httpx.AsyncClient) -> None:
     for name, value in [("seed", "1e999"), ("temperature", "NaN"), ("max_turns", "-Infinity")]:
         body = {"instance": COUNTDOWN, "sampling_params": {name: "@x"}}
