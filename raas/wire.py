@@ -13,7 +13,7 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from pydantic_core import InitErrorDetails, ValidationError
 
 JobStateName = Literal["queued", "init", "run", "eval", "done", "failed", "timeout", "cancelled"]
@@ -168,6 +168,17 @@ BackendUrl = Annotated[
 ]
 
 
+def _integral(value: Any) -> Any:
+    """5.0 as 5: JSON Schema's integer is a number without a fraction, however written."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer of a strict request: 5 or 5.0, never true or "5".
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
+
 class _Strict(BaseModel):
     # Strict: a field takes its own JSON type, as the document says (not "5" or true for an
     # integer, "1.5" for a number).
@@ -195,7 +206,7 @@ class RolloutRequest(_Request):
     timeout_s: float | None = Field(
         default=None, gt=0, description="Budget of time inside stages (queue waits not counted)."
     )
-    priority: int = Field(default=0, description="Higher runs first within each stage queue.")
+    priority: JsonInt = Field(default=0, description="Higher runs first within each stage queue.")
 
 
 class BatchRequest(_Request):
@@ -528,13 +539,13 @@ class LLMServerRequest(_Strict):
     protocol: BackendProtocol | None = Field(
         default=None, description="Defaults to the server's --llm-protocol."
     )
-    capacity: int | None = Field(default=None, ge=1)
+    capacity: JsonInt | None = Field(default=None, ge=1)
 
 
 class BackendIn(_Strict):
     url: BackendUrl = Field(description="Base URL (a trailing /v1 is fine).")
     protocol: BackendProtocol = "vllm"
-    capacity: int = Field(default=8, ge=1, description="Concurrent sessions it is sized for.")
+    capacity: JsonInt = Field(default=8, ge=1, description="Concurrent sessions it is sized for.")
     model: str | None = Field(default=None, description="Served model name (vLLM).")
 
 
