@@ -175,8 +175,10 @@ def _integral(value: Any) -> Any:
     return value
 
 
-# An integer of a strict request: 5 or 5.0, never true or "5".
+# An integer of a strict request: 5 or 5.0, never true or "5"; at least 1 for a Capacity (its
+# bound inside, so the document says it).
 JsonInt = Annotated[int, BeforeValidator(_integral)]
+Capacity = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 
 
 class _Strict(BaseModel):
@@ -539,13 +541,13 @@ class LLMServerRequest(_Strict):
     protocol: BackendProtocol | None = Field(
         default=None, description="Defaults to the server's --llm-protocol."
     )
-    capacity: JsonInt | None = Field(default=None, ge=1)
+    capacity: Capacity | None = None
 
 
 class BackendIn(_Strict):
     url: BackendUrl = Field(description="Base URL (a trailing /v1 is fine).")
     protocol: BackendProtocol = "vllm"
-    capacity: JsonInt = Field(default=8, ge=1, description="Concurrent sessions it is sized for.")
+    capacity: Capacity = Field(default=8, description="Concurrent sessions it is sized for.")
     model: str | None = Field(default=None, description="Served model name (vLLM).")
 
 

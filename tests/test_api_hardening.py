@@ -461,9 +461,24 @@ async def test_the_document_says_what_an_instance_needs(client: Client) -> None:
     schemas = spec["components"]["schemas"]
     for request in ("RolloutRequest", "ProcessRequest"):
         instance = schemas[request]["properties"]["instance"]
-        assert instance["discriminator"]["propertyName"] == "data_source"
         refs = {v["$ref"].rsplit("/", 1)[1] for v in instance["oneOf"]}
         assert refs == {"Instance.countdown", "Instance.probe"}
+        # The task an instance names decides the sampling_params it takes.
+        pairs = {
+            branch["properties"]["instance"]["$ref"].rsplit("/", 1)[1]: branch["properties"][
+                "sampling_params"
+            ]["$ref"].rsplit("/", 1)[1]
+            for branch in schemas[request]["oneOf"]
+        }
+        suffix = ".prorl" if request == "ProcessRequest" else ""
+        assert pairs["Instance.countdown"] == "Params.countdown" + suffix
+    # /process takes ProRL's names too: no discriminator.
+    assert "discriminator" not in schemas["ProcessRequest"]["properties"]["instance"]
+    rollout = schemas["RolloutRequest"]["properties"]["instance"]
+    assert rollout["discriminator"]["propertyName"] == "data_source"
+    assert set(schemas["Params.countdown"]["properties"]) == {"max_turns", "seed", "temperature"}
+    assert schemas["Params.countdown"]["additionalProperties"] is False
+    assert "max_iterations" in schemas["Params.probe.prorl"]["properties"]
     countdown = schemas["Instance.countdown"]
     assert countdown["properties"]["data_source"]["const"] == "countdown"
     assert {"data_source", "numbers", "target"} <= set(countdown["required"])

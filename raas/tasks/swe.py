@@ -81,12 +81,12 @@ def _one_of_the_rows(schema: dict[str, Any]) -> None:
     it: a snapshot, or an image row with its repo, base_commit and image (or instance_id). An
     image row's eval_script (one pytest command between SWE-bench's markers) it cannot say, so
     the document admits an image row without one (its tests then run by their files)."""
+    text = {"type": "string", "minLength": 1}
     named = [
         {"required": [key], "properties": {key: {"type": "string", "pattern": "[A-Za-z0-9]"}}}
         for key in IMAGE_FIELDS
     ]
-    named.append({"required": ["instance_id"], "properties": {"instance_id": {"minLength": 1}}})
-    text = {"type": "string", "minLength": 1}
+    named.append({"required": ["instance_id"], "properties": {"instance_id": text}})
     no_script = {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}]}
     image_row = {
         "title": "an image row",
