@@ -64,6 +64,9 @@ async def test_without_the_key_the_page_and_its_data_are_refused(client: Client)
         assert wrong.status_code == 401 and "not the server's" in wrong.text
         assert (await http.post("/ui/login", data={"key": "nope"})).status_code == 401
         assert (await http.post("/ui/login", data={"other": KEY})).status_code == 422
+        # A key beyond latin-1 is a wrong key, not a 500.
+        assert (await http.get("/ui?key=%F3%90%B5%86")).status_code == 401
+        assert (await http.post("/ui/login", data={"key": "\U000d0d46"})).status_code == 401
         # Anyone may post the form: a body past a few kB is not read on.
         huge = await http.post("/ui/login", data={"key": "x" * 10_000})
         assert huge.status_code == 413

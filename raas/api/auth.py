@@ -83,7 +83,9 @@ def _query_key(scope: Scope) -> bytes | None:
     if not keys:
         return None
     scope["query_string"] = b"key=(redacted)"
-    return keys[0].encode("latin-1")
+    # parse_qs decodes %-escapes as UTF-8: the key is compared as its UTF-8 bytes (latin-1
+    # cannot encode what a %F3%90%B5%86 decodes to: a 500 where a 401 is due).
+    return keys[0].encode()
 
 
 class ApiKeyMiddleware:

@@ -99,7 +99,7 @@ async def login(request: Request, svc: Service) -> Response:
         raise RequestValidationError([missing])
     if not expected:  # nothing to sign in to
         return _to_page(root)
-    if not secrets.compare_digest(keys[0].encode("latin-1"), expected.encode()):
+    if not secrets.compare_digest(keys[0].encode(), expected.encode()):  # as auth._query_key
         return login_page(wrong=True)
     return logged_in(expected.encode(), request.scope, root)
 
