@@ -175,7 +175,10 @@ async def test_a_field_takes_its_own_json_type(http: httpx.AsyncClient) -> None:
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field]
     r = await http.post("/v1/backends", json={"url": "http://h:1", "capacity": "4"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "capacity"]
-    # An integer is one however JSON writes it.
+    # An integer is one however JSON writes it, in a task's instance and sampling_params too.
+    whole = {**COUNTDOWN, "target": float(COUNTDOWN["target"])}
+    r = await http.post("/v1/rollouts", json={"instance": whole, "sampling_params": {"seed": 3.0}})
+    assert r.status_code == 202, r.text
     r = await http.post("/v1/backends", json={"url": "http://h:1", "capacity": 4.0})
     assert r.status_code == 201 and r.json()["capacity"] == 4
     await still_works(http)
