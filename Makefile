@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
+.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images test-fuzz lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -121,6 +121,13 @@ test-images: $(STAMP) system-deps
 test-ray: $(STAMP)
 	$(BIN)/python -c 'import ray' 2>/dev/null || $(BIN)/pip install --quiet -e '.[ray]'
 	$(BIN)/pytest -q -m ray tests/test_ray_cluster.py
+
+# Fuzz tier: schemathesis (pinned in the fuzz extra), every phase, against a real raas serve
+# and its own /openapi.json (without and with an API key, the gateway with a job token): a fixed
+# seed, then a random one it prints (RAAS_FUZZ_SEED=N replays it); RAAS_FUZZ_SECONDS a run.
+test-fuzz: $(STAMP)
+	$(BIN)/python -c 'import schemathesis' 2>/dev/null || $(BIN)/pip install --quiet -e '.[fuzz]'
+	$(BIN)/pytest -q -s -m fuzz tests/test_fuzz.py
 
 # Slurm tier: a real sbatch job on a one-node cluster on this host (installed and started by the
 # script, as root; left running for the next run: scripts/hpc/stop-slurm.sh stops it).

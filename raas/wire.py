@@ -13,7 +13,7 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from pydantic_core import InitErrorDetails, ValidationError
 
 JobStateName = Literal["queued", "init", "run", "eval", "done", "failed", "timeout", "cancelled"]
@@ -81,6 +81,32 @@ JobId = Annotated[
 ]
 
 _HOST_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
+# What a backend URL may be, as one ECMA-262 pattern for the OpenAPI document (so a client, or a
+# fuzzer, knows what is valid) that the check below also holds a URL to: an optional http(s)
+# scheme, a host, an optional port (1-65535) and an optional path of URL characters. A host is a
+# dotted IPv4 address, a bracketed IPv6 address, or a name whose last label starts with a letter:
+# httpx reads any host of four digit runs (1-2-3-4, 999.1.1.1) as an IPv4 address and fails.
+# The one refusal it cannot say: an xn-- label that is not valid punycode.
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_H16 = "[0-9A-Fa-f]{1,4}"
+_IPV6 = "|".join(
+    [
+        f"(?:{_H16}:){{7}}{_H16}",
+        *(f"(?:{_H16}:){{1,{n}}}(?::{_H16}){{1,{7 - n}}}" for n in range(1, 7)),
+        f"(?:{_H16}:){{1,7}}:",
+        f":(?::{_H16}){{1,7}}",
+        "::",
+    ]
+)
+_PORT = "(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+BACKEND_URL_PATTERN = (
+    "^(?:https?://)?"
+    f"(?:(?:[A-Za-z0-9_-]{{1,63}}\\.)*[A-Za-z][A-Za-z0-9_-]{{0,62}}\\.?"
+    f"|(?:{_OCTET}\\.){{3}}{_OCTET}|\\[(?:{_IPV6})\\])"
+    f"(?::{_PORT})?(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?$"
+)
+_BACKEND_URL = re.compile(BACKEND_URL_PATTERN)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def check_backend_url(address: str) -> str:
@@ -93,11 +119,14 @@ def check_backend_url(address: str) -> str:
     url = address.strip()
     if any(c.isspace() or not c.isprintable() for c in url):
         raise ValueError("must not contain spaces or control characters")
+    # A scheme is what comes before the first "://" when that follows letters only: in
+    # host/a://b, "://" is in the path.
+    scheme_given = _SCHEME.match(url) is not None
     try:
-        parts = urlsplit(url if "://" in url else "http://" + url)
+        parts = urlsplit(url if scheme_given else "http://" + url)
     except ValueError as e:
         raise ValueError(f"not a URL: {e}") from None
-    scheme = url.split("://", 1)[0] if "://" in url else "http"
+    scheme = url.split("://", 1)[0] if scheme_given else "http"
     if scheme not in ("http", "https"):  # as written: HTTP:// is not one (see llm.base_url)
         raise ValueError(f"must be an http:// or https:// URL, not {scheme}://")
     if parts.query or parts.fragment:
@@ -126,14 +155,38 @@ def check_backend_url(address: str) -> str:
                 label.encode("ascii").decode("idna")
             except UnicodeError:
                 raise ValueError(f"bad host {host!r}: {label!r} is not valid punycode") from None
+    if not _BACKEND_URL.fullmatch(address):
+        raise ValueError(
+            "must be [http(s)://]HOST[:PORT][/PATH]: HOST an IPv4 address, [an IPv6 one] or a"
+            " name whose last label starts with a letter, PORT 1-65535, PATH of URL characters"
+        )
     return address
 
 
-BackendUrl = Annotated[str, Field(min_length=1), AfterValidator(check_backend_url)]
+BackendUrl = Annotated[
+    str,
+    Field(min_length=1, json_schema_extra={"pattern": BACKEND_URL_PATTERN}),
+    AfterValidator(check_backend_url),
+]
+
+
+def _integral(value: Any) -> Any:
+    """5.0 as 5: JSON Schema's integer is a number without a fraction, however written."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer of a strict request: 5 or 5.0, never true or "5"; at least 1 for a Capacity (its
+# bound inside, so the document says it).
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+Capacity = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a field takes its own JSON type, as the document says (not "5" or true for an
+    # integer, "1.5" for a number).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Request(_Strict):
@@ -157,7 +210,7 @@ class RolloutRequest(_Request):
     timeout_s: float | None = Field(
         default=None, gt=0, description="Budget of time inside stages (queue waits not counted)."
     )
-    priority: int = Field(default=0, description="Higher runs first within each stage queue.")
+    priority: JsonInt = Field(default=0, description="Higher runs first within each stage queue.")
 
 
 class BatchRequest(_Request):
@@ -529,13 +582,13 @@ class LLMServerRequest(_Strict):
     protocol: BackendProtocol | None = Field(
         default=None, description="Defaults to the server's --llm-protocol."
     )
-    capacity: int | None = Field(default=None, ge=1)
+    capacity: Capacity | None = None
 
 
 class BackendIn(_Strict):
     url: BackendUrl = Field(description="Base URL (a trailing /v1 is fine).")
     protocol: BackendProtocol = "vllm"
-    capacity: int = Field(default=8, ge=1, description="Concurrent sessions it is sized for.")
+    capacity: Capacity = Field(default=8, description="Concurrent sessions it is sized for.")
     model: str | None = Field(default=None, description="Served model name (vLLM).")
 
 

@@ -288,6 +288,19 @@ BAD_URLS = [
     "http://h:1/?q=1",
     "http://bücher.example",
     "http://xn--a.example",
+    "http://1-2-3-4:8000",  # httpx reads a host of four digit runs as an IPv4 address
+    "http://999.1.1.1",
+    "http://[::1:8000",
+    " http://h:1",
+    "http://h:0",
+]
+GOOD_URLS = [
+    "http://gpu1:8000/v1",
+    "https://node-3.cluster.example./prefix/v1/",
+    "10.0.0.2:8000",
+    "http://[fe80::1]:30000",
+    "http://[1:2:3:4:5:6:7:8]",
+    "localhost:65535/a://b",
 ]
 
 
@@ -301,6 +314,20 @@ async def test_a_backend_url_the_client_cannot_use_is_a_422(client: Client, url:
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", "address"]
         assert (await http.get("/v1/backends")).json() == []
+
+
+async def test_the_document_says_what_a_backend_url_may_be(client: Client) -> None:
+    async with client() as http:
+        spec = (await http.get("/openapi.json")).json()["components"]["schemas"]
+        pattern = spec["BackendIn"]["properties"]["url"]["pattern"]
+        assert spec["LLMServerRequest"]["properties"]["address"]["pattern"] == pattern
+        for url in BAD_URLS:  # but bad punycode, which no pattern can tell
+            assert re.fullmatch(pattern, url) is None or "xn--" in url, url
+        for url in GOOD_URLS:  # what the pattern admits the server takes
+            assert re.fullmatch(pattern, url), url
+            r = await http.post("/v1/backends", json={"url": url})
+            assert r.status_code == 201, r.text
+            assert (await http.post("/add_llm_server", json={"address": url})).status_code == 200
 
 
 def test_a_bad_llm_setting_fails_in_one_line() -> None:
@@ -400,6 +427,7 @@ async def test_every_status_the_routes_answer_is_documented(
         await http.get("/ui", headers={"Authorization": "Bearer nope"})
         await http.post("/ui/login", data={"key": KEY})
         await http.post("/ui/login", data={"key": "nope"})
+        await http.post("/ui/login")
         await http.get("/ui/assets/app.js")
         await http.get("/ui/assets/nope.js")
         await http.get("/v1/dashboard/stats")
@@ -433,9 +461,24 @@ async def test_the_document_says_what_an_instance_needs(client: Client) -> None:
     schemas = spec["components"]["schemas"]
     for request in ("RolloutRequest", "ProcessRequest"):
         instance = schemas[request]["properties"]["instance"]
-        assert instance["discriminator"]["propertyName"] == "data_source"
         refs = {v["$ref"].rsplit("/", 1)[1] for v in instance["oneOf"]}
         assert refs == {"Instance.countdown", "Instance.probe"}
+        # The task an instance names decides the sampling_params it takes.
+        pairs = {
+            branch["properties"]["instance"]["$ref"].rsplit("/", 1)[1]: branch["properties"][
+                "sampling_params"
+            ]["$ref"].rsplit("/", 1)[1]
+            for branch in schemas[request]["oneOf"]
+        }
+        suffix = ".prorl" if request == "ProcessRequest" else ""
+        assert pairs["Instance.countdown"] == "Params.countdown" + suffix
+    # /process takes ProRL's names too: no discriminator.
+    assert "discriminator" not in schemas["ProcessRequest"]["properties"]["instance"]
+    rollout = schemas["RolloutRequest"]["properties"]["instance"]
+    assert rollout["discriminator"]["propertyName"] == "data_source"
+    assert set(schemas["Params.countdown"]["properties"]) == {"max_turns", "seed", "temperature"}
+    assert schemas["Params.countdown"]["additionalProperties"] is False
+    assert "max_iterations" in schemas["Params.probe.prorl"]["properties"]
     countdown = schemas["Instance.countdown"]
     assert countdown["properties"]["data_source"]["const"] == "countdown"
     assert {"data_source", "numbers", "target"} <= set(countdown["required"])

@@ -65,6 +65,10 @@ async def test_without_the_key_the_page_and_its_data_are_refused(client: Client)
         wrong = await http.get("/ui", params={"key": "nope"})
         assert wrong.status_code == 401 and "not the server's" in wrong.text
         assert (await http.post("/ui/login", data={"key": "nope"})).status_code == 401
+        assert (await http.post("/ui/login", data={"other": KEY})).status_code == 422
+        # A key beyond latin-1 is a wrong key, not a 500.
+        assert (await http.get("/ui?key=%F3%90%B5%86")).status_code == 401
+        assert (await http.post("/ui/login", data={"key": "\U000d0d46"})).status_code == 401
         # Anyone may post the form: a body past a few kB is not read on.
         huge = await http.post("/ui/login", data={"key": "x" * 10_000})
         assert huge.status_code == 413
@@ -117,6 +121,10 @@ async def test_without_an_api_key_the_dashboard_is_open(client: Client) -> None:
         for name in ("nope.js", "__init__.py", "login.html", "..%2Fauth.py"):
             assert (await http.get(f"/ui/assets/{name}")).status_code == 404, name
         assert (await http.post("/ui/login", data={"key": "x"})).status_code == 303
+        # The form is still a form: one without its field is refused, as with a key.
+        for form in (None, {"other": "x"}):
+            r = await http.post("/ui/login", data=form)
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "key"]
 
 
 # -- the job list and the counts ----------------------------------------------------------------

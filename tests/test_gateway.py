@@ -400,3 +400,25 @@ async def test_a_template_that_rewrites_earlier_turns_is_counted_as_drift_not_a_
     assert [t for t, m in zip(seg.response_ids, seg.loss_mask, strict=True) if m] == (
         model.generated[0] + model.generated[1]
     )
+
+
+async def test_the_document_gives_the_gateways_errors_in_openais_shape(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model]
+) -> None:
+    for key in (None, "server-key"):  # the middleware's 401 (with a key) and the gateway's own
+        async with (
+            raas_app(tmp_path, registry, backend[0], api_key=key) as (app, _),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+            ) as http,
+        ):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            spec = (await http.get("/openapi.json", headers=headers)).json()
+            for method, path in [("get", "/v1/models"), ("post", "/v1/chat/completions")]:
+                r = await http.request(method, path, headers={"Authorization": "Bearer x"})
+                assert r.status_code == 401
+                documented = spec["paths"][path][method]["responses"]["401"]
+                ref = documented["content"]["application/json"]["schema"]["$ref"]
+                schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+                assert set(r.json()) == set(schema["required"]) == {"error"}
+                assert r.json()["error"]["code"] == "invalid_api_key"

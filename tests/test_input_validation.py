@@ -169,6 +169,21 @@ async def test_bad_fields_are_a_422_located_by_the_model(
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc
 
 
+async def test_a_field_takes_its_own_json_type(http: httpx.AsyncClient) -> None:
+    for field, value in [("priority", False), ("priority", "5"), ("timeout_s", "5")]:
+        r = await http.post("/v1/rollouts", json={"instance": COUNTDOWN, field: value})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", field]
+    r = await http.post("/v1/backends", json={"url": "http://h:1", "capacity": "4"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "capacity"]
+    # An integer is one however JSON writes it, in a task's instance and sampling_params too.
+    whole = {**COUNTDOWN, "target": float(COUNTDOWN["target"])}
+    r = await http.post("/v1/rollouts", json={"instance": whole, "sampling_params": {"seed": 3.0}})
+    assert r.status_code == 202, r.text
+    r = await http.post("/v1/backends", json={"url": "http://h:1", "capacity": 4.0})
+    assert r.status_code == 201 and r.json()["capacity"] == 4
+    await still_works(http)
+
+
 async def test_process_refuses_non_finite_numbers(http: httpx.AsyncClient) -> None:
     for name, value in [("seed", "1e999"), ("temperature", "NaN"), ("max_turns", "-Infinity")]:
         body = {"instance": COUNTDOWN, "sampling_params": {name: "@x"}}
@@ -179,9 +194,15 @@ async def test_process_refuses_non_finite_numbers(http: httpx.AsyncClient) -> No
 
 
 async def test_query_numbers_are_bounded(http: httpx.AsyncClient) -> None:
-    r = await http.get("/v1/rollouts", params={"since": "99999999999999999999999"})
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "since"]
-    assert (await http.get("/v1/rollouts", params={"since": 2**63 - 1})).status_code == 200
+    spec = (await http.get("/openapi.json")).json()["paths"]
+    # Every cursor is an SQLite INTEGER: past 64 bits a 422 (not the store's OverflowError),
+    # and the document says the bound.
+    for path, name in [("/v1/rollouts", "since"), ("/v1/dashboard/jobs", "before")]:
+        r = await http.get(path, params={name: "14620845689730158751314345984"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", name]
+        assert (await http.get(path, params={name: 2**63 - 1})).status_code == 200
+        (param,) = [p for p in spec[path]["get"]["parameters"] if p["name"] == name]
+        assert f'"maximum": {2**63 - 1}' in json.dumps(param["schema"])
     for wait in ("nan", "inf"):
         r = await http.get("/v1/rollouts/nope", params={"wait": wait})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "wait"]

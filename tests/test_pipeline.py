@@ -419,9 +419,11 @@ async def test_drain_finishes_jobs_in_flight_and_refuses_new_ones(
         await probe.wait_entered(job_id, "run")
         drain = asyncio.create_task(pipeline.drain(grace_s=30))
         await asyncio.sleep(0)
-        with pytest.raises(Draining):
+        with pytest.raises(Draining, match="shutting down"):
             await submit_one(pipeline, probe_instance())
-        assert not drain.done()
+        with pytest.raises(Draining):  # ProRL's /start does not undo a shutdown
+            pipeline.resume()
+        assert not pipeline.accepting and not drain.done()
         probe.release(job_id, "run")
         await asyncio.wait_for(drain, 10)
         record = await pipeline.store.get(job_id)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from raas.llm.models import load_tokenizer
@@ -15,6 +16,7 @@ from raas.store.sqlite import ResultStore
 from raas.tasks import InvalidInstance, TaskJob, TaskRegistry
 from raas.tasks.code import CodeTask
 from raas.tasks.datasets import humaneval_problems
+from raas.tasks.harness import HarnessTask
 from raas.tasks.math import MathTask
 from raas.tasks.services import TaskServices
 from raas.tasks.stem import StemTask
@@ -294,3 +296,57 @@ def test_swe_tells_the_model_the_command_the_judge_runs() -> None:
     """The instance's own test_command is not what EVAL runs, so the model is not told it."""
     text = SweTask().messages({**SWE, "test_command": "pytest -x tests"})[1]["content"]
     assert f"`{TEST_COMMAND}`" in text and "pytest" not in text
+
+
+# -- what the OpenAPI document says an instance needs -------------------------------------------
+
+HUMANEVAL = {"prompt": "def f():\n", "entry_point": "f", "test": "def check(f): pass"}
+CONTEST = {"reward_model": {"ground_truth": {"cases": [{"stdin": "1", "expected": "1"}]}}}
+SNAPSHOT = {"problem_statement": "p", "FAIL_TO_PASS": ["t"], "snapshot": {"files": {}}}
+IMAGE_ROW = {"problem_statement": "p", "FAIL_TO_PASS": ["t"], "repo": "r", "base_commit": "c"}
+SCHEMA_CASES: list[tuple[Any, dict[str, Any], bool]] = [
+    (MathTask, {"problem": "1+1", "answer": 2}, True),
+    (MathTask, {"problem": "", "question": "q", "answer": "2"}, True),
+    (MathTask, {"prompt": [{"role": "user"}], "reward_model": {"ground_truth": ["3"]}}, True),
+    (MathTask, {"answer": 2}, False),
+    (MathTask, {"problem": "x", "answer": ""}, False),
+    (MathTask, {"prompt": [], "ground_truth": 1}, False),
+    (MathTask, {"problem": "x", "answer": {"a": 1}}, False),
+    (StemTask, {"question": "q", "answer": "1.5"}, True),
+    (StemTask, {"question": "q", "answer": 3}, True),
+    (StemTask, {"question": "q", "answer": "B", "choices": {"A": 1, "B": 2}}, True),
+    (StemTask, {"question": "q", "answer": "T"}, False),
+    (StemTask, {"question": "q", "answer": "1e999"}, False),
+    (StemTask, {"question": "q", "answer": "C", "choices": {"A": 1}}, False),
+    (StemTask, {"question": "q", "answer": "B", "choices": None}, False),
+    (CodeTask, HUMANEVAL, True),
+    (CodeTask, {"prompt": [{"role": "user", "content": "x"}], **CONTEST}, True),
+    (CodeTask, {"prompt": "p"}, False),
+    (CodeTask, {"prompt": [], **CONTEST}, False),
+    (SweTask, SNAPSHOT, True),
+    (SweTask, {**IMAGE_ROW, "instance_id": "a__b-1"}, True),
+    (SweTask, {**IMAGE_ROW, "image_name": "img:1"}, True),
+    (SweTask, IMAGE_ROW, False),  # no image
+    (SweTask, {**IMAGE_ROW, "repo": "", "instance_id": "a__b-1"}, False),
+    (SweTask, {"problem_statement": "p", "FAIL_TO_PASS": ["t"]}, False),
+    (HarnessTask, {"judge": "math", "problem": "x", "answer": 1}, True),
+    (HarnessTask, {"judge": "code", **HUMANEVAL}, True),
+    (HarnessTask, {"judge": "math"}, False),
+    (HarnessTask, {"judge": "code", "problem": "x", "answer": 1}, False),
+]
+
+
+@pytest.mark.parametrize(("task", "instance", "valid"), SCHEMA_CASES)
+def test_an_instance_schema_says_what_the_task_takes(
+    task: Any, instance: dict[str, Any], valid: bool
+) -> None:
+    """The schema the document gives an instance (its cross-field rules too) agrees with the
+    task's own check, so a client, or a fuzzer, can tell a valid instance from the document."""
+    schema = task.instance_model.model_json_schema()
+    documented = jsonschema.Draft202012Validator(schema).is_valid(instance)
+    try:
+        task().validate(TaskJob("j", {"data_source": task.name, **instance}, {}))
+        accepted = True
+    except InvalidInstance:
+        accepted = False
+    assert (documented, accepted) == (valid, valid)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import Field, StrictInt
+from pydantic import Field
 
 from raas.agent.tools import Tool, call_tool, schema
 from raas.llm.chat import encode, render_text, turn_delta
 from raas.llm.toolcalls import ToolCallParser, get_parser
-from raas.llm.types import Generation, SamplingParams
+from raas.llm.types import WHOLE, Generation, SamplingParams
 from raas.sandbox import Sandbox
 from raas.wire import Trajectory
 
@@ -33,8 +33,10 @@ class LoopParams(SamplingParams):
     Its fields are the one list of accepted keys; any other key is an error naming it.
     """
 
-    max_turns: StrictInt = Field(default=10, ge=1, le=MAX_TURNS)
-    max_context_tokens: StrictInt = Field(default=4096, ge=1, le=MAX_CONTEXT_TOKENS)
+    max_turns: Annotated[int, Field(strict=True, ge=1, le=MAX_TURNS), WHOLE] = 10
+    max_context_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_CONTEXT_TOKENS), WHOLE] = (
+        4096
+    )
 
     def sampling(self) -> SamplingParams:
         """The part that goes to the backend on every turn."""

@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from raas.api.errors import app_path
 from raas.api.ui import login_page
 from raas.helpers import bearer_token
+from raas.llm.openai_types import OpenAIError
 
 UI_PATH = "/ui"
 LOGIN_PATH = "/ui/login"  # checks the key itself (raas.api.routes.dashboard)
@@ -82,7 +83,9 @@ def _query_key(scope: Scope) -> bytes | None:
     if not keys:
         return None
     scope["query_string"] = b"key=(redacted)"
-    return keys[0].encode("latin-1")
+    # parse_qs decodes %-escapes as UTF-8: the key is compared as its UTF-8 bytes (latin-1
+    # cannot encode what a %F3%90%B5%86 decodes to: a 500 where a 401 is due).
+    return keys[0].encode()
 
 
 class ApiKeyMiddleware:
@@ -135,14 +138,8 @@ class ApiKeyMiddleware:
             return
         body: dict[str, object] = {"detail": UNAUTHORIZED}
         if path in self.job_paths:  # OpenAI's clients read OpenAI's error shape
-            body = {
-                "error": {
-                    "message": JOB_UNAUTHORIZED,
-                    "type": "authentication_error",
-                    "param": None,
-                    "code": "invalid_api_key",
-                }
-            }
+            kind, code = "authentication_error", "invalid_api_key"
+            body = OpenAIError(401, JOB_UNAUTHORIZED, None, kind, code).body()
         response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 

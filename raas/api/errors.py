@@ -63,8 +63,9 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
     },
     503: {
         "model": ErrorBody,
-        "description": "The server is draining and accepts no new jobs, or cannot record them"
-        " now (its disk is full): nothing was accepted; retry after Retry-After.",
+        "description": "The server is draining (after POST /stop; or shutting down, which"
+        " POST /start does not undo) and accepts no new jobs, or cannot record them now (its"
+        " disk is full): nothing was accepted; retry after Retry-After.",
         "headers": _RETRY_AFTER,
     },
 }

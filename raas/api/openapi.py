@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from raas.api.prorl_compat import params_model, prorl_params_schema, raas_task
 from raas.tasks import TaskRegistry
 
 REF = "#/components/schemas/"
@@ -65,28 +66,79 @@ def instance_schema(
     }
 
 
+def params_schema(name: str, handler: object, components: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of the sampling_params task ``name`` takes (its models to
+    ``components``, prefixed as an instance's)."""
+    prefix = _component_name(name) + ".params."
+    schema = params_model(handler).model_json_schema(ref_template=REF + prefix + "{model}")
+    for key, sub in schema.pop("$defs", {}).items():
+        components[prefix + key] = sub
+    # A key given as null means its default (raas.tasks.protocol.parse_params).
+    properties = {k: {"anyOf": [v, {"type": "null"}]} for k, v in schema["properties"].items()}
+    return {**schema, "title": f"{name} sampling_params", "properties": properties}
+
+
+def _without_data_source(schema: dict[str, Any]) -> dict[str, Any]:
+    """An instance ``schema`` for a row that names no data_source (ProRL's default task)."""
+    properties = {k: v for k, v in schema["properties"].items() if k != "data_source"}
+    required = [k for k in schema["required"] if k != "data_source"]
+    return {
+        **schema,
+        "title": schema["title"] + " without a data_source",
+        "properties": properties,
+        "required": required,
+        "not": {"required": ["data_source"]},
+    }
+
+
 def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None:
-    """Make ``instance`` of the request models in ``document`` a oneOf of the tasks' instances."""
+    """Make ``instance`` of the request models in ``document`` a oneOf of the tasks' instances,
+    and the request a oneOf of the tasks' pairs of instance and sampling_params (the task the
+    instance names decides which keys sampling_params may hold)."""
     components: dict[str, Any] = document.setdefault("components", {}).setdefault("schemas", {})
     mapping: dict[str, str] = {}
+    pairs: dict[str, str] = {}  # instance component -> params component
     for name in registry.names():
         key = "Instance." + _component_name(name)
         aliases = registry.aliases(name)
         components[key] = instance_schema(name, registry.get(name), components, aliases)
+        pairs[key] = "Params." + _component_name(name)
+        components[pairs[key]] = params_schema(name, registry.get(name), components)
+        components[pairs[key] + ".prorl"] = prorl_params_schema(components[pairs[key]])
         for source in (name, *(a for a in aliases if not a.endswith("*"))):
             mapping[source] = REF + key
     if not mapping:
         return
+    default = "Instance." + _component_name(raas_task(None, registry))
+    if default in components:  # /process: a row without a data_source is ProRL's default's
+        components[default + ".default"] = _without_data_source(components[default])
+        pairs[default + ".default"] = pairs[default]
     for model, schema in list(components.items()):
         field = schema.get("properties", {}).get("instance") if REQUESTS.match(model) else None
         if field is None:
             continue
+        prorl = model.startswith("ProcessRequest")
+        instances = [key for key in pairs if prorl or not key.endswith(".default")]
         schema["properties"]["instance"] = {
             "description": field.get("description", "The task instance.")
             + " The schema is the one of the task its `data_source` names.",
-            "oneOf": [{"$ref": ref} for ref in dict.fromkeys(mapping.values())],
-            "discriminator": {"propertyName": "data_source", "mapping": mapping},
+            "oneOf": [{"$ref": REF + key} for key in instances],
         }
+        if not prorl:  # every instance names its task
+            schema["properties"]["instance"]["discriminator"] = {
+                "propertyName": "data_source",
+                "mapping": mapping,
+            }
+        suffix = ".prorl" if prorl else ""
+        schema["oneOf"] = [
+            {
+                "properties": {
+                    "instance": {"$ref": REF + key},
+                    "sampling_params": {"$ref": REF + pairs[key] + suffix},
+                }
+            }
+            for key in instances
+        ]
 
 
 def document_api_key(document: dict[str, Any]) -> None:

@@ -127,13 +127,30 @@ def raas_task(data_source: Any, registry: TaskRegistry) -> Any:
         return data_source
 
 
-def accepted_keys(handler: TaskHandler | None) -> frozenset[str]:
-    """The sampling_params keys the task takes: its params model's fields, or (a task that
-    declares none) the agent loop's."""
+def params_model(handler: object) -> type[BaseModel]:
+    """The model of the sampling_params a task takes: its own, or (a task that declares none)
+    the agent loop's."""
     model = getattr(handler, "params_model", None)
     if isinstance(model, type) and issubclass(model, BaseModel):
-        return frozenset(model.model_fields)
-    return frozenset(LoopParams.model_fields)
+        return model
+    return LoopParams
+
+
+def accepted_keys(handler: TaskHandler | None) -> frozenset[str]:
+    """The sampling_params keys the task takes."""
+    return frozenset(params_model(handler).model_fields)
+
+
+def prorl_params_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A task's sampling_params ``schema`` as /process takes them (see prorl_call): ProRL's
+    names for raas's keys too, and ProRL's other keys with any value (listed as unused)."""
+    properties = dict(schema.get("properties", {}))
+    for sent, key in RENAMED.items():
+        if key in properties:
+            properties[sent] = properties[key]
+    for key in PRORL_KEYS - properties.keys():
+        properties[key] = {}
+    return {**schema, "properties": properties}
 
 
 def prorl_call(

@@ -49,8 +49,10 @@ class OpenAIError(Exception):
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
-        info = ErrorInfo(message=self.message, type=self.kind, param=self.param, code=self.code)
-        return ErrorBody(error=info).model_dump()
+        info = OpenAIErrorInfo(
+            message=self.message, type=self.kind, param=self.param, code=self.code
+        )
+        return OpenAIErrorBody(error=info).model_dump()
 
 
 def bad(param: str, message: str, status: int = 400) -> OpenAIError:
@@ -412,17 +414,17 @@ class ResponsesRequest(_Request):
 # -- answers ------------------------------------------------------------------------------------
 
 
-class ErrorInfo(BaseModel):
+class OpenAIErrorInfo(BaseModel):
     message: str
     type: str
     param: str | None = None
     code: str | None = None
 
 
-class ErrorBody(BaseModel):
+class OpenAIErrorBody(BaseModel):
     """OpenAI's error body."""
 
-    error: ErrorInfo
+    error: OpenAIErrorInfo
 
 
 class CalledFunctionOut(BaseModel):
@@ -577,6 +579,6 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": ChatCompletion,
         "description": "The answer; an event stream of its chunks where the request streams.",
     },
-    400: {"model": ErrorBody, "description": "A field raas cannot take, named in ``param``."},
-    404: {"model": ErrorBody, "description": "Unknown model name."},
+    400: {"model": OpenAIErrorBody, "description": "A field raas cannot take, named in ``param``."},
+    404: {"model": OpenAIErrorBody, "description": "Unknown model name."},
 }

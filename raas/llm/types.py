@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# A strict integer: Annotated[int, Field(strict=True, ...bounds), WHOLE]. A JSON 2.5, true or "2"
+# is never silently turned into an int (and ints stay exact), but 2.0 is 2, as JSON Schema's
+# integer (what the document says) reads it; the bounds before WHOLE, so the document gives them.
+WHOLE = BeforeValidator(_whole)
+
 
 # The largest seed every backend takes (a signed 64-bit integer: vLLM, SGLang, torch).
 MAX_SEED = 2**63 - 1
-# Strict: a JSON 2.5 or true is never silently turned into an int (and ints stay exact).
-Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
-TokenId = Annotated[StrictInt, Field(ge=0)]
+Seed = Annotated[int, Field(strict=True, ge=0, le=MAX_SEED), WHOLE]
+TokenId = Annotated[int, Field(strict=True, ge=0), WHOLE]
 # The bounds of each sampling key, shared by SamplingParams and the OpenAI requests that set them.
 # StrictFloat takes ints (JSON 1 is an int) but not bools or strings.
 Temperature = Annotated[StrictFloat, Field(ge=0.0)]
 TopP = Annotated[StrictFloat, Field(gt=0.0, le=1.0)]
-MaxTokens = Annotated[StrictInt, Field(ge=1)]
+MaxTokens = Annotated[int, Field(strict=True, ge=1), WHOLE]
 
 
 class SamplingParams(BaseModel):
@@ -31,7 +41,9 @@ class SamplingParams(BaseModel):
 
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
-    top_k: StrictInt = Field(default=-1, ge=-1, description="-1: no top-k cut")
+    top_k: Annotated[int, Field(strict=True, ge=-1), WHOLE] = Field(
+        default=-1, description="-1: no top-k cut"
+    )
     max_tokens: MaxTokens = Field(default=512, description="new tokens per generation")
     stop_token_ids: tuple[TokenId, ...] = ()
     seed: Seed | None = None

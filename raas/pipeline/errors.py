@@ -16,8 +16,12 @@ class Overloaded(SubmitError):
 
 
 class Draining(SubmitError):
-    def __init__(self) -> None:
-        super().__init__("the service is draining and accepts no new jobs (POST /start resumes)")
+    def __init__(self, shutting_down: bool = False) -> None:
+        super().__init__(
+            "the service is shutting down and accepts no new jobs"
+            if shutting_down
+            else "the service is draining and accepts no new jobs (POST /start resumes)"
+        )
 
 
 class StoreUnavailable(SubmitError):

@@ -246,6 +246,10 @@ class Pipeline:
         self.accepting = False
 
     def resume(self) -> None:
+        """Accept new jobs again after pause() (ProRL's ``/start``); Draining once the service
+        is shutting down (drain()), which no request undoes."""
+        if self.stopping:
+            raise Draining(shutting_down=True)
         self.accepting = True
 
     # -- submission ----------------------------------------------------------------------------
@@ -260,7 +264,7 @@ class Pipeline:
         is written, so one that is turned away never runs.
         """
         if not self.accepting:
-            raise Draining()
+            raise Draining(self.stopping)
         for i, request in enumerate(requests):
             try:
                 handler = self.registry.get(str(request.instance.get("data_source", "")))
@@ -277,7 +281,7 @@ class Pipeline:
         # Past the last await before the record is written: nothing else runs until then, so
         # the checks hold.
         if not self.accepting:
-            raise Draining()
+            raise Draining(self.stopping)
         views: list[JobView | None] = []
         fresh: dict[str, Job] = {}
         for request in requests:

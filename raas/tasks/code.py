@@ -136,7 +136,29 @@ class RewardModel(BaseModel):
     ground_truth: ContestTests
 
 
+def _one_format_schema(schema: dict[str, Any]) -> None:
+    """What _one_format checks, in the instance's JSON schema: HumanEval's row (a text prompt,
+    its entry_point and test) or a contest row (reward_model's tests, a prompt not empty)."""
+    text = {"type": "string", "minLength": 1}
+    humaneval = {
+        "title": "HumanEval's row",
+        "required": ["prompt", "entry_point", "test"],
+        "properties": {"prompt": text, "entry_point": text, "test": text},
+    }
+    contest = {
+        "title": "a contest row",
+        "required": ["reward_model"],
+        "properties": {
+            "reward_model": {"type": ["object", "string"]},
+            "prompt": {"anyOf": [text, {"type": "array", "minItems": 1}]},
+        },
+    }
+    schema["anyOf"] = [humaneval, contest]
+
+
 class CodeInstance(TaskInstance):
+    model_config = ConfigDict(json_schema_extra=_one_format_schema)
+
     prompt: Text | list[PromptMessage]
     entry_point: Text | None = None
     test: Text | None = None

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
-from raas.llm.types import Seed
+from raas.llm.types import WHOLE, Seed
 from raas.tasks.protocol import (
     RewardInfo,
     TaskContext,
@@ -148,7 +148,7 @@ def generate_instances(n: int, seed: int = 0, size: int = 4) -> list[dict[str, A
     return out
 
 
-PositiveInt = Annotated[StrictInt, Field(gt=0)]
+PositiveInt = Annotated[int, Field(strict=True, gt=0), WHOLE]
 
 
 class CountdownInstance(TaskInstance):
@@ -164,7 +164,7 @@ class CountdownParams(BaseModel):
     temperature: StrictFloat = Field(default=0.0, ge=0.0, le=1.0)
     seed: Seed | None = None
     # Each turn consumes a number, so at most 5 turns are ever played; the bound is a sanity one.
-    max_turns: StrictInt = Field(default=8, ge=1, le=1000)
+    max_turns: Annotated[int, Field(strict=True, ge=1, le=1000), WHOLE] = 8
 
 
 @dataclass

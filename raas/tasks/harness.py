@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from raas.sandbox import (
     ApptainerConfig,
@@ -74,7 +74,42 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with the models it refers to (``$defs``) written in place."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return walk({**defs[ref.removeprefix("#/$defs/")], **rest})
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    result: dict[str, Any] = walk(schema)
+    return result
+
+
+def _judged_too(schema: dict[str, Any]) -> None:
+    """The instance is its judge's too (validate() parses it as the judged task's instance):
+    one branch a judge, the judged task's instance schema with ``judge`` naming it."""
+    branches = []
+    for name, task in HarnessTask.judges.items():
+        judged = _inlined(task.instance_model.model_json_schema())
+        for key in ("title", "description"):
+            judged.pop(key, None)
+        properties = {k: v for k, v in judged.get("properties", {}).items() if k != "data_source"}
+        judged["properties"] = {**properties, "judge": {"const": name}}
+        branches.append(judged)
+    schema["anyOf"] = branches
+
+
 class HarnessInstance(TaskInstance):
+    model_config = ConfigDict(json_schema_extra=_judged_too)
+
     judge: Literal["code", "swe", "math"]
     agent: AgentName = Field(
         default="reference",

@@ -25,7 +25,14 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, PlainValidator, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PlainValidator,
+    StrictStr,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from raas.tasks import sources
@@ -70,11 +77,28 @@ def _truth(value: Any) -> str | int | float | list[str | int | float]:
     return _scalar(value)
 
 
+# The JSON schemas of what the plain validators take (a PlainValidator's own is any value).
+SCALAR_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "number"}]}
+_TRUTH_SCHEMA = {
+    "anyOf": [*SCALAR_SCHEMA["anyOf"], {"type": "array", "items": SCALAR_SCHEMA, "minItems": 1}]
+}
+_MESSAGES_SCHEMA = {
+    "type": "array",
+    "items": {"type": "object", "required": ["role"], "properties": {"role": {"type": "string"}}},
+}
 # An answer as datasets write it: "0.75", 3, 2.5 (what math-verify and float() compare).
-Scalar = Annotated[str | int | float, PlainValidator(_scalar)]
+Scalar = Annotated[str | int | float, PlainValidator(_scalar), WithJsonSchema(SCALAR_SCHEMA)]
 # verl's ground truth: one answer, or a list of answers any of which is right (DeepScaleR's rows).
-Truth = Annotated[str | int | float | list[str | int | float], PlainValidator(_truth)]
-TextOrMessages = Annotated[str | list[dict[str, Any]], PlainValidator(_text_or_messages)]
+Truth = Annotated[
+    str | int | float | list[str | int | float],
+    PlainValidator(_truth),
+    WithJsonSchema(_TRUTH_SCHEMA),
+]
+TextOrMessages = Annotated[
+    str | list[dict[str, Any]],
+    PlainValidator(_text_or_messages),
+    WithJsonSchema({"anyOf": [{"type": "string"}, _MESSAGES_SCHEMA]}),
+]
 Scorer = Literal["raas", "verl"]
 
 
@@ -87,8 +111,33 @@ class VerlRewardModel(BaseModel):
     style: StrictStr | None = None
 
 
+def _a_problem_and_a_truth(schema: dict[str, Any]) -> None:
+    """What _has_problem_and_answer checks, in the instance's JSON schema."""
+    given = {"not": {"anyOf": [{"type": "null"}, {"const": ""}, {"const": []}]}}
+    problems = [
+        {"required": [name], "properties": {name: given}}
+        for name in ("problem", "question", "prompt")
+    ]
+    truths: list[dict[str, Any]] = [
+        {"required": [name], "properties": {name: given}} for name in ("answer", "ground_truth")
+    ]
+    truths.append(
+        {
+            "required": ["reward_model"],
+            "properties": {
+                "reward_model": {"type": "object", "properties": {"ground_truth": given}}
+            },
+        }
+    )
+    schema["allOf"] = [{"anyOf": problems}, {"anyOf": truths}]
+    if not verl_installed():  # the scorers this server has
+        schema["properties"]["scorer"] = {**schema["properties"]["scorer"], "enum": ["raas"]}
+
+
 class MathInstance(TaskInstance):
     """The problem under one of three names, the truth under one of three (raas's and verl's)."""
+
+    model_config = ConfigDict(json_schema_extra=_a_problem_and_a_truth)
 
     problem: StrictStr | None = None
     question: StrictStr | None = None

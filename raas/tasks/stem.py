@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from pydantic import Field, StrictBool, StrictFloat, StrictStr, model_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictStr, model_validator
 
 from raas.tasks.agentic import AgentContext, last_assistant_text
 from raas.tasks.answers import (
@@ -27,8 +27,40 @@ from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
+# A number's text that float() reads as a finite number (at most 200 digits before the point and
+# an exponent of two digits, so never past 1e308; float() takes more spellings than this).
+NUMBER_TEXT = r"^[+-]?(?:[0-9]{1,200}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,2})?$"
+FINITE = {"type": "number", "minimum": -1e308, "maximum": 1e308}
+CHOICE_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _answer_fits(schema: dict[str, Any]) -> None:
+    """What _answer_fits_the_question checks, in the instance's JSON schema: a number (or a
+    number's text) without choices, or one of the choices' letters. A choice named other than
+    by a capital letter is taken too, which JSON Schema cannot tie to the answer."""
+    number = {
+        "required": ["answer"],
+        "properties": {
+            "choices": {"type": "null"},
+            "answer": {"anyOf": [FINITE, {"type": "string", "pattern": NUMBER_TEXT}]},
+        },
+    }
+    letters = [
+        {
+            "required": ["answer", "choices"],
+            "properties": {
+                "answer": {"const": letter},
+                "choices": {"type": "object", "required": [letter]},
+            },
+        }
+        for letter in CHOICE_LETTERS
+    ]
+    schema["anyOf"] = [number, *letters]
+
 
 class StemInstance(TaskInstance):
+    model_config = ConfigDict(json_schema_extra=_answer_fits)
+
     question: Text
     answer: Scalar
     choices: dict[str, Scalar] | None = None

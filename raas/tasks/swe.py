@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from raas.image_refs import image_of
+from raas.image_refs import IMAGE_FIELDS, image_of
 from raas.judge.swe import judge_swe
 from raas.judge.swe_image import TESTBED, judge_swe_image
 from raas.judge.swe_repo import (
@@ -76,7 +76,35 @@ class Snapshot(BaseModel):
     files: dict[str, StrictStr] = Field(description="path in the repository -> file content")
 
 
+def _one_of_the_rows(schema: dict[str, Any]) -> None:
+    """What _has_a_repository checks, in the instance's JSON schema where JSON Schema can say
+    it: a snapshot, or an image row with its repo, base_commit and image (or instance_id). An
+    image row's eval_script (one pytest command between SWE-bench's markers) it cannot say, so
+    the document admits an image row without one (its tests then run by their files)."""
+    text = {"type": "string", "minLength": 1}
+    named = [
+        {"required": [key], "properties": {key: {"type": "string", "pattern": "[A-Za-z0-9]"}}}
+        for key in IMAGE_FIELDS
+    ]
+    named.append({"required": ["instance_id"], "properties": {"instance_id": text}})
+    no_script = {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}]}
+    image_row = {
+        "title": "an image row",
+        "required": ["repo", "base_commit"],
+        "properties": {"repo": text, "base_commit": text, "eval_script": no_script},
+        "anyOf": named,
+    }
+    snapshot_row = {
+        "title": "a snapshot row",
+        "required": ["snapshot"],
+        "properties": {"snapshot": {"type": "object"}},
+    }
+    schema["anyOf"] = [snapshot_row, image_row]
+
+
 class SweInstance(TaskInstance):
+    model_config = ConfigDict(json_schema_extra=_one_of_the_rows)
+
     problem_statement: Text
     FAIL_TO_PASS: list[StrictStr] = Field(min_length=1)
     PASS_TO_PASS: list[StrictStr] = Field(default_factory=list)

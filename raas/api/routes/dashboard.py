@@ -15,10 +15,11 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 
 from raas.api.auth import logged_in
 from raas.api.errors import responses
-from raas.api.routes.rollouts import FinalStateName
+from raas.api.routes.rollouts import Cursor, FinalStateName
 from raas.api.state import ServiceState, service
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
@@ -29,6 +30,7 @@ router = APIRouter(tags=["dashboard"])
 Service = Annotated[ServiceState, Depends(service)]
 HTML = {"text/html": {"schema": {"type": "string"}}}
 LOGIN_MAX_BYTES = 4096
+VALIDATION_ERROR = "#/components/schemas/HTTPValidationError"  # FastAPI's 422 body
 LOGIN_BODY = {
     "required": True,
     "content": {
@@ -73,6 +75,10 @@ async def dashboard(
     responses={
         303: {"description": "The key is right: the session cookie is set; on to /ui."},
         401: {"content": HTML, "description": "The key is wrong: the form again."},
+        422: {
+            "content": {"application/json": {"schema": {"$ref": VALIDATION_ERROR}}},
+            "description": "The form has no `key`.",
+        },
     },
     openapi_extra={"requestBody": LOGIN_BODY},
 )
@@ -80,8 +86,6 @@ async def login(request: Request, svc: Service) -> Response:
     """The dashboard's sign-in form (``key``, form-encoded): sets the session cookie."""
     expected = svc.settings.api_key
     root = request.scope.get("root_path", "")
-    if not expected:  # nothing to sign in to
-        return _to_page(root)
     body = b""
     async for chunk in request.stream():  # anyone may post here: little is read
         body += chunk
@@ -90,9 +94,13 @@ async def login(request: Request, svc: Service) -> Response:
                 status.HTTP_413_CONTENT_TOO_LARGE,
                 detail=f"a sign-in form is at most {LOGIN_MAX_BYTES} bytes",
             )
-    form = parse_qs(body.decode("latin-1"), keep_blank_values=True)
-    given = (form.get("key") or [""])[0].encode("latin-1")
-    if not secrets.compare_digest(given, expected.encode()):
+    keys = parse_qs(body.decode("latin-1"), keep_blank_values=True).get("key")
+    if not keys:  # a form without its one field is a bad request, with a key or without
+        missing = {"type": "missing", "loc": ("body", "key"), "msg": "Field required"}
+        raise RequestValidationError([missing])
+    if not expected:  # nothing to sign in to
+        return _to_page(root)
+    if not secrets.compare_digest(keys[0].encode(), expected.encode()):  # as auth._query_key
         return login_page(wrong=True)
     return logged_in(expected.encode(), request.scope, root)
 
@@ -141,7 +149,7 @@ async def dashboard_jobs(
     min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     before: Annotated[
-        int | None, Query(ge=1, description="Cursor: next_before of the previous page.")
+        Cursor | None, Query(ge=1, description="Cursor: next_before of the previous page.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> JobSummaryPage:

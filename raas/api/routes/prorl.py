@@ -102,9 +102,9 @@ async def status(svc: Service) -> ServiceStatus:
     return service_status(svc)
 
 
-@router.post("/start", response_model=Ack)
+@router.post("/start", response_model=Ack, responses=responses(503))
 async def start(svc: Service) -> Ack:
-    """Accept new jobs again after /stop."""
+    """Accept new jobs again after /stop (not once the server is shutting down: a 503)."""
     svc.pipeline.resume()
     return Ack(message="accepting jobs")
 

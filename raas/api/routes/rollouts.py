@@ -8,6 +8,7 @@ import time
 from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from pydantic import Field
 
 from raas.api.errors import responses
 from raas.api.routes.submission import status_of, submit
@@ -27,9 +28,10 @@ from raas.wire import (
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 Service = Annotated[ServiceState, Depends(service)]
 MAX_WAIT_S = 300.0
-# `since` is compared with an SQLite INTEGER (signed 64-bit): a larger cursor would overflow
-# there (a 500), so it is a 422 here.
+# Every cursor or row id a query takes is compared with an SQLite INTEGER (signed 64-bit): a
+# larger one would overflow there (a 500), so it is a 422 here, and the document says the bound.
 MAX_CURSOR = 2**63 - 1
+Cursor = Annotated[int, Field(ge=0, le=MAX_CURSOR)]
 # Only finished jobs are listed; a Literal, so a bad state is FastAPI's own 422 and the
 # OpenAPI document lists the values.
 FinalStateName = Literal["done", "failed", "timeout", "cancelled"]
@@ -141,9 +143,7 @@ async def list_results(
             description="Only results in this state (a final one: only finished jobs are listed)."
         ),
     ] = None,
-    since: Annotated[
-        int, Query(ge=0, le=MAX_CURSOR, description="Cursor: next_since of the previous page.")
-    ] = 0,
+    since: Annotated[Cursor, Query(description="Cursor: next_since of the previous page.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ResultPage:
     """Finished results in the order they finished, including those from before a restart."""
