@@ -15,12 +15,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from raas.sandbox import copies
 
 DEST = "/.raas/py"
 
@@ -137,30 +140,55 @@ def _stage(
             elif path.is_file() and (bytecode or "__pycache__" not in path.parts):
                 stat = path.stat()
                 digest.update(f"{name}:{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    root = runtime_root() / f"py-{digest.hexdigest()[:16]}"
-    if not root.is_dir():
-        staging = Path(tempfile.mkdtemp(dir=runtime_root(), prefix=".staging-"))
-        try:
-            for name, host in sources.items():
-                target = staging / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if host.is_dir():
-                    ignore = None if bytecode else shutil.ignore_patterns("__pycache__")
-                    shutil.copytree(host, target, ignore=ignore, symlinks=own_files)
-                else:
-                    shutil.copy2(host, target)
-            for path in [staging, *_entries(staging)]:
-                if not path.is_symlink():  # chmod follows a link: to a host file outside
-                    path.chmod(0o755 if path.is_dir() else 0o644)
-            staging.rename(root)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-            if not root.is_dir():  # another process staged the same set first: that is fine
-                raise
+    key = hashlib.sha256(
+        json.dumps(
+            [sorted((n, str(h)) for n, h in sources.items()), dest, bytecode, own_files]
+        ).encode()
+    ).hexdigest()[:16]
+    root = runtime_root() / f"{copies.PREFIX}{digest.hexdigest()[:16]}"
+    held = root.is_dir() and copies.hold(root)
+    for _ in range(3):  # again only if another process removed it between copy and hold
+        if held:
+            break
+        held = _copy(sources, root, bytecode, own_files, key)
+    else:
+        raise OSError(f"{root} was removed each time it was made: is something cleaning it?")
     binds = {str(root / "py"): dest} if closure else {}
     for i, source in enumerate(sorted(dirs)):
         binds[str(root / f"dir{i}")] = dirs[source]
     return tuple(binds.items())
+
+
+def _copy(sources: dict[str, Path], root: Path, bytecode: bool, own_files: bool, key: str) -> bool:
+    """Copy ``sources`` into ``root`` (by way of a staging directory renamed into place), hold
+    it, and remove what that copy made obsolete (``copies.evict``). False if it is gone again.
+    """
+    staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=copies.STAGING_PREFIX))
+    fd = copies.lock_staging(staging)
+    try:
+        for name, host in sources.items():
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if host.is_dir():
+                ignore = None if bytecode else shutil.ignore_patterns("__pycache__")
+                shutil.copytree(host, target, ignore=ignore, symlinks=own_files)
+            else:
+                shutil.copy2(host, target)
+        for path in [staging, *_entries(staging)]:
+            if not path.is_symlink():  # chmod follows a link: to a host file outside
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        copies.write_manifest(staging, key, [str(host) for host in sources.values()])
+        staging.rename(root)
+    except OSError:
+        os.close(fd)
+        shutil.rmtree(staging, ignore_errors=True)
+        if not root.is_dir():  # another process staged the same set first: that is fine
+            raise
+        return copies.hold(root)
+    if not copies.hold(root, fd):
+        return False
+    copies.evict(root.parent, key, keep=root)
+    return True
 
 
 # Once a process for installed packages: the digest walks every file of the closure (thousands
