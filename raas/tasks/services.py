@@ -71,7 +71,8 @@ class TaskServices:
         store = self._store()
         stored = await asyncio.to_thread(store.resolve, ref)
         sandbox = create_sandbox(self.sandbox_config, stored)
-        sandbox.hold(store.in_use(stored))  # no prune removes its layers while it runs
+        # No prune removes its layers while it runs; the hold waits out a prune's lock (a thread).
+        await asyncio.to_thread(sandbox.hold, store.in_use(stored))
         await sandbox.start()  # a start that fails closes it, and lets the image go
         return sandbox
 
