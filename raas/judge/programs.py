@@ -10,7 +10,14 @@ from raas.sandbox import Sandbox
 # Where the programs go: the judge's sandbox is fresh, so nothing of the candidate has run when
 # they are written, and every program imports its siblings before it starts the candidate.
 JUDGE_DIR = "/tmp/.raas-judge"
-PROGRAMS = ("values.py", "candidate.py", "humaneval.py", "swe_tests.py", "swe_pytest.py")
+PROGRAMS = (
+    "values.py",
+    "results.py",
+    "candidate.py",
+    "humaneval.py",
+    "swe_tests.py",
+    "swe_pytest.py",
+)
 
 
 @functools.cache

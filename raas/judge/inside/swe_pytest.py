@@ -35,13 +35,17 @@ import os
 import random
 import stat
 import sys
-import traceback
 from typing import Any
+
+# -I leaves this directory off sys.path: put it there for the sibling, and take it off again
+# (swe_tests lists what is importable from sys.path).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results
+
+del sys.path[0]
 
 START = ">>>>> Start Test Output"  # swebench.harness.constants' markers
 END = ">>>>> End Test Output"
-# Bound now: the patched code may replace them in their modules later.
-_write, _exit, _dumps = os.write, os._exit, json.dumps
 
 
 def kind(path: str) -> str:
@@ -132,27 +136,14 @@ def run(request: dict[str, Any], channel: int) -> None:
         "outcomes": recorder.outcomes,
         "canaries": recorder.canaries,
     }
-    data = (_dumps(record) + "\n").encode()
-    while data:
-        data = data[_write(channel, data) :]
+    results.send(channel, record)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["stat"]:
         print(json.dumps({path: kind(path) for path in json.loads(sys.stdin.read())}))
         return
-    request = json.loads(sys.stdin.read())
-    channel = os.dup(1)  # not inherited by children (os.dup makes it non-inheritable)
-    os.dup2(2, 1)
-    try:
-        run(request, channel)
-    except BaseException:  # the runner itself failed: no record, and a status that says so
-        traceback.print_exc()
-        sys.stderr.flush()
-        _exit(3)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _exit(0)
+    results.serve(run)
 
 
 if __name__ == "__main__":

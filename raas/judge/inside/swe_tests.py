@@ -47,6 +47,13 @@ import unittest.suite
 import unittest.util
 from typing import Any, Tuple
 
+# -I leaves this directory off sys.path: put it there for the sibling, and take it off again
+# (swe_tests lists what is importable from sys.path).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results
+
+del sys.path[0]
+
 IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 DETAIL_CHARS = 2000
 TRUSTED = (
@@ -59,11 +66,11 @@ TRUSTED = (
     unittest.result,
     unittest.suite,
     unittest.util,
+    results,
     sys.modules[__name__],
 )
 # Bound now: the patched code may replace them in their modules later.
-_write, _exit, _gettrace, _getprofile = os.write, os._exit, sys.gettrace, sys.getprofile
-_dumps = json.dumps
+_gettrace, _getprofile = sys.gettrace, sys.getprofile
 
 Mark = Tuple[Any, Any, Any, Any]
 
@@ -318,26 +325,14 @@ def run(request: dict[str, Any], channel: int) -> None:
         "errors": [e[-DETAIL_CHARS:] for e in getattr(loader, "errors", [])],
         "tampered": sorted(set(tampered)),
     }
-    data = (_dumps(record) + "\n").encode()
-    while data:
-        data = data[_write(channel, data) :]
+    results.send(channel, record)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["names"]:
         print(json.dumps(names(sys.argv[2])))
         return
-    request = json.loads(sys.stdin.read())
-    channel = os.dup(1)  # not inherited by children (os.dup makes it non-inheritable)
-    os.dup2(2, 1)
-    try:
-        run(request, channel)
-    except BaseException:  # the runner itself failed: no record, and a status that says so
-        traceback.print_exc()
-        sys.stderr.flush()
-        _exit(3)
-    sys.stderr.flush()
-    _exit(0)
+    results.serve(run)
 
 
 if __name__ == "__main__":
