@@ -34,36 +34,17 @@ if [ "$(id -u)" != 0 ]; then
 fi
 mkdir -p "$CACHE" "$IMAGES" "$BIN"
 
-if ! command -v debootstrap >/dev/null; then
-    say "installing debootstrap"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-fi
-
-# bootstrap DIR SUITE PACKAGES: a minimal Debian root filesystem, trimmed of what no test needs.
-bootstrap() {
-    local dir=$1 suite=$2 packages=$3
-    [ -e "$dir/.raas-complete" ] && return 0
-    say "debootstrap $suite into $dir (a minute or two)"
-    rm -rf "$dir.partial"
-    debootstrap --variant=minbase --include="$packages" "$suite" "$dir.partial" "$MIRROR" \
-        >"$CACHE/debootstrap-$suite.log" 2>&1 || {
-        tail -20 "$CACHE/debootstrap-$suite.log" >&2
-        exit 1
-    }
-    rm -rf "$dir.partial"/var/cache/apt/archives/*.deb "$dir.partial"/var/lib/apt/lists/* \
-        "$dir.partial"/usr/share/doc "$dir.partial"/usr/share/man "$dir.partial"/usr/share/locale
-    touch "$dir.partial/.raas-complete"
-    rm -rf "$dir"
-    mv "$dir.partial" "$dir"
-}
+# shellcheck source=../lib/bootstrap.sh
+. "$(dirname "$0")/../lib/bootstrap.sh"
+need_debootstrap
 
 # Both at once: downloading one overlaps unpacking the other. The image's last two packages are
 # named because debootstrap does not resolve virtual packages, and ipykernel's dependencies
 # (python3-zmq, gdb) depend on virtual ones that these two provide.
-bootstrap "$SID" sid apptainer,squashfs-tools,e2fsprogs &
+bootstrap "$SID" sid apptainer,squashfs-tools,e2fsprogs "$CACHE/debootstrap-sid.log" &
 sid=$!
-bootstrap "$IMAGE_ROOT" bookworm python3,python3-ipykernel,python3-cffi-backend,libboost-regex1.74.0 &
+bootstrap "$IMAGE_ROOT" bookworm \
+    python3,python3-ipykernel,python3-cffi-backend,libboost-regex1.74.0 "$CACHE/debootstrap-bookworm.log" &
 image=$!
 wait $sid
 wait $image

@@ -18,22 +18,9 @@ if [ "$(id -u)" != 0 ]; then
     say "needs root (debootstrap)"
     exit 1
 fi
-if ! command -v debootstrap >/dev/null; then
-    say "installing debootstrap"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-fi
+# shellcheck source=../lib/bootstrap.sh
+. "$(dirname "$0")/../lib/bootstrap.sh"
+need_debootstrap
 mkdir -p "$CACHE"
-say "debootstrap bookworm into $ROOT (a minute or two)"
-rm -rf "$ROOT.partial"
-debootstrap --variant=minbase --include=python3,python3-pytest,git "bookworm" "$ROOT.partial" \
-    "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 || {
-    tail -20 "$CACHE/debootstrap.log" >&2
-    exit 1
-}
-rm -rf "$ROOT.partial"/var/cache/apt/archives/*.deb "$ROOT.partial"/var/lib/apt/lists/* \
-    "$ROOT.partial"/usr/share/doc "$ROOT.partial"/usr/share/man "$ROOT.partial"/usr/share/locale
-touch "$ROOT.partial/.raas-complete"
-rm -rf "$ROOT"
-mv "$ROOT.partial" "$ROOT"
+bootstrap "$ROOT" bookworm python3,python3-pytest,git "$CACHE/debootstrap.log"
 echo "$ROOT"
