@@ -6,9 +6,10 @@ leaves it only ``lo``; ``--writable-tmpfs`` a private writable layer over the im
 with it (capped by apptainer.conf's ``sessiondir max size``). Bound in are only the workspace, the
 action server's code (read-only) and, as root, a /tmp of its own; the action server gets its
 listening socket as an inherited fd (apptainer keeps the fds it was started with), as with bwrap.
-The action server is the same as bwrap's, started with the image's python3, and applies the
-rlimits itself. Apptainer has no switch like bwrap's ``--disable-userns``: whether an agent may
-create nested user namespaces is up to the site's kernel and apptainer.conf.
+The action server is the same as bwrap's, started with the image's python3 (or the Python raas
+provides: ``raas.sandbox.hostpython``), and applies the rlimits itself. Apptainer has no switch
+like bwrap's ``--disable-userns``: whether an agent may create nested user namespaces is up to
+the site's kernel and apptainer.conf.
 
 When raas runs as root, a plain ``apptainer exec`` would run the agent as root (and here it does
 not even start: the starter asks for capabilities the machine withholds), while ``--userns``
@@ -48,7 +49,7 @@ import shutil
 from pathlib import Path
 
 from raas.sandbox import procs, seccomp
-from raas.sandbox.base import SERVER_PYTHON_FLAGS, launch_env
+from raas.sandbox.base import launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
@@ -106,11 +107,11 @@ class ApptainerSandbox(NamespacedSandbox):
         ]  # fmt: skip
         for name, value in self._env().items():
             args += ["--env", f"{name}={value}"]
-        for host, target in cfg.ro_binds.items():
+        for host, target in {**self.provided_binds(), **cfg.ro_binds}.items():
             args += ["--bind", f"{host}:{target}:ro"]
         if user is not None:  # a size-capped /tmp of its own (unprivileged: apptainer's own)
             args += ["--bind", f"{self.dir / 'tmp'}:/tmp"]
-        args += [str(image), self._python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
+        args += [str(image), *self.server_command()]
         return args + self.server_args(listen_fd, "/tmp")
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:

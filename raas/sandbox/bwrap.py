@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 
 from raas.sandbox import procs, seccomp
-from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, launch_env
+from raas.sandbox.base import INSIDE_DIR, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
@@ -129,7 +129,8 @@ def _memfd(name: str, data: bytes) -> int:
 
 class BwrapSandbox(NamespacedSandbox):
     """A bwrap sandbox; with ``image``, its root is a copy-on-write overlay of that image's
-    layers (``raas.sandbox.rootfs``), its action server runs on the image's own python3, and
+    layers (``raas.sandbox.rootfs``), its action server runs on the image's own python3 (or,
+    where it has none raas can run on, the Python raas provides: ``raas.sandbox.hostpython``), and
     its environment is the image's ``Env`` (PATH and the rest) under raas's HOME and USER.
     """
 
@@ -174,7 +175,7 @@ class BwrapSandbox(NamespacedSandbox):
         ]  # fmt: skip
         for name in _inside_files():
             args += ["--perms", "0444", "--file", str(data_fds[name]), f"/.raas/inside/{name}"]
-        for host, target in cfg.ro_binds.items():
+        for host, target in {**self.provided_binds(), **cfg.ro_binds}.items():
             args += ["--ro-bind", host, target]
         args += [
             # Last: the root tmpfs (and what it holds: /etc, /.raas) becomes read-only.
@@ -209,8 +210,7 @@ class BwrapSandbox(NamespacedSandbox):
 
     def _command(self, listen_fd: int) -> list[str]:
         """What bwrap runs: it must be on bwrap's own command line, which holds no host path."""
-        command = [self._python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
-        return ["--", *command, *self.server_args(listen_fd, "/tmp")]
+        return ["--", *self.server_command(), *self.server_args(listen_fd, "/tmp")]
 
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:
         binary = shutil.which("bwrap")

@@ -29,10 +29,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from raas.sandbox import cgroups, procs
-from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, Sandbox, reap
+from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, SERVER_PYTHON_FLAGS, Sandbox, reap
 from raas.sandbox.config import ApptainerConfig, BwrapConfig
+from raas.sandbox.hostpython import MOUNT, provided_python
 from raas.sandbox.oci.image import StoredImage
-from raas.sandbox.rootfs import ImageRoot, check_layers, image_env, image_python, overlay_options
+from raas.sandbox.rootfs import ImageRoot, check_layers, image_env, overlay_options, probe_python
 from raas.sandbox.runtime import runtime_root
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,10 @@ class NamespacedSandbox(Sandbox):
         super().__init__(config)
         self.image = image
         self._root: ImageRoot | None = None
-        self._python = config.python  # an image's own, once found (``_prepare_root``)
+        # What runs the action server: the config's python (an image's own, once found), or
+        # the Python raas provides (``_prepare_root``), bound from ``_provided``.
+        self._python: list[str] = [config.python]
+        self._provided: Path | None = None
         self._slot: int | None = None
         self._pidns: int | None = None
         self._pin: int | None = None  # holds the namespace's number while the sandbox has it
@@ -156,14 +160,30 @@ class NamespacedSandbox(Sandbox):
                 merged[name] = own[name]
         return merged
 
+    def server_command(self) -> list[str]:
+        """The action server's command in the sandbox, but for its arguments."""
+        return [*self._python, *SERVER_PYTHON_FLAGS, "/.raas/inside/server.py"]
+
+    def provided_binds(self) -> dict[str, str]:
+        """``{host copy: sandbox path}`` of the Python raas provides, where this sandbox runs on
+        it (bound read-only)."""
+        return {} if self._provided is None else {str(self._provided): MOUNT}
+
     def _prepare_root(self, user: int | None) -> ImageRoot | None:
         """For an image (in a thread, before the launch): its layers checked, its python3 found
-        (an ImageError where it has none that raas can run on), its root planned on a tmpfs of
-        the sandbox's disk size; ``user``: the sandbox's host uid when raas runs as root."""
+        or else the Python raas provides staged (an ImageError where the image can run neither),
+        its root planned on a tmpfs of the sandbox's disk size; ``user``: the sandbox's host uid
+        when raas runs as root."""
         if self.image is None:
             return None
         check_layers(self.image)
-        self._python, _ = image_python(self.image, self.config.python, self._env()["PATH"])
+        found = probe_python(self.image, self.config.python, self._env()["PATH"])
+        if found.path is not None:
+            self._python = [found.path]
+        else:
+            log.debug("image %s: runs on raas's Python: %s", self.image.ref, found.why)
+            provided = provided_python()
+            self._python, self._provided = list(provided.argv), provided.copy
         mount_dir = self.dir / "image"
         mount_dir.mkdir()
         overlay = overlay_options(rootless=user is None)

@@ -12,6 +12,7 @@ were built for: the sandbox's python3 must be ``python_version()`` (the harness 
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import importlib.metadata
@@ -19,9 +20,12 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from raas.sandbox import copies
 
@@ -126,40 +130,62 @@ def _stage(
     bytecode: bool,
     own_files: bool,
 ) -> tuple[tuple[str, str], ...]:
-    from raas.sandbox.runtime import runtime_root
-
     dirs = dict(dirs_items)
     closure = _closure(distribution) if distribution is not None else ()
     sources = {f"py/{top}": host for top, host in closure if host.exists()}
     sources |= {f"dir{i}": Path(host) for i, host in enumerate(sorted(dirs))}
-    digest = hashlib.sha256(f"bytecode={bytecode} links={own_files}\n".encode())
-    for name, host in sorted(sources.items()):
-        for path in _entries(host):
-            if own_files and path.is_symlink():
-                digest.update(f"{name}:{path}->{os.readlink(path)}\n".encode())
-            elif path.is_file() and (bytecode or "__pycache__" not in path.parts):
-                stat = path.stat()
-                digest.update(f"{name}:{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    key = hashlib.sha256(
-        json.dumps(
-            [sorted((n, str(h)) for n, h in sources.items()), dest, bytecode, own_files]
-        ).encode()
-    ).hexdigest()[:16]
-    root = runtime_root() / f"{copies.PREFIX}{digest.hexdigest()[:16]}"
-    held = root.is_dir() and copies.hold(root)
-    for _ in range(3):  # again only if another process removed it between copy and hold
-        if held:
-            break
-        held = _copy(sources, root, bytecode, own_files, key)
-    else:
-        raise OSError(f"{root} was removed each time it was made: is something cleaning it?")
+    leave_out = () if bytecode else ("__pycache__",)
+    root = stage_copy(sources, [dest, bytecode, own_files], leave_out, links=own_files)
     binds = {str(root / "py"): dest} if closure else {}
     for i, source in enumerate(sorted(dirs)):
         binds[str(root / f"dir{i}")] = dirs[source]
     return tuple(binds.items())
 
 
-def _copy(sources: dict[str, Path], root: Path, bytecode: bool, own_files: bool, key: str) -> bool:
+def stage_copy(
+    sources: dict[str, Path],
+    key_parts: list[Any],
+    leave_out: Sequence[str] = (),
+    links: bool = False,
+) -> Path:
+    """A world-readable copy of ``sources`` (``{name in the copy: host file or directory}``)
+    under ``runtime_root()``, held by this process (``copies.hold``) and named by a digest of
+    what it holds: made once, again only when a file changed. ``key_parts`` (with the sources)
+    name the set whose older copies the new one replaces; ``leave_out``: glob patterns of
+    names not copied, at any depth; ``links``: a link is copied as a link (else followed).
+    Files keep their owner's execute bit (a loader must be run). Blocking: call it off the loop.
+    """
+    from raas.sandbox.runtime import runtime_root
+
+    bytecode = "__pycache__" not in leave_out
+    digest = hashlib.sha256(f"bytecode={bytecode} links={links}\n".encode())
+    for extra in leave_out:
+        if extra != "__pycache__":
+            digest.update(f"leave out {extra}\n".encode())
+    for name, host in sorted(sources.items()):
+        for path in _entries(host, leave_out):
+            if links and path.is_symlink():
+                digest.update(f"{name}:{path}->{os.readlink(path)}\n".encode())
+            elif path.is_file():
+                st = path.stat()
+                digest.update(f"{name}:{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    key = hashlib.sha256(
+        json.dumps([sorted((n, str(h)) for n, h in sources.items()), *key_parts]).encode()
+    ).hexdigest()[:16]
+    root = runtime_root() / f"{copies.PREFIX}{digest.hexdigest()[:16]}"
+    held = root.is_dir() and copies.hold(root)
+    for _ in range(3):  # again only if another process removed it between copy and hold
+        if held:
+            break
+        held = _copy(sources, root, leave_out, links, key)
+    else:
+        raise OSError(f"{root} was removed each time it was made: is something cleaning it?")
+    return root
+
+
+def _copy(
+    sources: dict[str, Path], root: Path, leave_out: Sequence[str], links: bool, key: str
+) -> bool:
     """Copy ``sources`` into ``root`` (by way of a staging directory renamed into place), hold
     it, and remove what that copy made obsolete (``copies.evict``). False if it is gone again.
     """
@@ -170,13 +196,15 @@ def _copy(sources: dict[str, Path], root: Path, bytecode: bool, own_files: bool,
             target = staging / name
             target.parent.mkdir(parents=True, exist_ok=True)
             if host.is_dir():
-                ignore = None if bytecode else shutil.ignore_patterns("__pycache__")
-                shutil.copytree(host, target, ignore=ignore, symlinks=own_files)
+                ignore = shutil.ignore_patterns(*leave_out) if leave_out else None
+                shutil.copytree(host, target, ignore=ignore, symlinks=links)
             else:
                 shutil.copy2(host, target)
         for path in [staging, *_entries(staging)]:
-            if not path.is_symlink():  # chmod follows a link: to a host file outside
-                path.chmod(0o755 if path.is_dir() else 0o644)
+            if path.is_symlink():  # chmod follows a link: to a host file outside
+                continue
+            run = path.is_dir() or path.stat().st_mode & stat.S_IXUSR
+            path.chmod(0o755 if run else 0o644)
         copies.write_manifest(staging, key, [str(host) for host in sources.values()])
         staging.rename(root)
     except OSError:
@@ -196,10 +224,17 @@ def _copy(sources: dict[str, Path], root: Path, bytecode: bool, own_files: bool,
 _staged = functools.cache(_stage)
 
 
-def _entries(top: Path) -> list[Path]:
-    """Everything below ``top`` (itself, when a file), sorted; links are listed, never
-    followed into."""
+def _entries(top: Path, leave_out: Sequence[str] = ()) -> list[Path]:
+    """Everything below ``top`` (itself, when a file), sorted, but what ``leave_out`` names
+    (and what is below it); links are listed, never followed into."""
     if not top.is_dir() or top.is_symlink():
         return [top]
-    found = [Path(d, n) for d, dirs, files in os.walk(top) for n in [*dirs, *files]]
+    found: list[Path] = []
+    for directory, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if not _left_out(d, leave_out)]
+        found += [Path(directory, n) for n in [*dirs, *files] if not _left_out(n, leave_out)]
     return sorted(found)
+
+
+def _left_out(name: str, leave_out: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in leave_out)

@@ -25,8 +25,10 @@ are. Elsewhere the image stays root's: pip falls back to a user install (into ``
 sandbox's workspace). A work directory is chowned only if every component of its path is a real
 directory in the image (no symlink): ``chown -hR`` never follows a link, and a link on the way
 could lead root's chown out of the image. Before the launch, the image's python3 is found and
-its version read from the layers (``image_python``), so an image raas cannot run in is an
-``ImageError`` naming it, not a sandbox that never answers.
+its version read from the layers (``probe_python``, once per image): where it has none that
+raas's action server can run on, the server runs on the Python raas provides
+(``raas.sandbox.hostpython``), and an image that cannot run that either (no bash for the tools)
+is an ``ImageError`` naming it and why, not a sandbox that never answers.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from pathlib import Path
 
 from raas.sandbox import layers
 from raas.sandbox.layers import is_opaque, is_whiteout
-from raas.sandbox.oci.image import ImageError, StoredImage
+from raas.sandbox.oci.image import ImageError, ImageUnrunnable, StoredImage
 
 log = logging.getLogger(__name__)
 
@@ -198,13 +200,16 @@ def image_env(image: StoredImage) -> dict[str, str]:
 
 
 _VERSION = re.compile(r"python(\d+)\.(\d+)")
+ELF_MAGIC = b"\x7fELF"
 
 
 def image_python(image: StoredImage, python: str, path: str) -> tuple[str, tuple[int, int]]:
     """Where ``python`` is in the image (looked up on ``path``, the sandbox's PATH) and its
-    version, read from the layers: the name the links end at (``python3.11``), else the one
-    standard library beside it (``lib/python3.X/os.py``). An ImageError if there is none or it
-    is older than 3.8: raas's action server runs on it.
+    version, read from the layers, never run: the name the links end at (``python3.11``), else
+    the one standard library beside it (``lib/python3.X/os.py``). Only what can be checked there
+    is trusted: it must be an ELF binary (not a wrapper script) with that version's standard
+    library beside it. An ImageError saying why where there is none such, or it is older than
+    3.8: raas's action server runs on it.
     """
     if "/" in python:
         candidates = [python]
@@ -214,6 +219,11 @@ def image_python(image: StoredImage, python: str, path: str) -> tuple[str, tuple
         host = lookup(image, candidate)
         if host is None or not host.is_file() or not os.stat(host).st_mode & 0o111:
             continue
+        if not _is_elf(host):
+            raise ImageError(
+                f"image {image.ref}: its {python} ({candidate}) is not an ELF binary (a wrapper"
+                " script?), so raas cannot tell which Python it runs"
+            )
         version = _python_version(image, host, candidate)
         if version is None:
             raise ImageError(
@@ -227,6 +237,12 @@ def image_python(image: StoredImage, python: str, path: str) -> tuple[str, tuple
                 f" {version[0]}.{version[1]}; raas's action server needs"
                 f" {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
             )
+        stdlib = f"{_prefix(candidate)}/lib/python{version[0]}.{version[1]}/os.py"
+        if lookup(image, stdlib) is None:
+            raise ImageError(
+                f"image {image.ref}: its {python} ({candidate}) has no standard library beside"
+                f" it ({stdlib})"
+            )
         return candidate, version
     raise ImageError(
         f"image {image.ref}: no {python} on its PATH ({path}); raas's action server needs"
@@ -234,11 +250,20 @@ def image_python(image: StoredImage, python: str, path: str) -> tuple[str, tuple
     )
 
 
+def _is_elf(host: Path) -> bool:
+    with open(host, "rb") as f:
+        return f.read(4) == ELF_MAGIC
+
+
+def _prefix(candidate: str) -> str:
+    return posixpath.dirname(posixpath.dirname(candidate))
+
+
 def _python_version(image: StoredImage, host: Path, candidate: str) -> tuple[int, int] | None:
     match = _VERSION.fullmatch(host.name) or _VERSION.fullmatch(host.name.rstrip("mdu"))
     if match:
         return int(match[1]), int(match[2])
-    prefix = posixpath.dirname(posixpath.dirname(candidate))
+    prefix = _prefix(candidate)
     versions = set()
     for layer in image.layers:
         for os_py in (layer / prefix.lstrip("/") / "lib").glob("python*.*/os.py"):
@@ -246,6 +271,63 @@ def _python_version(image: StoredImage, host: Path, candidate: str) -> tuple[int
             if found and lookup(image, f"{prefix}/lib/{os_py.parent.name}/os.py") is not None:
                 versions.add((int(found[1]), int(found[2])))
     return versions.pop() if len(versions) == 1 else None
+
+
+@dataclass(frozen=True)
+class ImagePython:
+    """What runs an image's action server: the image's own Python (``path``), or where it has
+    none that raas can run on (``path`` None), the one raas provides, and ``why`` not its own."""
+
+    path: str | None
+    why: str = ""
+
+
+# Probed once per image (its digest and layers: what an image holds never changes).
+_probed: dict[tuple[str, tuple[Path, ...], str, str], ImagePython] = {}
+
+
+def probe_python(image: StoredImage, python: str, path: str) -> ImagePython:
+    """The image's own ``python`` where raas can run its action server on it, else why not
+    (``image_python``), read once per image; an ImageError where the image can run neither:
+    raas's Python needs nothing of the image, but the tools need its bash, built for this
+    machine."""
+    key = (image.digest, image.layers, python, path)
+    if key not in _probed:
+        try:
+            _probed[key] = ImagePython(image_python(image, python, path)[0])
+        except ImageError as e:
+            why = str(e).removeprefix(f"image {image.ref}: ")
+            _probed[key] = ImagePython(None, why)
+    found = _probed[key]
+    if found.path is None:
+        shell = _shell_problem(image, path)
+        if shell is not None:
+            raise ImageUnrunnable(
+                f"image {image.ref}: raas cannot run in it: {found.why}, and it cannot run"
+                f" raas's own Python either: {shell}"
+            )
+    return found
+
+
+def _shell_problem(image: StoredImage, path: str) -> str | None:
+    """Why the image has no bash for the bash tool that runs on this machine (None: it has)."""
+    for directory in (d for d in path.split(":") if d.startswith("/")):
+        host = lookup(image, posixpath.join(directory, "bash"))
+        if host is None or not host.is_file() or not os.stat(host).st_mode & 0o111:
+            continue
+        if not _is_elf(host):
+            return f"its bash ({directory}/bash) is not an ELF binary"
+        if _machine(host) != _machine(Path(os.path.realpath(sys.executable))):
+            return f"its bash ({directory}/bash) is built for another architecture than this host"
+        return None
+    return f"it has no bash on its PATH ({path}) for the bash tool"
+
+
+def _machine(host: Path) -> bytes:
+    """An ELF file's class, byte order and machine (what a host must be to run it)."""
+    with open(host, "rb") as f:
+        head = f.read(20)
+    return head[4:6] + head[18:20]
 
 
 def work_dirs(image: StoredImage) -> list[str]:

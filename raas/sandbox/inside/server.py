@@ -14,7 +14,8 @@ connection, and the host sends ``{"relay_reply": {...}}`` lines, which get no an
 The ``exec`` action (see execute.py) runs a fresh process from ``argv`` with the given ``stdin``,
 ``cwd``, ``env``, ``timeout_s`` and ``max_output``, outside the agent's shell: what judges use.
 
-Standard library only, Python 3.8+: the image's own python3 runs it.
+Standard library only, Python 3.8+: the image's own python3 runs it (or the one raas lends an
+image without one: raas/sandbox/hostpython.py).
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ class ImageNotStored(ImageError):
     retry = False
 
 
+class ImageUnrunnable(ImageError):
+    """An image raas cannot run its action server in (no Python for it, no bash for the
+    tools): a job that needs it fails at once, as running it again cannot change the image."""
+
+    retry = False
+
+
 @dataclass(frozen=True)
 class StoredImage:
     """An image in the store, ready to be a sandbox's root.
