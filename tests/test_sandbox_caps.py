@@ -194,6 +194,25 @@ def test_a_claim_kills_and_removes_what_a_dead_server_left(
     assert not left_dir.exists()  # released: removed
 
 
+def test_a_claim_removes_what_dead_servers_of_other_keys_left_and_not_a_live_ones() -> None:
+    dead_key, live_key = uuid.uuid4().hex, uuid.uuid4().hex
+    script = (
+        "import sys; from raas.sandbox import claim_runtime_dir;"
+        "r = claim_runtime_dir(sys.argv[1]); (r.path / 'sandbox-x').mkdir(); print(r.path)"
+    )
+    dead = subprocess.run(  # exits without releasing: as a killed server would
+        [sys.executable, "-c", script, dead_key], capture_output=True, text=True, check=True
+    )
+    dead_dir = Path(dead.stdout.strip())
+    assert (dead_dir / "sandbox-x").is_dir()
+    with claim_runtime_dir(live_key) as live:
+        (live.path / "sandbox-y").mkdir()
+        with claim_runtime_dir(uuid.uuid4().hex):
+            assert not dead_dir.exists()
+            assert not dead_dir.with_name(dead_dir.name + ".lock").exists()
+            assert (live.path / "sandbox-y").is_dir()  # held by a live process
+
+
 def test_a_held_key_falls_back_to_a_fresh_directory() -> None:
     key = uuid.uuid4().hex
     with claim_runtime_dir(key) as first:

@@ -174,18 +174,16 @@ def runtime_dir_of(key: str) -> Path:
 
 
 def claim_runtime_dir(key: str) -> RuntimeDir:
-    """This server's sandbox directory, ``<runtime_root>/srv-<hash of key>``, cleaned of what a
-    dead predecessor with the same key left. If a live process holds it, a fresh directory of
-    this process's own (logged); those are cleaned by a later claim of the key once their holder
-    is gone.
+    """This server's sandbox directory, ``<runtime_root>/srv-<hash of key>``. If a live process
+    holds it, a fresh directory of this process's own (logged). First, what every dead server
+    left (a predecessor with the same key, or any other) is killed and removed.
     """
     root = runtime_root()
     name = runtime_dir_of(key).name
-    for lock_path in sorted(root.glob(f"{name}-*.lock")):  # fallbacks whose holder died
-        fd = _lock(lock_path)
-        if fd is not None:
-            left = lock_path.with_name(lock_path.name.removesuffix(".lock"))
-            RuntimeDir(left, True, lock_path, fd).release()
+    # Every dead server's directory, this key's fallbacks and other keys' among them: a server
+    # killed on a database no server opens again (a test's, a temporary run's) would otherwise
+    # leave its directory, and any sandbox it had, for ever. A live server's is locked: skipped.
+    _release_dead(root)
     path = root / name
     fd = _lock(path.with_name(name + ".lock"))
     if fd is not None:
@@ -200,3 +198,11 @@ def claim_runtime_dir(key: str) -> RuntimeDir:
             break
     log.warning("sandbox directory %s is held by another live process: using %s", root / name, path)
     return _take(path, fd, fallback=True)
+
+
+def _release_dead(root: Path) -> None:
+    for lock_path in sorted(root.glob("srv-*.lock")):
+        fd = _lock(lock_path)
+        if fd is not None:  # its holder is gone
+            left = lock_path.with_name(lock_path.name.removesuffix(".lock"))
+            RuntimeDir(left, True, lock_path, fd).release()
