@@ -213,30 +213,30 @@ def to_batch(
             dropped += len(results)
             dropped_groups += 1
             continue
-        picked = [trajectories(r, segments) for r in results]
-        trajs = [[t for _, t in p] for p in picked]
-        rewards = [_usable_reward(r, t) for r, t in zip(results, trajs, strict=True)]
+        picked = [trajectories(r, segments) for r in results]  # (segment, trajectory)s
+        rewards = [
+            _usable_reward(r, [t for _, t in p]) for r, p in zip(results, picked, strict=True)
+        ]
         advantages = iter(_group_advantages([r for r in rewards if r is not None], normalise, eps))
         kept = 0
-        for result, its_picks, its_trajs, reward in zip(
-            results, picked, trajs, rewards, strict=True
-        ):
+        for result, its_rows, reward in zip(results, picked, rewards, strict=True):
+            k = len(its_rows)  # every row of a job: the job's reward and advantage
             if reward is not None:
-                row_masked += [False] * len(its_trajs)
-                row_reward += [reward] * len(its_trajs)
-                row_advantage += [next(advantages)] * len(its_trajs)
+                row_masked += [False] * k
+                row_reward += [reward] * k
+                row_advantage += [next(advantages)] * k
             elif failed == "mask":
-                row_masked += [True] * len(its_trajs)
-                row_reward += [0.0] * len(its_trajs)
-                row_advantage += [0.0] * len(its_trajs)
-                masked += len(its_trajs)
+                row_masked += [True] * k
+                row_reward += [0.0] * k
+                row_advantage += [0.0] * k
+                masked += k
             else:
                 dropped += 1
                 continue
-            rows += [result] * len(its_trajs)
-            row_trajs += its_trajs
-            row_segment += [k for k, _ in its_picks]
-            row_group += [g] * len(its_trajs)
+            rows += [result] * k
+            row_segment += [segment for segment, _ in its_rows]
+            row_trajs += [traj for _, traj in its_rows]
+            row_group += [g] * k
             kept += 1
         if kept == 0:
             dropped_groups += 1
