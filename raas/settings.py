@@ -165,6 +165,13 @@ class ServeSettings(BaseSettings):
         ' instance\'s agent_command can run it ("python3 $RAAS_AGENT_DIR/agent.py"). Everything'
         " in it is readable by the model's commands: put no secret there.",
     )
+    gateway_fixed_sampling: bool = Field(
+        default=False,
+        description="Refuse a gateway call (an agent raas did not write) that sends a"
+        " temperature, top_p or seed other than its job's: a 400 in OpenAI's shape naming the"
+        " parameter, so that every token is drawn as the trainer asked. Off: the call's own"
+        " values are used (and recorded on its turn).",
+    )
     log_level: LogLevel = Field(default="info", description="Logging level.")
 
     @field_validator("llm", "allowed_hosts", mode="before")

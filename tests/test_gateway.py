@@ -422,3 +422,54 @@ async def test_the_document_gives_the_gateways_errors_in_openais_shape(
                 schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
                 assert set(r.json()) == set(schema["required"]) == {"error"}
                 assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_each_call_records_the_sampling_the_agent_sent_and_the_one_used(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway, temperature=1.0)
+        agent = client(app, session.token)
+        hi: Any = [{"role": "user", "content": "hi"}]
+        await agent.chat.completions.create(
+            model="m", messages=hi, temperature=0.3, max_tokens=10_000, stop=["END"]
+        )
+        await agent.responses.create(model="m", input="hello", top_p=0.5, max_output_tokens=7)
+        await agent.chat.completions.create(model="m", messages=hi)
+    first, second, third = session.trajectory.turns  # every call's record
+    assert first["sampling_sent"] == {"temperature": 0.3, "max_tokens": 10_000, "stop": ["END"]}
+    assert first["sampling"]["temperature"] == 0.3 and first["sampling"]["max_tokens"] == 64
+    assert second["sampling_sent"] == {"top_p": 0.5, "max_output_tokens": 7}
+    assert second["sampling"]["top_p"] == 0.5 and second["sampling"]["max_tokens"] == 7
+    assert third["sampling_sent"] == {} and third["sampling"]["temperature"] == 1.0
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+async def test_a_server_that_fixes_sampling_refuses_a_call_that_changes_it(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model, fixed: bool
+) -> None:
+    settings = {"gateway_fixed_sampling": True} if fixed else {}
+    async with raas_app(tmp_path, registry, backend[0], **settings) as (app, gateway):
+        session = open_job(gateway, temperature=0.7, top_p=0.95)
+        agent = client(app, session.token)
+        hi: Any = [{"role": "user", "content": "hi"}]
+        changes: list[dict[str, Any]] = [{"temperature": 0.0}, {"top_p": 1.0}, {"seed": 3}]
+        for change in changes:
+            if not fixed:
+                await agent.chat.completions.create(model="m", messages=hi, **change)
+                continue
+            with pytest.raises(openai.BadRequestError) as err:
+                await agent.chat.completions.create(model="m", messages=hi, **change)
+            body = err.value.body
+            (param,) = change
+            assert isinstance(body, dict) and body["param"] == param, body
+            assert body["code"] == "sampling_override" and f"{param}=" in body["message"]
+        if fixed:
+            with pytest.raises(openai.BadRequestError) as err:
+                await agent.responses.create(model="m", input="hello", temperature=2.0)
+            assert isinstance(err.value.body, dict) and err.value.body["param"] == "temperature"
+        # The job's own values, and a smaller max tokens, are no override.
+        await agent.chat.completions.create(
+            model="m", messages=hi, temperature=0.7, top_p=0.95, max_tokens=5
+        )
+    assert session.calls == (1 if fixed else 4)

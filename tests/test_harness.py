@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from raas.client import to_batch
 from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.llm.types import SamplingParams
@@ -386,6 +387,13 @@ async def test_the_openai_package_in_a_sandbox_records_exactly_what_the_backend_
     traj = result["trajectory"]
     assert (traj["response_ids"], traj["logprobs"]) == (first["response_ids"], first["logprobs"])
     assert [t["segment"] for t in traj["turns"]] == [0, 0, 1]
+    # Both segments reach the trainer: two rows, each its segment's tokens, the job's reward.
+    batch = to_batch([[result]])
+    assert batch.segment_index.tolist() == [0, 1] and batch.rewards.tolist() == [1.0, 1.0]
+    for row, seg in enumerate((first, second)):
+        ids = seg["prompt_ids"] + seg["response_ids"]
+        assert batch.input_ids[row, : len(ids)].tolist() == ids
+        assert batch.loss_mask[row, len(seg["prompt_ids"]) : len(ids)].tolist() == seg["loss_mask"]
     # What the agent got back is what the model generated, logprobs included.
     assert [c["completion_tokens"] for c in report["calls"]] == [len(gen1), len(gen2), len(gen3)]
     assert [c["logprobs"] for c in report["calls"]] == [len(gen1), len(gen2), len(gen3)]

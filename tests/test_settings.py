@@ -108,3 +108,10 @@ def test_raas_serve_s_directory_flags_take_a_directory(name: str, tmp_path: Path
         option.type.convert(str(tmp_path / "file"), option, None)
     with pytest.raises(SettingsError, match="does not point to a directory"):
         load_settings(None, {name: tmp_path / "missing"})
+
+
+def test_a_switch_round_trips_through_the_flags() -> None:
+    flags = to_flags({"gateway_fixed_sampling": True})
+    assert flags == ["--gateway-fixed-sampling", "True"]
+    assert validate(parse_flags(flags)).gateway_fixed_sampling is True
+    assert ServeSettings().gateway_fixed_sampling is False  # off unless asked for

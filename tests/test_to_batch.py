@@ -372,3 +372,70 @@ def test_batch_is_a_dataclass_of_arrays() -> None:
     batch = to_batch([group_a()])
     assert isinstance(batch, Batch)
     assert batch.loss_weights.shape == batch.input_ids.shape == (3, 5)
+
+
+def two_segment_job(job_id: str, reward: float) -> RolloutResult:
+    """A gateway job whose agent compacted its context: segment 0 (the result's trajectory)
+    and segment 1, a prompt of its own, in metrics.segments as the harness task writes them."""
+    first = Trajectory(
+        prompt_ids=[11, 12],
+        response_ids=[21, 22, 23],
+        loss_mask=[1, 0, 1],
+        logprobs=[-0.5, 0.0, -0.25],
+    )
+    second = Trajectory(prompt_ids=[14], response_ids=[81, 82], loss_mask=[1, 1], logprobs=[-1, -2])
+    done = result(job_id, [], [], [], [], reward)
+    return done.model_copy(
+        update={
+            "trajectory": first,
+            "metrics": {"segments": [{**s.model_dump(), "drift": 0} for s in (first, second)]},
+        }
+    )
+
+
+def test_every_segment_of_a_gateway_job_is_a_row_with_the_job_s_reward() -> None:
+    group = [two_segment_job("g0", 1.0), result("g1", [11, 12], [31], [1], [-1.0], 0.0)]
+    batch = to_batch([group])
+    assert batch.job_ids == ("g0", "g0", "g1")
+    assert batch.segment_index.tolist() == [0, 1, 0]
+    assert batch.input_ids.tolist() == [
+        [11, 12, 21, 22, 23],
+        [14, 81, 82, 0, 0],
+        [11, 12, 31, 0, 0],
+    ]
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 0, 1], [0, 1, 1, 0, 0], [0, 0, 1, 0, 0]]
+    assert batch.old_logprobs[1].tolist() == [0.0, -1.0, -2.0, 0.0, 0.0]
+    assert batch.prompt_lengths.tolist() == [2, 1, 2]
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0]
+    assert batch.group_index.tolist() == [0, 0, 0]
+    # The group's statistics are over its two jobs (rewards 1 and 0), each counted once.
+    assert batch.advantages.tolist() == pytest.approx([1 / R2, 1 / R2, -1 / R2], rel=1e-5)
+    # grpo: three rows with policy tokens, each weighs 1 / (tokens * 3).
+    assert batch.loss_weights.sum() == pytest.approx(1.0)
+    assert batch.loss_weights[1].tolist() == pytest.approx([0, 1 / 6, 1 / 6, 0, 0])
+
+
+def test_segments_first_or_last_keeps_one_row_a_job() -> None:
+    group = [two_segment_job("g0", 1.0), result("g1", [11, 12], [31], [1], [-1.0], 0.0)]
+    first = to_batch([group], segments="first")
+    assert first.job_ids == ("g0", "g1") and first.segment_index.tolist() == [0, 0]
+    assert first.input_ids[0].tolist() == [11, 12, 21, 22, 23]
+    last = to_batch([group], segments="last")
+    assert last.job_ids == ("g0", "g1") and last.segment_index.tolist() == [1, 0]
+    assert last.input_ids[0].tolist() == [14, 81, 82]
+    with pytest.raises(ValueError, match="segments must be one of all, first, last"):
+        to_batch([group], segments="middle")  # type: ignore[arg-type]
+
+
+def test_a_misaligned_segment_is_refused_naming_it() -> None:
+    job = two_segment_job("g0", 1.0)
+    job.metrics["segments"][1]["logprobs"] = [-1.0]
+    with pytest.raises(ValueError, match="job 'g0' segment 1: response_ids has 2 tokens"):
+        to_batch([[job]])
+    assert len(to_batch([[job]], segments="first")) == 1  # the segment left out is not read
+
+
+def test_a_masked_failure_keeps_its_segments_without_gradient() -> None:
+    job = two_segment_job("g0", 1.0).model_copy(update={"state": "failed", "reward": None})
+    batch = to_batch([[job]], failed="mask")
+    assert len(batch) == 2 and batch.masked == 2 and batch.loss_mask.sum() == 0

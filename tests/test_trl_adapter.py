@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
 import torch
 
 from raas.api.app import create_app
-from raas.client import SyncRolloutClient
+from raas.client import Group, RolloutResult, SyncRolloutClient
 from raas.client.integrations.trl import WeightSync, make_rollout_func
 from raas.llm.engine import create_engine_app
 from raas.llm.models import load_model
@@ -93,3 +94,56 @@ def test_a_server_that_refuses_the_weights_is_an_error(
     model, _ = load_model("tiny")
     with pytest.raises(RuntimeError, match="did not load the weights of step 1"):
         sync.push_if_stepped(trainer(1, model, max_completion_length=5))
+
+
+class TwoSegmentGroups:
+    """Stands in for the client: every job ends done, reward 1.0, with two gateway segments."""
+
+    def generate_groups(self, instances: list[Any], n: int, **kwargs: Any) -> list[Group]:
+        first = {"prompt_ids": [1, 2], "response_ids": [10, 11], "loss_mask": [1, 0]}
+        first["logprobs"] = [-0.5, 0.0]
+        second = {"prompt_ids": [3], "response_ids": [20], "loss_mask": [1], "logprobs": [-1.0]}
+        timing = {"queue_s": 0, "init_s": 0, "run_s": 1, "eval_s": 0, "total_s": 1}
+        return [
+            Group(
+                task=instance,
+                results=[
+                    RolloutResult.model_validate(
+                        {
+                            "job_id": f"j{i}-{k}",
+                            "state": "done",
+                            "reward": 1.0,
+                            "trajectory": first,
+                            "metrics": {"segments": [first, second]},
+                            "data_source": "harness",
+                            "timing": timing,
+                        }
+                    )
+                    for k in range(n)
+                ],
+            )
+            for i, instance in enumerate(instances)
+        ]
+
+
+def test_a_job_of_several_segments_is_one_completion_as_trl_takes_them() -> None:
+    """TRL pairs completions with prompts by position: "all" cannot add rows, so it says so;
+    "first" and "last" send that segment, with the job's reward."""
+    model, _ = load_model("tiny")
+    client = cast(SyncRolloutClient, TwoSegmentGroups())
+    prompts = ["q"] * 2
+
+    def rollout(segments: Any) -> dict[str, list[Any]]:
+        func = make_rollout_func(
+            "http://raas.invalid", lambda p: {"problem": p}, client=client, segments=segments
+        )
+        return func(prompts, trainer(0, model, max_completion_length=8))
+
+    with pytest.raises(ValueError, match=r"j0-0 has 2 gateway segments.*segments='first'"):
+        rollout("all")
+    last = rollout("last")
+    assert last["prompt_ids"] == [[3], [3]] and last["completion_ids"] == [[20], [20]]
+    assert last["env_mask"] == [[1], [1]] and last["logprobs"] == [[-1.0], [-1.0]]
+    assert last["raas_reward"] == [1.0, 1.0] and last["raas_segment"] == [1, 1]
+    first = rollout("first")
+    assert first["completion_ids"] == [[10, 11]] * 2 and first["raas_segment"] == [0, 0]

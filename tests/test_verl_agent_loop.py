@@ -300,3 +300,134 @@ def test_the_agent_loop_registers_verls_own_servers_with_raas(
         (engine_url, "vllm", 256)  # rollout.name and rollout.max_num_seqs
     ]
     assert states == ["done"] * 4
+
+
+# -- a gateway job of several segments -------------------------------------------------------
+
+
+def segment(prompt: list[int], response: list[int], mask: list[int], logprobs: list[float]) -> Any:
+    return {"prompt_ids": prompt, "response_ids": response, "loss_mask": mask, "logprobs": logprobs}
+
+
+SEGMENTS = [
+    segment([1, 2, 3], [10, 11, 12], [1, 0, 1], [-0.5, 0.0, -0.25]),
+    segment([4, 5], [20, 21], [1, 1], [-1.0, -2.0]),
+]
+
+
+class TwoSegmentJobs:
+    """Stands in for the raas client: every job ends done, reward 1.0, with two gateway
+    segments (an agent that compacted its context), as the harness task writes them."""
+
+    def __init__(self) -> None:
+        self.job_ids: list[str] = []
+
+    async def submit(self, request: Any) -> str:
+        self.job_ids.append(request.job_id)
+        return str(request.job_id)
+
+    async def wait(self, job_id: str, poll_s: float = 30.0) -> Any:
+        from raas.wire import RolloutResult
+
+        segments = [{**s, "messages": [{"role": "user", "content": "q"}]} for s in SEGMENTS]
+        return RolloutResult.model_validate(
+            {
+                "job_id": job_id,
+                "state": "done",
+                "reward": 1.0,
+                "trajectory": {**segments[0], "stop_reason": "agent_exit_0"},
+                "metrics": {"gateway_segments": 2, "segments": segments},
+                "data_source": "harness",
+                "timing": {"queue_s": 0, "init_s": 0, "run_s": 1, "eval_s": 0, "total_s": 1},
+            }
+        )
+
+
+@pytest.fixture
+def two_segment_jobs(monkeypatch: pytest.MonkeyPatch) -> TwoSegmentJobs:
+    import raas.client.integrations.verl as loop
+
+    jobs = TwoSegmentJobs()
+    monkeypatch.setattr(loop, "_client", lambda urls, api_key: jobs)
+    return jobs
+
+
+def v1_worker_class(monkeypatch: pytest.MonkeyPatch, stored: list[dict[str, Any]]) -> Any:
+    """verl's V1 AgentLoopWorkerTQ (the Ray actor's own class), with a transfer queue that
+    records what the worker puts in it (the transfer_queue package is not installed here)."""
+    import sys
+    import types
+
+    fake = types.ModuleType("transfer_queue")
+
+    def stub(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return type(name, (), {})  # names verl's V1 modules import and this test never uses
+
+    async def kv_put(**kwargs: Any) -> None:
+        pass
+
+    async def kv_batch_put(**kwargs: Any) -> None:
+        stored.append(kwargs)
+
+    fake.__getattr__ = stub  # type: ignore[method-assign]
+    fake.init = lambda *a, **k: None  # type: ignore[attr-defined]
+    fake.async_kv_put = kv_put  # type: ignore[attr-defined]
+    fake.async_kv_batch_put = kv_batch_put  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    monkeypatch.setattr(agent_loop_tq, "tq", fake)
+    return agent_loop_tq.AgentLoopWorkerTQ.__ray_metadata__.modified_class
+
+
+def test_every_segment_of_a_gateway_job_is_a_sample_of_its_group_in_verls_v1_worker(
+    two_segment_jobs: TwoSegmentJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's V1 worker runs rollout.n sessions of a prompt and puts every output of each
+    into the transfer queue the trainer reads: a job of two segments is two samples under the
+    prompt's uid, each its segment's tokens, mask and logprobs, each with the job's reward."""
+    stored: list[dict[str, Any]] = []
+    worker_class = v1_worker_class(monkeypatch, stored)
+    config = verl_config(tmp_path, "http://raas.invalid", 16)
+    batch = gen_batch(config, tmp_path, load_tokenizer("tiny"))
+    row = {k: v[0] for k, v in batch.non_tensor_batch.items()}  # uid-0's prompt, once
+    row |= {"agent_name": "raas_agent", "global_steps": 1}
+    trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
+
+    async def go() -> None:
+        worker = worker_class(config, LLMServerClient(config, None))
+        await worker._run_prompt(dict(row), {"temperature": 1.0}, trajectory)
+
+    asyncio.run(go())
+    assert len(two_segment_jobs.job_ids) == 2  # rollout.n sessions, one raas job each
+    keys = [k for put in stored for k in put["keys"]]
+    assert sorted(keys) == ["uid-0_0_0", "uid-0_0_1", "uid-0_1_0", "uid-0_1_1"]
+    for put in stored:
+        fields = put["fields"]
+        for i, segment in enumerate(SEGMENTS):
+            assert fields["prompts"][i].tolist() == segment["prompt_ids"]
+            assert fields["responses"][i].tolist() == segment["response_ids"]
+            assert fields["response_mask"][i].tolist() == segment["loss_mask"]
+            assert fields["rollout_log_probs"][i].tolist() == segment["logprobs"]
+            assert fields["rm_scores"][i].tolist()[-1] == 1.0  # the job's reward, on each
+            assert fields["uid"][i] == "uid-0"  # the prompt's GRPO group
+            assert fields["extra_fields"][i]["raas"]["segment"] == i
+
+
+def test_verls_legacy_worker_says_a_job_of_several_segments_needs_v1_or_one_segment(
+    two_segment_jobs: TwoSegmentJobs, tmp_path: Path
+) -> None:
+    config = verl_config(tmp_path, "http://raas.invalid", 16)
+    batch = gen_batch(config, tmp_path, load_tokenizer("tiny"))
+    with pytest.raises(ValueError, match=r"2 gateway segments.*trainer\.use_v1=true"):
+        generate(config, batch)
+    for which, segment in (("first", 0), ("last", 1)):
+        config = verl_config(tmp_path, "http://raas.invalid", 16, segments=which)
+        out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
+        expected = SEGMENTS[segment]
+        n = len(expected["response_ids"])
+        assert out.batch["responses"][:, :n].tolist() == [expected["response_ids"]] * 4
+        assert out.batch["response_mask"][:, :n].tolist() == [expected["loss_mask"]] * 4
+        assert [x["segment"] for x in out.non_tensor_batch["raas"]] == [segment] * 4

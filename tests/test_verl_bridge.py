@@ -22,6 +22,7 @@ from raas.client.integrations.verl_bridge import (
     protocol_for,
     register_verl_servers,
     result_to_sample,
+    result_to_samples,
     routing_paused,
     row_to_instance,
     sampling_params_for,
@@ -223,3 +224,26 @@ def test_each_raas_server_gets_the_verl_servers_on_its_host_first() -> None:
     here, there = ["localhost:9001", "127.0.0.1:9002"], ["10.255.0.9:9003"]
     assert local_first("http://127.0.0.1:8000", here + there) == here
     assert local_first("http://127.0.0.1:8000", there) == there  # none local: all of them
+
+
+def test_each_segment_of_a_gateway_job_becomes_a_verl_sample_with_the_job_s_reward() -> None:
+    second = {
+        "prompt_ids": [7],
+        "response_ids": [30, 31],
+        "loss_mask": [1, 1],
+        "logprobs": [-1, -2],
+    }
+    job = result()
+    job.metrics["segments"] = [job.trajectory.model_dump(), second]
+    samples = result_to_samples(job, prompt_length=8, response_length=8)
+    assert [s.raas["segment"] for s in samples] == [0, 1]
+    assert samples[0].response_ids == [10, 11, 12, 13, 14, 15]
+    s = samples[1]
+    assert (s.prompt_ids, s.response_ids, s.response_mask) == ([7], [30, 31], [1, 1])
+    assert s.response_logprobs == [-1.0, -2.0] and s.reward == 1.0
+    kept = result_to_samples(job, segments="last", prompt_length=8, response_length=8)
+    assert [(k.raas["segment"], k.response_ids) for k in kept] == [(1, [30, 31])]
+    assert len(result_to_samples(job, segments="first", prompt_length=8, response_length=8)) == 1
+    assert len(result_to_samples(result(), prompt_length=8, response_length=8)) == 1
+    with pytest.raises(ValueError, match="segments must be one of"):
+        result_to_samples(job, segments="some", prompt_length=8, response_length=8)  # type: ignore[arg-type]

@@ -21,6 +21,12 @@ trajectory. ``session.trajectory`` is the *first* segment (its token lists are s
 complete at every await); every call's record goes into ``trajectory.turns`` (with its
 ``segment`` index), and ``session.segments`` holds them all (``session.metrics()`` for a
 result's metrics).
+
+Each call's record holds the sampling keys the agent sent (``sampling_sent``: temperature,
+top_p, seed, its max tokens, stop) and the parameters it was generated with (``sampling``). A
+gateway made with ``fixed_sampling`` (``raas serve --gateway-fixed-sampling``) answers a call that
+sends a temperature, top_p or seed other than the job's with a 400 in OpenAI's shape naming the
+parameter, so that every token is drawn as the trainer asked.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class GatewaySession:
     _: KW_ONLY
     model: str = "raas"
     tool_format: str = "hermes"
+    fixed_sampling: bool = False  # refuse a call that changes the job's sampling
     token: str = field(default_factory=_new_token)
     segments: list[Segment] = field(default_factory=list, init=False)
     calls: int = field(default=0, init=False)
@@ -144,9 +151,10 @@ class GatewaySession:
 
     async def _chat(self, body: bytes) -> Reply:
         request = read(ChatRequest, body)
+        self._check(request)
         params = request.sampling(self.params)
         out, gen, n_prompt = await self._generate(
-            request.conversation(), request.shown_tools(), params, request.stops
+            request.conversation(), request.shown_tools(), params, request.stops, request
         )
         kind, answer = chat_answer(
             request, self.model, self.tokenizer, out, gen.logprobs, n_prompt, gen.cached_tokens
@@ -155,12 +163,20 @@ class GatewaySession:
 
     async def _responses(self, body: bytes) -> Reply:
         request = read(ResponsesRequest, body)
+        self._check(request)
         params = request.sampling(self.params)
         out, gen, n_prompt = await self._generate(
-            request.conversation(), request.shown_tools(), params, []
+            request.conversation(), request.shown_tools(), params, [], request
         )
         answer = response_object(request, self.model, out, params, n_prompt, gen.cached_tokens)
         return 200, dict(JSON_HEADERS), answer.model_dump_json().encode()
+
+    def _check(self, request: ChatRequest | ResponsesRequest) -> None:
+        """Raises the 400 for a request that would change the job's sampling, where this
+        session fixes it."""
+        refusal = request.override_of(self.params) if self.fixed_sampling else None
+        if refusal is not None:
+            raise refusal
 
     # -- generation and recording -------------------------------------------------------------
 
@@ -170,6 +186,7 @@ class GatewaySession:
         tools: list[dict[str, Any]] | None,
         params: SamplingParams,
         stops: list[str],
+        request: ChatRequest | ResponsesRequest,
     ) -> tuple[ChatOutput, Generation, int]:
         tok = self.tokenizer
         call = self._plan(messages, tools)
@@ -191,7 +208,8 @@ class GatewaySession:
         ids, logprobs = out.ids, list(gen.logprobs[: len(out.ids)])
         parsed, text = out.parsed, out.text
         async with self._lock:
-            self._record(call, messages, tools, ids, logprobs, gen, parsed, text, start)
+            sampling = {"sampling_sent": request.sent_sampling(), "sampling": params.model_dump()}
+            self._record(call, messages, tools, ids, logprobs, gen, parsed, text, start, sampling)
         return out, gen, len(call.prompt)
 
     def _plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Call:
@@ -223,6 +241,7 @@ class GatewaySession:
         parsed: ParsedOutput,
         text: str,
         start: float,
+        sampling: dict[str, Any],
     ) -> None:
         seg = call.segment
         if seg is not None and seg.ids != call.prompt[: len(call.prompt) - len(call.inserted)]:
@@ -257,6 +276,7 @@ class GatewaySession:
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.calls
             ],
             "format_errors": parsed.errors,
+            **sampling,  # what the agent sent, and what the call was generated with
         }
         seg.turns.append(record)
         self.trajectory.turns.append(record)
@@ -303,11 +323,13 @@ class Gateway:
         tokenizer: Callable[[], Any],
         model: str = "raas",
         tool_format: str = "hermes",
+        fixed_sampling: bool = False,
     ) -> None:
         self.llm = llm
         self._tokenizer = tokenizer  # loads (or returns the loaded) tokenizer
         self.model = model
         self.tool_format = tool_format
+        self.fixed_sampling = fixed_sampling  # refuse calls that change a job's sampling
         self._sessions: dict[str, GatewaySession] = {}
 
     def open(self, job_id: str, params: SamplingParams, trajectory: Trajectory) -> GatewaySession:
@@ -321,6 +343,7 @@ class Gateway:
             trajectory,
             model=self.model,
             tool_format=self.tool_format,
+            fixed_sampling=self.fixed_sampling,
         )
         self._sessions[session.token] = session
         return session

@@ -86,6 +86,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             warm_sandboxes=settings.warm_sandboxes,
             agents_venv=settings.agents_venv,
             agent_files=settings.agent_files,
+            gateway_fixed_sampling=settings.gateway_fixed_sampling,
         )
         pipeline = Pipeline(
             tasks,

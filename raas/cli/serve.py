@@ -28,6 +28,8 @@ def _param_type(name: str) -> Any:
     if kind is Path:
         directory = is_directory(name)
         return click.Path(file_okay=not directory, dir_okay=directory, path_type=Path)
+    if kind is bool:
+        return click.BOOL  # --name true / false, as to_flags writes it
     return kind if kind in (int, float) else str
 
 

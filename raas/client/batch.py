@@ -41,6 +41,12 @@ infrastructure reason (its error's ``kind`` is ``"infra"``: a sandbox, a backend
 dropped whole, so no group's statistics are computed over the survivors of an outage; other
 failures are dropped as with ``"drop"``. Nothing is ever copied from a sibling to fill a gap.
 
+A gateway job of k segments (see :mod:`raas.client.segments`) gives k rows with
+``segments="all"`` (the default): each its own prompt, response, mask and logprobs, all with the
+job's reward, advantage and group. The group's statistics are over its jobs (each job's reward
+counts once), and each such row counts as a sample in ``N`` and in the loss weights.
+``segments="first"`` or ``"last"`` keeps one row a job.
+
 This module imports numpy and ``raas.wire`` only; torch is imported by
 :meth:`Batch.to_torch` when called.
 """
@@ -56,7 +62,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from raas.wire import RolloutResult
+from raas.client.segments import SegmentChoice, check_segments, trajectories
+from raas.wire import RolloutResult, Trajectory
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +91,7 @@ ARRAY_FIELDS = (
     "group_index",
     "prompt_lengths",
     "response_lengths",
+    "segment_index",
 )
 
 
@@ -117,11 +125,12 @@ class Batch:
     group_index: IntArray  # [N] position of the row's group in the ``groups`` argument
     prompt_lengths: IntArray  # [N] prompt tokens in the row (after truncation)
     response_lengths: IntArray  # [N] response tokens in the row (after truncation)
+    segment_index: IntArray  # [N] which of its job's gateway segments the row is (0: the first)
     dropped: int = 0  # results removed by failed="drop" or "drop_group"
     masked: int = 0  # rows kept without gradient by failed="mask"
     truncated: int = 0  # rows cut to max_length
     dropped_groups: int = 0  # groups with no result left (or none to begin with)
-    job_ids: tuple[str, ...] = field(default=())  # [N] the job of each row
+    job_ids: tuple[str, ...] = field(default=())  # [N] the job of each row (k rows: k segments)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -150,6 +159,7 @@ def to_batch(
     max_length: int | None = None,
     eps: float = 1e-6,
     generation_budget: int | None = None,
+    segments: SegmentChoice = "all",
 ) -> Batch:
     """A training batch from groups of rollout results (models or their dicts).
 
@@ -163,7 +173,9 @@ def to_batch(
     one (usable) result get advantage 0. ``max_length`` caps the width: L is the longest
     prompt + response, or ``max_length`` if that is smaller, and longer rows lose their last
     tokens (counted in ``Batch.truncated``, with a warning). ``generation_budget`` is Dr.
-    GRPO's constant loss normaliser (ignored by the other recipes).
+    GRPO's constant loss normaliser (ignored by the other recipes). ``segments`` says which of
+    a gateway job's segments become rows (``"all"``, ``"first"``, ``"last"``; see the module
+    docstring): every row of a job has the job's reward and advantage.
 
     Raises ValueError for an unknown option, and for a usable result whose response_ids,
     loss_mask and logprobs differ in length, whose loss_mask holds other than 0 and 1, or whose
@@ -183,10 +195,13 @@ def to_batch(
         )
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+    segments = check_segments(segments)
     normalise = advantage != "dr_grpo"
 
     rows: list[RolloutResult] = []
     row_masked: list[bool] = []
+    row_trajs: list[Trajectory] = []
+    row_segment: list[int] = []
     row_group: list[int] = []
     row_reward: list[float] = []
     row_advantage: list[float] = []
@@ -198,33 +213,36 @@ def to_batch(
             dropped += len(results)
             dropped_groups += 1
             continue
-        rewards = [_usable_reward(r) for r in results]
+        picked = [trajectories(r, segments) for r in results]  # (segment, trajectory)s
+        rewards = [
+            _usable_reward(r, [t for _, t in p]) for r, p in zip(results, picked, strict=True)
+        ]
         advantages = iter(_group_advantages([r for r in rewards if r is not None], normalise, eps))
         kept = 0
-        for result, reward in zip(results, rewards, strict=True):
+        for result, its_rows, reward in zip(results, picked, rewards, strict=True):
+            k = len(its_rows)  # every row of a job: the job's reward and advantage
             if reward is not None:
-                rows.append(result)
-                row_masked.append(False)
-                row_reward.append(reward)
-                row_advantage.append(next(advantages))
+                row_masked += [False] * k
+                row_reward += [reward] * k
+                row_advantage += [next(advantages)] * k
             elif failed == "mask":
-                rows.append(result)
-                row_masked.append(True)
-                row_reward.append(0.0)
-                row_advantage.append(0.0)
-                masked += 1
+                row_masked += [True] * k
+                row_reward += [0.0] * k
+                row_advantage += [0.0] * k
+                masked += k
             else:
                 dropped += 1
                 continue
-            row_group.append(g)
+            rows += [result] * k
+            row_segment += [segment for segment, _ in its_rows]
+            row_trajs += [traj for _, traj in its_rows]
+            row_group += [g] * k
             kept += 1
         if kept == 0:
             dropped_groups += 1
 
     n = len(rows)
-    longest = max(
-        (len(r.trajectory.prompt_ids) + len(r.trajectory.response_ids) for r in rows), default=0
-    )
+    longest = max((len(t.prompt_ids) + len(t.response_ids) for t in row_trajs), default=0)
     width = longest if max_length is None else min(longest, max_length)
 
     input_ids: IntArray = np.full((n, width), pad_token_id, dtype=np.int64)
@@ -235,8 +253,7 @@ def to_batch(
     response_lengths: IntArray = np.zeros(n, dtype=np.int64)
     truncated = 0
 
-    for i, (result, is_masked) in enumerate(zip(rows, row_masked, strict=True)):
-        traj = result.trajectory
+    for i, (traj, is_masked) in enumerate(zip(row_trajs, row_masked, strict=True)):
         tokens = traj.prompt_ids + traj.response_ids
         end = min(len(tokens), width)
         if len(tokens) > width:
@@ -273,6 +290,7 @@ def to_batch(
         group_index=np.asarray(row_group, dtype=np.int64).reshape(n),
         prompt_lengths=prompt_lengths,
         response_lengths=response_lengths,
+        segment_index=np.asarray(row_segment, dtype=np.int64).reshape(n),
         dropped=dropped,
         masked=masked,
         truncated=truncated,
@@ -306,22 +324,24 @@ def _failed_by_infra(result: RolloutResult) -> bool:
     return result.state != "done" and result.error is not None and result.error.kind == "infra"
 
 
-def _usable_reward(result: RolloutResult) -> float | None:
-    """The reward of a result that takes part in its group's statistics (validated), else None."""
+def _usable_reward(result: RolloutResult, trajs: Sequence[Trajectory]) -> float | None:
+    """The reward of a result that takes part in its group's statistics (its trajectories
+    validated), else None."""
     reward = result.reward
     if result.state != "done" or reward is None:
         return None
     if not math.isfinite(reward):
         raise ValueError(f"job {result.job_id!r}: reward is {reward!r}, not a finite number")
-    traj = result.trajectory
-    lengths = (len(traj.response_ids), len(traj.loss_mask), len(traj.logprobs))
-    if len(set(lengths)) != 1:
-        raise ValueError(
-            f"job {result.job_id!r}: response_ids has {lengths[0]} tokens but loss_mask has "
-            f"{lengths[1]} and logprobs has {lengths[2]}; they must be aligned"
-        )
-    if any(m not in (0, 1) for m in traj.loss_mask):
-        raise ValueError(f"job {result.job_id!r}: loss_mask must hold only 0 and 1")
+    for k, traj in enumerate(trajs):
+        where = f"job {result.job_id!r}" + (f" segment {k}" if len(trajs) > 1 else "")
+        lengths = (len(traj.response_ids), len(traj.loss_mask), len(traj.logprobs))
+        if len(set(lengths)) != 1:
+            raise ValueError(
+                f"{where}: response_ids has {lengths[0]} tokens but loss_mask has "
+                f"{lengths[1]} and logprobs has {lengths[2]}; they must be aligned"
+            )
+        if any(m not in (0, 1) for m in traj.loss_mask):
+            raise ValueError(f"{where}: loss_mask must hold only 0 and 1")
     return float(reward)
 
 

@@ -254,6 +254,26 @@ class _Request(Lenient):
             )
         return self
 
+    def sent_sampling(self) -> dict[str, Any]:
+        """The sampling keys this request set, as sent (for the call's record)."""
+        return {k: getattr(self, k) for k in SENT_SAMPLING if k in self.model_fields_set}
+
+    def override_of(self, job: SamplingParams) -> OpenAIError | None:
+        """The 400 for a request that changes how the job's tokens are drawn (a temperature,
+        top_p or seed other than the job's), naming the first such parameter; else None. A
+        max tokens is no override: it is capped at the job's, and ends a turn sooner at most."""
+        for key in FIXED_SAMPLING:
+            sent, kept = getattr(self, key), getattr(job, key)
+            if key in self.model_fields_set and sent is not None and sent != kept:
+                return OpenAIError(
+                    400,
+                    f"{key}: this server keeps each job's sampling ({key}={kept!r}), and this"
+                    f" call asked for {key}={sent!r}; leave it out or send the job's value",
+                    key,
+                    code="sampling_override",
+                )
+        return None
+
     def _sampling(self, defaults: SamplingParams, max_tokens: int | None) -> SamplingParams:
         update: dict[str, Any] = {
             key: value
@@ -263,6 +283,20 @@ class _Request(Lenient):
         if max_tokens is not None:
             update["max_tokens"] = min(max_tokens, defaults.max_tokens)
         return defaults.model_copy(update=update) if update else defaults
+
+
+# The sampling keys a request may send, recorded on each gateway call; those that change how
+# a job's tokens are drawn, which a server that fixes the job's sampling refuses to change.
+SENT_SAMPLING = (
+    "temperature",
+    "top_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "stop",
+)
+FIXED_SAMPLING = ("temperature", "top_p", "seed")
 
 
 def _shown(tools: list[dict[str, Any]], choice: ToolChoice) -> list[dict[str, Any]] | None:

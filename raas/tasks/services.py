@@ -39,13 +39,20 @@ class TaskServices:
     # Where images named by tasks are found; default: the store at the sandbox config's
     # image_store directory, opened on first use.
     image_store: ImageResolver | None = None
+    # Gateway calls may not change a job's temperature, top_p or seed (a 400 naming it).
+    gateway_fixed_sampling: bool = False
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.
     gateway: Gateway = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.gateway = Gateway(self.llm, self.tokenizer, model=self.tokenizer_name)
+        self.gateway = Gateway(
+            self.llm,
+            self.tokenizer,
+            model=self.tokenizer_name,
+            fixed_sampling=self.gateway_fixed_sampling,
+        )
 
     def tokenizer(self) -> Any:
         return _tokenizer(self.tokenizer_name)

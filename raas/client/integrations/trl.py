@@ -27,6 +27,15 @@ the servers told to load it (raas's engine: ``POST /update_weights``; SGLang:
 ``/update_weights_from_disk``). TRL's ``max_completion_length`` caps each completion (and is
 the tokens-per-turn limit unless ``sampling_params`` sets ``max_tokens``). The groups of a call
 run concurrently.
+
+A gateway job (an agent program raas did not write) may hold several segments (see
+:mod:`raas.client.segments`). TRL's ``rollout_func`` contract is one completion per prompt
+entry: GRPOTrainer zips completions with its prompts and groups rewards by position
+(``num_generations`` in a row), so a job of k segments cannot be k samples there. ``segments``
+says what to do: ``"all"`` (the default, named as in ``to_batch`` and the verl agent loop)
+raises, naming the job, when a job has more than one; ``"first"`` or ``"last"`` sends that
+segment, with the job's reward. To train on every segment, use ``to_batch`` (one row a
+segment) or verl's V1 trainer.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from typing import Any, Literal
 import httpx
 
 from raas.client.rollout_client import Group, SyncRolloutClient
+from raas.client.segments import SegmentChoice, check_segments, trajectories
 
 Instance = dict[str, Any]
 # Where each kind of inference server loads a checkpoint directory from disk, and the body.
@@ -101,8 +111,11 @@ def make_rollout_func(
     timeout_s: float | None = None,
     client: SyncRolloutClient | None = None,
     weights: WeightSync | None = None,
+    segments: SegmentChoice = "all",
 ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
-    """A ``rollout_func`` for TRL's GRPOTrainer backed by raas servers."""
+    """A ``rollout_func`` for TRL's GRPOTrainer backed by raas servers; ``segments``: which
+    segment of a gateway job is its completion (see the module docstring)."""
+    segments = check_segments(segments)
     rollouts = client or SyncRolloutClient(servers)
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
@@ -131,12 +144,21 @@ def make_rollout_func(
             "env_mask": [],
             "raas_reward": [],
             "raas_state": [],
+            "raas_segment": [],
         }
         cut = slice(0, int(limit)) if limit else slice(None)
         for filled in groups:
             assert filled is not None
             for result in filled.results:
-                traj = result.trajectory
+                picked = trajectories(result, segments)
+                if len(picked) > 1:
+                    raise ValueError(
+                        f"raas job {result.job_id} has {len(picked)} gateway segments, and TRL's"
+                        " rollout_func takes one completion a prompt: make_rollout_func("
+                        "segments='first' or 'last'), or train on every segment with to_batch"
+                    )
+                segment, traj = picked[0]
+                out["raas_segment"].append(segment)
                 out["prompt_ids"].append(list(traj.prompt_ids))
                 out["completion_ids"].append(list(traj.response_ids[cut]))
                 out["logprobs"].append(list(traj.logprobs[cut]))

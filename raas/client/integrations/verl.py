@@ -8,6 +8,17 @@ raas task, ``reward_model.ground_truth`` is the answer), waits for the result an
 (0 on tool observations), its logprobs, its reward as ``reward_score`` (verl then computes no
 reward of its own for the sample), the number of chat turns and where the time went.
 
+A gateway job (an agent program raas did not write) of k segments is k samples, each with its
+own prompt, response, mask and logprobs and the job's reward (``segments: all``, the default;
+``first`` or ``last`` keeps one). verl's V1 trainer (``trainer.use_v1=true``, verl 0.9's
+default: ``AgentLoopWorkerTQ``) takes a list of outputs from one ``run`` and stores each under
+``{uid}_{session_id}_{index}``, in the prompt's GRPO group (its ``uid``), copying the last
+output's reward to the others; ``run`` returns a list there. verl's legacy worker
+(``AgentLoopWorker``, ``trainer.use_v1=false``) takes one output a row, and its trainer joins the
+outputs row for row with the prompts it sent (``DataProto.union``), so a job of several
+segments cannot become several samples there: ``run`` raises, saying so, unless ``segments`` is
+``first`` or ``last``. (The V1 worker is told apart by the ``session_id`` it passes to ``run``.)
+
 verl's Ray workers import only verl, so the class is registered through an agent loop config
 file (``actor_rollout_ref.rollout.agent.agent_loop_config_path``), whose entry also carries this
 loop's settings (hydra passes the entry's keys to ``__init__``)::
@@ -51,12 +62,13 @@ from raas.client.integrations.verl_bridge import (
     plain,
     protocol_for,
     register_verl_servers,
-    result_to_sample,
+    result_to_samples,
     routing_paused,
     row_to_instance,
     sampling_params_for,
 )
 from raas.client.rollout_client import RolloutClient
+from raas.client.segments import SegmentChoice, check_segments
 from raas.wire import RolloutRequest
 
 __all__ = [
@@ -116,6 +128,9 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
     - ``tasks``: one's own ``data_source`` names -> raas task (verl's dataset names need none:
       the server knows them, see ``raas/tasks/sources.py``); ``instance_fn``: a
       ``module:function`` taking the row (a dict) and returning the raas instance, instead;
+    - ``segments``: which of a gateway job's segments become samples, each with the job's
+      reward: ``all`` (default; several samples need verl's V1 worker, see the module
+      docstring), ``first`` or ``last``;
     - ``on_failure``: ``mask`` (default: a job that did not finish ``done`` adds nothing to the
       loss: zero mask, reward 0.0) or ``raise``;
     - ``register_servers``: true to register verl's own rollout servers as raas backends from
@@ -143,6 +158,7 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
         tasks: Mapping[str, str] | None = None,
         instance_fn: str | None = None,
         on_failure: OnFailure | None = None,
+        segments: SegmentChoice | None = None,
         register_servers: bool | None = None,
         poll_s: float = 30.0,
         **kwargs: Any,
@@ -180,6 +196,7 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
         self.on_failure: OnFailure = setting("on_failure", on_failure) or "mask"
         if self.on_failure not in ("mask", "raise"):
             raise ValueError(f"on_failure must be 'mask' or 'raise', not {self.on_failure!r}")
+        self.segments = check_segments(setting("segments", segments) or "all")
         self.register_servers = bool(setting("register_servers", register_servers))
         self.poll_s = poll_s
         self.prompt_length = int(self.rollout_config.prompt_length)
@@ -240,7 +257,9 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
             )
             _registered[key] = time.monotonic()
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
         if self.register_servers:
             await self.register_backends()
         request = self.request(sampling_params, kwargs)
@@ -253,15 +272,27 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
                 await asyncio.shield(client.cancel(job_id))
             raise
         fallback = () if result.trajectory.prompt_ids else self._fallback_prompt(kwargs)
-        sample = result_to_sample(
+        samples = result_to_samples(
             result,
+            segments=self.segments,
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             fallback_prompt_ids=fallback,
             pad_token_id=self._pad_id(),
             on_failure=self.on_failure,
         )
-        return self.output(sample)
+        outputs = [self.output(sample) for sample in samples]
+        if len(outputs) == 1:
+            return outputs[0]
+        if "session_id" not in kwargs:
+            raise ValueError(
+                f"raas job {result.job_id} has {len(outputs)} gateway segments, and verl's"
+                " legacy AgentLoopWorker (trainer.use_v1=false) takes one sample a prompt row:"
+                " run verl's V1 trainer (trainer.use_v1=true), which takes every segment as a"
+                " sample of the prompt's group, or set the raas agent loop's segments to"
+                " first or last"
+            )
+        return outputs
 
     def output(self, sample: VerlSample) -> AgentLoopOutput:
         metrics = AgentLoopMetrics(

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from raas.wire import RolloutResult
+from raas.client.segments import SegmentChoice, check_segments, trajectories
+from raas.wire import RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +188,11 @@ def result_to_sample(
     fallback_prompt_ids: Sequence[int] = (),
     pad_token_id: int = 0,
     on_failure: OnFailure = "mask",
+    trajectory: Trajectory | None = None,
+    segment: int = 0,
 ) -> VerlSample:
-    """The verl sample for a finished raas job.
+    """The verl sample for a finished raas job (for ``trajectory``, one of its gateway
+    segments, numbered ``segment``, when given; :func:`result_to_samples` makes one a segment).
 
     - ``response_mask`` is raas's ``loss_mask``: 1 on tokens the policy generated, 0 on the
       tokens the environment inserted (tool observations, templates); logprobs stay aligned
@@ -205,7 +209,7 @@ def result_to_sample(
       gets ``fallback_prompt_ids``, and an empty response becomes one ``pad_token_id`` with
       mask 0.
     """
-    traj = result.trajectory
+    traj = trajectory if trajectory is not None else result.trajectory
     failed = result.state != "done"
     if failed and on_failure == "raise":
         raise RaasRolloutFailed(result)
@@ -257,8 +261,37 @@ def result_to_sample(
             "timing": result.timing.model_dump(),
             "truncated": truncated,
             "response_tokens": n,
+            "segment": segment,
         },
     )
+
+
+def result_to_samples(
+    result: RolloutResult,
+    *,
+    segments: SegmentChoice = "all",
+    prompt_length: int,
+    response_length: int,
+    fallback_prompt_ids: Sequence[int] = (),
+    pad_token_id: int = 0,
+    on_failure: OnFailure = "mask",
+) -> list[VerlSample]:
+    """The verl samples of a finished raas job: one for each gateway segment ``segments``
+    picks (``"all"``, ``"first"``, ``"last"``; see :mod:`raas.client.segments`), each with the
+    job's reward, or the one of a job without segments (see :func:`result_to_sample`)."""
+    return [
+        result_to_sample(
+            result,
+            prompt_length=prompt_length,
+            response_length=response_length,
+            fallback_prompt_ids=fallback_prompt_ids,
+            pad_token_id=pad_token_id,
+            on_failure=on_failure,
+            trajectory=traj,
+            segment=k,
+        )
+        for k, traj in trajectories(result, check_segments(segments))
+    ]
 
 
 # -- backends --------------------------------------------------------------------------------
