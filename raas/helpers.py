@@ -280,6 +280,26 @@ def bearer_token(scope: Mapping[str, Any]) -> bytes | None:
     return None
 
 
+def api_key_header(scope: Mapping[str, Any]) -> bytes | None:
+    """An ASGI request's ``x-api-key`` header (how Anthropic's clients send a key), as sent."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-api-key":
+            return bytes(value).strip()
+    return None
+
+
+def offered_tokens(headers: Mapping[str, str]) -> list[str]:
+    """The tokens a request offers (header names in lower case): ``Authorization: Bearer``'s
+    (OpenAI's clients, Anthropic's with an auth token), then ``x-api-key``'s (Anthropic's)."""
+    out = []
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        out.append(given.strip())
+    if "x-api-key" in headers:
+        out.append(headers["x-api-key"].strip())
+    return out
+
+
 # -- annotations ------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """Gateway sessions: an OpenAI-style API per job, for agent programs raas did not write.
 
-The agent calls ``/v1/chat/completions`` or ``/v1/responses`` as it would call OpenAI. The session
+The agent calls ``/v1/chat/completions`` or ``/v1/responses`` as it would call OpenAI, or
+``/v1/messages`` as it would call Anthropic (raas.llm.anthropic_messages translates). The session
 renders the conversation with the model's chat template (tools included), generates token ids
 through the backend pool (sticky per job), parses the reply back into OpenAI's shape, and records
 every call: its prompt ids, output ids and logprobs.
@@ -40,6 +41,12 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from raas.agent.loop import Generator
+from raas.llm.anthropic_messages import (
+    CountTokensRequest,
+    MessagesRequest,
+    messages_answer,
+)
+from raas.llm.anthropic_messages import error_answer as anthropic_error
 from raas.llm.chat import turn_delta
 from raas.llm.openai_chat import (
     ChatOutput,
@@ -51,10 +58,10 @@ from raas.llm.openai_chat import (
     same,
     template_messages,
 )
-from raas.llm.openai_types import ChatRequest, OpenAIError, ResponsesRequest, read
+from raas.llm.openai_types import ChatRequest, OpenAIError, ResponsesRequest, Sampled, read
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser, get_parser
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
-from raas.sandbox.client import UNAUTHORIZED, bearer_matches
+from raas.sandbox.client import UNAUTHORIZED, token_matches
 from raas.wire import Trajectory
 
 Reply = tuple[int, dict[str, str], bytes]
@@ -111,17 +118,18 @@ class GatewaySession:
     # -- the one entry point ------------------------------------------------------------------
 
     async def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Reply:
-        """Serve one request; every failure is an OpenAI-shaped error answer, never a raise.
+        """Serve one request; every failure is an error answer in the API's own shape (see
+        :func:`error_reply`), never a raise.
 
         ``headers`` (names in lower case) must carry this session's token: the sandbox's relay
         reaches this session whatever token the agent sends, so the check is made here.
         """
+        path = "/" + path.split("?", 1)[0].strip("/")
+        if not path.startswith("/v1/"):
+            path = "/v1" + path  # a client whose base_url lacks /v1
         if not self.authorized(headers):
-            return await unauthorized()
+            return await unauthorized(path)
         try:
-            path = "/" + path.split("?", 1)[0].strip("/")
-            if not path.startswith("/v1/"):
-                path = "/v1" + path  # a client whose base_url lacks /v1
             route = ROUTES.get(path)
             if route is None:
                 raise OpenAIError(404, f"no route {path}", None, code="unknown_url")
@@ -132,16 +140,17 @@ class GatewaySession:
                 raise _refused("this job's gateway session is closed")
             return await fn(self, body)
         except OpenAIError as e:
-            return _reply(e.status, e.body())
+            return error_reply(path, e)
         except (NoBackendAvailable, BackendError) as e:
-            return _reply(503, OpenAIError(503, str(e), None, "server_error").body())
+            return error_reply(path, OpenAIError(503, str(e), None, "server_error"))
         except Exception as e:  # a bug must not take the agent's connection down with a 500 page
             err = OpenAIError(500, f"{type(e).__name__}: {e}", None, "server_error")
-            return _reply(500, err.body())
+            return error_reply(path, err)
 
     def authorized(self, headers: dict[str, str]) -> bool:
-        """Whether ``headers`` hold ``Authorization: Bearer <this session's token>``."""
-        return bearer_matches(headers, self.token)
+        """Whether ``headers`` hold this session's token (``Authorization: Bearer`` or
+        ``x-api-key``)."""
+        return token_matches(headers, self.token)
 
     # -- routes -------------------------------------------------------------------------------
 
@@ -171,7 +180,22 @@ class GatewaySession:
         answer = response_object(request, self.model, out, params, n_prompt, gen.cached_tokens)
         return 200, dict(JSON_HEADERS), answer.model_dump_json().encode()
 
-    def _check(self, request: ChatRequest | ResponsesRequest) -> None:
+    async def _messages(self, body: bytes) -> Reply:
+        request = read(MessagesRequest, body)
+        self._check(request)
+        params = request.sampling(self.params)
+        out, _, n_prompt = await self._generate(
+            request.conversation(), request.shown_tools(), params, request.stops, request
+        )
+        kind, answer = messages_answer(request, self.model, out, n_prompt)
+        return 200, {"content-type": kind}, answer
+
+    async def _count_tokens(self, body: bytes) -> Reply:
+        request = read(CountTokensRequest, body)
+        prompt = render_prompt(self.tokenizer, request.conversation(), request.shown_tools())
+        return _reply(200, {"input_tokens": len(prompt)})
+
+    def _check(self, request: Sampled) -> None:
         """Raises the 400 for a request that would change the job's sampling, where this
         session fixes it."""
         refusal = request.override_of(self.params) if self.fixed_sampling else None
@@ -186,7 +210,7 @@ class GatewaySession:
         tools: list[dict[str, Any]] | None,
         params: SamplingParams,
         stops: list[str],
-        request: ChatRequest | ResponsesRequest,
+        request: Sampled,
     ) -> tuple[ChatOutput, Generation, int]:
         tok = self.tokenizer
         call = self._plan(messages, tools)
@@ -310,6 +334,8 @@ ROUTES: dict[str, tuple[str, Callable[[GatewaySession, bytes], Awaitable[Reply]]
     "/v1/chat/completions": ("POST", GatewaySession._chat),
     "/v1/responses": ("POST", GatewaySession._responses),
     "/v1/models": ("GET", GatewaySession._models),
+    "/v1/messages": ("POST", GatewaySession._messages),
+    "/v1/messages/count_tokens": ("POST", GatewaySession._count_tokens),
 }
 PATHS = frozenset(ROUTES)
 
@@ -362,9 +388,23 @@ class Gateway:
         return len(self._sessions)
 
 
-async def unauthorized() -> Reply:
-    err = _refused(UNAUTHORIZED)
-    return _reply(401, err.body())
+def speaks_anthropic(path: str) -> bool:
+    """Is ``path`` (as the session reads it: from /v1) one of Anthropic's API?"""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def error_answer(path: str, err: OpenAIError) -> tuple[int, dict[str, Any]]:
+    """``err`` as the API of ``path`` answers it: Anthropic's shape (and statuses) on
+    ``/v1/messages``, OpenAI's elsewhere."""
+    return anthropic_error(err) if speaks_anthropic(path) else (err.status, err.body())
+
+
+def error_reply(path: str, err: OpenAIError) -> Reply:
+    return _reply(*error_answer(path, err))
+
+
+async def unauthorized(path: str) -> Reply:
+    return error_reply(path, _refused(UNAUTHORIZED))
 
 
 def _refused(message: str) -> OpenAIError:

@@ -1,7 +1,8 @@
 """Optional bearer-token auth: when an API key is set, every path but /healthz needs it.
 
-The gateway's OpenAI-style paths (``job_paths``) also take a job's own token (what its agent
-program gets as OPENAI_API_KEY); a job token opens no other path.
+The gateway's paths (``job_paths``) also take a job's own token (what its agent program gets as
+OPENAI_API_KEY), as a bearer token or, as Anthropic's clients send a key, ``x-api-key``; a job
+token opens no other path.
 
 A browser cannot send the header on a page load, so the dashboard (/ui) has a session cookie:
 given the key once (the login form's POST /ui/login, or ``/ui?key=KEY``), the server sets
@@ -26,9 +27,10 @@ from urllib.parse import parse_qs
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from raas.agent.gateway import error_answer
 from raas.api.errors import app_path
 from raas.api.ui import login_page
-from raas.helpers import bearer_token
+from raas.helpers import api_key_header, bearer_token
 from raas.llm.openai_types import OpenAIError
 
 UI_PATH = "/ui"
@@ -120,12 +122,7 @@ class ApiKeyMiddleware:
         if (
             path in OPEN_PATHS
             or (token is not None and secrets.compare_digest(token, self.expected))
-            or (
-                token is not None
-                and self.job_token is not None
-                and path in self.job_paths
-                and self.job_token(token)
-            )
+            or self._job(path, scope, token)
             or self._session(scope)
         ):
             await self.app(scope, receive, send)
@@ -136,12 +133,18 @@ class ApiKeyMiddleware:
         if path == UI_PATH:
             await login_page(wrong=given is not None)(scope, receive, send)
             return
-        body: dict[str, object] = {"detail": UNAUTHORIZED}
-        if path in self.job_paths:  # OpenAI's clients read OpenAI's error shape
+        status, body = 401, {"detail": UNAUTHORIZED}
+        if path in self.job_paths:  # an API's clients read its own error shape
             kind, code = "authentication_error", "invalid_api_key"
-            body = OpenAIError(401, JOB_UNAUTHORIZED, None, kind, code).body()
-        response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            status, body = error_answer(path, OpenAIError(401, JOB_UNAUTHORIZED, None, kind, code))
+        response = JSONResponse(body, status_code=status, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
+
+    def _job(self, path: str, scope: Scope, bearer: bytes | None) -> bool:
+        """Does a gateway path carry a job's token (a bearer token or ``x-api-key``)?"""
+        if self.job_token is None or path not in self.job_paths:
+            return False
+        return any(t is not None and self.job_token(t) for t in (bearer, api_key_header(scope)))
 
     def _session(self, scope: Scope) -> bool:
         """Does the request read (GET, HEAD) with the dashboard's session cookie?"""

@@ -93,9 +93,9 @@ def render_prompt(
     )
 
 
-def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str] | None:
+def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str, str] | None:
     """Where the output first contains a stop string: the number of tokens that reach it (the
-    rest the model would never have generated), and the text before the stop string."""
+    rest the model would never have generated), the text before it, and the stop string."""
     if not stops:
         return None
     text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -111,7 +111,7 @@ def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, 
             hi = mid
         else:
             lo = mid + 1
-    return lo, text[:at]
+    return lo, text[:at], stop
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ class ChatOutput:
     text: str
     parsed: ParsedOutput
     finish_reason: str  # "stop" where a stop string cut it
+    stop: str | None = None  # the stop string that cut it
 
 
 def read_output(
@@ -135,12 +136,13 @@ def read_output(
     (``parser``: None where the model was shown no tools)."""
     ids = list(ids)
     cut = cut_at_stop(tokenizer, ids, stops)
+    stop = None
     if cut is not None:
-        ids, text, finish_reason = ids[: cut[0]], cut[1], "stop"
+        ids, text, stop, finish_reason = ids[: cut[0]], cut[1], cut[2], "stop"
     else:
         text = str(tokenizer.decode(ids, skip_special_tokens=True))
     parsed = parser.parse(text) if parser is not None else ParsedOutput(content=text)
-    return ChatOutput(ids, text, parsed, finish_reason)
+    return ChatOutput(ids, text, parsed, finish_reason, stop)
 
 
 def token_logprobs(tokenizer: Any, ids: list[int], logprobs: Sequence[float]) -> ChoiceLogprobs:

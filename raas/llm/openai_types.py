@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -230,9 +230,54 @@ class StreamOptions(Lenient):
     include_usage: StrictBool = False
 
 
-class _Request(Lenient):
+# The sampling keys a request may send, recorded on each gateway call; those that change how
+# a job's tokens are drawn, which a server that fixes the job's sampling refuses to change.
+SENT_SAMPLING = (
+    "temperature",
+    "top_p",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "stop",
+)
+FIXED_SAMPLING = ("temperature", "top_p", "seed")
+
+
+class Sampled(Lenient):
+    """A request that may set sampling keys (``SENT``, the names it sends them by): what it sent,
+    and whether that changes how the job's tokens are drawn."""
+
+    SENT: ClassVar[tuple[str, ...]] = ()
+
+    def sent_sampling(self) -> dict[str, Any]:
+        """The sampling keys this request set, as sent (for the call's record)."""
+        return {k: getattr(self, k) for k in self.SENT if k in self.model_fields_set}
+
+    def override_of(self, job: SamplingParams) -> OpenAIError | None:
+        """The 400 for a request that changes how the job's tokens are drawn (a temperature,
+        top_p or seed other than the job's), naming the first such parameter; else None. A
+        max tokens is no override: it is capped at the job's, and ends a turn sooner at most."""
+        for key in FIXED_SAMPLING:
+            if key not in self.model_fields_set:
+                continue
+            sent, kept = getattr(self, key), getattr(job, key)
+            if sent is not None and sent != kept:
+                return OpenAIError(
+                    400,
+                    f"{key}: this server keeps each job's sampling ({key}={kept!r}), and this"
+                    f" call asked for {key}={sent!r}; leave it out or send the job's value",
+                    key,
+                    code="sampling_override",
+                )
+        return None
+
+
+class _Request(Sampled):
     """What both requests share: the model's name, tool_choice, and the sampling keys (a
     request's max tokens is capped at the default's: the job's budget, the context's room)."""
+
+    SENT: ClassVar[tuple[str, ...]] = SENT_SAMPLING
 
     model: str | None = None
     tool_choice: ToolChoice = None
@@ -254,49 +299,20 @@ class _Request(Lenient):
             )
         return self
 
-    def sent_sampling(self) -> dict[str, Any]:
-        """The sampling keys this request set, as sent (for the call's record)."""
-        return {k: getattr(self, k) for k in SENT_SAMPLING if k in self.model_fields_set}
-
-    def override_of(self, job: SamplingParams) -> OpenAIError | None:
-        """The 400 for a request that changes how the job's tokens are drawn (a temperature,
-        top_p or seed other than the job's), naming the first such parameter; else None. A
-        max tokens is no override: it is capped at the job's, and ends a turn sooner at most."""
-        for key in FIXED_SAMPLING:
-            sent, kept = getattr(self, key), getattr(job, key)
-            if key in self.model_fields_set and sent is not None and sent != kept:
-                return OpenAIError(
-                    400,
-                    f"{key}: this server keeps each job's sampling ({key}={kept!r}), and this"
-                    f" call asked for {key}={sent!r}; leave it out or send the job's value",
-                    key,
-                    code="sampling_override",
-                )
-        return None
-
     def _sampling(self, defaults: SamplingParams, max_tokens: int | None) -> SamplingParams:
-        update: dict[str, Any] = {
-            key: value
-            for key in ("temperature", "top_p", "seed")
-            if (value := getattr(self, key)) is not None
-        }
-        if max_tokens is not None:
-            update["max_tokens"] = min(max_tokens, defaults.max_tokens)
-        return defaults.model_copy(update=update) if update else defaults
+        keys = ("temperature", "top_p", "seed")
+        return requested(defaults, max_tokens, **{key: getattr(self, key) for key in keys})
 
 
-# The sampling keys a request may send, recorded on each gateway call; those that change how
-# a job's tokens are drawn, which a server that fixes the job's sampling refuses to change.
-SENT_SAMPLING = (
-    "temperature",
-    "top_p",
-    "seed",
-    "max_tokens",
-    "max_completion_tokens",
-    "max_output_tokens",
-    "stop",
-)
-FIXED_SAMPLING = ("temperature", "top_p", "seed")
+def requested(
+    defaults: SamplingParams, max_tokens: int | None, **keys: float | int | None
+) -> SamplingParams:
+    """``defaults`` with the sampling keys a request sets (None: not set), its max tokens capped
+    at the default's (the job's budget, the context's room)."""
+    update: dict[str, Any] = {key: value for key, value in keys.items() if value is not None}
+    if max_tokens is not None:
+        update["max_tokens"] = min(max_tokens, defaults.max_tokens)
+    return defaults.model_copy(update=update) if update else defaults
 
 
 def _shown(tools: list[dict[str, Any]], choice: ToolChoice) -> list[dict[str, Any]] | None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raas.helpers import offered_tokens
+
 PROTOCOL = 2
 MAX_MESSAGE = 512 * 1024 * 1024
 CLOSE_WAIT_S = 5.0
@@ -200,7 +202,7 @@ class ActionClient:
                 raise LookupError("no relay handler is set")
             headers = {str(k): str(v) for k, v in dict(request.get("headers") or {}).items()}
             body_b64 = str(request.get("body_b64") or "")
-            if self._relay_token is not None and not bearer_matches(headers, self._relay_token):
+            if self._relay_token is not None and not token_matches(headers, self._relay_token):
                 status, headers, body = _relay_error(401, UNAUTHORIZED)
             elif len(body_b64) > 4 * (self._relay_max_body // 3 + 1):  # checked before decoding
                 status, headers, body = _relay_error(413, too_large(self._relay_max_body))
@@ -246,11 +248,13 @@ def too_large(max_body: int) -> str:
     return f"the body is over the relay's {max_body} bytes"
 
 
-def bearer_matches(headers: dict[str, str], token: str) -> bool:
-    """Whether ``headers`` (names in lower case) hold ``Authorization: Bearer <token>``."""
-    scheme, _, given = headers.get("authorization", "").partition(" ")
-    value = given.strip().encode("utf-8", "replace")
-    return scheme.lower() == "bearer" and secrets.compare_digest(value, token.encode())
+def token_matches(headers: dict[str, str], token: str) -> bool:
+    """Whether ``headers`` (names in lower case) hold ``token``: as ``Authorization: Bearer``
+    (OpenAI's clients, Anthropic's with an auth token) or ``x-api-key`` (Anthropic's)."""
+    return any(
+        secrets.compare_digest(given.encode("utf-8", "replace"), token.encode())
+        for given in offered_tokens(headers)
+    )
 
 
 def _relay_error(status: int, message: str) -> tuple[int, dict[str, str], bytes]:

@@ -1,8 +1,10 @@
-"""The gateway's HTTP face: OpenAI's chat completions, responses and models, per job token.
+"""The gateway's HTTP face: OpenAI's chat completions, responses and models, and Anthropic's
+messages, per job token.
 
 An agent program raas did not write gets ``OPENAI_BASE_URL=<raas>/v1`` and
-``OPENAI_API_KEY=<its job's token>``; the token picks its job's gateway session (and is let
-through the server's API key for these paths only, see raas.api.auth). Everything else is the
+``OPENAI_API_KEY=<its job's token>`` (or ``ANTHROPIC_BASE_URL=<raas>`` and
+``ANTHROPIC_API_KEY``/``ANTHROPIC_AUTH_TOKEN``); the token picks its job's gateway session (and is
+let through the server's API key for these paths only, see raas.api.auth). Everything else is the
 session's: see raas.agent.gateway.
 """
 
@@ -14,6 +16,8 @@ from fastapi import APIRouter, Request, Response
 
 from raas.agent.gateway import GatewaySession, unauthorized
 from raas.api.state import ServiceState
+from raas.helpers import offered_tokens
+from raas.llm.anthropic_messages import AnthropicErrorBody, AnthropicMessage, TokensCount
 from raas.llm.openai_types import ChatCompletion, OpenAIErrorBody, ResponseObject
 
 router = APIRouter(prefix="/v1", tags=["gateway"])
@@ -35,19 +39,40 @@ POST_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _anthropic_error(description: str) -> dict[str, Any]:
+    return {"model": AnthropicErrorBody, "description": description}
+
+
+# Anthropic's clients read Anthropic's shape: its 529 is "overloaded" (retried by its clients).
+ANTHROPIC_UNAUTHORIZED = _anthropic_error(
+    "No job token, or one of no open job (`x-api-key: <job token>` or"
+    " `Authorization: Bearer <job token>`)."
+)
+ANTHROPIC_BAD = _anthropic_error("The body is not JSON, or a field raas reads is wrong (named).")
+MESSAGES_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: ANTHROPIC_BAD,
+    401: ANTHROPIC_UNAUTHORIZED,
+    529: _anthropic_error("No inference server answered (none registered, or all failing)."),
+}
+
+
 def job_session(request: Request) -> GatewaySession | None:
-    """The session of the request's ``Authorization: Bearer <job token>``, if it is open."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    """The open session of the request's job token (``Authorization: Bearer`` or
+    ``x-api-key``), if any."""
     state: ServiceState | None = getattr(request.app.state, "service", None)
-    if scheme.lower() != "bearer" or state is None or state.gateway is None:
+    if state is None or state.gateway is None:
         return None
-    return state.gateway.session(token.strip())
+    for token in offered_tokens(request.headers):
+        session = state.gateway.session(token)
+        if session is not None:
+            return session
+    return None
 
 
 async def _serve(request: Request) -> Response:
     session = job_session(request)
     if session is None:
-        status, headers, body = await unauthorized()
+        status, headers, body = await unauthorized(request.url.path)
         headers["WWW-Authenticate"] = "Bearer"
     else:
         status, headers, body = await session.handle(
@@ -71,6 +96,30 @@ for path, summary, answer in [
         description=_DOC,
         responses={200: ok, **POST_ERRORS},
     )
+_ANTHROPIC_DOC = "Anthropic-compatible, for agent programs: authenticated by the job's token."
+router.add_api_route(
+    "/messages",
+    _serve,
+    methods=["POST"],
+    summary="Messages",
+    description=_ANTHROPIC_DOC,
+    responses={
+        200: {"model": AnthropicMessage, "description": "The answer (it may stream as events)."},
+        **MESSAGES_ERRORS,
+    },
+)
+router.add_api_route(
+    "/messages/count_tokens",
+    _serve,
+    methods=["POST"],
+    summary="Count message tokens",
+    description=_ANTHROPIC_DOC,
+    responses={
+        200: {"model": TokensCount, "description": "The rendered prompt's length in tokens."},
+        400: ANTHROPIC_BAD,
+        401: ANTHROPIC_UNAUTHORIZED,
+    },
+)
 router.add_api_route(
     "/models",
     _serve,

@@ -11,8 +11,9 @@ streaming of responses. A request the host does not answer within the deadline g
 made while no host connection is attached, or whose connection is lost, a 502.
 
 Authentication comes before the body. The host gives the relay, with ``expose_gateway``, the
-job's token (``token``) and a cap (``max_body``, bytes). A request whose ``Authorization`` is not
-``Bearer <token>`` is answered 401 as soon as its headers are in, and one whose declared length
+job's token (``token``) and a cap (``max_body``, bytes). A request that carries the token neither
+as ``Authorization: Bearer <token>`` (OpenAI's clients) nor as ``x-api-key`` (Anthropic's) is
+answered 401 as soon as its headers are in, and one whose declared length
 (or chunked body so far) is over the cap 413: neither body is read into memory (nor a
 ``100 Continue`` sent for it), and nothing of it goes to the host, so a large unauthenticated
 body costs the host nothing. The connection then closes, after at most ``LINGER_BYTES`` of the
@@ -65,6 +66,18 @@ class RelayLost(Exception):
 UNAUTHORIZED = "unknown or closed job token: send 'Authorization: Bearer <job token>'"
 
 
+def offered_tokens(headers: dict[str, str]) -> list[str]:
+    """The tokens a request offers: ``Authorization: Bearer``'s, then ``x-api-key``'s (as
+    raas.helpers.offered_tokens, which this standard-library module cannot import)."""
+    out = []
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        out.append(given.strip())
+    if "x-api-key" in headers:
+        out.append(headers["x-api-key"].strip())
+    return out
+
+
 def too_large(max_body: int) -> str:
     return f"the body is over the relay's {max_body} bytes"
 
@@ -113,11 +126,11 @@ class Relay:
     def admit(self, headers: dict[str, str]) -> None:
         """Refuse a request by its headers alone: HttpError 401 without the token, 413 when
         its declared length is over the cap."""
-        if self.token is not None:
-            scheme, _, given = headers.get("authorization", "").partition(" ")
-            value = given.strip().encode("utf-8", "replace")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(value, self.token.encode()):
-                raise HttpError(401, UNAUTHORIZED)
+        if self.token is not None and not any(
+            hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
+            for given in offered_tokens(headers)
+        ):
+            raise HttpError(401, UNAUTHORIZED)
         try:
             length = int(headers.get("content-length", "0"))
         except ValueError:
