@@ -432,6 +432,9 @@ from openai import OpenAI
 
 messages = json.load(open(os.environ["RAAS_MESSAGES_FILE"]))
 assert os.environ["RAAS_MESSAGES"] == os.environ["RAAS_MESSAGES_FILE"]  # the earlier name
+# Anthropic's clients get the same gateway (they add /v1 themselves) and token.
+assert os.environ["ANTHROPIC_BASE_URL"] + "/v1" == os.environ["OPENAI_BASE_URL"]
+assert os.environ["ANTHROPIC_API_KEY"] == os.environ["OPENAI_API_KEY"]
 reply = OpenAI().chat.completions.create(model="policy", messages=messages)
 open(os.environ["RAAS_ANSWER_FILE"], "w").write(reply.choices[0].message.content)
 print("asked:", messages[-1]["content"])

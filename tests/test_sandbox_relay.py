@@ -282,3 +282,27 @@ async def test_a_body_over_the_cap_with_the_token_gets_a_413(sandbox: Sandbox) -
     assert await stream(sandbox, port, MiB + 1, "tok-1") == "413"
     assert gateway.calls == []
     assert (await post(sandbox, port, "/v1/chat/completions", MiB))["status"] == 200
+
+
+# Inside: POST with the token as Anthropic's clients send a key, x-api-key; print the status.
+KEYED = """
+import sys, urllib.request, urllib.error
+port, key = sys.argv[1], sys.argv[2]
+req = urllib.request.Request("http://127.0.0.1:%s/v1/messages" % port, data=b"{}",
+    method="POST", headers={"x-api-key": key, "Content-Type": "application/json"})
+try:
+    print(urllib.request.urlopen(req, timeout=60).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
+
+
+async def test_the_token_as_x_api_key_passes_the_relay_and_the_host(sandbox: Sandbox) -> None:
+    gateway = Recorder("g")
+    port = await sandbox.expose(gateway, token="tok-1")
+    await sandbox.write_file("/tmp/keyed.py", KEYED)
+    for key, status in (("tok-1", "200"), ("tok-2", "401")):
+        result = await sandbox.bash(f"python3 /tmp/keyed.py {port} {key}")
+        assert result.output.strip() == status, result.output
+    ((method, path, headers, _),) = gateway.calls
+    assert (method, path, headers["x-api-key"]) == ("POST", "/v1/messages", "tok-1")

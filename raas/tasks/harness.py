@@ -3,7 +3,8 @@
 RUN opens a gateway session for the job (``services.gateway.open(job_id, params, trajectory)``;
 the session records every model call into the trajectory), exposes it inside the sandbox
 (``Sandbox.expose``: ``http://127.0.0.1:PORT/v1``, no network), and runs the agent's command
-line with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the session's token),
+line with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the session's token; ``ANTHROPIC_BASE_URL``
+and ``ANTHROPIC_API_KEY`` the same for Anthropic's clients),
 ``RAAS_MESSAGES_FILE`` (a file of the task's chat messages as JSON), ``RAAS_TASK_FILE`` (a file
 of the same as text), ``RAAS_ANSWER_FILE`` (where the answer goes) and ``RAAS_MAX_TURNS``, within
 ``agent_timeout_s``; ``RAAS_MESSAGES`` and ``RAAS_TASK`` are the first two's earlier names (the
@@ -200,6 +201,9 @@ class HarnessTask(AgentTask):
             env = {
                 "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                 "OPENAI_API_KEY": str(session.token),
+                # Anthropic's clients (the SDK, Claude Code) add /v1 themselves.
+                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+                "ANTHROPIC_API_KEY": str(session.token),
                 "RAAS_MESSAGES_FILE": f"{IO_DIR}/messages.json",
                 "RAAS_TASK_FILE": f"{IO_DIR}/task.md",
                 # Their names before: an agent written for them keeps working.
