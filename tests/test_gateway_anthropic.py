@@ -5,7 +5,6 @@ completions' (the same tokens, masks and segments)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,31 +16,18 @@ from raas.api.app import create_app
 from raas.llm.openai_chat import render_prompt
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
-from tests.llm_servers import AgentBackend, ServerThread
+from tests import test_gateway
 from tests.policies import call
 from tests.test_gateway import Model, open_job, raas_app
+
+# The chat completions tests' fixtures: the scripted model behind a vLLM-protocol server.
+backend, model = test_gateway.backend, test_gateway.model
 
 BASH = {
     "name": "bash",
     "description": "Run a shell command.",
     "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
 }
-
-
-@pytest.fixture(scope="module")
-def backend() -> Iterator[tuple[str, Model]]:
-    model = Model()
-    server = ServerThread(AgentBackend(model).app).start()
-    yield server.url, model
-    server.stop()
-
-
-@pytest.fixture
-def model(backend: tuple[str, Model]) -> Model:
-    backend[1].answers.clear()
-    backend[1].generated.clear()
-    backend[1].prompts.clear()
-    return backend[1]
 
 
 def client(app: Any, token: str | None, **options: Any) -> anthropic.AsyncAnthropic:
@@ -57,7 +43,10 @@ def http(app: Any) -> httpx2.AsyncClient:
 
 
 async def test_a_streamed_tool_call_and_its_result_are_one_segment_of_the_models_tokens(
-    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
 ) -> None:
     model.answers += ["Let me look.\n" + call("bash", command="ls"), "There are 2 files."]
     async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
@@ -110,7 +99,10 @@ async def test_a_streamed_tool_call_and_its_result_are_one_segment_of_the_models
 
 
 async def test_the_sdks_x_api_key_and_auth_token_both_reach_the_session(
-    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
 ) -> None:
     model.answers += ["One.", "Two."]
     async with raas_app(tmp_path, registry, backend[0], api_key="server-key") as (app, gateway):
@@ -120,19 +112,18 @@ async def test_the_sdks_x_api_key_and_auth_token_both_reach_the_session(
         keyed = client(app, None, default_headers={"X-Api-Key": session.token})
         reply = await keyed.messages.create(model="m", max_tokens=10, messages=hi)
         assert reply.content[0].type == "text" and reply.content[0].text == "One."
-        token = anthropic.AsyncAnthropic(
-            base_url="http://localhost",
-            auth_token=session.token,
-            http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)),
-            max_retries=0,
-        )
+        # As it sends ANTHROPIC_AUTH_TOKEN: Authorization: Bearer.
+        token = client(app, None, auth_token=session.token)
         count = await token.messages.count_tokens(model="m", messages=hi)
         assert count.input_tokens == len(render_prompt(model.tok, hi, None))
     assert session.calls == 1
 
 
 async def test_no_token_is_a_401_in_anthropics_shape(
-    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
 ) -> None:
     hi: Any = [{"role": "user", "content": "hi"}]
     for key in (None, "server-key"):  # the gateway's own 401, and the middleware's
@@ -158,7 +149,10 @@ async def test_no_token_is_a_401_in_anthropics_shape(
 
 
 async def test_a_malformed_body_is_a_400_naming_the_field(
-    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
 ) -> None:
     hi: Any = [{"role": "user", "content": "hi"}]
     image = {"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}
@@ -206,7 +200,10 @@ async def test_a_malformed_body_is_a_400_naming_the_field(
 
 
 async def test_stop_sequences_max_tokens_and_ignored_thinking_blocks(
-    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
 ) -> None:
     model.answers += ["Hello STOP and more", "one two three four five six seven eight nine ten"]
     async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):

@@ -49,9 +49,9 @@ ANTHROPIC_UNAUTHORIZED = _anthropic_error(
     " `Authorization: Bearer <job token>`)."
 )
 ANTHROPIC_BAD = _anthropic_error("The body is not JSON, or a field raas reads is wrong (named).")
+COUNT_ERRORS: dict[int | str, dict[str, Any]] = {400: ANTHROPIC_BAD, 401: ANTHROPIC_UNAUTHORIZED}
 MESSAGES_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: ANTHROPIC_BAD,
-    401: ANTHROPIC_UNAUTHORIZED,
+    **COUNT_ERRORS,
     529: _anthropic_error("No inference server answered (none registered, or all failing)."),
 }
 
@@ -97,29 +97,20 @@ for path, summary, answer in [
         responses={200: ok, **POST_ERRORS},
     )
 _ANTHROPIC_DOC = "Anthropic-compatible, for agent programs: authenticated by the job's token."
-router.add_api_route(
-    "/messages",
-    _serve,
-    methods=["POST"],
-    summary="Messages",
-    description=_ANTHROPIC_DOC,
-    responses={
-        200: {"model": AnthropicMessage, "description": "The answer (it may stream as events)."},
-        **MESSAGES_ERRORS,
-    },
-)
-router.add_api_route(
-    "/messages/count_tokens",
-    _serve,
-    methods=["POST"],
-    summary="Count message tokens",
-    description=_ANTHROPIC_DOC,
-    responses={
-        200: {"model": TokensCount, "description": "The rendered prompt's length in tokens."},
-        400: ANTHROPIC_BAD,
-        401: ANTHROPIC_UNAUTHORIZED,
-    },
-)
+_MESSAGE = {"model": AnthropicMessage, "description": "The answer (it may stream as events)."}
+_COUNT = {"model": TokensCount, "description": "The rendered prompt's length in tokens."}
+for path, summary, responses in [
+    ("/messages", "Messages", {200: _MESSAGE, **MESSAGES_ERRORS}),
+    ("/messages/count_tokens", "Count tokens", {200: _COUNT, **COUNT_ERRORS}),
+]:
+    router.add_api_route(
+        path,
+        _serve,
+        methods=["POST"],
+        summary=summary,
+        description=_ANTHROPIC_DOC,
+        responses=responses,
+    )
 router.add_api_route(
     "/models",
     _serve,
