@@ -160,6 +160,7 @@ async def test_a_malformed_body_is_a_400_naming_the_field(
         ({"messages": hi}, "max_tokens"),
         ({"messages": hi, "max_tokens": 0}, "max_tokens"),
         ({"messages": [], "max_tokens": 5}, "messages"),
+        ({"messages": [{"role": "user", "content": []}], "max_tokens": 5}, "messages[0].content"),
         (
             {"messages": [{"role": "user", "content": [image]}], "max_tokens": 5},
             "messages[0].content[0].type",

@@ -102,7 +102,7 @@ def _blocks(value: Any) -> Any:
 
 class InputMessage(Lenient):
     role: Literal["user", "assistant", "system"]
-    content: Annotated[list[Block], BeforeValidator(_blocks)]
+    content: Annotated[list[Block], BeforeValidator(_blocks), Field(min_length=1)]
 
     @model_validator(mode="after")
     def _blocks_of_the_role(self) -> InputMessage:
@@ -127,7 +127,8 @@ class InputMessage(Lenient):
                 out += [b.result() for b in run]
             else:
                 out.append({"role": self.role, "content": "\n".join(b.text or "" for b in run)})
-        return out
+        # Thinking blocks alone: still a turn of the role (no template renders no messages).
+        return out or [{"role": self.role, "content": ""}]
 
     def _assistant(self) -> Message:
         texts = [b.text or "" for b in self.content if b.type == "text"]
