@@ -284,16 +284,19 @@ async def test_a_body_over_the_cap_with_the_token_gets_a_413(sandbox: Sandbox) -
     assert (await post(sandbox, port, "/v1/chat/completions", MiB))["status"] == 200
 
 
-# Inside: POST with the token as Anthropic's clients send a key, x-api-key; print the status.
+# Inside: POST with the token as Anthropic's clients send a key, x-api-key; print the status and
+# the body.
 KEYED = """
-import sys, urllib.request, urllib.error
+import json, sys, urllib.request, urllib.error
 port, key = sys.argv[1], sys.argv[2]
-req = urllib.request.Request("http://127.0.0.1:%s/v1/messages" % port, data=b"{}",
+req = urllib.request.Request("http://127.0.0.1:%s/v1/messages?beta=true" % port, data=b"{}",
     method="POST", headers={"x-api-key": key, "Content-Type": "application/json"})
 try:
-    print(urllib.request.urlopen(req, timeout=60).status)
+    resp = urllib.request.urlopen(req, timeout=60)
+    status, data = resp.status, resp.read()
 except urllib.error.HTTPError as e:
-    print(e.code)
+    status, data = e.code, e.read()
+print(json.dumps({"status": status, "body": json.loads(data)}))
 """
 
 
@@ -301,8 +304,14 @@ async def test_the_token_as_x_api_key_passes_the_relay_and_the_host(sandbox: San
     gateway = Recorder("g")
     port = await sandbox.expose(gateway, token="tok-1")
     await sandbox.write_file("/tmp/keyed.py", KEYED)
-    for key, status in (("tok-1", "200"), ("tok-2", "401")):
+    answers = []
+    for key in ("tok-1", "tok-2"):
         result = await sandbox.bash(f"python3 /tmp/keyed.py {port} {key}")
-        assert result.output.strip() == status, result.output
+        answers.append(json.loads(result.output))
+    ok, refused = answers
+    assert ok["status"] == 200 and ok["body"]["model"] == "g"
     ((method, path, headers, _),) = gateway.calls
-    assert (method, path, headers["x-api-key"]) == ("POST", "/v1/messages", "tok-1")
+    assert (method, path, headers["x-api-key"]) == ("POST", "/v1/messages?beta=true", "tok-1")
+    # Refused in the shape of the API it was sent to: Anthropic's.
+    assert refused["status"] == 401 and refused["body"]["type"] == "error"
+    assert refused["body"]["error"]["type"] == "authentication_error"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from raas.helpers import offered_tokens
+from raas.sandbox.inside.relay import error_response
 
 PROTOCOL = 2
 MAX_MESSAGE = 512 * 1024 * 1024
@@ -197,15 +198,16 @@ class ActionClient:
 
     async def _answer_relay(self, request: Any) -> None:
         req_id = request.get("id") if isinstance(request, dict) else None
+        path = str(request.get("path") or "") if isinstance(request, dict) else ""
         try:
             if self._relay is None:
                 raise LookupError("no relay handler is set")
             headers = {str(k): str(v) for k, v in dict(request.get("headers") or {}).items()}
             body_b64 = str(request.get("body_b64") or "")
             if self._relay_token is not None and not token_matches(headers, self._relay_token):
-                status, headers, body = _relay_error(401, UNAUTHORIZED)
+                status, headers, body = error_response(401, UNAUTHORIZED, path)
             elif len(body_b64) > 4 * (self._relay_max_body // 3 + 1):  # checked before decoding
-                status, headers, body = _relay_error(413, too_large(self._relay_max_body))
+                status, headers, body = error_response(413, too_large(self._relay_max_body), path)
             else:
                 status, headers, body = await asyncio.wait_for(
                     self._relay(
@@ -218,10 +220,10 @@ class ActionClient:
                 )
         except TimeoutError:
             message = f"the handler did not answer within {self._relay_timeout_s:g} s"
-            status, headers, body = _relay_error(504, message)
+            status, headers, body = error_response(504, message, path)
         except Exception as e:  # the handler's failure is the caller's 502, never a hang
             log.warning("relay handler failed on %r", request, exc_info=True)
-            status, headers, body = _relay_error(502, f"{type(e).__name__}: {e}")
+            status, headers, body = error_response(502, f"{type(e).__name__}: {e}", path)
         reply = {"id": req_id, "status": status, "headers": headers}
         reply["body_b64"] = base64.b64encode(body).decode()
         line = json.dumps({"relay_reply": reply}).encode() + b"\n"
@@ -255,11 +257,6 @@ def token_matches(headers: dict[str, str], token: str) -> bool:
         secrets.compare_digest(given.encode("utf-8", "replace"), token.encode())
         for given in offered_tokens(headers)
     )
-
-
-def _relay_error(status: int, message: str) -> tuple[int, dict[str, str], bytes]:
-    body = json.dumps({"error": {"message": message, "type": "relay_error", "code": status}})
-    return status, {"content-type": "application/json"}, body.encode()
 
 
 async def _hello(socket_path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:

@@ -57,6 +57,7 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.path = ""  # the request's, once its request line is read
 
 
 class RelayLost(Exception):
@@ -82,10 +83,32 @@ def too_large(max_body: int) -> str:
     return f"the body is over the relay's {max_body} bytes"
 
 
-def error_response(status: int, message: str) -> Response:
-    """An OpenAI-shaped error body, so that an OpenAI client reports the message."""
-    body = json.dumps({"error": {"message": message, "type": "relay_error", "code": status}})
-    return status, {"content-type": "application/json"}, body.encode()
+# Anthropic's error types by status (raas.llm.anthropic_messages answers the same).
+ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    413: "request_too_large",
+}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Is ``path`` one of Anthropic's Messages API (with or without the /v1 a client adds)?"""
+    path = "/" + path.split("?", 1)[0].strip("/")
+    path = path[len("/v1") :] if path.startswith("/v1/") else path
+    return path == "/messages" or path.startswith("/messages/")
+
+
+def error_response(status: int, message: str, path: str = "") -> Response:
+    """An error in the shape of the API of ``path``, so that its client reports the message:
+    Anthropic's on its Messages API, else OpenAI's."""
+    if speaks_anthropic(path):
+        kind = ANTHROPIC_ERRORS.get(
+            status, "api_error" if status >= 500 else "invalid_request_error"
+        )
+        error = {"type": "error", "error": {"type": kind, "message": message}}  # type: Any
+    else:
+        error = {"error": {"message": message, "type": "relay_error", "code": status}}
+    return status, {"content-type": "application/json"}, json.dumps(error).encode()
 
 
 class Relay:
@@ -164,7 +187,7 @@ class Relay:
     ) -> Response:
         send = self.send
         if send is None:
-            return error_response(502, "no host is attached to the relay")
+            return error_response(502, "no host is attached to the relay", path)
         req_id = next(self.ids)
         future = asyncio.get_running_loop().create_future()  # type: asyncio.Future[Dict[str, Any]]
         self.pending[req_id] = future
@@ -183,9 +206,9 @@ class Relay:
         try:
             reply = await asyncio.wait_for(exchange(), self.timeout_s)
         except asyncio.TimeoutError:
-            return error_response(504, f"the host did not answer within {self.timeout_s:g} s")
+            return error_response(504, f"the host did not answer within {self.timeout_s:g} s", path)
         except (RelayLost, ConnectionError) as e:
-            return error_response(502, f"the relay lost the host: {e}")
+            return error_response(502, f"the relay lost the host: {e}", path)
         finally:
             self.pending.pop(req_id, None)
         try:
@@ -194,9 +217,9 @@ class Relay:
             out = {str(k): str(v) for k, v in dict(raw_headers).items()}
             data = base64.b64decode(reply.get("body_b64") or "")
         except (TypeError, ValueError) as e:
-            return error_response(502, f"the host's answer was malformed: {e}")
+            return error_response(502, f"the host's answer was malformed: {e}", path)
         if not 100 <= status <= 599:
-            return error_response(502, f"the host answered status {status}")
+            return error_response(502, f"the host answered status {status}", path)
         return status, out, data
 
     async def http_connection(
@@ -212,7 +235,8 @@ class Relay:
                         read_request(first, reader, writer, self), REQUEST_S
                     )
                 except HttpError as e:
-                    await write_response(writer, error_response(e.status, str(e)), False)
+                    answer = error_response(e.status, str(e), e.path)
+                    await write_response(writer, answer, False)
                     await linger(reader, writer)
                     break
                 except ValueError:  # a line over the reader's limit
@@ -238,6 +262,18 @@ async def read_request(
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise HttpError(400, "bad request line")
     method, path, version = parts
+    try:
+        headers, body = await read_rest(reader, writer, relay)
+    except HttpError as e:
+        e.path = path  # answered in the shape of the API it was sent to
+        raise
+    return method, path, version, headers, body
+
+
+async def read_rest(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: Relay
+) -> tuple[dict[str, str], bytes]:
+    """A request's headers and, once they pass ``relay.admit``, its body."""
     headers = {}  # type: Dict[str, str]
     for _ in range(MAX_HEADERS + 1):
         line = await reader.readline()
@@ -263,7 +299,7 @@ async def read_request(
         body = await reader.readexactly(int(headers.get("content-length", "0")))
     for name in HOP_BY_HOP | {"expect"}:
         headers.pop(name, None)
-    return method, path, version, headers, body
+    return headers, body
 
 
 async def read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:
