@@ -13,7 +13,9 @@ import httpx2
 import pytest
 
 from raas.api.app import create_app
+from raas.llm.anthropic_messages import MessagesRequest
 from raas.llm.openai_chat import render_prompt
+from raas.llm.openai_types import ChatRequest, read
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 from tests import test_gateway
@@ -249,3 +251,68 @@ async def test_no_backend_is_anthropics_529_overloaded(
         ref = documented["529"]["content"]["application/json"]["schema"]["$ref"]
         schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
         assert set(r.json()) == set(schema["required"]) == {"type", "error"}
+
+
+def test_a_messages_request_is_the_chat_conversation_it_says() -> None:
+    """The translation: what Anthropic's shapes say is what OpenAI's would, message for message,
+    so both are rendered, generated and merged alike."""
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Count"}, {"type": "text", "text": "the files."}],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "ls will do", "signature": "s"},
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "ls"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "text", "text": "a b"}],
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t2",
+                    "content": "no such file",
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Go on."},
+            ],
+        },
+    ]
+    body = {"system": "Be brief.", "messages": messages, "tools": [BASH], "max_tokens": 9}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Count\nthe files."},
+            {
+                "role": "assistant",
+                "content": "Looking.",
+                "tool_calls": [
+                    {
+                        "id": "t1",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "t1", "content": "a b"},
+            {"role": "tool", "tool_call_id": "t2", "content": "Error: no such file"},
+            {"role": "user", "content": "Go on."},
+        ],
+        "tools": [{"type": "function", "function": {**BASH, "parameters": BASH["input_schema"]}}],
+    }
+    del chat["tools"][0]["function"]["input_schema"]
+    request = read(MessagesRequest, json.dumps(body).encode())
+    same = read(ChatRequest, json.dumps(chat).encode())
+    assert request.conversation() == same.conversation()
+    assert request.shown_tools() == same.shown_tools()
+    hidden = read(MessagesRequest, json.dumps({**body, "tool_choice": {"type": "none"}}).encode())
+    assert hidden.shown_tools() is None
