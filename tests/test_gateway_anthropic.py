@@ -316,3 +316,33 @@ def test_a_messages_request_is_the_chat_conversation_it_says() -> None:
     assert request.shown_tools() == same.shown_tools()
     hidden = read(MessagesRequest, json.dumps({**body, "tool_choice": {"type": "none"}}).encode())
     assert hidden.shown_tools() is None
+
+
+async def test_a_call_records_the_sampling_it_sent_and_a_fixed_server_refuses_a_change(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    async with raas_app(tmp_path, registry, backend[0], gateway_fixed_sampling=True) as (
+        app,
+        gateway,
+    ):
+        session = open_job(gateway, temperature=0.7)
+        agent = client(app, session.token)
+        hi: Any = [{"role": "user", "content": "hi"}]
+        # This SDK has no temperature argument (older ones, and Claude Code, send one).
+        with pytest.raises(anthropic.BadRequestError) as err:
+            await agent.messages.create(
+                model="m", max_tokens=5, messages=hi, extra_body={"temperature": 0.0}
+            )
+        body = err.value.body
+        assert isinstance(body, dict) and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"].startswith("temperature:")
+        await agent.messages.create(
+            model="m",
+            max_tokens=5,
+            messages=hi,
+            stop_sequences=["END"],
+            extra_body={"temperature": 0.7},
+        )
+    (turn,) = session.trajectory.turns
+    assert turn["sampling_sent"] == {"temperature": 0.7, "max_tokens": 5, "stop_sequences": ["END"]}
+    assert turn["sampling"]["max_tokens"] == 5 and turn["sampling"]["temperature"] == 0.7
