@@ -238,6 +238,30 @@ class ErrorInfo(BaseModel):
     stage: StageName | None = Field(default=None, description="The stage it happened in.")
 
 
+# The policy (weight) version of a turn's generated tokens, in its record (``Trajectory.turns``):
+# ``policy_version``, an int where every token of the turn was sampled under one version (null
+# where the backend says nothing of its weights), or ``policy_versions``, one int a generated
+# token, where a weight update landed mid-generation. A record has one of the two keys.
+POLICY_VERSION = "policy_version"
+POLICY_VERSIONS = "policy_versions"
+
+
+def policy_version_fields(versions: list[int] | None) -> dict[str, Any]:
+    """What a turn record says of the versions of its tokens (see POLICY_VERSION)."""
+    if versions and len(set(versions)) > 1:
+        return {POLICY_VERSIONS: list(versions)}
+    return {POLICY_VERSION: versions[0] if versions else None}
+
+
+def turn_policy_versions(turn: dict[str, Any]) -> list[int]:
+    """The distinct policy versions a turn record names, oldest first (none where unknown)."""
+    many = turn.get(POLICY_VERSIONS)
+    if isinstance(many, list):
+        return sorted({v for v in many if isinstance(v, int)})
+    one = turn.get(POLICY_VERSION)
+    return [one] if isinstance(one, int) and not isinstance(one, bool) else []
+
+
 class Trajectory(BaseModel):
     """What a rollout produced so far, as the trainer receives it; also the token record a
     rollout writes as it goes (the agent loop's, each gateway segment's).
@@ -263,7 +287,13 @@ class Trajectory(BaseModel):
         default_factory=list, description="Aligned with response_ids; 0.0 where loss_mask is 0."
     )
     messages: list[dict[str, Any]] = Field(default_factory=list)
-    turns: list[dict[str, Any]] = Field(default_factory=list)
+    turns: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="One record a model call: its backend, token counts, timings, text, tool "
+        "calls, and `policy_version` (the weight version its tokens were sampled under; null "
+        "where the backend says nothing) or `policy_versions` (one a generated token, where a "
+        "weight update landed mid-generation).",
+    )
     stop_reason: str | None = None
     # The prompts given to the model, in process only (never on the wire). Each one is checked to
     # extend the one before when it is given, so only the last is kept: a copy of every prompt
@@ -314,6 +344,12 @@ class Trajectory(BaseModel):
         if not self.finite_logprobs():
             return "logprobs holds values that are not finite numbers"
         return None
+
+    def policy_version_range(self) -> tuple[int, int] | None:
+        """The oldest and newest policy version of the generated tokens, from the turn records;
+        None where no turn has one."""
+        versions = [v for turn in self.turns for v in turn_policy_versions(turn)]
+        return (min(versions), max(versions)) if versions else None
 
     def finite_logprobs(self) -> bool:
         """Whether every logprob is a finite number (JSON holds no other: NaN is written null)."""

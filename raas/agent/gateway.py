@@ -62,7 +62,7 @@ from raas.llm.openai_types import ChatRequest, OpenAIError, ResponsesRequest, Sa
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser, get_parser
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
 from raas.sandbox.client import UNAUTHORIZED, token_matches
-from raas.wire import Trajectory
+from raas.wire import Trajectory, policy_version_fields
 
 Reply = tuple[int, dict[str, str], bytes]
 JSON_HEADERS = {"content-type": "application/json"}
@@ -292,6 +292,7 @@ class GatewaySession:
             "cached_tokens": gen.cached_tokens,
             "finish_reason": gen.finish_reason,
             "generate_s": gen.latency_s,
+            **policy_version_fields(gen.policy_versions),
             "call_s": time.perf_counter() - start,
             "drift": bool(call.drift),
             "text": text,

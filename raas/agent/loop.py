@@ -20,7 +20,7 @@ from raas.llm.chat import encode, render_text, turn_delta
 from raas.llm.toolcalls import ToolCallParser, get_parser
 from raas.llm.types import WHOLE, Generation, SamplingParams
 from raas.sandbox import Sandbox
-from raas.wire import Trajectory
+from raas.wire import Trajectory, policy_version_fields
 
 # Bounds far above any real run, so that a typo (or 1e18) is a 422, not a loop that never ends.
 MAX_TURNS = 10_000
@@ -120,6 +120,7 @@ class AgentLoop:
                 "cached_tokens": gen.cached_tokens,
                 "finish_reason": gen.finish_reason,
                 "generate_s": gen.latency_s,
+                **policy_version_fields(gen.policy_versions),
                 "text": text,
                 "content": parsed.content,  # the text around the calls
                 "tool_calls": [

@@ -5,6 +5,8 @@ per token, so a trajectory never passes through text. Field names follow each se
 protocol: vLLM's OpenAI-compatible ``/v1/completions`` (``return_token_ids``, vLLM >= 0.10.2;
 older servers via ``return_tokens_as_token_ids``), SGLang's native ``/generate`` (``input_ids``,
 ``return_logprob``), and the verl/ProRL-style ``/generate`` (``prompt_ids`` -> ``response_ids``).
+Where the server says which weights generated the tokens (SGLang's ``meta_info``, raas's engine),
+the generation carries each token's version; vLLM's and verl's answers say nothing of it.
 
 The HTTP client is aiohttp on keep-alive connections: every agent turn makes one request, and
 httpx's connection-pool bookkeeping cost about 1.4 ms of CPU a request at 16 in flight, against
@@ -66,6 +68,41 @@ def _loads(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return json.loads(body)
+
+
+def policy_versions(answer: Mapping[str, Any], generated: int) -> list[int] | None:
+    """The weight version of each of ``generated`` tokens, from the fields SGLang puts in its
+    ``/generate`` ``meta_info`` and raas's engine in its completion response: ``weight_versions``,
+    spans ``{version, start, end}`` over the generated tokens (an update mid-generation starts a
+    new one), else ``weight_version`` alone (an SGLang without spans: the version when the
+    generation finished, said of every token). None where there is neither, or a version that is
+    no integer (SGLang's "default" before any update names one). Spans that do not cover the
+    tokens once each are a ValueError."""
+    spans = answer.get("weight_versions")
+    if spans is None:
+        version = _version(answer.get("weight_version"))
+        return None if version is None else [version] * generated
+    versions: list[int] = []
+    for span in spans:
+        start, end = span["start"], span["end"]
+        if start != len(versions) or not start <= end <= generated:
+            raise ValueError(f"weight_versions spans do not cover the {generated} tokens: {spans}")
+        version = _version(span["version"])
+        if version is None:
+            return None
+        versions += [version] * (end - start)
+    if len(versions) != generated:
+        raise ValueError(f"weight_versions spans do not cover the {generated} tokens: {spans}")
+    return versions
+
+
+def _version(value: Any) -> int | None:
+    """A version raas can order: an integer, or a string of one (SGLang's are strings)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdecimal():
+        return int(value)
+    return None
 
 
 class LLMClient(ABC):
@@ -207,11 +244,13 @@ class VLLMClient(LLMClient):
             finish = str(choice.get("finish_reason") or "stop")
             usage = data.get("usage") or {}
             cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+            # vLLM says nothing of its weights; raas's engine adds SGLang's fields.
+            versions = policy_versions(data, len(token_ids))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(self.url, f"unexpected completion shape: {e}", False) from e
         if finish == "abort":
             raise BackendError(self.url, "the request was aborted", transient=True)
-        return Generation(token_ids, values, finish, cached_tokens=cached)
+        return Generation(token_ids, values, finish, cached_tokens=cached, policy_versions=versions)
 
 
 class SGLangClient(LLMClient):
@@ -239,11 +278,12 @@ class SGLangClient(LLMClient):
             reason = meta.get("finish_reason") or {}
             finish = str(reason.get("type", "stop")) if isinstance(reason, dict) else str(reason)
             cached = int(meta.get("cached_tokens") or 0)
+            versions = policy_versions(meta, len(token_ids))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(self.url, f"unexpected /generate shape: {e}", False) from e
         if finish == "abort":
             raise BackendError(self.url, f"the request was aborted: {reason}", transient=True)
-        return Generation(token_ids, values, finish, cached_tokens=cached)
+        return Generation(token_ids, values, finish, cached_tokens=cached, policy_versions=versions)
 
 
 class VerlClient(LLMClient):

@@ -57,6 +57,10 @@ class Generation:
     backend: str = ""
     cached_tokens: int = 0  # prompt tokens the backend served from its prefix cache
     latency_s: float = 0.0
+    # The policy (weight) version each token was sampled under, as the backend said; None where
+    # it said nothing (vLLM, verl), or nothing raas can order (an SGLang version that is no
+    # integer, such as its default "default").
+    policy_versions: list[int] | None = None
 
 
 class BackendError(Exception):

@@ -4,7 +4,8 @@ A backend is outside raas: a broken server (or one that lies) can answer anythin
 answers becomes a trajectory that a trainer learns from and a row of the result store. A NaN
 logprob that passed the client once ended as a job ``done`` with reward 1.0 whose stored row
 could not be read back. So every answer is checked before it is used: one finite logprob per
-token id, no more tokens than were asked for, and every id an integer inside the vocabulary.
+token id (and one weight version a token where the backend gives versions), no more tokens than
+were asked for, and every id an integer inside the vocabulary.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def answer_problem(generation: Generation, max_tokens: int, vocab_size: int | No
     ids, logprobs = generation.token_ids, generation.logprobs
     if len(ids) != len(logprobs):
         return f"returned {len(ids)} token ids but {len(logprobs)} logprobs"
+    versions = generation.policy_versions
+    if versions is not None and len(versions) != len(ids):
+        return f"returned {len(ids)} token ids but weight versions for {len(versions)}"
     if len(ids) > max_tokens:
         return f"returned {len(ids)} tokens where at most {max_tokens} were asked for"
     # One pass in C for the usual answer; the loops below only name what is wrong.

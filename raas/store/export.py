@@ -3,7 +3,10 @@
 The table's columns are derived from the wire's ``RolloutResult``: scalar fields as they are,
 token lists as lists, free-form parts (messages, turns, metrics) as JSON text in ``NAME_json``;
 the required nested parts (trajectory, timing) are inlined, an optional one (error) is prefixed
-with its name (``error_type``). A field added to the wire type becomes a column by itself.
+with its name (``error_type``). A field added to the wire type becomes a column by itself. Two
+columns are read out of the turn records: ``policy_version_min`` and ``policy_version_max``, the
+oldest and newest policy version that generated the trajectory's tokens (null where the backend
+said nothing of its weights).
 """
 
 from __future__ import annotations
@@ -62,9 +65,21 @@ def _columns(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[C
         yield Column(f"{name}_json" if kind == "json" else name, path, kind)
 
 
+def _version_range(result: RolloutResult) -> tuple[int, int] | tuple[None, None]:
+    return result.trajectory.policy_version_range() or (None, None)
+
+
+# Columns computed from a result rather than read off one field: name -> (kind, value).
+DERIVED: dict[str, tuple[Kind, Callable[[RolloutResult], Any]]] = {
+    "policy_version_min": ("int", lambda r: _version_range(r)[0]),
+    "policy_version_max": ("int", lambda r: _version_range(r)[1]),
+}
+
+
 @cache
 def columns() -> tuple[Column, ...]:
-    return tuple(_columns(RolloutResult))
+    derived = (Column(name, (), kind) for name, (kind, _) in DERIVED.items())
+    return (*_columns(RolloutResult), *derived)
 
 
 def _value(data: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -80,6 +95,9 @@ def flat_row(result: RolloutResult) -> dict[str, Any]:
     data = result.model_dump(mode="json")
     row = {}
     for col in columns():
+        if col.name in DERIVED:
+            row[col.name] = DERIVED[col.name][1](result)
+            continue
         value = _value(data, col.path)
         row[col.name] = json.dumps(value) if col.kind == "json" else value
     return row

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from raas.llm.engine.protocol import (
@@ -16,6 +16,7 @@ from raas.llm.engine.protocol import (
     CompletionResponse,
     PromptTokensDetails,
     Usage,
+    WeightVersionSpan,
 )
 
 
@@ -29,7 +30,10 @@ class GenerationResult:
     stop_reason: int | None  # the stop token id, None for EOS and length
     stopped_on_token: bool  # the last token is the EOS or stop token that ended generation
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    weight_version: int = 0
+    weight_version: int = 0  # the engine's weight version when the generation finished
+    # The weight version each token of token_ids was sampled under; empty where not known
+    # (the oracle, which has no weights).
+    weight_versions: list[int] = field(default_factory=list)
 
 
 def completion_response(
@@ -60,7 +64,23 @@ def completion_response(
             total_tokens=prompt_tokens + len(tokens),
             prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
         ),
+        **version_fields(result),
     )
+
+
+def version_fields(result: GenerationResult) -> dict[str, Any]:
+    """The response's ``weight_version`` and ``weight_versions`` (SGLang's names and span shape
+    in its ``meta_info``), or nothing where the tokens' versions are not known."""
+    versions = result.weight_versions
+    if len(versions) != len(result.token_ids):
+        return {}
+    spans: list[WeightVersionSpan] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1].version == version:
+            spans[-1].end = i + 1
+        else:
+            spans.append(WeightVersionSpan(version=version, start=i, end=i + 1))
+    return {"weight_version": result.weight_version, "weight_versions": spans}
 
 
 def completion_logprobs(

@@ -6,7 +6,9 @@ own (reusing a cached prefix when there is one), and merges it into the running 
 are left-padded key/value caches with a 2D attention mask and explicit position ids. Each row has
 its own sampling parameters and random generator and leaves the batch when it stops. A weight
 update waits until the batch has drained (it is never applied mid-generation), and requests that
-arrive meanwhile wait for it, so they see the new weights.
+arrive meanwhile wait for it, so they see the new weights. Each generated token records the weight
+version it was sampled under (``GenerationResult.weight_versions``), so a trajectory says which
+policy generated which tokens whatever the order of updates and decode steps.
 
 A caller that gives up (its future cancelled, :meth:`Engine.abort`, or the :meth:`Engine.generate`
 coroutine cancelled) takes its sequence out: a waiting one leaves the queue at once, a running
@@ -100,6 +102,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] | None = None
+    versions: list[int] = field(default_factory=list)  # the weight version of each token
     cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | None = None
@@ -551,11 +554,13 @@ class Engine:
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
         greedy = logits.argmax(dim=-1).tolist()
+        version = self.stats.weight_version  # the weights these logits came from (same thread)
         for i, request in enumerate(rows):
             p = request.params
             token = int(greedy[i]) if p.greedy else self._sample(logits[i], p, request.generator)
             request.tokens.append(token)
             request.logprobs.append(max(float(logprobs[i, token]), MIN_LOGPROB))
+            request.versions.append(version)
             if request.top is not None:
                 values, ids = torch.topk(logprobs[i], p.top_logprobs)
                 request.top.append(
@@ -616,5 +621,6 @@ class Engine:
                 stopped_on_token=stopped,
                 cached_tokens=request.cached_tokens,
                 weight_version=s.weight_version,
+                weight_versions=request.versions,
             ),
         )

@@ -116,13 +116,32 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class WeightVersionSpan(BaseModel):
+    """The generated tokens ``[start, end)`` were all sampled under weight version ``version``."""
+
+    version: int
+    start: int
+    end: int
+
+
 class CompletionResponse(BaseModel):
+    """vLLM's completion response, plus two fields of raas's engine that vLLM has not (named
+    and shaped as SGLang's ``meta_info``): which weights generated the tokens."""
+
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    weight_version: int | None = Field(
+        None, description="raas: the engine's weight version when the generation finished."
+    )
+    weight_versions: list[WeightVersionSpan] | None = Field(
+        None,
+        description="raas: the weight version of every generated token, as contiguous spans "
+        "over the choice's token_ids (one span unless a weight update landed mid-generation).",
+    )
 
 
 class ModelCard(BaseModel):
