@@ -67,6 +67,10 @@ class FakeBackend:
         self.fail_with: int | None = None
         self.fail_times = -1  # with fail_with: how many requests fail (negative: all)
         self.forge: Forge | None = None
+        # What SGLang's meta_info says of the weights (left out where None): its version, a
+        # string, and the spans [{version, start, end}] of the newer SGLangs.
+        self.weight_version: Any = None
+        self.weight_versions: Any = None
         app = self.app = _server_app("fake-model")
 
         def scripted_answer(
@@ -127,23 +131,21 @@ class FakeBackend:
                 ids, lps, finish = scripted_answer(
                     body["input_ids"], sp["max_new_tokens"], sp.get("stop_token_ids", [])
                 )
-                return _raw_json(
-                    {
-                        "text": "",
-                        "output_ids": ids,
-                        "meta_info": {
-                            "finish_reason": {"type": finish},
-                            # As SGLang: (logprob, id, text); a forged answer may have more ids
-                            # than logprobs, so the entries follow the logprobs.
-                            "output_token_logprobs": [
-                                [lp, t, None] for lp, t in zip(lps, ids, strict=False)
-                            ],
-                            "prompt_tokens": len(body["input_ids"]),
-                            "completion_tokens": len(ids),
-                            "cached_tokens": 0,
-                        },
-                    }
-                )
+                meta: dict[str, Any] = {
+                    "finish_reason": {"type": finish},
+                    # As SGLang: (logprob, id, text); a forged answer may have more ids than
+                    # logprobs, so the entries follow the logprobs.
+                    "output_token_logprobs": [
+                        [lp, t, None] for lp, t in zip(lps, ids, strict=False)
+                    ],
+                    "prompt_tokens": len(body["input_ids"]),
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
+                }
+                for key in ("weight_version", "weight_versions"):
+                    if getattr(self, key) is not None:
+                        meta[key] = getattr(self, key)
+                return _raw_json({"text": "", "output_ids": ids, "meta_info": meta})
             ids, lps, _ = scripted_answer(
                 body["prompt_ids"], body["max_tokens"], body.get("stop_token_ids", [])
             )
@@ -191,6 +193,8 @@ class AgentBackend:
     (prompt ids, token ids, logprobs), what a test compares a recorded trajectory with.
     ``forge(prompt_text)``, where given, says what to make of an answer to that prompt (a
     Forge of its ids and logprobs, or None to leave it), as a broken server would answer.
+    ``weight_version``, where set, is answered as raas's engine does (the version of the weights
+    that generated every token), where vLLM says nothing.
     """
 
     HOLD_S = 600.0  # a test that never releases a held request is stopped by its own deadline
@@ -214,6 +218,7 @@ class AgentBackend:
         self.holding = threading.Event()
         self._released = threading.Event()
         self.returned: list[tuple[list[int], list[int], list[float]]] = []
+        self.weight_version: int | None = None
         app = self.app = _server_app("agent")
 
         @app.post("/v1/completions")
@@ -235,22 +240,25 @@ class AgentBackend:
             if forged is not None:
                 ids, logprobs = forged(ids, logprobs)
             self.returned.append((list(body["prompt"]), ids, logprobs))
-            return _raw_json(
-                {
-                    "id": "cmpl-agent",
-                    "object": "text_completion",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": "",
-                            "token_ids": ids,
-                            "logprobs": {"token_logprobs": logprobs},
-                            "finish_reason": finish,
-                        }
-                    ],
-                    "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
-                }
-            )
+            answer: dict[str, Any] = {
+                "id": "cmpl-agent",
+                "object": "text_completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": ids,
+                        "logprobs": {"token_logprobs": logprobs},
+                        "finish_reason": finish,
+                    }
+                ],
+                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)},
+            }
+            version = self.weight_version
+            if version is not None:
+                answer["weight_version"] = version
+                answer["weight_versions"] = [{"version": version, "start": 0, "end": len(ids)}]
+            return _raw_json(answer)
 
     def release(self) -> None:
         """Answer the held requests (and any later ones) at once."""

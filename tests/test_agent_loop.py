@@ -29,6 +29,10 @@ class Scripted:
         self.tok = tokenizer
         self.turns = list(turns)
         self.prompts: list[list[int]] = []
+        # Each turn's token versions from a backend that reports them: turn i's tokens before
+        # ``switch[i]`` get version ``versions[i]``, the rest the next version (no entry: none).
+        self.versions: list[int] = []
+        self.switch: list[int] = []
 
     async def generate(
         self, session: str, prompt_ids: list[int], params: SamplingParams
@@ -39,7 +43,14 @@ class Scripted:
         finish = "stop"
         if len(ids) > params.max_tokens:
             ids, finish = ids[: params.max_tokens], "length"  # as a server stops at the limit
-        return Generation(ids, [-0.25] * len(ids), finish, backend="scripted")
+        versions = None
+        turn = len(self.prompts) - 1
+        if turn < len(self.versions):
+            at, v = self.switch[turn], self.versions[turn]
+            versions = [v if i < at else v + 1 for i in range(len(ids))]
+        return Generation(
+            ids, [-0.25] * len(ids), finish, backend="scripted", policy_versions=versions
+        )
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +97,25 @@ async def test_parallel_calls_run_in_order_and_finish_ends(tok: Any, sandbox: Sa
     assert traj.prompt_ids + traj.response_ids == policy.prompts[-1] + last
     assert traj.invariant_error() is None
     assert sum(traj.loss_mask) == sum(len(encode(tok, t)) + 1 for t in turns)
+
+
+async def test_each_turn_records_the_policy_versions_of_its_tokens(
+    tok: Any, sandbox: Sandbox
+) -> None:
+    """One version for a turn whose tokens all came from one policy, one a token where an
+    update landed mid-generation, and null where the backend said nothing."""
+    turns = [call("think", thought="a"), call("think", thought="b"), call("finish", answer="c")]
+    policy = Scripted(tok, turns)
+    policy.versions, policy.switch = [3, 4], [10**6, 2]  # turn 1 changes after 2 tokens
+    loop = AgentLoop(policy, tok, select_tools(["think", "finish"]), sandbox, LoopConfig())
+    traj = Trajectory()
+    await loop.run("job", start(), traj)
+    first, second, third = traj.turns
+    assert first["policy_version"] == 3 and "policy_versions" not in first
+    n = second["output_tokens"]
+    assert second["policy_versions"] == [4, 4] + [5] * (n - 2) and "policy_version" not in second
+    assert third["policy_version"] is None  # a backend that says nothing of its weights
+    assert traj.policy_version_range() == (3, 5)
 
 
 async def test_format_errors_go_back_to_the_model(tok: Any, sandbox: Sandbox) -> None:

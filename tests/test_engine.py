@@ -163,6 +163,9 @@ async def test_the_response_has_vllms_shape(serve: Any) -> None:
         "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["logprobs"] is None
+    # raas's own fields (vLLM has none): the weights every token was sampled under, as spans.
+    assert data["weight_version"] == 0
+    assert data["weight_versions"] == [{"version": 0, "start": 0, "end": 5}]
     assert plain["choices"][0]["prompt_token_ids"] is None
     first = top["choices"][0]["logprobs"]
     assert all(len(alternatives) >= 2 for alternatives in first["top_logprobs"])

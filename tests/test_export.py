@@ -37,6 +37,8 @@ COLUMNS = {
     "attempts",
     "attempt_errors_json",
     "task",
+    "policy_version_min",
+    "policy_version_max",
 }
 
 
@@ -54,6 +56,7 @@ def result() -> RolloutResult:
             loss_mask=[1, 0],
             logprobs=[-0.5, 0.0],
             messages=[{"role": "user", "content": "hi"}],
+            turns=[{"policy_version": 5}, {"policy_versions": [6, 6, 7]}, {"policy_version": None}],
             stop_reason="max_turns",
         ),
         timing=Timing(queue_s=0.1, init_s=0.2, run_s=0.3, eval_s=0.0, total_s=0.6),
@@ -76,9 +79,15 @@ def test_columns_are_the_wire_fields_flattened() -> None:
     assert json.loads(row["metrics_json"]) == {"artifact": {"answer": "4"}}
     assert (row["data_source"], row["task"]) == ("openai/gsm8k", "math")
     assert json.loads(row["messages_json"]) == [{"role": "user", "content": "hi"}]
+    # The oldest and newest policy that generated the tokens, from the turn records.
+    assert (row["policy_version_min"], row["policy_version_max"]) == (5, 7)
+    unknown = result()
+    unknown.trajectory.turns = [{"policy_version": None}]
+    assert flat_row(unknown)["policy_version_min"] is None
 
 
 def test_a_row_fits_the_parquet_schema() -> None:
     table = pa.Table.from_pylist([flat_row(result())], schema=parquet_schema(pa))
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
     assert table.column("error_type").to_pylist() == ["timeout"]
+    assert table.column("policy_version_max").to_pylist() == [7]

@@ -44,6 +44,7 @@ class Model:
         self.answers: list[str] = []
         self.prompts: list[str] = []
         self.generated: list[list[int]] = []
+        self.server: AgentBackend | None = None
 
     def __call__(self, prompt: str) -> str:
         self.prompts.append(prompt)
@@ -55,7 +56,8 @@ class Model:
 @pytest.fixture(scope="module")
 def backend() -> Iterator[tuple[str, Model]]:
     model = Model()
-    server = ServerThread(AgentBackend(model).app).start()
+    model.server = AgentBackend(model)
+    server = ServerThread(model.server.app).start()
     yield server.url, model
     server.stop()
 
@@ -65,6 +67,8 @@ def model(backend: tuple[str, Model]) -> Model:
     backend[1].answers.clear()
     backend[1].generated.clear()
     backend[1].prompts.clear()
+    assert backend[1].server is not None
+    backend[1].server.weight_version = None
     return backend[1]
 
 
@@ -137,8 +141,24 @@ async def test_a_tool_conversation_is_one_segment_of_exactly_the_generated_token
     assert encode(tok, model.prompts[1]) == seg.prompt_ids + gen1 + inserted
     assert "a.py" in tok.decode(inserted) and session.drift == 0
     assert [t["segment"] for t in traj.turns] == [0, 0] and len(traj.turns) == 2
+    assert [t["policy_version"] for t in traj.turns] == [None, None]  # vLLM says nothing
     assert traj.messages[-1] == {"role": "assistant", "content": "There are 2 files."}
     assert session.metrics()["gateway_segments"] == 1
+
+
+async def test_each_call_records_the_policy_version_the_backend_reports(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    assert model.server is not None
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway)
+        agent = client(app, session.token)
+        for version in (4, 6):
+            model.server.weight_version = version
+            messages: list[Any] = [{"role": "user", "content": f"Hello {version}"}]
+            await agent.chat.completions.create(model="m", messages=messages)
+    assert [t["policy_version"] for t in session.trajectory.turns] == [4, 6]
+    assert session.trajectory.policy_version_range() == (4, 6)
 
 
 async def test_dropping_earlier_messages_starts_a_new_segment(

@@ -80,6 +80,40 @@ async def test_each_client_speaks_its_protocol(servers: Any, protocol: str) -> N
         assert body["prompt_ids"] == PROMPT and body["max_tokens"] == 5 and body["seed"] == 11
 
 
+async def test_the_sglang_client_reads_the_weight_versions_sglang_reports(servers: Any) -> None:
+    """SGLang's /generate says which weights generated the tokens in its meta_info: spans where
+    an update landed mid-generation, the version alone on an SGLang without spans; a version
+    that is no number (SGLang's "default") is none raas can order. vLLM says nothing of it."""
+    fake, server = servers("sglang")
+    client = SGLangClient(server.url)
+    answers: dict[str, Any] = {}
+    try:
+        fake.weight_version = "default"
+        answers["default"] = await client.generate(PROMPT, PARAMS)
+        fake.weight_version = "7"
+        answers["one"] = await client.generate(PROMPT, PARAMS)
+        fake.weight_versions = [
+            {"version": "7", "start": 0, "end": 2},
+            {"version": "8", "start": 2, "end": 5},
+        ]
+        fake.weight_version = "8"
+        answers["spans"] = await client.generate(PROMPT, PARAMS)
+        fake.weight_versions = [{"version": "8", "start": 0, "end": 3}]  # two tokens left out
+        with pytest.raises(BackendError, match="do not cover the 5 tokens"):
+            await client.generate(PROMPT, PARAMS)
+    finally:
+        await client.aclose()
+    assert answers["default"].policy_versions is None
+    assert answers["one"].policy_versions == [7] * 5
+    assert answers["spans"].policy_versions == [7, 7, 8, 8, 8]
+    _, vllm = servers("vllm")
+    plain = VLLMClient(vllm.url, model="fake-model")
+    try:
+        assert (await plain.generate(PROMPT, PARAMS)).policy_versions is None
+    finally:
+        await plain.aclose()
+
+
 async def test_vllm_before_return_token_ids_is_read_from_token_strings(servers: Any) -> None:
     _, server = servers("vllm", old_vllm=True)
     client = VLLMClient(server.url, model="fake-model")
