@@ -1,10 +1,11 @@
 """Gateway sessions: an OpenAI-style API per job, for agent programs raas did not write.
 
 The agent calls ``/v1/chat/completions`` or ``/v1/responses`` as it would call OpenAI, or
-``/v1/messages`` as it would call Anthropic (raas.llm.anthropic_messages translates). The session
-renders the conversation with the model's chat template (tools included), generates token ids
-through the backend pool (sticky per job), parses the reply back into OpenAI's shape, and records
-every call: its prompt ids, output ids and logprobs.
+``/v1/messages`` as it would call Anthropic (raas.llm.openai_responses and
+raas.llm.anthropic_messages translate). The session renders the conversation with the model's
+chat template (tools included), generates token ids through the backend pool (sticky per job),
+parses the reply back into OpenAI's shape, and records every call: its prompt ids, output ids
+and logprobs.
 
 Calls are merged into trajectory *segments* by prefix. A call continues a segment when its
 conversation is that segment's conversation plus new messages (the assistant turns exactly as the
@@ -54,11 +55,11 @@ from raas.llm.openai_chat import (
     read_output,
     render_prompt,
     reply_message,
-    response_object,
     same,
     template_messages,
 )
-from raas.llm.openai_types import ChatRequest, OpenAIError, ResponsesRequest, Sampled, read
+from raas.llm.openai_responses import ResponsesRequest, responses_answer
+from raas.llm.openai_types import ChatRequest, OpenAIError, Sampled, read
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser, get_parser
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
 from raas.sandbox.client import UNAUTHORIZED, token_matches
@@ -177,8 +178,10 @@ class GatewaySession:
         out, gen, n_prompt = await self._generate(
             request.conversation(), request.shown_tools(), params, [], request
         )
-        answer = response_object(request, self.model, out, params, n_prompt, gen.cached_tokens)
-        return 200, dict(JSON_HEADERS), answer.model_dump_json().encode()
+        kind, answer = responses_answer(
+            request, self.model, out, params, n_prompt, gen.cached_tokens
+        )
+        return 200, {"content-type": kind}, answer
 
     async def _messages(self, body: bytes) -> Reply:
         request = read(MessagesRequest, body)

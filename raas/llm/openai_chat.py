@@ -30,21 +30,12 @@ from raas.llm.openai_types import (
     ChunkToolCall,
     CompletionUsage,
     Delta,
-    IncompleteDetails,
-    InputTokensDetails,
-    OutputFunctionCall,
-    OutputMessage,
-    OutputText,
     PromptTokensDetails,
-    ResponseObject,
-    ResponsesRequest,
-    ResponseUsage,
     TokenLogprob,
     ToolCallOut,
     tool_call,
 )
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser
-from raas.llm.types import SamplingParams
 
 
 def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -239,49 +230,3 @@ def sse_chunks(completion: ChatCompletion, include_usage: bool) -> bytes:
     if include_usage:
         events.append(chunk([], completion.usage))
     return "".join([*events, "data: [DONE]\n\n"]).encode()
-
-
-def response_object(
-    request: ResponsesRequest,
-    model: str,
-    out: ChatOutput,
-    params: SamplingParams,
-    prompt_tokens: int,
-    cached_tokens: int = 0,
-) -> ResponseObject:
-    """A Responses API answer for a reply: its text as a message, each tool call an item."""
-    parsed = out.parsed
-    output: list[OutputMessage | OutputFunctionCall] = []
-    if parsed.content or not parsed.calls:
-        text = OutputText(text=parsed.content)
-        output.append(OutputMessage(id=f"msg_{uuid.uuid4().hex}", content=[text]))
-    for c in parsed.calls:
-        output.append(
-            OutputFunctionCall(
-                id=f"fc_{uuid.uuid4().hex}",
-                call_id=c.id,
-                name=c.name,
-                arguments=json.dumps(c.arguments),
-            )
-        )
-    incomplete = out.finish_reason == "length" and not parsed.calls
-    return ResponseObject(
-        id=f"resp_{uuid.uuid4().hex}",
-        created_at=int(time.time()),
-        status="incomplete" if incomplete else "completed",
-        incomplete_details=IncompleteDetails() if incomplete else None,
-        model=model,
-        instructions=request.instructions,
-        output=output,
-        tool_choice=request.tool_choice or "auto",
-        tools=[t.model_dump(exclude_unset=True) for t in request.tools or ()],
-        temperature=params.temperature,
-        top_p=params.top_p,
-        max_output_tokens=request.max_output_tokens,
-        usage=ResponseUsage(
-            input_tokens=prompt_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens),
-            output_tokens=len(out.ids),
-            total_tokens=prompt_tokens + len(out.ids),
-        ),
-    )

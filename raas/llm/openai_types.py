@@ -2,10 +2,10 @@
 (the gateway, the embedded engine's and the oracle's chat completions), and the answers they send.
 
 Requests are read leniently, as compatibility routes must (field names and shapes are the ``openai``
-package's, ``openai/types/chat/completion_create_params.py`` and
-``openai/types/responses/response_create_params.py``): a field raas does not read is ignored, a
-message's content may be a string, a list of text parts or null, and tool-call arguments a JSON
-string or an object. A field raas does read and cannot take is a 400 in OpenAI's error shape whose
+package's, ``openai/types/chat/completion_create_params.py``; raas.llm.openai_responses reads the
+Responses API's from the same parts): a field raas does not read is ignored, a message's content
+may be a string, a list of text parts or null, and tool-call arguments a JSON string or an
+object. A field raas does read and cannot take is a 400 in OpenAI's error shape whose
 ``param`` names it (``messages[0].role``). What a request says becomes *canonical* messages:
 ``role``, ``content`` (a string), and where present ``tool_calls`` ([{id, name, arguments: dict}]),
 ``tool_call_id`` and ``name`` (see raas.llm.openai_chat).
@@ -25,7 +25,6 @@ from pydantic import (
     StrictBool,
     StrictStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -94,7 +93,7 @@ class Lenient(BaseModel):
 # -- request parts ------------------------------------------------------------------------------
 
 
-def _error(kind: str, message: str) -> PydanticCustomError:
+def custom_error(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, message)
 
 
@@ -105,7 +104,7 @@ def _content(value: Any) -> Any:
         return [value]
     if isinstance(value, list):
         return value
-    raise _error("invalid_content", "must be a string, a list of text parts or null")
+    raise custom_error("invalid_content", "must be a string, a list of text parts or null")
 
 
 def _text_part(value: Any) -> Any:
@@ -113,7 +112,7 @@ def _text_part(value: Any) -> Any:
         return value
     if isinstance(value, dict) and isinstance(value.get("text"), str):
         return value["text"]  # text, input_text, output_text
-    raise _error("unsupported_content", "only text content parts are supported")
+    raise custom_error("unsupported_content", "only text content parts are supported")
 
 
 # A message's content: a string, a list of text parts (or strings), or null; read as its texts.
@@ -131,7 +130,7 @@ def _arguments(value: Any) -> Any:
                 "invalid_json", "is not valid JSON ({reason})", {"reason": e.msg}
             ) from None
     if not isinstance(value, dict):
-        raise _error("invalid_arguments", "must be a JSON object")
+        raise custom_error("invalid_arguments", "must be a JSON object")
     return value
 
 
@@ -142,7 +141,7 @@ Arguments = Annotated[dict[str, Any], BeforeValidator(_arguments)]
 def _tool_choice(value: Any) -> Any:
     if value is None or value in ("none", "auto", "required") or isinstance(value, dict):
         return value
-    raise _error("invalid_value", 'must be "none", "auto", "required" or a named function')
+    raise custom_error("invalid_value", 'must be "none", "auto", "required" or a named function')
 
 
 # "none" hides the tools; a named function (a dict) is shown with the rest, sampling unconstrained.
@@ -164,7 +163,7 @@ Stop = Annotated[
 
 def _function_only(value: Any) -> Any:
     if value != "function":
-        raise _error("unsupported", 'only "function" tools are supported')
+        raise custom_error("unsupported", 'only "function" tools are supported')
     return value
 
 
@@ -273,7 +272,7 @@ class Sampled(Lenient):
         return None
 
 
-class _Request(Sampled):
+class OpenAIRequest(Sampled):
     """What both requests share: the model's name, tool_choice, and the sampling keys (a
     request's max tokens is capped at the default's: the job's budget, the context's room)."""
 
@@ -315,7 +314,7 @@ def requested(
     return defaults.model_copy(update=update) if update else defaults
 
 
-def _shown(tools: list[dict[str, Any]], choice: ToolChoice) -> list[dict[str, Any]] | None:
+def shown(tools: list[dict[str, Any]], choice: ToolChoice) -> list[dict[str, Any]] | None:
     """The tools the model is shown: none without any, or under tool_choice "none"."""
     return None if not tools or choice == "none" else tools
 
@@ -323,7 +322,7 @@ def _shown(tools: list[dict[str, Any]], choice: ToolChoice) -> list[dict[str, An
 # -- the requests -------------------------------------------------------------------------------
 
 
-class ChatRequest(_Request):
+class ChatRequest(OpenAIRequest):
     """``POST /v1/chat/completions``: what raas reads of it."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -340,14 +339,14 @@ class ChatRequest(_Request):
     @classmethod
     def _only_one(cls, n: int | None) -> int | None:
         if n not in (None, 1):
-            raise _error("unsupported", "only n=1 is supported: send n requests")
+            raise custom_error("unsupported", "only n=1 is supported: send n requests")
         return n
 
     def conversation(self) -> list[Message]:
         return [m.canonical() for m in self.messages]
 
     def shown_tools(self) -> list[dict[str, Any]] | None:
-        return _shown([t.spec() for t in self.tools or ()], self.tool_choice)
+        return shown([t.spec() for t in self.tools or ()], self.tool_choice)
 
     def sampling(self, defaults: SamplingParams) -> SamplingParams:
         # max_completion_tokens replaced max_tokens in OpenAI's API; a client may send either.
@@ -361,104 +360,6 @@ class ChatRequest(_Request):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
-
-
-class ResponsesTool(Lenient):
-    """A Responses API function tool: flat (type, name, description, parameters)."""
-
-    type: FunctionType
-    name: StrictStr
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-    def spec(self) -> dict[str, Any]:
-        """In Chat Completions' shape, as the chat template takes it."""
-        keys = {"name", "description", "parameters"}
-        return {"type": "function", "function": self.model_dump(include=keys, exclude_unset=True)}
-
-
-class InputItem(Lenient):
-    """One item of a Responses API ``input``: a message, a function call, its output, or the
-    model's reasoning (which no chat template renders, so it is left out)."""
-
-    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
-    role: Literal["system", "developer", "user", "assistant"] | None = Field(
-        None, validate_default=True
-    )
-    content: Content = []
-    name: StrictStr | None = Field(None, validate_default=True)
-    arguments: Arguments = {}
-    call_id: str | None = None
-    output: Content = []
-
-    @field_validator("role", "name")
-    @classmethod
-    def _required(cls, value: str | None, info: ValidationInfo) -> str | None:
-        needed_by = {"role": "message", "name": "function_call"}[info.field_name or ""]
-        if value is None and info.data.get("type") == needed_by:
-            raise _error("missing", "Field required")
-        return value
-
-
-def _input(value: Any) -> Any:
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    if isinstance(value, list):
-        return value
-    raise _error("invalid_input", "must be a string or a non-empty list of items")
-
-
-class ResponsesRequest(_Request):
-    """``POST /v1/responses``: what raas reads of it (the whole conversation in ``input``)."""
-
-    input: Annotated[list[InputItem], BeforeValidator(_input), Field(min_length=1)]
-    instructions: str | None = None
-    tools: list[ResponsesTool] | None = None
-    max_output_tokens: MaxTokens | None = None
-    stream: StrictBool | None = None
-    previous_response_id: str | None = None
-
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, stream: bool | None) -> bool | None:
-        if stream:
-            raise _error("unsupported", "streaming is not supported on /v1/responses")
-        return stream
-
-    @field_validator("previous_response_id")
-    @classmethod
-    def _stateless(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise _error("unsupported", "not supported: send the whole conversation as input")
-        return value
-
-    def conversation(self) -> list[Message]:
-        messages: list[Message] = []
-        if self.instructions is not None:
-            messages.append({"role": "system", "content": self.instructions})
-        for item in self.input:
-            if item.type == "message":
-                role = "system" if item.role == "developer" else item.role
-                messages.append({"role": role, "content": "".join(item.content)})
-            elif item.type == "function_call":
-                call = tool_call(item.call_id or "", item.name or "", item.arguments)
-                last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant":
-                    last.setdefault("tool_calls", []).append(call)
-                else:
-                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            elif item.type == "function_call_output":
-                msg: Message = {"role": "tool", "content": "".join(item.output)}
-                if item.call_id is not None:
-                    msg["tool_call_id"] = item.call_id
-                messages.append(msg)
-        return messages
-
-    def shown_tools(self) -> list[dict[str, Any]] | None:
-        return _shown([t.spec() for t in self.tools or ()], self.tool_choice)
-
-    def sampling(self, defaults: SamplingParams) -> SamplingParams:
-        return self._sampling(defaults, self.max_output_tokens)
 
 
 # -- answers ------------------------------------------------------------------------------------
@@ -556,71 +457,6 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: CompletionUsage | None = None
-
-
-class OutputText(BaseModel):
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[Any] = []
-
-
-class OutputMessage(BaseModel):
-    type: Literal["message"] = "message"
-    id: str
-    status: Literal["completed"] = "completed"
-    role: Literal["assistant"] = "assistant"
-    content: list[OutputText]
-
-
-class OutputFunctionCall(BaseModel):
-    type: Literal["function_call"] = "function_call"
-    id: str
-    call_id: str
-    name: str
-    arguments: str  # JSON text
-    status: Literal["completed"] = "completed"
-
-
-class IncompleteDetails(BaseModel):
-    reason: Literal["max_output_tokens"] = "max_output_tokens"
-
-
-class InputTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = 0
-
-
-class ResponseUsage(BaseModel):
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
-    total_tokens: int
-
-
-class ResponseObject(BaseModel):
-    """A Responses API answer."""
-
-    id: str
-    object: Literal["response"] = "response"
-    created_at: int
-    status: Literal["completed", "incomplete"]
-    incomplete_details: IncompleteDetails | None = None
-    error: None = None
-    model: str
-    instructions: str | None
-    output: list[OutputMessage | OutputFunctionCall]
-    parallel_tool_calls: bool = True
-    tool_choice: Any
-    tools: list[dict[str, Any]]
-    temperature: float
-    top_p: float
-    max_output_tokens: int | None
-    metadata: dict[str, str] = {}
-    usage: ResponseUsage
 
 
 # What a chat completions route answers, for a FastAPI route's OpenAPI entry (``responses=``).

@@ -18,7 +18,8 @@ from raas.agent.gateway import GatewaySession, unauthorized
 from raas.api.state import ServiceState
 from raas.helpers import offered_tokens
 from raas.llm.anthropic_messages import AnthropicErrorBody, AnthropicMessage, TokensCount
-from raas.llm.openai_types import ChatCompletion, OpenAIErrorBody, ResponseObject
+from raas.llm.openai_responses import ResponseObject
+from raas.llm.openai_types import ChatCompletion, OpenAIErrorBody
 
 router = APIRouter(prefix="/v1", tags=["gateway"])
 
@@ -82,12 +83,18 @@ async def _serve(request: Request) -> Response:
     return Response(body, status_code=status, headers=headers, media_type=media)
 
 
+# With `stream: true` the answer is that object as the API's server-sent events, sent at once.
+EVENTS = {"text/event-stream": {"schema": {"type": "string"}}}
 _DOC = "OpenAI-compatible, for agent programs: authenticated by the job's token."
 for path, summary, answer in [
     ("/chat/completions", "Chat completions", ChatCompletion),
     ("/responses", "Responses", ResponseObject),
 ]:
-    ok = {"model": answer, "description": "The answer (a chat completion may stream as events)."}
+    ok = {
+        "model": answer,
+        "description": "The answer; with `stream: true`, as the API's server-sent events.",
+        "content": EVENTS,
+    }
     router.add_api_route(
         path,
         _serve,
@@ -97,7 +104,11 @@ for path, summary, answer in [
         responses={200: ok, **POST_ERRORS},
     )
 _ANTHROPIC_DOC = "Anthropic-compatible, for agent programs: authenticated by the job's token."
-_MESSAGE = {"model": AnthropicMessage, "description": "The answer (it may stream as events)."}
+_MESSAGE = {
+    "model": AnthropicMessage,
+    "description": "The answer; with `stream: true`, as the API's server-sent events.",
+    "content": EVENTS,
+}
 _COUNT = {"model": TokensCount, "description": "The rendered prompt's length in tokens."}
 for path, summary, responses in [
     ("/messages", "Messages", {200: _MESSAGE, **MESSAGES_ERRORS}),
