@@ -15,6 +15,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from raas.tasks import TaskRegistry
 from tests import test_gateway
+from tests.conftest import FIXTURES
 from tests.policies import call
 from tests.test_gateway import Model, client, open_job, raas_app
 
@@ -191,3 +192,37 @@ async def test_a_malformed_request_is_a_400_naming_the_field_and_hosted_tools_ar
         assert r.status == "completed" and [t.type for t in r.tools] == ["web_search", "function"]
     (prompt,) = model.prompts
     assert "bash" in prompt and "web_search" not in prompt
+
+
+async def test_codex_clis_own_requests_stream_and_continue_one_segment(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    # Codex CLI 0.169.0's first request of `codex exec`, as it sent it (long texts shortened):
+    # function tools, a namespace of sub-agent tools, web_search, developer messages.
+    request = json.loads((FIXTURES / "codex_responses_request.json").read_text())
+    model.answers += [call("exec_command", cmd="ls | wc -l"), call("close_agent", target="a1")]
+    async with (
+        raas_app(tmp_path, registry, backend[0]) as (app, gateway),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as http,
+    ):
+        session = open_job(gateway)
+        auth = {"Authorization": f"Bearer {session.token}"}
+        events = read_events((await http.post("/v1/responses", json=request, headers=auth)).text)
+        (fc,) = [e.item for e in events if e.type == "response.output_item.done"]
+        assert fc.name == "exec_command" and fc.namespace is None
+        # As Codex sends the turn back: the call item as it came, and its output.
+        request["input"] += [
+            fc.model_dump(exclude_none=True),
+            {"type": "function_call_output", "id": "fco_1", "call_id": fc.call_id, "output": "2"},
+        ]
+        events = read_events((await http.post("/v1/responses", json=request, headers=auth)).text)
+    (fc,) = [e.item for e in events if e.type == "response.output_item.done"]
+    assert fc.name == "close_agent" and fc.namespace == "multi_agent_v1"
+    (prompt, _) = model.prompts
+    assert "exec_command" in prompt and "close_agent" in prompt and "web_search" not in prompt
+    (seg,) = session.segments
+    gen1, gen2 = model.generated
+    assert [t for t, m in zip(seg.response_ids, seg.loss_mask, strict=True) if m] == gen1 + gen2
+    assert session.drift == 0

@@ -5,17 +5,20 @@ rendering, generation, parsing and recording.
 
 Requests are read leniently, from the same parts as chat completions' (raas.llm.openai_types;
 names and shapes are the ``openai`` package's, ``openai/types/responses/response_create_params.py``
-and the input items beside it). ``input`` is a string or a list of items: ``message`` (a role and
-text parts: ``input_text``, ``output_text``), ``function_call``, ``function_call_output`` and
-``reasoning`` (accepted and left out: no chat template renders an earlier turn's reasoning); any
-other item, or a part that is not text, is a 400 naming it. ``tools`` are ``function`` tools;
-OpenAI's hosted tools (``web_search``, ``file_search``, ``code_interpreter``, ``image_generation``,
-``computer_use_preview``, ``mcp``) are ignored, since no server of raas's runs them and the model
-is simply not shown them; any other (``custom``, ``local_shell``...) is a 400 naming it. The
-conversation is stateless: ``previous_response_id`` and ``conversation`` are refused (400), the
-whole conversation comes in ``input`` (as Codex sends it, ``store: false``). ``parallel_tool_calls``
-and ``tool_choice`` are echoed (sampling is never constrained); ``include``, ``reasoning``,
-``text``, ``store``, ``prompt_cache_key`` and the rest are ignored.
+and the items beside it, and what Codex CLI 0.169 sends). ``input`` is a string or a list of
+items: ``message`` (a role and text parts: ``input_text``, ``output_text``), ``function_call``,
+``function_call_output`` and ``reasoning`` (accepted and left out: no chat template renders an
+earlier turn's reasoning); any other item, or a part that is not text, is a 400 naming it.
+``tools`` are ``function`` tools and ``namespace`` tools of them (Codex's sub-agent tools: shown
+by their own names; a call to one names its namespace, as OpenAI's does); OpenAI's hosted tools
+(``web_search``, ``file_search``, ``code_interpreter``, ``image_generation``,
+``computer_use_preview``, ``mcp``) are ignored, since no server of raas's runs them and the
+model is simply not shown them; any other (``custom``, ``local_shell``...) is a 400 naming it.
+The conversation is stateless: ``previous_response_id`` and ``conversation`` are refused (400),
+the whole conversation comes in ``input`` (as Codex sends it, ``store: false``).
+``parallel_tool_calls`` and ``tool_choice`` are echoed (sampling is never constrained by them);
+``include``, ``reasoning``, ``text``, ``store``, ``prompt_cache_key``, ``client_metadata`` and
+the rest are ignored.
 
 Answers are the ``Response`` of ``openai/types/responses/response.py``, or where the request
 streams, the events of ``response_stream_event.py`` that the SDK's ``responses.stream()``
@@ -64,33 +67,41 @@ HOSTED_TOOL = re.compile(
 
 
 def _tool_type(value: Any) -> Any:
-    if value == "function" or (isinstance(value, str) and HOSTED_TOOL.fullmatch(value)):
+    if value in ("function", "namespace") or (
+        isinstance(value, str) and HOSTED_TOOL.fullmatch(value)
+    ):
         return value
     raise custom_error(
-        "unsupported", 'only "function" tools are supported (hosted tools are ignored)'
+        "unsupported",
+        'only "function" tools and namespaces of them are supported (hosted tools are ignored)',
     )
 
 
 class ResponsesTool(Lenient):
-    """A Responses API tool: a function (flat: type, name, description, parameters), or a hosted
-    tool, which the model is not shown."""
+    """A Responses API tool: a function (flat: type, name, description, parameters), a
+    namespace of functions (its ``tools``), or a hosted tool, which the model is not shown."""
 
     type: Annotated[str, BeforeValidator(_tool_type)]
     name: StrictStr | None = Field(None, validate_default=True)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    tools: list[ResponsesTool] | None = None  # a namespace's
 
     @field_validator("name")
     @classmethod
     def _named(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None and info.data.get("type") == "function":
+        if value is None and info.data.get("type") in ("function", "namespace"):
             raise custom_error("missing", "Field required")
         return value
 
-    def spec(self) -> dict[str, Any] | None:
-        """In Chat Completions' shape, as the chat template takes it (None: a hosted tool)."""
-        if self.type != "function":
-            return None
+    def functions(self) -> list[ResponsesTool]:
+        """The function tools this tool is: itself, a namespace's own, or none."""
+        if self.type == "namespace":
+            return [f for t in self.tools or () for f in t.functions()]
+        return [self] if self.type == "function" else []
+
+    def spec(self) -> dict[str, Any]:
+        """A function tool in Chat Completions' shape, as the chat template takes it."""
         keys = {"name", "description", "parameters"}
         return {"type": "function", "function": self.model_dump(include=keys, exclude_unset=True)}
 
@@ -183,8 +194,16 @@ class ResponsesRequest(OpenAIRequest):
         return messages
 
     def shown_tools(self) -> list[dict[str, Any]] | None:
-        specs = [t.spec() for t in self.tools or ()]
-        return shown([s for s in specs if s is not None], self.tool_choice)
+        """The function tools, a namespace's among them (by their own names), as the chat
+        template takes them."""
+        return shown([f.spec() for t in self.tools or () for f in t.functions()], self.tool_choice)
+
+    def namespace_of(self, name: str) -> str | None:
+        """The namespace whose function ``name`` is, if any (a call to it names it)."""
+        for tool in self.tools or ():
+            if tool.type == "namespace" and any(f.name == name for f in tool.functions()):
+                return tool.name
+        return None
 
     def sampling(self, defaults: SamplingParams) -> SamplingParams:
         return self._sampling(defaults, self.max_output_tokens)
@@ -216,6 +235,7 @@ class OutputFunctionCall(BaseModel):
     call_id: str
     name: str
     arguments: str  # JSON text
+    namespace: str | None = None  # the namespace tool the function is one of
     status: Literal["completed"] = "completed"
 
 
@@ -286,6 +306,7 @@ def response_object(
                 call_id=c.id,
                 name=c.name,
                 arguments=json.dumps(c.arguments),
+                namespace=request.namespace_of(c.name),
             )
         )
     return ResponseObject(
