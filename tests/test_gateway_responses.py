@@ -5,6 +5,8 @@ as it records chat completions' (the same tokens, masks and segments)."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, get_args
 
@@ -13,6 +15,7 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from raas.agent.gateway import GatewaySession
 from raas.tasks import TaskRegistry
 from tests import test_gateway
 from tests.conftest import FIXTURES
@@ -44,6 +47,21 @@ EVENTS = {
     get_args(kind.model_fields["type"].annotation)[0]: kind
     for kind in get_args(get_args(ResponseStreamEvent)[0])
 }
+
+
+@asynccontextmanager
+async def job_http(
+    tmp_path: Path, registry: TaskRegistry, llm: str
+) -> AsyncIterator[tuple[GatewaySession, httpx.AsyncClient]]:
+    """A job's session on a fresh server, and a plain HTTP client that sends its token."""
+    async with raas_app(tmp_path, registry, llm) as (app, gateway):
+        session = open_job(gateway)
+        auth = {"Authorization": f"Bearer {session.token}"}
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://localhost", headers=auth
+        ) as http:
+            yield session, http
 
 
 def read_events(body: str) -> list[Any]:
@@ -118,16 +136,9 @@ async def test_the_events_are_openais_own_types_and_a_reply_cut_short_ends_incom
     tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
 ) -> None:
     model.answers += [call("bash", command="ls"), "one two three four five six seven eight"]
-    async with (
-        raas_app(tmp_path, registry, backend[0]) as (app, gateway),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
-        ) as http,
-    ):
-        session = open_job(gateway)
-        auth = {"Authorization": f"Bearer {session.token}"}
+    async with job_http(tmp_path, registry, backend[0]) as (_, http):
         body = {"model": "m", "input": "ls", "tools": [BASH], "stream": True, **CODEX}
-        r = await http.post("/v1/responses", json=body, headers=auth)
+        r = await http.post("/v1/responses", json=body)
         assert r.headers["content-type"].startswith("text/event-stream")
         events = read_events(r.text)
         done = events[-1]
@@ -138,12 +149,10 @@ async def test_the_events_are_openais_own_types_and_a_reply_cut_short_ends_incom
         assert done.response.parallel_tool_calls is False
         # Cut short by max_output_tokens: OpenAI ends such a response with response.incomplete.
         body = {"model": "m", "input": "count", "max_output_tokens": 3, "stream": True}
-        events = read_events((await http.post("/v1/responses", json=body, headers=auth)).text)
+        events = read_events((await http.post("/v1/responses", json=body)).text)
         # Unstreamed, the answer is the openai package's Response, validated.
         body = {"model": "m", "input": "again", "stream": False, **CODEX}
-        plain = Response.model_validate(
-            (await http.post("/v1/responses", json=body, headers=auth)).json()
-        )
+        plain = Response.model_validate((await http.post("/v1/responses", json=body)).json())
         assert plain.status == "completed" and plain.output_text == "Nothing more."
     done = events[-1]
     assert done.type == "response.incomplete" and done.response.status == "incomplete"
@@ -201,15 +210,8 @@ async def test_codex_clis_own_requests_stream_and_continue_one_segment(
     # function tools, a namespace of sub-agent tools, web_search, developer messages.
     request = json.loads((FIXTURES / "codex_responses_request.json").read_text())
     model.answers += [call("exec_command", cmd="ls | wc -l"), call("close_agent", target="a1")]
-    async with (
-        raas_app(tmp_path, registry, backend[0]) as (app, gateway),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
-        ) as http,
-    ):
-        session = open_job(gateway)
-        auth = {"Authorization": f"Bearer {session.token}"}
-        events = read_events((await http.post("/v1/responses", json=request, headers=auth)).text)
+    async with job_http(tmp_path, registry, backend[0]) as (session, http):
+        events = read_events((await http.post("/v1/responses", json=request)).text)
         (fc,) = [e.item for e in events if e.type == "response.output_item.done"]
         assert fc.name == "exec_command" and fc.namespace is None
         # As Codex sends the turn back: the call item as it came, and its output.
@@ -217,7 +219,7 @@ async def test_codex_clis_own_requests_stream_and_continue_one_segment(
             fc.model_dump(exclude_none=True),
             {"type": "function_call_output", "id": "fco_1", "call_id": fc.call_id, "output": "2"},
         ]
-        events = read_events((await http.post("/v1/responses", json=request, headers=auth)).text)
+        events = read_events((await http.post("/v1/responses", json=request)).text)
     (fc,) = [e.item for e in events if e.type == "response.output_item.done"]
     assert fc.name == "close_agent" and fc.namespace == "multi_agent_v1"
     (prompt, _) = model.prompts

@@ -58,7 +58,7 @@ from raas.llm.openai_chat import (
     same,
     template_messages,
 )
-from raas.llm.openai_responses import ResponsesRequest, responses_answer
+from raas.llm.openai_responses import ResponsesRequest, response_object, responses_answer
 from raas.llm.openai_types import ChatRequest, OpenAIError, Sampled, read
 from raas.llm.toolcalls import ParsedOutput, ToolCallParser, get_parser
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
@@ -178,9 +178,8 @@ class GatewaySession:
         out, gen, n_prompt = await self._generate(
             request.conversation(), request.shown_tools(), params, [], request
         )
-        kind, answer = responses_answer(
-            request, self.model, out, params, n_prompt, gen.cached_tokens
-        )
+        response = response_object(request, self.model, out, params, n_prompt, gen.cached_tokens)
+        kind, answer = responses_answer(response, bool(request.stream))
         return 200, {"content-type": kind}, answer
 
     async def _messages(self, body: bytes) -> Reply:

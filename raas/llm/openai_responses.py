@@ -387,17 +387,9 @@ def sse_events(response: ResponseObject) -> bytes:
     ).encode()
 
 
-def responses_answer(
-    request: ResponsesRequest,
-    model: str,
-    out: ChatOutput,
-    params: SamplingParams,
-    prompt_tokens: int,
-    cached_tokens: int = 0,
-) -> tuple[str, bytes]:
-    """The answer to ``request``: its content type and body, a response (JSON) or, where the
+def responses_answer(response: ResponseObject, stream: bool) -> tuple[str, bytes]:
+    """The answer to a request: its content type and body, ``response`` (JSON) or, where the
     request streams, that response as the Responses API's event stream."""
-    response = response_object(request, model, out, params, prompt_tokens, cached_tokens)
-    if request.stream:
+    if stream:
         return "text/event-stream", sse_events(response)
     return "application/json", response.model_dump_json().encode()
