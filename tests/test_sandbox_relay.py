@@ -315,3 +315,44 @@ async def test_the_token_as_x_api_key_passes_the_relay_and_the_host(sandbox: San
     # Refused in the shape of the API it was sent to: Anthropic's.
     assert refused["status"] == 401 and refused["body"]["type"] == "error"
     assert refused["body"]["error"]["type"] == "authentication_error"
+
+
+# Inside: POST to Gemini's API with the token as Google's clients send a key, in x-goog-api-key
+# or the query's key; print the status and the body.
+GOOGLE = """
+import json, sys, urllib.request, urllib.error
+port, where, key = sys.argv[1], sys.argv[2], sys.argv[3]
+path = "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+headers = {"Content-Type": "application/json"}
+if where == "header":
+    headers["x-goog-api-key"] = key
+else:
+    path += "&key=" + key
+req = urllib.request.Request("http://127.0.0.1:%s%s" % (port, path), data=b"{}",
+    method="POST", headers=headers)
+try:
+    resp = urllib.request.urlopen(req, timeout=60)
+    status, data = resp.status, resp.read()
+except urllib.error.HTTPError as e:
+    status, data = e.code, e.read()
+print(json.dumps({"status": status, "body": json.loads(data)}))
+"""
+
+
+async def test_the_token_as_googles_key_passes_the_relay_and_the_host(sandbox: Sandbox) -> None:
+    gateway = Recorder("g")
+    port = await sandbox.expose(gateway, token="tok-1")
+    await sandbox.write_file("/tmp/google.py", GOOGLE)
+    answers = {}
+    for where in ("header", "query"):
+        for key in ("tok-1", "tok-2"):
+            result = await sandbox.bash(f"python3 /tmp/google.py {port} {where} {key}")
+            answers[where, key] = json.loads(result.output)
+    assert [a["status"] for a in answers.values()] == [200, 401, 200, 401]
+    by_header, by_query = gateway.calls
+    assert by_header[2]["x-goog-api-key"] == "tok-1"
+    assert by_query[1].endswith("?alt=sse&key=tok-1") and "x-goog-api-key" not in by_query[2]
+    # Refused in the shape of the API it was sent to: Google's.
+    refused = answers["query", "tok-2"]["body"]["error"]
+    assert (refused["code"], refused["status"]) == (401, "UNAUTHENTICATED")
+    assert set(refused) == {"code", "message", "status"}
