@@ -187,8 +187,8 @@ class ActionClient:
     ) -> None:
         """Answer the sandbox's relayed HTTP requests with ``handler``, each within
         ``timeout_s`` (504 after that; 502 when the handler raises or none is set). With
-        ``token``, a request without ``Authorization: Bearer <token>`` gets a 401, one whose
-        body is over ``max_body_bytes`` a 413, before its body is decoded: the relay inside
+        ``token``, a request that does not carry it (:func:`token_matches`) gets a 401, one
+        whose body is over ``max_body_bytes`` a 413, before its body is decoded: the relay inside
         refuses them first, and this holds if the action server was subverted.
         """
         self._relay = handler

@@ -178,13 +178,16 @@ _GEMINI_PARAMETERS = [
     },
 ]
 _GEMINI_DOC = "Gemini-compatible, for agent programs: authenticated by the job's token."
-_CONTENT = {"model": GenerateContentResponse, "description": "The answer."}
-_STREAMED = {
+_CONTENT: dict[str, Any] = {"model": GenerateContentResponse, "description": "The answer."}
+_STREAMED: dict[str, Any] = {
     "description": "The answer as one server-sent event: `data: <a GenerateContentResponse>`.",
     "content": {EventStream.media_type: {"schema": {"type": "string"}}},
 }
-_TOTAL = {"model": CountTokensResponse, "description": "The rendered prompt's length in tokens."}
-for method, summary, answer, errors in [
+_TOTAL: dict[str, Any] = {
+    "model": CountTokensResponse,
+    "description": "The rendered prompt's length in tokens.",
+}
+for method, summary, given, errors in [
     ("generateContent", "Generate content", _CONTENT, GEMINI_ERRORS),
     ("streamGenerateContent", "Stream generated content", _STREAMED, GEMINI_ERRORS),
     ("countTokens", "Count Gemini tokens", _TOTAL, GEMINI_COUNT_ERRORS),
@@ -195,7 +198,7 @@ for method, summary, answer, errors in [
         methods=["POST"],
         summary=summary,
         description=_GEMINI_DOC,
-        responses={200: answer, **errors},
+        responses={200: given, **errors},
         openapi_extra={"parameters": _GEMINI_PARAMETERS},
-        response_class=EventStream if answer is _STREAMED else JSONResponse,
+        response_class=EventStream if given is _STREAMED else JSONResponse,
     )
