@@ -25,6 +25,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 from tenacity import RetryCallState
@@ -280,24 +281,34 @@ def bearer_token(scope: Mapping[str, Any]) -> bytes | None:
     return None
 
 
-def api_key_header(scope: Mapping[str, Any]) -> bytes | None:
-    """An ASGI request's ``x-api-key`` header (how Anthropic's clients send a key), as sent."""
-    for name, value in scope.get("headers", ()):
-        if name == b"x-api-key":
-            return bytes(value).strip()
-    return None
+# The headers that carry an API key as it is: Anthropic's clients', then Google's.
+API_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
 
-def offered_tokens(headers: Mapping[str, str]) -> list[str]:
+def api_keys_given(scope: Mapping[str, Any]) -> list[bytes]:
+    """An ASGI request's keys given as they are, not as a bearer token: its ``x-api-key`` and
+    ``x-goog-api-key`` headers, then its query's ``key`` (how Google's clients may send one)."""
+    names = {n.encode() for n in API_KEY_HEADERS}
+    out = [bytes(v).strip() for n, v in scope.get("headers", ()) if n in names]
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    return out + [k.encode() for k in query_keys(query)]
+
+
+def query_keys(query: str) -> list[str]:
+    """The ``key`` parameters of a query string (``key=<token>``, as Google's API takes one)."""
+    return parse_qs(query, keep_blank_values=True).get("key", []) if "key=" in query else []
+
+
+def offered_tokens(headers: Mapping[str, str], query: str = "") -> list[str]:
     """The tokens a request offers (header names in lower case): ``Authorization: Bearer``'s
-    (OpenAI's clients, Anthropic's with an auth token), then ``x-api-key``'s (Anthropic's)."""
+    (OpenAI's clients, Anthropic's with an auth token), then ``x-api-key``'s (Anthropic's),
+    ``x-goog-api-key``'s (Google's), and its ``query``'s ``key`` (Google's too)."""
     out = []
     scheme, _, given = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer":
         out.append(given.strip())
-    if "x-api-key" in headers:
-        out.append(headers["x-api-key"].strip())
-    return out
+    out += [headers[name].strip() for name in API_KEY_HEADERS if name in headers]
+    return out + query_keys(query)
 
 
 # -- annotations ------------------------------------------------------------------------------

@@ -41,7 +41,10 @@ pytestmark = pytest.mark.fuzz
 SEED = 20261126
 SECONDS = int(os.environ.get("RAAS_FUZZ_SECONDS", "60"))
 KEY = "fuzz-key"
-GATEWAY = r"^/v1/(models|chat/completions|responses|messages|messages/count_tokens)$"
+GATEWAY = (
+    r"^(/v1/(models|chat/completions|responses|messages|messages/count_tokens)"
+    r"|/v1beta/models/\{model\}:(generateContent|streamGenerateContent|countTokens))$"
+)
 # A job's budget is short and the INIT queue small (a full one is a documented 429), so a fuzzed
 # POST /process, which answers once its job is done, does so within the run.
 SERVE_ARGS = ["--timeout-s", "10", "--init-queue", "32"]

@@ -435,6 +435,9 @@ assert os.environ["RAAS_MESSAGES"] == os.environ["RAAS_MESSAGES_FILE"]  # the ea
 # Anthropic's clients get the same gateway (they add /v1 themselves) and token.
 assert os.environ["ANTHROPIC_BASE_URL"] + "/v1" == os.environ["OPENAI_BASE_URL"]
 assert os.environ["ANTHROPIC_API_KEY"] == os.environ["OPENAI_API_KEY"]
+# Gemini's too (the SDK adds /v1beta itself).
+assert os.environ["GOOGLE_GEMINI_BASE_URL"] == os.environ["ANTHROPIC_BASE_URL"]
+assert os.environ["GEMINI_API_KEY"] == os.environ["OPENAI_API_KEY"]
 reply = OpenAI().chat.completions.create(model="policy", messages=messages)
 open(os.environ["RAAS_ANSWER_FILE"], "w").write(reply.choices[0].message.content)
 print("asked:", messages[-1]["content"])

@@ -13,6 +13,7 @@ import shlex
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -284,13 +285,19 @@ async def test_a_body_over_the_cap_with_the_token_gets_a_413(sandbox: Sandbox) -
     assert (await post(sandbox, port, "/v1/chat/completions", MiB))["status"] == 200
 
 
-# Inside: POST with the token as Anthropic's clients send a key, x-api-key; print the status and
-# the body.
+# Inside: POST {} to a path with the token as a key is sent: in a header (Anthropic's x-api-key,
+# Google's x-goog-api-key) or, where the header's name is "-", in the query's key; print the
+# status and the body.
 KEYED = """
 import json, sys, urllib.request, urllib.error
-port, key = sys.argv[1], sys.argv[2]
-req = urllib.request.Request("http://127.0.0.1:%s/v1/messages?beta=true" % port, data=b"{}",
-    method="POST", headers={"x-api-key": key, "Content-Type": "application/json"})
+port, path, header, key = sys.argv[1:5]
+headers = {"Content-Type": "application/json"}
+if header == "-":
+    path += "&key=" + key
+else:
+    headers[header] = key
+req = urllib.request.Request("http://127.0.0.1:%s%s" % (port, path), data=b"{}",
+    method="POST", headers=headers)
 try:
     resp = urllib.request.urlopen(req, timeout=60)
     status, data = resp.status, resp.read()
@@ -300,18 +307,40 @@ print(json.dumps({"status": status, "body": json.loads(data)}))
 """
 
 
+async def keyed(sandbox: Sandbox, port: int, path: str, header: str, key: str) -> Any:
+    await sandbox.write_file("/tmp/keyed.py", KEYED)
+    result = await sandbox.bash(f"python3 /tmp/keyed.py {port} '{path}' {header} {key}")
+    return json.loads(result.output)
+
+
 async def test_the_token_as_x_api_key_passes_the_relay_and_the_host(sandbox: Sandbox) -> None:
     gateway = Recorder("g")
     port = await sandbox.expose(gateway, token="tok-1")
-    await sandbox.write_file("/tmp/keyed.py", KEYED)
-    answers = []
-    for key in ("tok-1", "tok-2"):
-        result = await sandbox.bash(f"python3 /tmp/keyed.py {port} {key}")
-        answers.append(json.loads(result.output))
-    ok, refused = answers
+    ok, refused = [
+        await keyed(sandbox, port, "/v1/messages?beta=true", "x-api-key", key)
+        for key in ("tok-1", "tok-2")
+    ]
     assert ok["status"] == 200 and ok["body"]["model"] == "g"
     ((method, path, headers, _),) = gateway.calls
     assert (method, path, headers["x-api-key"]) == ("POST", "/v1/messages?beta=true", "tok-1")
     # Refused in the shape of the API it was sent to: Anthropic's.
     assert refused["status"] == 401 and refused["body"]["type"] == "error"
     assert refused["body"]["error"]["type"] == "authentication_error"
+
+
+async def test_the_token_as_googles_key_passes_the_relay_and_the_host(sandbox: Sandbox) -> None:
+    gateway = Recorder("g")
+    port = await sandbox.expose(gateway, token="tok-1")
+    path = "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    answers = {}
+    for where, header in (("header", "x-goog-api-key"), ("query", "-")):
+        for key in ("tok-1", "tok-2"):
+            answers[where, key] = await keyed(sandbox, port, path, header, key)
+    assert [a["status"] for a in answers.values()] == [200, 401, 200, 401]
+    by_header, by_query = gateway.calls
+    assert by_header[2]["x-goog-api-key"] == "tok-1"
+    assert by_query[1].endswith("?alt=sse&key=tok-1") and "x-goog-api-key" not in by_query[2]
+    # Refused in the shape of the API it was sent to: Google's.
+    refused = answers["query", "tok-2"]["body"]["error"]
+    assert (refused["code"], refused["status"]) == (401, "UNAUTHENTICATED")
+    assert set(refused) == {"code", "message", "status"}

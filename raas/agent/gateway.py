@@ -1,11 +1,12 @@
 """Gateway sessions: an OpenAI-style API per job, for agent programs raas did not write.
 
-The agent calls ``/v1/chat/completions`` or ``/v1/responses`` as it would call OpenAI, or
-``/v1/messages`` as it would call Anthropic (raas.llm.openai_responses and
-raas.llm.anthropic_messages translate). The session renders the conversation with the model's
-chat template (tools included), generates token ids through the backend pool (sticky per job),
-parses the reply back into OpenAI's shape, and records every call: its prompt ids, output ids
-and logprobs.
+The agent calls ``/v1/chat/completions`` or ``/v1/responses`` as it would call OpenAI,
+``/v1/messages`` as it would call Anthropic, or ``/v1beta/models/{model}:generateContent`` as it
+would call Gemini (raas.llm.openai_responses, raas.llm.anthropic_messages and
+raas.llm.gemini_content translate). The session renders the conversation with the model's chat
+template (tools included), generates token ids through the backend pool (sticky per job), parses
+the reply back into OpenAI's shape, and records every call: its prompt ids, output ids and
+logprobs.
 
 Calls are merged into trajectory *segments* by prefix. A call continues a segment when its
 conversation is that segment's conversation plus new messages (the assistant turns exactly as the
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -49,6 +51,13 @@ from raas.llm.anthropic_messages import (
 )
 from raas.llm.anthropic_messages import error_answer as anthropic_error
 from raas.llm.chat import turn_delta
+from raas.llm.gemini_content import CountTokensRequest as GeminiCountRequest
+from raas.llm.gemini_content import (
+    CountTokensResponse,
+    GenerateContentRequest,
+    content_answer,
+)
+from raas.llm.gemini_content import error_answer as google_error
 from raas.llm.openai_chat import (
     ChatOutput,
     chat_answer,
@@ -125,13 +134,14 @@ class GatewaySession:
         ``headers`` (names in lower case) must carry this session's token: the sandbox's relay
         reaches this session whatever token the agent sends, so the check is made here.
         """
-        path = "/" + path.split("?", 1)[0].strip("/")
-        if not path.startswith("/v1/"):
+        path, _, query = path.partition("?")
+        path = "/" + path.strip("/")
+        if not path.startswith(("/v1/", "/v1beta/")):
             path = "/v1" + path  # a client whose base_url lacks /v1
-        if not self.authorized(headers):
+        if not self.authorized(headers, query):
             return await unauthorized(path)
         try:
-            route = ROUTES.get(path)
+            route = ROUTES.get(route_of(path))
             if route is None:
                 raise OpenAIError(404, f"no route {path}", None, code="unknown_url")
             want, fn = route
@@ -148,10 +158,10 @@ class GatewaySession:
             err = OpenAIError(500, f"{type(e).__name__}: {e}", None, "server_error")
             return error_reply(path, err)
 
-    def authorized(self, headers: dict[str, str]) -> bool:
-        """Whether ``headers`` hold this session's token (``Authorization: Bearer`` or
-        ``x-api-key``)."""
-        return token_matches(headers, self.token)
+    def authorized(self, headers: dict[str, str], query: str = "") -> bool:
+        """Whether the request holds this session's token (``Authorization: Bearer``,
+        ``x-api-key``, ``x-goog-api-key``, or ``key`` in its ``query``)."""
+        return token_matches(headers, self.token, query)
 
     # -- routes -------------------------------------------------------------------------------
 
@@ -196,6 +206,24 @@ class GatewaySession:
         request = read(CountTokensRequest, body)
         prompt = render_prompt(self.tokenizer, request.conversation(), request.shown_tools())
         return _reply(200, {"input_tokens": len(prompt)})
+
+    async def _generate_content(self, body: bytes, stream: bool = False) -> Reply:
+        request = read(GenerateContentRequest, body)
+        self._check(request)
+        params = request.sampling(self.params)
+        out, gen, n_prompt = await self._generate(
+            request.conversation(), request.shown_tools(), params, request.stops, request
+        )
+        kind, answer = content_answer(stream, self.model, out, n_prompt, gen.cached_tokens)
+        return 200, {"content-type": kind}, answer
+
+    async def _stream_generate_content(self, body: bytes) -> Reply:
+        return await self._generate_content(body, stream=True)
+
+    async def _count_gemini_tokens(self, body: bytes) -> Reply:
+        request = read(GeminiCountRequest, body)
+        prompt = render_prompt(self.tokenizer, request.conversation(), request.shown_tools())
+        return _reply(200, CountTokensResponse(totalTokens=len(prompt)).model_dump())
 
     def _check(self, request: Sampled) -> None:
         """Raises the 400 for a request that would change the job's sampling, where this
@@ -333,14 +361,35 @@ class GatewaySession:
         return out
 
 
+GEMINI = "/v1beta/models/{model}"  # then :generateContent, :streamGenerateContent, :countTokens
+# Greedy, as the server's route (a model's name may hold a colon), and a name of one segment.
+_GEMINI_PATH = re.compile(
+    r"^/v1beta/models/[^/]+:(generateContent|streamGenerateContent|countTokens)$"
+)
+
 ROUTES: dict[str, tuple[str, Callable[[GatewaySession, bytes], Awaitable[Reply]]]] = {
     "/v1/chat/completions": ("POST", GatewaySession._chat),
     "/v1/responses": ("POST", GatewaySession._responses),
     "/v1/models": ("GET", GatewaySession._models),
     "/v1/messages": ("POST", GatewaySession._messages),
     "/v1/messages/count_tokens": ("POST", GatewaySession._count_tokens),
+    GEMINI + ":generateContent": ("POST", GatewaySession._generate_content),
+    GEMINI + ":streamGenerateContent": ("POST", GatewaySession._stream_generate_content),
+    GEMINI + ":countTokens": ("POST", GatewaySession._count_gemini_tokens),
 }
 PATHS = frozenset(ROUTES)
+
+
+def route_of(path: str) -> str:
+    """The route ``path`` (as the session reads it) takes: itself, or for one of Gemini's
+    methods the route's template (any model: the gateway answers with the job's)."""
+    match = _GEMINI_PATH.match(path)
+    return f"{GEMINI}:{match[1]}" if match else path
+
+
+def is_gateway_path(path: str) -> bool:
+    """Does ``path`` (as the server routes it) reach the gateway (and so take a job token)?"""
+    return route_of(path) in PATHS
 
 
 class Gateway:
@@ -396,10 +445,17 @@ def speaks_anthropic(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
+def speaks_gemini(path: str) -> bool:
+    """Is ``path`` one of Gemini's API (``/v1beta/``)?"""
+    return path.startswith("/v1beta/")
+
+
 def error_answer(path: str, err: OpenAIError) -> tuple[int, dict[str, Any]]:
     """``err`` as the API of ``path`` answers it: Anthropic's shape (and statuses) on
-    ``/v1/messages``, OpenAI's elsewhere."""
-    return anthropic_error(err) if speaks_anthropic(path) else (err.status, err.body())
+    ``/v1/messages``, Google's on ``/v1beta/``, OpenAI's elsewhere."""
+    if speaks_anthropic(path):
+        return anthropic_error(err)
+    return google_error(err) if speaks_gemini(path) else (err.status, err.body())
 
 
 def error_reply(path: str, err: OpenAIError) -> Reply:

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 import raas
-from raas.agent.gateway import PATHS as GATEWAY_PATHS
+from raas.agent.gateway import is_gateway_path
 from raas.api.auth import LOGIN_PATH, ApiKeyMiddleware
 from raas.api.body_limit import BodyLimitMiddleware
 from raas.api.browser_guard import UNSAFE_METHODS, BrowserGuardMiddleware, guard_policy
@@ -141,7 +141,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
     app.add_middleware(
         ApiKeyMiddleware,
         api_key=settings.api_key,
-        job_paths=GATEWAY_PATHS,
+        job_path=is_gateway_path,
         job_token=lambda token: _job_token(app, token),
     )
     app.add_middleware(

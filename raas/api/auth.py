@@ -1,8 +1,8 @@
 """Optional bearer-token auth: when an API key is set, every path but /healthz needs it.
 
-The gateway's paths (``job_paths``) also take a job's own token (what its agent program gets as
-OPENAI_API_KEY), as a bearer token or, as Anthropic's clients send a key, ``x-api-key``; a job
-token opens no other path.
+The gateway's paths (``job_path``) also take a job's own token (what its agent program gets as
+OPENAI_API_KEY), as a bearer token or, as Anthropic's and Google's clients send a key,
+``x-api-key``, ``x-goog-api-key`` or the query's ``key``; a job token opens no other path.
 
 A browser cannot send the header on a page load, so the dashboard (/ui) has a session cookie:
 given the key once (the login form's POST /ui/login, or ``/ui?key=KEY``), the server sets
@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs
 
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from raas.agent.gateway import error_answer
 from raas.api.errors import app_path
 from raas.api.ui import login_page
-from raas.helpers import api_key_header, bearer_token
+from raas.helpers import api_keys_given, bearer_token
 from raas.llm.openai_types import OpenAIError
 
 UI_PATH = "/ui"
@@ -95,13 +95,13 @@ class ApiKeyMiddleware:
         self,
         app: ASGIApp,
         api_key: str | None,
-        job_paths: Collection[str] = (),
+        job_path: Callable[[str], bool] = lambda _: False,
         job_token: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.app = app
         # The gateway's paths also take a job's own token (an agent's OPENAI_API_KEY), and
         # only those paths: a job token opens nothing else.
-        self.job_paths = frozenset(job_paths)
+        self.job_path = job_path
         self.job_token = job_token
         # Compared as bytes: a header may hold any byte, and compare_digest refuses a str
         # that is not ASCII (a 500 where a 401 is due).
@@ -134,17 +134,18 @@ class ApiKeyMiddleware:
             await login_page(wrong=given is not None)(scope, receive, send)
             return
         status, body = 401, {"detail": UNAUTHORIZED}
-        if path in self.job_paths:  # an API's clients read its own error shape
+        if self.job_path(path):  # an API's clients read its own error shape
             kind, code = "authentication_error", "invalid_api_key"
             status, body = error_answer(path, OpenAIError(401, JOB_UNAUTHORIZED, None, kind, code))
         response = JSONResponse(body, status_code=status, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
     def _job(self, path: str, scope: Scope, bearer: bytes | None) -> bool:
-        """Does a gateway path carry a job's token (a bearer token or ``x-api-key``)?"""
-        if self.job_token is None or path not in self.job_paths:
+        """Does a gateway path carry a job's token (a bearer token, ``x-api-key``,
+        ``x-goog-api-key`` or the query's ``key``)?"""
+        if self.job_token is None or not self.job_path(path):
             return False
-        return any(t is not None and self.job_token(t) for t in (bearer, api_key_header(scope)))
+        return any(t is not None and self.job_token(t) for t in (bearer, *api_keys_given(scope)))
 
     def _session(self, scope: Scope) -> bool:
         """Does the request read (GET, HEAD) with the dashboard's session cookie?"""

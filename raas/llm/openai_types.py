@@ -251,7 +251,12 @@ class Sampled(Lenient):
 
     def sent_sampling(self) -> dict[str, Any]:
         """The sampling keys this request set, as sent (for the call's record)."""
-        return {k: getattr(self, k) for k in self.SENT if k in self.model_fields_set}
+        return {self.name_of(k): getattr(self, k) for k in self.SENT if k in self.model_fields_set}
+
+    def name_of(self, key: str) -> str:
+        """A field's name as the request sends it (its alias: Gemini's ``topP``)."""
+        alias = type(self).model_fields[key].alias
+        return alias or key
 
     def override_of(self, job: SamplingParams) -> OpenAIError | None:
         """The 400 for a request that changes how the job's tokens are drawn (a temperature,
@@ -262,11 +267,12 @@ class Sampled(Lenient):
                 continue
             sent, kept = getattr(self, key), getattr(job, key)
             if sent is not None and sent != kept:
+                name = self.name_of(key)
                 return OpenAIError(
                     400,
-                    f"{key}: this server keeps each job's sampling ({key}={kept!r}), and this"
-                    f" call asked for {key}={sent!r}; leave it out or send the job's value",
-                    key,
+                    f"{name}: this server keeps each job's sampling ({key}={kept!r}), and this"
+                    f" call asked for {name}={sent!r}; leave it out or send the job's value",
+                    name,
                     code="sampling_override",
                 )
         return None

@@ -187,8 +187,8 @@ class ActionClient:
     ) -> None:
         """Answer the sandbox's relayed HTTP requests with ``handler``, each within
         ``timeout_s`` (504 after that; 502 when the handler raises or none is set). With
-        ``token``, a request without ``Authorization: Bearer <token>`` gets a 401, one whose
-        body is over ``max_body_bytes`` a 413, before its body is decoded: the relay inside
+        ``token``, a request that does not carry it (:func:`token_matches`) gets a 401, one
+        whose body is over ``max_body_bytes`` a 413, before its body is decoded: the relay inside
         refuses them first, and this holds if the action server was subverted.
         """
         self._relay = handler
@@ -204,7 +204,10 @@ class ActionClient:
                 raise LookupError("no relay handler is set")
             headers = {str(k): str(v) for k, v in dict(request.get("headers") or {}).items()}
             body_b64 = str(request.get("body_b64") or "")
-            if self._relay_token is not None and not token_matches(headers, self._relay_token):
+            query = path.partition("?")[2]
+            if self._relay_token is not None and not token_matches(
+                headers, self._relay_token, query
+            ):
                 status, headers, body = error_response(401, UNAUTHORIZED, path)
             elif len(body_b64) > 4 * (self._relay_max_body // 3 + 1):  # checked before decoding
                 status, headers, body = error_response(413, too_large(self._relay_max_body), path)
@@ -250,12 +253,13 @@ def too_large(max_body: int) -> str:
     return f"the body is over the relay's {max_body} bytes"
 
 
-def token_matches(headers: dict[str, str], token: str) -> bool:
-    """Whether ``headers`` (names in lower case) hold ``token``: as ``Authorization: Bearer``
-    (OpenAI's clients, Anthropic's with an auth token) or ``x-api-key`` (Anthropic's)."""
+def token_matches(headers: dict[str, str], token: str, query: str = "") -> bool:
+    """Whether a request holds ``token``: in ``headers`` (names in lower case) as
+    ``Authorization: Bearer`` (OpenAI's clients, Anthropic's with an auth token), ``x-api-key``
+    (Anthropic's) or ``x-goog-api-key`` (Google's), or as ``key`` in its ``query`` (Google's)."""
     return any(
         secrets.compare_digest(given.encode("utf-8", "replace"), token.encode())
-        for given in offered_tokens(headers)
+        for given in offered_tokens(headers, query)
     )
 
 

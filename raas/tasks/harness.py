@@ -204,6 +204,10 @@ class HarnessTask(AgentTask):
                 # Anthropic's clients (the SDK, Claude Code) add /v1 themselves.
                 "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
                 "ANTHROPIC_API_KEY": str(session.token),
+                # Gemini CLI (and @google/genai) add /v1beta themselves; a base URL on
+                # 127.0.0.1 may be plain HTTP.
+                "GOOGLE_GEMINI_BASE_URL": f"http://127.0.0.1:{port}",
+                "GEMINI_API_KEY": str(session.token),
                 "RAAS_MESSAGES_FILE": f"{IO_DIR}/messages.json",
                 "RAAS_TASK_FILE": f"{IO_DIR}/task.md",
                 # Their names before: an agent written for them keeps working.

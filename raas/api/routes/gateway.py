@@ -1,11 +1,12 @@
-"""The gateway's HTTP face: OpenAI's chat completions, responses and models, and Anthropic's
-messages, per job token.
+"""The gateway's HTTP face: OpenAI's chat completions, responses and models, Anthropic's
+messages and Gemini's generateContent, per job token.
 
 An agent program raas did not write gets ``OPENAI_BASE_URL=<raas>/v1`` and
 ``OPENAI_API_KEY=<its job's token>`` (or ``ANTHROPIC_BASE_URL=<raas>`` and
-``ANTHROPIC_API_KEY``/``ANTHROPIC_AUTH_TOKEN``); the token picks its job's gateway session (and is
-let through the server's API key for these paths only, see raas.api.auth). Everything else is the
-session's: see raas.agent.gateway.
+``ANTHROPIC_API_KEY``/``ANTHROPIC_AUTH_TOKEN``, or ``GOOGLE_GEMINI_BASE_URL=<raas>`` and
+``GEMINI_API_KEY``); the token picks its job's gateway session (and is let through the server's
+API key for these paths only, see raas.api.auth). Everything else is the session's: see
+raas.agent.gateway.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 
-from raas.agent.gateway import GatewaySession, unauthorized
+from raas.agent.gateway import GEMINI, GatewaySession, unauthorized
+from raas.api.errors import app_path
 from raas.api.state import ServiceState
 from raas.helpers import offered_tokens
 from raas.llm.anthropic_messages import AnthropicErrorBody, AnthropicMessage, TokensCount
+from raas.llm.gemini_content import CountTokensResponse, GenerateContentResponse, GoogleErrorBody
 from raas.llm.openai_responses import ResponseObject
 from raas.llm.openai_types import ChatCompletion, OpenAIErrorBody
 
-router = APIRouter(prefix="/v1", tags=["gateway"])
+router = APIRouter(tags=["gateway"])
 
 
 def _openai_error(description: str) -> dict[str, Any]:
@@ -57,13 +61,31 @@ MESSAGES_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _google_error(description: str) -> dict[str, Any]:
+    return {"model": GoogleErrorBody, "description": description}
+
+
+# Google's clients read Google's shape: its 503 is UNAVAILABLE (retried by Gemini CLI).
+GEMINI_COUNT_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _google_error("The body is not JSON, or a field raas reads is wrong (named)."),
+    401: _google_error(
+        "No job token, or one of no open job (`x-goog-api-key: <job token>`, `?key=<job token>`"
+        " or `Authorization: Bearer <job token>`)."
+    ),
+}
+GEMINI_ERRORS: dict[int | str, dict[str, Any]] = {
+    **GEMINI_COUNT_ERRORS,
+    503: _google_error("No inference server answered (none registered, or all failing)."),
+}
+
+
 def job_session(request: Request) -> GatewaySession | None:
-    """The open session of the request's job token (``Authorization: Bearer`` or
-    ``x-api-key``), if any."""
+    """The open session of the request's job token (``Authorization: Bearer``, ``x-api-key``,
+    ``x-goog-api-key`` or the query's ``key``), if any."""
     state: ServiceState | None = getattr(request.app.state, "service", None)
     if state is None or state.gateway is None:
         return None
-    for token in offered_tokens(request.headers):
+    for token in offered_tokens(request.headers, request.url.query):
         session = state.gateway.session(token)
         if session is not None:
             return session
@@ -73,11 +95,14 @@ def job_session(request: Request) -> GatewaySession | None:
 async def _serve(request: Request) -> Response:
     session = job_session(request)
     if session is None:
-        status, headers, body = await unauthorized(request.url.path)
+        status, headers, body = await unauthorized(app_path(request.scope))
         headers["WWW-Authenticate"] = "Bearer"
     else:
+        # The path as routed (request.url would cut a model's name at a decoded "#").
+        path, query = app_path(request.scope), request.url.query
+        path = f"{path}?{query}" if query else path
         status, headers, body = await session.handle(
-            request.method, request.url.path, dict(request.headers), await request.body()
+            request.method, path, dict(request.headers), await request.body()
         )
     media = headers.pop("content-type", "application/json")
     return Response(body, status_code=status, headers=headers, media_type=media)
@@ -87,8 +112,8 @@ async def _serve(request: Request) -> Response:
 EVENTS = {"text/event-stream": {"schema": {"type": "string"}}}
 _DOC = "OpenAI-compatible, for agent programs: authenticated by the job's token."
 for path, summary, answer in [
-    ("/chat/completions", "Chat completions", ChatCompletion),
-    ("/responses", "Responses", ResponseObject),
+    ("/v1/chat/completions", "Chat completions", ChatCompletion),
+    ("/v1/responses", "Responses", ResponseObject),
 ]:
     ok = {
         "model": answer,
@@ -111,8 +136,8 @@ _MESSAGE = {
 }
 _COUNT = {"model": TokensCount, "description": "The rendered prompt's length in tokens."}
 for path, summary, responses in [
-    ("/messages", "Messages", {200: _MESSAGE, **MESSAGES_ERRORS}),
-    ("/messages/count_tokens", "Count tokens", {200: _COUNT, **COUNT_ERRORS}),
+    ("/v1/messages", "Messages", {200: _MESSAGE, **MESSAGES_ERRORS}),
+    ("/v1/messages/count_tokens", "Count tokens", {200: _COUNT, **COUNT_ERRORS}),
 ]:
     router.add_api_route(
         path,
@@ -123,10 +148,68 @@ for path, summary, responses in [
         responses=responses,
     )
 router.add_api_route(
-    "/models",
+    "/v1/models",
     _serve,
     methods=["GET"],
     summary="Models",
     description=_DOC,
     responses={401: UNAUTHORIZED},
 )
+
+
+class EventStream(Response):
+    """What a streamed answer is (for the document: the session makes the answer)."""
+
+    media_type = "text/event-stream"
+
+
+# Documented, not declared: FastAPI would check them (a 422), and the session reads them itself.
+_GEMINI_PARAMETERS = [
+    {
+        "name": "model",
+        "in": "path",
+        "required": True,
+        # A "/" would be another path, and a "?" (sent as %3F) the start of a query.
+        "schema": {"type": "string", "pattern": "^[^/?]+$"},
+        "description": "Any model's name: the gateway answers with the job's.",
+    },
+    {
+        "name": "key",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "The job's token, where no header carries it.",
+    },
+    {
+        "name": "alt",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "`sse`, as the SDK sends it (the stream is server-sent events anyway).",
+    },
+]
+_GEMINI_DOC = "Gemini-compatible, for agent programs: authenticated by the job's token."
+_CONTENT: dict[str, Any] = {"model": GenerateContentResponse, "description": "The answer."}
+_STREAMED: dict[str, Any] = {
+    "description": "The answer as one server-sent event: `data: <a GenerateContentResponse>`.",
+    "content": EVENTS,
+}
+_TOTAL: dict[str, Any] = {
+    "model": CountTokensResponse,
+    "description": "The rendered prompt's length in tokens.",
+}
+for method, summary, given, errors in [
+    ("generateContent", "Generate content", _CONTENT, GEMINI_ERRORS),
+    ("streamGenerateContent", "Stream generated content", _STREAMED, GEMINI_ERRORS),
+    ("countTokens", "Count Gemini tokens", _TOTAL, GEMINI_COUNT_ERRORS),
+]:
+    router.add_api_route(
+        f"{GEMINI}:{method}",
+        _serve,
+        methods=["POST"],
+        summary=summary,
+        description=_GEMINI_DOC,
+        responses={200: given, **errors},
+        openapi_extra={"parameters": _GEMINI_PARAMETERS},
+        response_class=EventStream if given is _STREAMED else JSONResponse,
+    )

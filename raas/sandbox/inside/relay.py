@@ -12,8 +12,9 @@ made while no host connection is attached, or whose connection is lost, a 502.
 
 Authentication comes before the body. The host gives the relay, with ``expose_gateway``, the
 job's token (``token``) and a cap (``max_body``, bytes). A request that carries the token neither
-as ``Authorization: Bearer <token>`` (OpenAI's clients) nor as ``x-api-key`` (Anthropic's) is
-answered 401 as soon as its headers are in, and one whose declared length
+as ``Authorization: Bearer <token>`` (OpenAI's clients), ``x-api-key`` (Anthropic's),
+``x-goog-api-key`` nor its query's ``key`` (Google's) is answered 401 as soon as its headers are
+in, and one whose declared length
 (or chunked body so far) is over the cap 413: neither body is read into memory (nor a
 ``100 Continue`` sent for it), and nothing of it goes to the host, so a large unauthenticated
 body costs the host nothing. The connection then closes, after at most ``LINGER_BYTES`` of the
@@ -34,6 +35,7 @@ import itertools
 import json
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Dict, Tuple
+from urllib.parse import parse_qs
 
 MAX_LINE = 64 * 1024
 MAX_HEADERS = 100
@@ -67,15 +69,20 @@ class RelayLost(Exception):
 UNAUTHORIZED = "unknown or closed job token: send 'Authorization: Bearer <job token>'"
 
 
-def offered_tokens(headers: dict[str, str]) -> list[str]:
-    """The tokens a request offers: ``Authorization: Bearer``'s, then ``x-api-key``'s (as
-    raas.helpers.offered_tokens, which this standard-library module cannot import)."""
+API_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+
+
+def offered_tokens(headers: dict[str, str], query: str = "") -> list[str]:
+    """The tokens a request offers: ``Authorization: Bearer``'s, then ``x-api-key``'s,
+    ``x-goog-api-key``'s and the ``query``'s ``key`` (as raas.helpers.offered_tokens, which this
+    standard-library module cannot import)."""
     out = []
     scheme, _, given = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer":
         out.append(given.strip())
-    if "x-api-key" in headers:
-        out.append(headers["x-api-key"].strip())
+    out += [headers[name].strip() for name in API_KEY_HEADERS if name in headers]
+    if "key=" in query:
+        out += parse_qs(query, keep_blank_values=True).get("key", [])
     return out
 
 
@@ -98,14 +105,31 @@ def speaks_anthropic(path: str) -> bool:
     return path == "/messages" or path.startswith("/messages/")
 
 
+# google.rpc's codes by HTTP status (raas.llm.gemini_content answers the same).
+GOOGLE_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    502: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def speaks_gemini(path: str) -> bool:
+    """Is ``path`` one of Gemini's API (``/v1beta/...``)?"""
+    return path.startswith("/v1beta/")
+
+
 def error_response(status: int, message: str, path: str = "") -> Response:
     """An error in the shape of the API of ``path``, so that its client reports the message:
-    Anthropic's on its Messages API, else OpenAI's."""
-    if speaks_anthropic(path):
+    Anthropic's on its Messages API, Google's on Gemini's, else OpenAI's."""
+    if speaks_gemini(path):
+        code = GOOGLE_STATUSES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+        error = {"error": {"code": status, "message": message, "status": code}}  # type: Any
+    elif speaks_anthropic(path):
         kind = ANTHROPIC_ERRORS.get(
             status, "api_error" if status >= 500 else "invalid_request_error"
         )
-        error = {"type": "error", "error": {"type": kind, "message": message}}  # type: Any
+        error = {"type": "error", "error": {"type": kind, "message": message}}
     else:
         error = {"error": {"message": message, "type": "relay_error", "code": status}}
     return status, {"content-type": "application/json"}, json.dumps(error).encode()
@@ -146,12 +170,13 @@ class Relay:
         self.max_body = max_body
         return self.port
 
-    def admit(self, headers: dict[str, str]) -> None:
-        """Refuse a request by its headers alone: HttpError 401 without the token, 413 when
-        its declared length is over the cap."""
+    def admit(self, headers: dict[str, str], path: str = "") -> None:
+        """Refuse a request by its headers (and its path's query) alone: HttpError 401 without
+        the token, 413 when its declared length is over the cap."""
+        query = path.partition("?")[2]
         if self.token is not None and not any(
             hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode())
-            for given in offered_tokens(headers)
+            for given in offered_tokens(headers, query)
         ):
             raise HttpError(401, UNAUTHORIZED)
         try:
@@ -263,7 +288,7 @@ async def read_request(
         raise HttpError(400, "bad request line")
     method, path, version = parts
     try:
-        headers, body = await read_rest(reader, writer, relay)
+        headers, body = await read_rest(reader, writer, relay, path)
     except HttpError as e:
         e.path = path  # answered in the shape of the API it was sent to
         raise
@@ -271,9 +296,9 @@ async def read_request(
 
 
 async def read_rest(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: Relay
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relay: Relay, path: str
 ) -> tuple[dict[str, str], bytes]:
-    """A request's headers and, once they pass ``relay.admit``, its body."""
+    """A request's headers and, once they (and its path) pass ``relay.admit``, its body."""
     headers = {}  # type: Dict[str, str]
     for _ in range(MAX_HEADERS + 1):
         line = await reader.readline()
@@ -289,7 +314,7 @@ async def read_rest(
         headers[key] = headers[key] + ", " + value if key in headers else value
     else:
         raise HttpError(431, "too many headers")
-    relay.admit(headers)
+    relay.admit(headers, path)
     if headers.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         await writer.drain()
