@@ -325,6 +325,7 @@ class GatewaySession:
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.calls
             ],
             "format_errors": parsed.errors,
+            "malformed_tool_calls": len(parsed.errors),
             **sampling,  # what the agent sent, and what the call was generated with
         }
         seg.turns.append(record)
