@@ -17,16 +17,9 @@ from raas.llm.models import load_tokenizer
 from raas.llm.openai_chat import render_prompt
 from raas.llm.types import Generation, SamplingParams
 from raas.wire import Trajectory
+from tests.test_gateway import BASH
 
 QWEN3 = (Path(__file__).parent / "fixtures" / "qwen3_chat_template.jinja").read_text()
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a shell command.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-    },
-}
 THOUGHT = "<think>\nTwo and two make four.\n</think>\n\n"
 
 
@@ -116,7 +109,7 @@ async def test_a_template_that_keeps_earlier_reasoning_continues_the_segment(cha
     assert session.metrics()["gateway_rewrites"] == 0 and session.drift == 0
 
 
-async def after_a_reasoned_tool_call(session: GatewaySession, answer: str) -> None:
+async def after_a_reasoned_tool_call(session: GatewaySession) -> None:
     messages: list[Any] = [{"role": "user", "content": "How many files?"}]
     reply = await chat(session, messages, tools=[BASH])
     (tc,) = reply["tool_calls"]
@@ -128,7 +121,7 @@ async def test_a_tool_result_keeps_the_reasoning_of_its_turn_and_continues(qwen3
     # Qwen3 keeps the reasoning of the turns after the latest user message: one segment.
     tool_call = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
     session, llm = session_of(qwen3, ["<think>\nList them.\n</think>\n\n" + tool_call, "Two."])
-    await after_a_reasoned_tool_call(session, tool_call)
+    await after_a_reasoned_tool_call(session)
     (seg,) = session.segments
     kept = [t for t, m in zip(seg.response_ids, seg.loss_mask, strict=True) if m]
     assert kept == llm.generated[0] + llm.generated[1] and session.drift == 0
@@ -143,7 +136,7 @@ async def test_where_the_delta_is_exact_the_segment_continues_and_drift_is_count
     # delta is exact and the call continues the segment (drift: the model's own tokens differ).
     tool_call = '<tool_call>{"name":"bash","arguments":{"command":"ls"}}</tool_call>'
     session, llm = session_of(qwen3, ["<think>\nList them.\n</think>\n\n" + tool_call, "Two."])
-    await after_a_reasoned_tool_call(session, tool_call)
+    await after_a_reasoned_tool_call(session)
     (seg,) = session.segments
     assert [(t["drift"], t["rewritten"]) for t in seg.turns] == [(False, False), (True, False)]
     kept = [t for t, m in zip(seg.response_ids, seg.loss_mask, strict=True) if m]
