@@ -397,7 +397,7 @@ async def test_the_engine_serves_chat_completions_to_the_openai_client() -> None
             )
 
 
-async def test_a_template_that_rewrites_earlier_turns_is_counted_as_drift_not_a_new_segment(
+async def test_a_reply_that_re_renders_as_other_tokens_is_counted_as_drift_and_continues(
     tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
 ) -> None:
     # Compact JSON: re-rendering the assistant turn from its parsed call gives other tokens.
