@@ -355,6 +355,11 @@ class Trajectory(BaseModel):
         """Whether every logprob is a finite number (JSON holds no other: NaN is written null)."""
         return all(_finite(lp) for lp in self.logprobs)
 
+    def malformed_tool_calls(self) -> int:
+        """Tool calls the model wrote that the parser could not read, over every turn (each
+        turn's ``format_errors``; a gateway job's turns are every segment's calls)."""
+        return sum(len(t.get("format_errors") or ()) for t in self.turns)
+
 
 def _not_a_prefix(prompt: int) -> str:
     return f"prompt {prompt} given to the model is not a prefix of the trajectory's ids"
@@ -553,6 +558,9 @@ class DashboardSeries(BaseModel):
     )
     errors: dict[ErrorKind, list[int]] = Field(
         description="Errors that ended a run of a job (its last, or one run again), by kind."
+    )
+    malformed_tool_calls: list[int] = Field(
+        description="Tool calls the parser could not read, in the jobs that finished."
     )
 
 

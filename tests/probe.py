@@ -84,6 +84,9 @@ class ProbeTask:
     async def run(self, context: TaskContext) -> Trajectory:
         traj = context.trajectory
         traj.turns.append({"turn": 0, "action": "first"})
+        malformed = int(context.job.instance.get("malformed", 0))  # tool calls it could not read
+        if malformed:
+            traj.turns[0]["format_errors"] = ["tool call 1 is not valid JSON"] * malformed
         traj.add_generated([1, 2, 3], [-0.5, -0.5, -0.5])
         how = context.job.instance.get("run")
         if how == "broken":

@@ -123,6 +123,8 @@ async def test_format_errors_go_back_to_the_model(tok: Any, sandbox: Sandbox) ->
     traj, result, _ = await run(tok, sandbox, turns)
     assert result.stop_reason == "finish"
     assert traj.messages[3]["content"].startswith("Format error: tool call 1 is not valid JSON")
+    assert [t["malformed_tool_calls"] for t in traj.turns] == [1, 0]
+    assert traj.malformed_tool_calls() == 1
 
 
 async def test_the_loop_guard_stops_repeated_actions(tok: Any, sandbox: Sandbox) -> None:

@@ -198,7 +198,8 @@ async def test_paging_through_finished_results(client: Client) -> None:
 async def test_status_metrics_health_and_openapi(client: Client, probe: ProbeTask) -> None:
     async with client(run_workers=3, max_attempts=1) as http:
         await http.post(
-            "/v1/rollouts", json={"instance": probe_instance(run="block"), "job_id": "m"}
+            "/v1/rollouts",
+            json={"instance": {**probe_instance(run="block"), "malformed": 3}, "job_id": "m"},
         )
         await probe.wait_entered("m", "run")
         status = (await http.get("/v1/status")).json()
@@ -224,6 +225,7 @@ async def test_status_metrics_health_and_openapi(client: Client, probe: ProbeTas
     assert 'raas_job_errors_total{data_source="probe",kind="policy"} 1.0' in metrics
     assert 'raas_job_errors_total{data_source="probe",kind="infra"} 1.0' in metrics
     assert 'raas_queue_depth{stage="init"} 0.0' in metrics
+    assert 'raas_malformed_tool_calls_total{data_source="probe"} 3.0' in metrics
     assert health.json() == {"status": "ok"}
     assert {"/v1/rollouts", "/v1/rollouts:batch", "/process"} <= set(spec["paths"])
 

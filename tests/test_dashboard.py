@@ -145,7 +145,7 @@ JOBS = {
     "solved": SOLVABLE,
     "misbehaved": probe_instance(eval="policy"),
     "unsolved": UNSOLVABLE,
-    "ok-2": probe_instance(),
+    "ok-2": {**probe_instance(), "malformed": 2},  # two tool calls it could not read
 }
 
 
@@ -335,6 +335,7 @@ async def test_the_series_count_what_finished_by_bucket(client: Client) -> None:
     assert total("generated_tokens_per_s") * series["bucket_s"] == 3 * 4
     # The crash's run again once (infra) and failed again; the policy error is never retried.
     assert {k: sum(v) for k, v in series["errors"].items()} == {"infra": 2, "policy": 1}
+    assert total("malformed_tool_calls") == 2
     assert set(series["stage_s"]) == {"init", "run", "eval"}
     for stage, means in series["stage_s"].items():
         assert any(m is not None and m >= 0 for m in means), stage

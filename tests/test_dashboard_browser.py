@@ -163,7 +163,7 @@ def test_the_overview_shows_the_service_and_its_jobs(
         "plot-reward": ["mean reward", "pass rate"],
         "plot-throughput": ["rollouts/min", "generated tokens/s"],
         "plot-stages": ["INIT", "RUN", "EVAL"],
-        "plot-errors": ["infra", "policy"],
+        "plot-errors": ["infra", "policy", "malformed tool calls"],
     }, legends
 
     browser.screenshot(dashboard.page(), SCREENSHOTS / "dashboard.png", size=(1400, 1500))

@@ -397,7 +397,7 @@ async def test_the_engine_serves_chat_completions_to_the_openai_client() -> None
             )
 
 
-async def test_a_template_that_rewrites_earlier_turns_is_counted_as_drift_not_a_new_segment(
+async def test_a_reply_that_re_renders_as_other_tokens_is_counted_as_drift_and_continues(
     tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
 ) -> None:
     # Compact JSON: re-rendering the assistant turn from its parsed call gives other tokens.
@@ -493,3 +493,39 @@ async def test_a_server_that_fixes_sampling_refuses_a_call_that_changes_it(
             model="m", messages=hi, temperature=0.7, top_p=0.95, max_tokens=5
         )
     assert session.calls == (1 if fixed else 4)
+
+
+BROKEN = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}</tool_call>'  # a brace short
+
+
+async def test_a_tool_call_that_cannot_be_read_is_answered_as_text_with_its_error(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    model.answers += ["Let me look.\n" + BROKEN, "ok", BROKEN]
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway)
+        agent = client(app, session.token)
+        messages: list[Any] = [{"role": "user", "content": "ls"}]
+        r = await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
+        choice = r.choices[0]
+        # As vLLM answers a call it cannot parse: the text as the model wrote it, no tool
+        # calls; and raas says why, beside it, where the agent (or its user) can act on it.
+        assert choice.finish_reason == "stop" and not choice.message.tool_calls
+        assert choice.message.content == "Let me look.\n" + BROKEN
+        (error,) = (choice.message.model_extra or {})["tool_call_errors"]
+        assert error.startswith("tool call 1 is not valid JSON")
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "user", "content": error},  # the agent tells the model, and goes on
+        ]
+        r = await agent.chat.completions.create(model="m", messages=messages, tools=[BASH])
+        assert "tool_call_errors" not in (r.choices[0].message.model_extra or {})
+        tool = {"type": "function", "name": "bash", "parameters": {"type": "object"}}
+        response = await agent.responses.create(model="m", input="ls", tools=[tool])
+    (message,) = response.output
+    assert message.type == "message" and message.content[0].text == BROKEN  # type: ignore[union-attr]
+    assert len((response.model_extra or {})["tool_call_errors"]) == 1
+    first, _ = session.segments  # the Responses call is a conversation of its own
+    assert [t["malformed_tool_calls"] for t in first.turns] == [1, 0]
+    # The markup kept in the text re-renders as the model's tokens: nothing drifted.
+    assert session.drift == 0 and session.trajectory.malformed_tool_calls() == 2

@@ -346,3 +346,27 @@ async def test_a_call_records_the_sampling_it_sent_and_a_fixed_server_refuses_a_
     (turn,) = session.trajectory.turns
     assert turn["sampling_sent"] == {"temperature": 0.7, "max_tokens": 5, "stop_sequences": ["END"]}
     assert turn["sampling"]["max_tokens"] == 5 and turn["sampling"]["temperature"] == 0.7
+
+
+async def test_a_tool_use_that_cannot_be_read_is_text_with_its_error_streamed_or_not(
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
+) -> None:
+    broken = '<tool_call>{"name": "bash", "arguments": "ls"}</tool_call>'  # arguments not JSON
+    model.answers += [broken, broken]
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway)
+        agent = client(app, session.token)
+        ask: Any = {"model": "m", "max_tokens": 50, "tools": [BASH]}
+        ask["messages"] = [{"role": "user", "content": "ls"}]
+        message = await agent.messages.create(**ask)
+        async with agent.messages.stream(**ask) as stream:
+            streamed = await stream.get_final_message()
+    for answer in (message, streamed):
+        (block,) = answer.content  # no tool_use: the call as the model wrote it
+        assert block.type == "text" and block.text == broken and answer.stop_reason == "end_turn"
+    (error,) = (message.model_extra or {})["tool_call_errors"]
+    assert error == "tool call 1: arguments is a string, not JSON"
+    assert [t["malformed_tool_calls"] for t in session.trajectory.turns] == [1, 1]

@@ -228,3 +228,22 @@ async def test_codex_clis_own_requests_stream_and_continue_one_segment(
     gen1, gen2 = model.generated
     assert [t for t, m in zip(seg.response_ids, seg.loss_mask, strict=True) if m] == gen1 + gen2
     assert session.drift == 0
+
+
+async def test_a_streamed_call_that_cannot_be_read_is_text_with_its_error(
+    tmp_path: Path, registry: TaskRegistry, backend: tuple[str, Model], model: Model
+) -> None:
+    broken = '<tool_call>{"name": "bash", "arguments": [1]}</tool_call>'  # arguments a list
+    model.answers += [broken]
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway)
+        agent = client(app, session.token)
+        async with agent.responses.stream(
+            model="codex", input="ls", tools=[BASH], **CODEX
+        ) as stream:
+            response = await stream.get_final_response()
+    (message,) = response.output  # no function_call: the call as the model wrote it
+    assert message.type == "message" and response.output_text == broken
+    errors = (response.model_extra or {})["tool_call_errors"]
+    assert errors == ["tool call 1: arguments must be an object"]
+    assert session.trajectory.turns[0]["malformed_tool_calls"] == 1

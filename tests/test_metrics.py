@@ -38,8 +38,13 @@ PLAN: dict[str, list[tuple[str, dict[str, Any], dict[str, Any], list[str]]]] = {
     ],
     "eight": [
         ("eight-0", EIGHT, {}, [call("finish", answer="8")]),
-        # thinks, and runs out of turns: no answer, reward 0
-        ("eight-1", EIGHT, {"sampling_params": {"max_turns": 1}}, [call("think", thought="hm")]),
+        # writes a call that cannot be read, and runs out of turns: no answer, reward 0
+        (
+            "eight-1",
+            EIGHT,
+            {"sampling_params": {"max_turns": 1}},
+            ["<tool_call>{think</tool_call>"],
+        ),
     ],
     "probe": [
         ("probe-init", probe_instance(init="raise"), {}, []),  # infra, in INIT
@@ -137,6 +142,12 @@ def test_metrics_of_a_batch_with_failures(groups: dict[str, list[RolloutResult]]
     assert m["rollout/prompt_tokens_max"] > 50  # the system prompt and tool schemas
     assert m["rollout/generated_tokens_mean"] > 0
     assert m["rollout/turns_max"] == 2  # the probe's two recorded turns
+    # one tool call could not be read (eight-1's), over the rollouts with turns
+    with_turns = sum(bool(r.trajectory.turns) for r in results)
+    assert m["rollout/malformed_tool_calls_mean"] == m["rollout/malformed_tool_calls_frac"]
+    assert m["rollout/malformed_tool_calls_frac"] == pytest.approx(1 / with_turns)
+    malformed = {r.job_id: r.metrics.get("malformed_tool_calls") for r in agent}
+    assert malformed == {"four-0": 0, "four-1": 0, "eight-0": 0, "eight-1": 1}
     assert m["rollout/attempts_mean"] == 1.0
     for stage in ("queue", "init", "run", "eval", "total"):
         assert m[f"rollout/time/{stage}_s_mean"] >= 0

@@ -32,6 +32,14 @@ def test_parses_several_calls_and_keeps_the_text() -> None:
 def test_malformed_calls_become_errors_not_exceptions(text: str, error: str) -> None:
     out = HermesParser().parse(text)
     assert out.calls == [] and len(out.errors) == 1 and error in out.errors[0]
+    assert out.content == text  # the call it could not read stays in the text, as written
+
+
+def test_only_the_calls_read_leave_the_text() -> None:
+    good = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
+    out = HermesParser().parse(f"Two calls.\n{good}\n<tool_call>{{oops</tool_call>")
+    assert [c.name for c in out.calls] == ["ls"] and len(out.errors) == 1
+    assert out.content == "Two calls.\n\n<tool_call>{oops</tool_call>"
 
 
 def test_parsers_by_name() -> None:

@@ -14,9 +14,16 @@ gateway answered them): its prompt is then built from the segment's own tokens, 
 ones exactly as they came, plus the template's delta for the new messages (loss_mask 0,
 logprobs 0.0), as raas's own agent loop does, so nothing is re-tokenized and nothing drifts. A
 call whose prompt ids extend a segment's tokens continues it too. Any other call (context
-compaction, a sub-agent) starts a new segment. Re-rendering the whole conversation of a
-continuing call must give the same ids; where the template does not (it rewrites earlier turns),
-the call still continues the segment and ``drift`` counts it.
+compaction, a sub-agent) starts a new segment.
+
+A continuing call's conversation is rendered whole, before generating: where that extends the
+segment's tokens, it is the prompt. Where it does not, either the template rewrites earlier turns
+(Qwen3's drops the ``<think>`` reasoning of the turns before a new user message): the call then
+starts a new segment from the template's rendering (``rewritten`` in its record,
+``gateway_rewrites`` in the metrics), so nothing drifts silently; or the template adds the new
+messages without touching earlier ones (rendering the conversation with and without them gives a
+prefix: the delta is exact) and only the model's own tokens re-encode otherwise: the call
+continues the segment with that delta, and ``drift`` counts it.
 
 Each segment is a ``raas.wire.Trajectory`` (``Segment``) and records each call's prompt as
 given to the model, so the pipeline checks every segment's invariant as it checks a job's
@@ -50,7 +57,7 @@ from raas.llm.anthropic_messages import (
     messages_answer,
 )
 from raas.llm.anthropic_messages import error_answer as anthropic_error
-from raas.llm.chat import turn_delta
+from raas.llm.chat import end_of_turn, sequel_delta
 from raas.llm.gemini_content import CountTokensRequest as GeminiCountRequest
 from raas.llm.gemini_content import (
     CountTokensResponse,
@@ -96,7 +103,8 @@ class _Call:
     prompt: list[int]
     segment: Segment | None
     inserted: list[int]  # the tokens between the segment's ids and the prompt
-    drift: bool | None  # None: not checked yet (a call continued by its messages)
+    drift: bool  # continued, though re-rendering its conversation gives other tokens
+    rewritten: bool = False  # new, since the template rewrote the segment's earlier turns
 
 
 def _new_token() -> str:
@@ -245,16 +253,7 @@ class GatewaySession:
         tok = self.tokenizer
         call = self._plan(messages, tools)
         start = time.perf_counter()
-        generating = asyncio.ensure_future(self.llm.generate(self.job_id, call.prompt, params))
-        try:
-            if call.drift is None:
-                # The drift check re-renders the whole conversation (milliseconds of template
-                # work on a long one): done while the backend generates, not before.
-                await asyncio.sleep(0)  # let the request go out first
-                call.drift = render_prompt(tok, messages, tools) != call.prompt
-            gen = await generating
-        finally:
-            generating.cancel()  # nothing once it has finished; else no orphan generation
+        gen = await self.llm.generate(self.job_id, call.prompt, params)
         if len(gen.token_ids) != len(gen.logprobs):
             raise BackendError(gen.backend, "token ids and logprobs differ in length", False)
         parser = self.parser if tools is not None else None
@@ -269,20 +268,42 @@ class GatewaySession:
     def _plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Call:
         """The call's prompt ids, and which segment (if any) it continues."""
         tok = self.tokenizer
+        rendered = render_prompt(tok, messages, tools)
         for seg in reversed(self.segments):  # the latest first
             n = len(seg.messages)
             if seg.tools != tools or not n or len(messages) <= n:
                 continue
             if all(same(a, b) for a, b in zip(messages[:n], seg.messages, strict=False)):
-                ids = seg.ids
-                inserted = turn_delta(tok, ids, template_messages(tok, messages[n:]))
-                return _Call(ids + inserted, seg, inserted, None)
-        rendered = render_prompt(tok, messages, tools)
+                return self._sequel(seg, messages, tools, rendered)
         for seg in reversed(self.segments):
             ids = seg.ids
             if seg.tools == tools and len(rendered) > len(ids) and rendered[: len(ids)] == ids:
                 return _Call(rendered, seg, rendered[len(ids) :], False)
         return _Call(rendered, None, [], False)
+
+    def _sequel(
+        self,
+        seg: Segment,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        rendered: list[int],
+    ) -> _Call:
+        """A call whose conversation is ``seg``'s plus new messages: it continues ``seg`` where
+        the template's rendering of it extends the segment's tokens, or where the template adds
+        the new messages without touching the earlier ones (the model's own tokens then
+        re-encode otherwise: drift, counted). A template that rewrites earlier turns (Qwen3's
+        drops the reasoning before a new user message) starts a new segment from its rendering,
+        so the model sees what its template gives it, and the kept tokens never drift from it."""
+        ids = seg.ids
+        if len(rendered) > len(ids) and rendered[: len(ids)] == ids:
+            return _Call(rendered, seg, rendered[len(ids) :], False)
+        tok, n = self.tokenizer, len(seg.messages)
+        before, after = template_messages(tok, messages[:n]), template_messages(tok, messages[n:])
+        delta = sequel_delta(tok, before, after, tools)
+        if delta is None:
+            return _Call(rendered, None, [], False, rewritten=True)
+        inserted = end_of_turn(tok, ids) + delta
+        return _Call(ids + inserted, seg, inserted, True)
 
     def _record(
         self,
@@ -307,7 +328,7 @@ class GatewaySession:
                 self._share(seg)
         else:
             seg.add_inserted(call.inserted)
-            seg.drift += bool(call.drift)
+            seg.drift += call.drift
         seg.next_prompt()  # the segment's ids are now the call's prompt
         seg.add_generated(ids, logprobs)
         seg.messages[:] = [*messages, reply_message(parsed)]
@@ -324,13 +345,15 @@ class GatewaySession:
             "generate_s": gen.latency_s,
             **policy_version_fields(gen.policy_versions),
             "call_s": time.perf_counter() - start,
-            "drift": bool(call.drift),
+            "drift": call.drift,
+            "rewritten": call.rewritten,
             "text": text,
             "content": parsed.content,
             "tool_calls": [
                 {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.calls
             ],
             "format_errors": parsed.errors,
+            "malformed_tool_calls": len(parsed.errors),
             **sampling,  # what the agent sent, and what the call was generated with
         }
         seg.turns.append(record)
@@ -349,12 +372,18 @@ class GatewaySession:
     def drift(self) -> int:
         return sum(s.drift for s in self.segments)
 
+    @property
+    def rewrites(self) -> int:
+        """Calls that started a segment since the template rewrote earlier turns."""
+        return sum(bool(t.get("rewritten")) for t in self.trajectory.turns)
+
     def metrics(self, with_segments: bool = True) -> dict[str, Any]:
         """For a result's metrics: calls, segments, drift, and every segment's tokens."""
         out: dict[str, Any] = {
             "gateway_calls": self.calls,
             "gateway_segments": len(self.segments),
             "gateway_drift": self.drift,
+            "gateway_rewrites": self.rewrites,
         }
         if with_segments:
             out["segments"] = [s.out() for s in self.segments]

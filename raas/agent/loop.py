@@ -127,6 +127,7 @@ class AgentLoop:
                     {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.calls
                 ],
                 "format_errors": parsed.errors,
+                "malformed_tool_calls": len(parsed.errors),
             }
             traj.turns.append(record)
             observations = [{"role": "tool", "content": _format_error(e)} for e in parsed.errors]

@@ -44,6 +44,11 @@ class PipelineMetrics:
             "Errors that ended a run of a job (its last, or one run again), by kind and task.",
             ["kind", "data_source"],
         )
+        self.malformed_tool_calls = counter(
+            "raas_malformed_tool_calls",
+            "Tool calls the model wrote that the parser could not read, in finished jobs, by task.",
+            ["data_source"],
+        )
         self.queue_seconds = histogram(
             "raas_job_queue_seconds", "Time a finished job spent waiting in stage queues."
         )
@@ -67,6 +72,9 @@ class PipelineMetrics:
         if job.ending is not None:
             self.errors.labels(job.ending.kind, job.data_source).inc()
         self.queue_seconds.observe(job.timing.queue_s)
+        if job.result is not None:
+            malformed = job.result.trajectory.malformed_tool_calls()
+            self.malformed_tool_calls.labels(job.data_source).inc(malformed)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -38,6 +38,7 @@ class Bucket:
     stage_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     stage_runs: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    malformed_tool_calls: int = 0
 
 
 class Series:
@@ -77,6 +78,7 @@ class Series:
         if result is None:
             return
         bucket.generated_tokens += sum(result.trajectory.loss_mask)
+        bucket.malformed_tool_calls += result.trajectory.malformed_tool_calls()
         if result.reward is not None:
             bucket.rewarded += 1
             bucket.reward_sum += result.reward
@@ -103,4 +105,5 @@ class Series:
             pass_rate=[share(b.passed, b.rewarded) for b in buckets],
             stage_s={s: [share(b.stage_s[s], b.stage_runs[s]) for b in buckets] for s in STAGES},
             errors={k: [b.errors[k] for b in buckets] for k in KINDS},
+            malformed_tool_calls=[b.malformed_tool_calls for b in buckets],
         )

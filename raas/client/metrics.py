@@ -18,6 +18,9 @@ name starts with ``prefix`` (``rollout/``):
 - ``time/{queue,init,run,eval,total}_s_mean`` and ``time/total_s_max`` over every rollout;
   ``time/{generate,tools}_s_mean``, the model's and the tools' share of RUN summed over a
   rollout's turns, over the rollouts with turns.
+- ``malformed_tool_calls_mean`` (tool calls the parser could not read, a rollout) and
+  ``malformed_tool_calls_frac`` (rollouts with one or more), over the rollouts with turns: a
+  reward earned, or lost, around calls that never ran.
 - Given groups: ``groups``; ``group_reward_std_mean`` (sample std within a group, as GRPO
   normalises) and ``group_zero_std_frac`` (groups with no signal: all rewards equal, as TRL's
   ``frac_reward_zero_std``) over groups with two or more scored rollouts; ``group_solved_frac``
@@ -61,6 +64,7 @@ def rollout_metrics(batch: Rollouts, prefix: str = "rollout/") -> dict[str, floa
         metrics |= _outcomes(results)
         metrics |= _rewards(results)
         metrics |= _lengths(results)
+        metrics |= _malformed(results)
         metrics |= _timings(results)
     if groups is not None:
         metrics |= _group_stats(groups)
@@ -147,6 +151,16 @@ def _lengths(results: list[RolloutResult]) -> dict[str, float]:
         "generated_tokens_mean": float(np.mean([sum(t.loss_mask) for t in trajs])),
         "turns_mean": float(turns.mean()),
         "turns_max": float(turns.max()),
+    }
+
+
+def _malformed(results: list[RolloutResult]) -> dict[str, float]:
+    counts = [r.trajectory.malformed_tool_calls() for r in results if r.trajectory.turns]
+    if not counts:
+        return {}
+    return {
+        "malformed_tool_calls_mean": float(np.mean(counts)),
+        "malformed_tool_calls_frac": float(np.mean([c > 0 for c in counts])),
     }
 
 

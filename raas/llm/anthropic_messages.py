@@ -38,7 +38,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from raas.llm.openai_chat import ChatOutput
-from raas.llm.openai_types import Lenient, Message, OpenAIError, Sampled, requested, tool_call
+from raas.llm.openai_types import (
+    Lenient,
+    Message,
+    OpenAIError,
+    Sampled,
+    ToolCallErrors,
+    requested,
+    tool_call,
+)
 from raas.llm.types import MaxTokens, SamplingParams, Temperature, TopP
 
 # -- request parts ------------------------------------------------------------------------------
@@ -254,6 +262,7 @@ class AnthropicMessage(BaseModel):
     stop_reason: StopReason | None
     stop_sequence: str | None = None
     usage: Usage
+    tool_call_errors: ToolCallErrors = None
 
 
 class TokensCount(BaseModel):
@@ -322,6 +331,7 @@ def anthropic_message(model: str, out: ChatOutput, prompt_tokens: int) -> Anthro
         stop_reason=reason,
         stop_sequence=out.stop if reason == "stop_sequence" else None,
         usage=Usage(input_tokens=prompt_tokens, output_tokens=len(out.ids)),
+        tool_call_errors=parsed.errors,
     )
 
 

@@ -128,8 +128,31 @@ def turn_delta(tokenizer: Any, ids: list[int], messages: list[dict[str, Any]]) -
     Its end-of-turn token first, where the model did not write it (cut off at max_tokens or at a
     stop string), then the template's delta for ``messages`` up to the next assistant header.
     """
-    closing = [] if ids and ids[-1] == tokenizer.eos_token_id else [tokenizer.eos_token_id]
-    return closing + observation_delta(tokenizer, messages)
+    return end_of_turn(tokenizer, ids) + observation_delta(tokenizer, messages)
+
+
+def end_of_turn(tokenizer: Any, ids: list[int]) -> list[int]:
+    """The end-of-turn token where the model's turn at the end of ``ids`` lacks it (cut off at
+    max_tokens or at a stop string); nothing where it wrote it."""
+    return [] if ids and ids[-1] == tokenizer.eos_token_id else [tokenizer.eos_token_id]
+
+
+def sequel_delta(
+    tokenizer: Any,
+    before: list[dict[str, Any]],
+    after: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int] | None:
+    """The tokens the template adds to the finished conversation ``before`` (its last turn the
+    model's) for ``after``: what it writes after the last end-of-turn token, up to the next
+    assistant header. None where the template renders ``before + after`` as something other
+    than ``before``'s rendering continued: it rewrites earlier turns (Qwen3's drops the reasoning
+    of the assistant turns before the latest user message)."""
+    head = encode(tokenizer, render_text(tokenizer, before, tools))
+    full = encode(tokenizer, render_text(tokenizer, before + after, tools, True))
+    if len(full) <= len(head) or full[: len(head)] != head:
+        return None
+    return _after_eos(tokenizer, head) + full[len(head) :]
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,8 +160,13 @@ def _base_tokens(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The fixed conversation's tokens, and those the template writes after its end-of-turn
     token: the same for every turn of every rollout, so rendered once per tokenizer."""
     prefix = encode(tokenizer, render_text(tokenizer, _BASE))
+    return tuple(prefix), tuple(_after_eos(tokenizer, prefix))
+
+
+def _after_eos(tokenizer: Any, ids: list[int]) -> list[int]:
+    """What follows the last end-of-turn token of ``ids`` (ChatML: a newline)."""
     eos = tokenizer.eos_token_id
-    if eos not in prefix:
-        return tuple(prefix), ()
-    last = max(i for i, t in enumerate(prefix) if t == eos)
-    return tuple(prefix), tuple(prefix[last + 1 :])
+    if eos not in ids:
+        return []
+    last = max(i for i, t in enumerate(ids) if t == eos)
+    return ids[last + 1 :]

@@ -165,7 +165,9 @@ def chat_completion(
         finish_reason = "tool_calls"
     # OpenAI's content is null beside tool calls, else a string (empty when nothing was said)
     content = parsed.content or (None if calls else "")
-    message = AssistantMessage(content=content, tool_calls=calls or None)
+    message = AssistantMessage(
+        content=content, tool_calls=calls or None, tool_call_errors=parsed.errors
+    )
     completion_tokens = len(out.ids)
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -222,7 +224,10 @@ def sse_chunks(completion: ChatCompletion, include_usage: bool) -> bytes:
         )
         return f"data: {event.model_dump_json()}\n\n"
 
-    deltas = [Delta(role="assistant", content=message.content or "")]
+    first = Delta(
+        role="assistant", content=message.content or "", tool_call_errors=message.tool_call_errors
+    )
+    deltas = [first]
     for i, call in enumerate(message.tool_calls or ()):
         deltas.append(Delta(tool_calls=[ChunkToolCall(index=i, **call.model_dump())]))
     events = [chunk([ChunkChoice(delta=d)]) for d in deltas]

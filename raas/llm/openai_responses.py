@@ -51,6 +51,7 @@ from raas.llm.openai_types import (
     Lenient,
     Message,
     OpenAIRequest,
+    ToolCallErrors,
     custom_error,
     shown,
     tool_call,
@@ -280,6 +281,7 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None
     metadata: dict[str, str] = {}
     usage: ResponseUsage
+    tool_call_errors: ToolCallErrors = None
 
 
 def response_object(
@@ -329,6 +331,7 @@ def response_object(
             output_tokens=len(out.ids),
             total_tokens=prompt_tokens + len(out.ids),
         ),
+        tool_call_errors=parsed.errors,
     )
 
 

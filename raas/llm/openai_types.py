@@ -34,6 +34,22 @@ from raas.llm.types import MaxTokens, SamplingParams, Seed, Temperature, TopP
 Message = dict[str, Any]  # a canonical message
 
 
+def _nothing(value: list[str] | None) -> bool:
+    return not value
+
+
+# raas's own key of an answer (its SDK models keep keys they do not know): why each tool call the
+# model wrote could not be read, its markup left in the text; absent where every call was read.
+ToolCallErrors = Annotated[
+    list[str] | None,
+    Field(
+        exclude_if=_nothing,
+        description="Why each tool call the model wrote could not be read (its markup stays in"
+        " the text); absent where every call was read.",
+    ),
+]
+
+
 @dataclass
 class OpenAIError(Exception):
     """A request error, answered as ``{"error": {"message", "type", "param", "code"}}``."""
@@ -399,6 +415,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCallOut] | None = None
+    tool_call_errors: ToolCallErrors = None
 
 
 class TokenLogprob(BaseModel):
@@ -447,6 +464,7 @@ class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ChunkToolCall] | None = None
+    tool_call_errors: ToolCallErrors = None
 
 
 class ChunkChoice(BaseModel):

@@ -32,6 +32,8 @@ def result_of(
         metrics["cleanup_error"] = cleanup_error
     if trajectory_error is not None:
         metrics["trajectory_error"] = trajectory_error
+    if trajectory is not None and trajectory.turns:
+        metrics["malformed_tool_calls"] = trajectory.malformed_tool_calls()
     if trajectory is not None and not trajectory.finite_logprobs():
         # JSON holds no NaN or infinity (they are written null): the stored result could not be
         # read back. The rest is kept; the error or trajectory_error says why these are gone.

@@ -192,9 +192,11 @@ function plotSpecs(s) {
     { id: "plot-stages", title: "Stage latency (mean seconds of the runs that ended)",
       series: ["init", "run", "eval"].map((k) => line(k.toUpperCase(), STAGE_COLORS[k])),
       data: ["init", "run", "eval"].map((k) => s.stage_s[k]), scales: { y: fromZero }, axes: [{ values: ticks }] },
-    { id: "plot-errors", title: "Errors by kind",
-      series: [bars("infra", "#7a4fb3", -1), bars("policy", "#e0a030", 1)],
-      data: [s.errors.infra, s.errors.policy], scales: { y: fromZero }, axes: [{ incrs: COUNTS, values: ticks }] },
+    { id: "plot-errors", title: "Errors by kind, and tool calls that could not be read",
+      series: [bars("infra", "#7a4fb3", -1), bars("policy", "#e0a030", 1),
+        line("malformed tool calls", "#c0392b", { dash: [6, 4] })],
+      data: [s.errors.infra, s.errors.policy, s.malformed_tool_calls], scales: { y: fromZero },
+      axes: [{ incrs: COUNTS, values: ticks }] },
   ];
 }
 
