@@ -294,6 +294,29 @@ async def test_stop_sequences_max_tokens_and_ignored_thoughts(
     assert sum(seg.loss_mask) == kept + 4 and kept < len(model.generated[0])
 
 
+async def test_a_function_call_that_cannot_be_read_is_text_with_its_error_streamed_or_not(
+    tmp_path: Path,
+    registry: TaskRegistry,
+    backend: tuple[str, Model],
+    model: Model,
+) -> None:
+    broken = '<tool_call>{"name": "bash", "arguments": "ls"}</tool_call>'  # arguments not JSON
+    model.answers += [broken, broken]
+    contents: list[Any] = [{"role": "user", "parts": [{"text": "ls"}]}]
+    async with raas_app(tmp_path, registry, backend[0]) as (app, gateway):
+        session = open_job(gateway)
+        async with http(app, session.token) as agent:
+            ask = {"contents": contents, "tools": TOOLS}
+            plain = (await agent.post(GENERATE, json=ask)).json()
+            (streamed,) = events(await agent.post(STREAM, json=ask))
+    for answer in (plain, streamed):
+        (candidate,) = answer["candidates"]  # no functionCall: the call as the model wrote it
+        assert candidate["content"]["parts"] == [{"text": broken}]
+        assert candidate["finishReason"] == "STOP"
+        assert answer["tool_call_errors"] == ["tool call 1: arguments is a string, not JSON"]
+    assert [t["malformed_tool_calls"] for t in session.trajectory.turns] == [1, 1]
+
+
 async def test_no_backend_is_googles_503_unavailable_as_documented(
     tmp_path: Path, registry: TaskRegistry
 ) -> None:

@@ -44,7 +44,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from raas.llm.openai_chat import ChatOutput
-from raas.llm.openai_types import Lenient, Message, OpenAIError, Sampled, requested, tool_call
+from raas.llm.openai_types import (
+    Lenient,
+    Message,
+    OpenAIError,
+    Sampled,
+    ToolCallErrors,
+    requested,
+    tool_call,
+)
 from raas.llm.types import MaxTokens, SamplingParams, Seed, Temperature, TopP
 
 # -- request parts ------------------------------------------------------------------------------
@@ -412,6 +420,7 @@ class GenerateContentResponse(BaseModel):
     usageMetadata: UsageMetadata
     modelVersion: str
     responseId: str
+    tool_call_errors: ToolCallErrors = None
 
 
 class CountTokensResponse(BaseModel):
@@ -484,6 +493,7 @@ def generate_content_response(
         ),
         modelVersion=model,
         responseId=uuid.uuid4().hex,
+        tool_call_errors=parsed.errors,
     )
 
 
