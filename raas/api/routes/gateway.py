@@ -157,12 +157,6 @@ router.add_api_route(
 )
 
 
-class EventStream(Response):
-    """What a streamed answer is (for the document: the session makes the answer)."""
-
-    media_type = "text/event-stream"
-
-
 # Documented, not declared: FastAPI would check them (a 422), and the session reads them itself.
 _GEMINI_PARAMETERS = [
     {
@@ -211,5 +205,5 @@ for method, summary, given, errors in [
         description=_GEMINI_DOC,
         responses={200: given, **errors},
         openapi_extra={"parameters": _GEMINI_PARAMETERS},
-        response_class=EventStream if given is _STREAMED else JSONResponse,
+        response_class=JSONResponse,
     )
