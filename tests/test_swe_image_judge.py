@@ -15,8 +15,16 @@ from typing import Any
 import pytest
 
 from raas.judge.code import Verdict
-from raas.judge.swe_image import judge_swe_image
-from raas.judge.swe_specs import PATH, RunPlan, UnsupportedTests, plan
+from raas.judge.swe_image import _by_row_names, judge_swe_image
+from raas.judge.swe_specs import (
+    DJANGO,
+    NON_TEST_EXTS,
+    PATH,
+    RunPlan,
+    UnsupportedTests,
+    django_labels,
+    plan,
+)
 from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
 from tests import tiers
 from tests.swe_image_rows import (
@@ -325,11 +333,76 @@ def test_a_row_without_a_script_runs_its_tests_files() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    ["./tests/runtests.py --verbosity 2 admin_views", "bin/test -C --verbose x", "tox -e py"],
+    ["bin/test -C --verbose sympy/core/tests/test_x.py", "tox -e py", "make test"],
 )
-def test_a_command_that_is_not_pytest_is_not_judged_here(command: str) -> None:
-    with pytest.raises(UnsupportedTests, match="not pytest"):
+def test_a_command_that_is_not_pytest_or_runtests_is_not_judged_here(command: str) -> None:
+    with pytest.raises(UnsupportedTests, match=r"not pytest or Django's runtests\.py"):
         plan(["x"], EVAL_SCRIPT.format(command=command))
+
+
+DJANGO_SCRIPT = EVAL_SCRIPT.replace(
+    "cd /testbed\n",
+    "cd /testbed\nexport LANG=en_US.UTF-8\nexport LANGUAGE='en_US:en'\nexport PATH=/evil\n",
+)
+
+
+def test_a_django_rows_command_is_read_from_its_eval_script() -> None:
+    command = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 a.tests"
+    found = plan(["test_x (a.tests.T)"], DJANGO_SCRIPT.format(command=command))
+    assert found == RunPlan(
+        ["--verbosity", "2", "--settings=test_sqlite", "--parallel", "1", "a.tests"],
+        path0=False,
+        env={"PATH": PATH, "LANG": "en_US.UTF-8", "LANGUAGE": "en_US:en"},  # never its PATH
+        log_parser="parse_log_django",
+        runner=DJANGO,
+    )
+    found = plan(["x"], EVAL_SCRIPT.format(command="python3 tests/runtests.py b.tests"))
+    assert (found.runner, found.args) == (DJANGO, ["b.tests"])
+
+
+DJANGO_TEST_PATCH = "".join(
+    f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+    for path in ["tests/a/tests.py", "tests/a/models.py", "tests/b/test_c.py", "docs/x.txt"]
+)
+
+
+def test_a_django_row_without_a_script_runs_as_swebench_ran_its_version() -> None:
+    # swebench 4's MAP_REPO_VERSION_TO_SPECS and get_test_directives: a test app's models are
+    # not a label, nor are the docs.
+    assert django_labels(DJANGO_TEST_PATCH) == ["a.tests", "b.test_c"]
+    found = plan([], repo="django/django", version="3.1", test_patch=DJANGO_TEST_PATCH)
+    assert found.runner == DJANGO and found.log_parser == "parse_log_django"
+    assert found.args == [
+        *("--verbosity", "2", "--settings=test_sqlite", "--parallel", "1"),
+        *("a.tests", "b.test_c"),
+    ]
+    assert found.env["LANG"] == "en_US.UTF-8"
+    old = plan([], repo="django/django", version="1.9", test_patch=DJANGO_TEST_PATCH)
+    assert old.args == ["--verbosity", "2", "a.tests", "b.test_c"]
+    with pytest.raises(UnsupportedTests, match=r"no test command for Django '0\.96'"):
+        plan([], repo="django/django", version="0.96", test_patch=DJANGO_TEST_PATCH)
+    with pytest.raises(UnsupportedTests, match="SymPy's bin/test"):
+        plan(["test_x"], repo="sympy/sympy", version="1.1")
+
+
+def test_the_test_file_extensions_are_swebenchs() -> None:
+    constants = pytest.importorskip("swebench.harness.constants")
+    assert list(NON_TEST_EXTS) == constants.NON_TEST_EXTS
+
+
+def test_unittest_names_are_matched_in_either_spelling() -> None:
+    # Python 3.11 writes the method again after the class; SWE-bench's rows from older images
+    # do not. A docstring's line is one name either way.
+    statuses = {"test_x (a.tests.T.test_x)": "PASSED", "Doc line.": "FAILED", "other": "PASSED"}
+    names = ["test_x (a.tests.T)", "Doc line."]
+    assert _by_row_names(statuses, names) == {
+        "test_x (a.tests.T)": "PASSED",
+        "Doc line.": "FAILED",
+        "other": "PASSED",
+    }
+    assert _by_row_names({"test_y (a.T)": "ERROR"}, ["test_y (a.T.test_y)"]) == {
+        "test_y (a.T.test_y)": "ERROR"
+    }
 
 
 @rootfs

@@ -72,10 +72,26 @@ def test_an_image_the_row_names_comes_first() -> None:
 
 
 def test_a_row_whose_tests_are_not_pytest_is_refused_at_submission() -> None:
-    script = EVAL_SCRIPT.format(command="./tests/runtests.py --verbosity 2 admin_views")
+    script = EVAL_SCRIPT.format(command="bin/test -C --verbose sympy/core/tests/test_x.py")
     with pytest.raises(InvalidInstance) as raised:
         parse_instance(SweInstance, row(eval_script=script))
     assert "eval_script" in str(raised.value) and "not pytest" in str(raised.value)
+    with pytest.raises(InvalidInstance, match="SymPy's bin/test"):
+        parse_instance(SweInstance, row(repo="sympy/sympy", version="1.1"))
+
+
+def test_a_django_row_runs_djangos_runner_and_is_told_so() -> None:
+    django = row(
+        repo="django/django",
+        version=4.2,  # a number, as some exports write it
+        test_patch="diff --git a/tests/a/tests.py b/tests/a/tests.py\n",
+        FAIL_TO_PASS=["test_x (a.tests.T)"],
+        PASS_TO_PASS=[],
+    )
+    found = parse_instance(SweInstance, django).plan()
+    assert found.args[-1] == "a.tests" and found.log_parser == "parse_log_django"
+    _, user = SweTask().messages(django)
+    assert "`./tests/runtests.py --settings=test_sqlite --parallel 1`" in user["content"]
 
 
 def test_an_image_row_is_told_where_its_repository_is() -> None:

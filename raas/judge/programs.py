@@ -17,6 +17,7 @@ PROGRAMS = (
     "humaneval.py",
     "swe_tests.py",
     "swe_pytest.py",
+    "swe_django.py",
 )
 
 

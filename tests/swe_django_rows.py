@@ -1,0 +1,151 @@
+"""A small real Django tree with a bug, as a SWE-bench row of ``django/django``: Django's own
+package and ``tests/runtests.py`` (from Django's source distribution, fetched once by
+scripts/images/fetch-django.sh), one test app of its own, the gold patch, the instance's test
+patch, its FAIL_TO_PASS / PASS_TO_PASS names as SWE-bench's Django rows spell them, and patches
+made from edits of it (for sabotage).
+
+The tree is Django 4.2's ``django`` package, less what these tests never load (translations
+other than English, static files, GeoDjango), and ``tests/`` with runtests.py, its SQLite
+settings and root URLconf, and the app ``text_checks``. The bug: ``django.utils.text.capfirst``
+lost its guard for an empty string (``capfirst("")`` raises IndexError). The test patch adds
+``test_empty``, which fails on it; ``test_capfirst`` and the docstring-named ``test_lazy`` (its
+name in the row is its docstring's first line, as unittest's verbose output shows it) pass
+before and after.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from tests.swe_image_rows import ROOTFS, patch_of, write_repo
+
+FETCHED = ROOTFS.parent / "django"
+SOURCE = "django/utils/text.py"
+TESTS = "tests/text_checks/tests.py"
+GUARD = "    if not x:\n        return x\n"
+# Of the source distribution's tests/: the runner, its settings, its root URLconf.
+RUNNER_FILES = ("tests/runtests.py", "tests/test_sqlite.py", "tests/urls.py")
+
+APP_TESTS = '''from django.test import SimpleTestCase
+from django.utils.functional import lazystr
+from django.utils.text import capfirst
+
+
+class CapfirstTests(SimpleTestCase):
+    def test_capfirst(self):
+        self.assertEqual(capfirst("hello world"), "Hello world")
+
+    def test_lazy(self):
+        """A lazy string is capitalized too."""
+        self.assertEqual(capfirst(lazystr("hi")), "Hi")
+'''
+TEST_PATCH_TESTS = APP_TESTS + (
+    '\n    def test_empty(self):\n        self.assertEqual(capfirst(""), "")\n'
+)
+FAIL_TO_PASS = ["test_empty (text_checks.tests.CapfirstTests)"]
+PASS_TO_PASS = [
+    "test_capfirst (text_checks.tests.CapfirstTests)",
+    "A lazy string is capitalized too.",
+]
+
+
+def fetched() -> bool:
+    return (FETCHED / ".raas-complete").exists()
+
+
+def _kept(name: str) -> bool:
+    """What of the source distribution's django package the tree keeps."""
+    if "/static/" in name or name.startswith("django/contrib/gis/") or name.endswith(".pyc"):
+        return False
+    return "/LC_MESSAGES/" not in name or "/locale/en/LC_MESSAGES/" in name
+
+
+@cache
+def files() -> dict[str, bytes]:
+    """The tree at its base commit: path -> content (the bug planted)."""
+    (sdist,) = (FETCHED / "sdist").glob("django-*.tar.gz")
+    out: dict[str, bytes] = {}
+    with tarfile.open(sdist) as archive:
+        for member in archive.getmembers():
+            if not member.isfile():
+                continue
+            name = member.name.split("/", 1)[1]
+            if (name.startswith("django/") and _kept(name)) or name in RUNNER_FILES:
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                out[name] = extracted.read()
+    source = out[SOURCE].decode()
+    assert GUARD in source, "the source distribution's capfirst has changed"
+    out[SOURCE] = source.replace(GUARD, "", 1).encode()
+    out["tests/text_checks/__init__.py"] = b""
+    out[TESTS] = APP_TESTS.encode()
+    return out
+
+
+def text_files() -> dict[str, str]:
+    """The text files patches are made against (the ones they touch)."""
+    return {SOURCE: files()[SOURCE].decode(), TESTS: APP_TESTS, "tests/runtests.py": runtests()}
+
+
+def runtests() -> str:
+    return files()["tests/runtests.py"].decode()
+
+
+def unfixed() -> str:
+    return files()[SOURCE].decode()
+
+
+def fixed() -> str:
+    source = unfixed()
+    head, sep, tail = source.partition('    """Capitalize the first letter of a string."""\n')
+    return head + sep + GUARD + tail
+
+
+def write_tree(root: Path) -> str:
+    """The tree at ``root`` as a git repository of one commit; its sha."""
+    for path, content in files().items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(content)
+    return write_repo(root, {})
+
+
+def write_deps(root: Path) -> None:
+    """Django's dependencies (asgiref, sqlparse) unpacked at ``root``, for PYTHONPATH."""
+    for wheel in sorted((FETCHED / "wheels").glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(root)
+
+
+def django_patch(changes: Mapping[str, str | None]) -> str:
+    """The git patch of ``changes`` to the tree's text files."""
+    return patch_of(changes, files=text_files())
+
+
+def gold_patch() -> str:
+    return django_patch({SOURCE: fixed()})
+
+
+def instance_test_patch() -> str:
+    return django_patch({TESTS: TEST_PATCH_TESTS})
+
+
+def row(base_commit: str, **extra: Any) -> dict[str, Any]:
+    """The tree as a row of SWE-bench's Django format (no eval_script: run as SWE-bench ran
+    its version 4.2)."""
+    return {
+        "instance_id": "django__django-99999",
+        "repo": "django/django",
+        "base_commit": base_commit,
+        "version": "4.2",
+        "problem_statement": "capfirst('') raises IndexError instead of returning ''.",
+        "patch": gold_patch(),
+        "test_patch": instance_test_patch(),
+        "FAIL_TO_PASS": FAIL_TO_PASS,
+        "PASS_TO_PASS": PASS_TO_PASS,
+        **extra,
+    }
