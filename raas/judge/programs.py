@@ -11,6 +11,7 @@ from raas.sandbox import Sandbox
 # they are written, and every program imports its siblings before it starts the candidate.
 JUDGE_DIR = "/tmp/.raas-judge"
 PROGRAMS = (
+    "probe.py",
     "values.py",
     "results.py",
     "candidate.py",

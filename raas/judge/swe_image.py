@@ -204,9 +204,7 @@ async def _changes(
 ) -> list[Change]:
     """What the patch made of each of its ``paths``: added, modified, deleted or of another
     type now, by what is on disk (the probe reads it without following links)."""
-    probe = await sandbox.exec(
-        python("swe_pytest.py", "stat"), json.dumps(paths), cwd=repo, env=env
-    )
+    probe = await sandbox.exec(python("probe.py", "stat"), json.dumps(paths), cwd=repo, env=env)
     try:
         kinds = json.loads(probe.stdout)
     except json.JSONDecodeError as e:

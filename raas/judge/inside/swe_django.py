@@ -35,18 +35,18 @@ What it cannot exclude, as swe_pytest.py cannot: the patched code runs in this p
 that sets out to find these wrappers in memory can still forge the record; the canaries and the
 mark make that a targeted attack on this runner, not a line printed.
 
-Standard library only, Python 3.7 or newer.
+Standard library only, Python 3.5 or newer (SWE-bench's images of Django 1.x-2.2 have 3.5, of
+3.x 3.6): no f-strings, no variable annotations.
 """
 
-from __future__ import annotations
-
+import io
 import os
 import random
 import runpy
 import sys
 import unittest
 import unittest.case
-from typing import Any
+from typing import Any, Dict
 
 # -I leaves this directory off sys.path: put it there for the sibling, and take it off again.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +72,7 @@ _SHORT = {cls: cls.__dict__["shortDescription"] for cls in _STR}
 _isinstance, _type, _str = isinstance, type, str
 
 
-def _defined(test: Any, attribute: str, originals: dict[type, Any]) -> Any:
+def _defined(test: Any, attribute: str, originals: Dict[type, Any]) -> Any:
     """``attribute`` of ``test`` as its class defines it, unittest's own where it is unittest's."""
     for cls in _type(test).__mro__:
         if attribute in cls.__dict__:
@@ -102,24 +102,24 @@ def _last_class(item: Any) -> Any:
     return _type(item)
 
 
-def canary(spec: dict[str, Any], module: str, rng: random.Random) -> unittest.TestCase:
+def canary(spec: Dict[str, Any], module: str, rng: random.Random) -> unittest.TestCase:
     name = str(spec["name"])
-    namespace: dict[str, Any] = {}
-    body = f"def {name}(self):\n    assert {spec['a']!r} == {spec['b']!r}\n"
-    exec(compile(body, f"<{module}>", "exec"), namespace)
+    namespace = {}  # type: Dict[str, Any]
+    body = "def " + name + "(self):\n    assert " + repr(spec["a"]) + " == " + repr(spec["b"])
+    exec(compile(body + "\n", "<" + module + ">", "exec"), namespace)
     attrs = {name: namespace[name], "__module__": module}
-    cls = _type(f"Test{rng.getrandbits(48):012x}", (unittest.TestCase,), attrs)
+    cls = _type("Test" + format(rng.getrandbits(48), "012x"), (unittest.TestCase,), attrs)
     return cls(name)
 
 
 class Recorder:
     """Canaries into the suite, outcomes out of the result."""
 
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: Dict[str, Any]) -> None:
         self.specs = request["canaries"]
         self.rng = random.Random(request["seed"])
-        self.outcomes: list[list[str]] = []
-        self.canaries: dict[str, str] = {}
+        self.outcomes = []  # type: list[list[str]]
+        self.canaries = {}  # type: Dict[str, str]
         self.placed = False
 
     def place(self, suite: Any) -> None:
@@ -191,29 +191,40 @@ def hook(recorder: Recorder) -> None:
 
 
 def _encoding() -> None:
-    # -I drops PYTHONIOENCODING (SWE-bench's Django images export it): apply it by hand.
+    # -I drops PYTHONIOENCODING (SWE-bench's Django images export it): apply it by hand (a new
+    # wrapper over the same buffer where there is no reconfigure, before Python 3.7).
     wanted = os.environ.get("PYTHONIOENCODING")
-    if wanted:
-        encoding, _, errors = wanted.partition(":")
-        for stream in (sys.stdout, sys.stderr):
+    if not wanted:
+        return
+    encoding, _, errors = wanted.partition(":")
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        stream.flush()
+        if hasattr(stream, "reconfigure"):
             stream.reconfigure(encoding=encoding or None, errors=errors or None)
+        else:
+            wrapped = io.TextIOWrapper(
+                stream.buffer, encoding or stream.encoding, errors or None, line_buffering=True
+            )
+            setattr(sys, name, wrapped)
 
 
-def run(request: dict[str, Any], channel: int) -> None:
+def run(request: Dict[str, Any], channel: int) -> None:
     root = os.getcwd()
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:0] = [os.path.join(root, "tests"), root, *extra]
     _encoding()
     recorder = Recorder(request)
     hook(recorder)
-    sys.argv = [f"./{RUNTESTS}", *map(str, request["args"])]
+    sys.argv = ["./" + RUNTESTS] + [str(arg) for arg in request["args"]]
     print(START, flush=True)
     exit_code = 0
     try:
         runpy.run_path(RUNTESTS, run_name="__main__")
     except SystemExit as e:
         code = e.code
-        exit_code = code if _isinstance(code, int) else (0 if code is None else 1)
+        # sys.exit(bool(failures)) in Django's older runtests.py: True is status 1
+        exit_code = int(code) if _isinstance(code, int) else (0 if code is None else 1)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
