@@ -5,7 +5,8 @@ results channel.
 inherited by any child: ``os.dup`` makes it non-inheritable) and sends fd 1 to stderr, so nothing
 the tests print reaches the channel; ``run(request, channel)`` ends with ``send``; then the
 process ends at once, no atexit handler of the tests running after it. A runner that fails itself
-sends no record and exits 3.
+sends no record and exits 3. The image judge's runners print SWE-bench's markers around the
+tests' output (``between_markers``) and send one record of their outcomes (``send_outcomes``).
 
 Standard library only, Python 3.5 or newer (swe_django.py runs on the Python of SWE-bench's
 Django images): no f-strings, no variable annotations.
@@ -15,11 +16,13 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 # Bound when the runner starts, before anything of the repository is imported: the patched code
 # may replace them in their modules later.
 _write, _exit, _dumps = os.write, os._exit, json.dumps
+START = ">>>>> Start Test Output"  # swebench.harness.constants' markers
+END = ">>>>> End Test Output"
 
 
 def send(channel: int, record: Dict[str, Any]) -> None:
@@ -27,6 +30,26 @@ def send(channel: int, record: Dict[str, Any]) -> None:
     data = (_dumps(record) + "\n").encode()
     while data:
         data = data[_write(channel, data) :]
+
+
+def between_markers(run_tests: Callable[[], int]) -> int:
+    """``run_tests()``'s exit status; what it printed lies between SWE-bench's markers."""
+    print(START, flush=True)
+    try:
+        return run_tests()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        print(END, flush=True)
+
+
+def send_outcomes(
+    channel: int, mark: str, exit_code: int, outcomes: List[Any], canaries: Dict[str, str]
+) -> None:
+    """The image judge's record: the runner's exit status, each outcome, where the canaries
+    ran."""
+    record = {"mark": mark, "exit_code": exit_code, "outcomes": outcomes, "canaries": canaries}
+    send(channel, record)
 
 
 def serve(run: Callable[[Dict[str, Any], int], None]) -> None:

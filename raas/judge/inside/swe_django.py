@@ -54,8 +54,6 @@ import results
 
 del sys.path[0]
 
-START = ">>>>> Start Test Output"  # swebench.harness.constants' markers
-END = ">>>>> End Test Output"
 RUNTESTS = os.path.join("tests", "runtests.py")
 # unittest's own words for each outcome, by the result method that reports it.
 CATEGORIES = {
@@ -217,25 +215,19 @@ def run(request: Dict[str, Any], channel: int) -> None:
     recorder = Recorder(request)
     hook(recorder)
     sys.argv = ["./" + RUNTESTS] + [str(arg) for arg in request["args"]]
-    print(START, flush=True)
-    exit_code = 0
+    exit_code = results.between_markers(_runtests)
+    results.send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
+
+
+def _runtests() -> int:
+    """runtests.py as ``__main__``; the status its ``sys.exit`` gives, 0 if it returns."""
     try:
         runpy.run_path(RUNTESTS, run_name="__main__")
     except SystemExit as e:
         code = e.code
         # sys.exit(bool(failures)) in Django's older runtests.py: True is status 1
-        exit_code = int(code) if _isinstance(code, int) else (0 if code is None else 1)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        print(END, flush=True)
-    record = {
-        "mark": request["mark"],
-        "exit_code": exit_code,
-        "outcomes": recorder.outcomes,
-        "canaries": recorder.canaries,
-    }
-    results.send(channel, record)
+        return int(code) if _isinstance(code, int) else (0 if code is None else 1)
+    return 0
 
 
 def main() -> None:

@@ -39,9 +39,6 @@ import results
 
 del sys.path[0]
 
-START = ">>>>> Start Test Output"  # swebench.harness.constants' markers
-END = ">>>>> End Test Output"
-
 
 def canary(spec: dict[str, Any], filename: str) -> Any:
     name = str(spec["name"])
@@ -105,19 +102,10 @@ def run(request: dict[str, Any], channel: int) -> None:
     hook = pytest.hookimpl(trylast=True)(Recorder.pytest_collection_modifyitems)
     Recorder.pytest_collection_modifyitems = hook
     recorder = Recorder(request)
-    print(START, flush=True)
-    try:
-        exit_code = int(pytest.main(list(request["args"]), plugins=[recorder]))
-    finally:
-        sys.stdout.flush()
-        print(END, flush=True)
-    record = {
-        "mark": request["mark"],
-        "exit_code": exit_code,
-        "outcomes": recorder.outcomes,
-        "canaries": recorder.canaries,
-    }
-    results.send(channel, record)
+    exit_code = results.between_markers(
+        lambda: int(pytest.main(list(request["args"]), plugins=[recorder]))
+    )
+    results.send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
 
 
 def main() -> None:
