@@ -1,6 +1,6 @@
 """A small real Django tree with a bug, as a SWE-bench row of ``django/django``: Django's own
 package and ``tests/runtests.py`` (from Django's source distribution, fetched once by
-scripts/images/fetch-django.sh), one test app of its own, the gold patch, the instance's test
+scripts/images/fetch-test-sources.sh), one test app of its own, the gold patch, the instance's test
 patch, its FAIL_TO_PASS / PASS_TO_PASS names as SWE-bench's Django rows spell them, and patches
 made from edits of it (for sabotage).
 
@@ -114,11 +114,17 @@ def write_tree(root: Path) -> str:
     return write_repo(root, {})
 
 
-def write_deps(root: Path) -> None:
-    """Django's dependencies (asgiref, sqlparse) unpacked at ``root``, for PYTHONPATH."""
-    for wheel in sorted((FETCHED / "wheels").glob("*.whl")):
+def unpack_wheels(fetched: Path, root: Path) -> None:
+    """The wheels fetched into ``fetched`` unpacked at ``root`` (a directory for PYTHONPATH: the
+    image's environment)."""
+    for wheel in sorted((fetched / "wheels").glob("*.whl")):
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(root)
+
+
+def write_deps(root: Path) -> None:
+    """Django's dependencies (asgiref, sqlparse) unpacked at ``root``, for PYTHONPATH."""
+    unpack_wheels(FETCHED, root)
 
 
 def django_patch(changes: Mapping[str, str | None]) -> str:

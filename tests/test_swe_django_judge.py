@@ -48,7 +48,7 @@ def needs_tree(test: Any) -> Any:
     """A test that needs the base root filesystem and the fetched Django: skipped where they
     are missing, unless the images tier was asked for (then it fails)."""
     ready = (ROOTFS / ".raas-complete").exists() and fetched()
-    why = "scripts/images/make-base-rootfs.sh and scripts/images/fetch-django.sh make them"
+    why = "scripts/images/make-base-rootfs.sh and scripts/images/fetch-test-sources.sh make them"
     skip = pytest.mark.skipif(not ready and not tiers.selected("images"), reason=why)
     return pytest.mark.images(skip(test))
 

@@ -103,6 +103,6 @@ def test_canaries_run_between_classes_with_their_outcomes(python: str, tmp_path:
     assert not any(min(a_tests) < i < max(a_tests) for i in canaries)  # never inside a class
 
 
-@pytest.mark.parametrize("program", ["probe.py", "results.py", "swe_django.py"])
+@pytest.mark.parametrize("program", ["probe.py", "results.py", "swe_django.py", "swe_sympy.py"])
 def test_the_programs_of_old_images_read_as_python_35(program: str) -> None:
     ast.parse((INSIDE / program).read_text(), feature_version=(3, 5))

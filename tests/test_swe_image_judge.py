@@ -20,6 +20,7 @@ from raas.judge.swe_specs import (
     DJANGO,
     NON_TEST_EXTS,
     PATH,
+    SYMPY,
     RunPlan,
     UnsupportedTests,
     django_labels,
@@ -333,10 +334,10 @@ def test_a_row_without_a_script_runs_its_tests_files() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    ["bin/test -C --verbose sympy/core/tests/test_x.py", "tox -e py", "make test"],
+    ["tox -e py", "make test", "python3 setup.py test"],
 )
-def test_a_command_that_is_not_pytest_or_runtests_is_not_judged_here(command: str) -> None:
-    with pytest.raises(UnsupportedTests, match=r"not pytest or Django's runtests\.py"):
+def test_a_command_that_no_runner_records_is_not_judged_here(command: str) -> None:
+    with pytest.raises(UnsupportedTests, match=r"not pytest, Django's runtests\.py or SymPy's"):
         plan(["x"], EVAL_SCRIPT.format(command=command))
 
 
@@ -381,8 +382,24 @@ def test_a_django_row_without_a_script_runs_as_swebench_ran_its_version() -> Non
     assert old.args == ["--verbosity", "2", "a.tests", "b.test_c"]
     with pytest.raises(UnsupportedTests, match=r"no test command for Django '0\.96'"):
         plan([], repo="django/django", version="0.96", test_patch=DJANGO_TEST_PATCH)
-    with pytest.raises(UnsupportedTests, match="SymPy's bin/test"):
-        plan(["test_x"], repo="sympy/sympy", version="1.1")
+
+
+def test_a_sympy_row_runs_bin_test_as_swebench_ran_it() -> None:
+    # swebench 4's TEST_SYMPY on the test patch's files as they are; an eval_script's command.
+    patch = DJANGO_TEST_PATCH.replace("tests/a/tests.py", "sympy/core/tests/test_a.py")
+    found = plan(["test_a"], repo="sympy/sympy", version="1.1", test_patch=patch)
+    assert (found.runner, found.log_parser) == (SYMPY, "parse_log_sympy")
+    assert found.args[:2] == ["-C", "--verbose"]
+    assert found.args[2:] == [
+        "sympy/core/tests/test_a.py",
+        "tests/a/models.py",
+        "tests/b/test_c.py",
+    ]
+    assert found.env["PYTHONWARNINGS"] == "ignore::UserWarning,ignore::SyntaxWarning"
+    command = "PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose sympy/x/tests/test_y.py"
+    found = plan(["test_y"], EVAL_SCRIPT.format(command=command))
+    assert found.runner == SYMPY and found.args == ["-C", "--verbose", "sympy/x/tests/test_y.py"]
+    assert found.env["PYTHONWARNINGS"] == "ignore::UserWarning"
 
 
 def test_the_test_file_extensions_are_swebenchs() -> None:

@@ -19,6 +19,7 @@ PROGRAMS = (
     "swe_tests.py",
     "swe_pytest.py",
     "swe_django.py",
+    "swe_sympy.py",
 )
 
 

@@ -1,6 +1,6 @@
 """The SWE judge for rows in their own images: the patch applied to the image's repository in a
-fresh sandbox, the tests run with pytest or Django's own runtests.py, graded by SWE-bench's own
-parser and rules, and the log checked against a record the tests cannot reach.
+fresh sandbox, the tests run with pytest, Django's own runtests.py or SymPy's bin/test, graded by
+SWE-bench's own parser and rules, and the log checked against a record the tests cannot reach.
 
 EVAL starts from the image and the patch only, in a sandbox the agent never touched, and every
 command is a fresh process (``Sandbox.exec``), never a shell. In order:
@@ -27,7 +27,10 @@ command is a fresh process (``Sandbox.exec``), never a shell. In order:
    object by the name its verbose output gives the test (the one SWE-bench's rows use). Django's
    ``tests/`` directory (every test app, runtests.py, the settings) is test code: what a patch
    changed there is put back, and a top-level module it adds under the name of one of those
-   apps is refused;
+   apps is refused. A SymPy row's through inside/swe_sympy.py: SymPy's ``bin/test``
+   in-process, the canaries run as test files of their own among the files it selected, each
+   outcome recorded from SymPy's test reporter by the test function's name; a patch's change
+   to ``bin/`` or to SymPy's runner module is put back;
 5. the log is read by SWE-bench's own rules (``get_logs_eval``: its markers, the instance's
    parser from ``PARSER_REGISTRY``, the test command's exit status, here the one the record
    holds) and graded (``get_eval_tests_report``, ``get_resolution_status``: resolved means
@@ -60,7 +63,7 @@ from raas.judge.programs import JUDGE_DIR, install, python
 from raas.judge.swe import OUTPUT_CHARS, RUN_OUTPUT, apply_patch, modules_around, read_record
 from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
 from raas.judge.swe_repo import git
-from raas.judge.swe_specs import DJANGO, RunPlan
+from raas.judge.swe_specs import DJANGO, SYMPY, RunPlan
 from raas.sandbox import ExecResult, Sandbox, SandboxError
 
 TESTBED = "/testbed"
@@ -77,8 +80,13 @@ SUMMARY_ORDER = ["passed", "skipped", "xfailed", "xpassed", "error", "failed"]
 # written by file and line, an xpass under a status swebench does not know).
 BY_NODEID = {"passed": "PASSED", "failed": "FAILED", "error": "ERROR", "xfailed": "XFAIL"}
 CANARIES = [(False, False), (False, True), (True, False), (True, True)]  # (passes, a str)
-RUNNERS = {"pytest": "swe_pytest.py", DJANGO: "swe_django.py"}
+RUNNERS = {"pytest": "swe_pytest.py", DJANGO: "swe_django.py", SYMPY: "swe_sympy.py"}
 DJANGO_TESTS = "tests"  # where Django keeps its test apps, runtests.py's directory
+# SymPy's runner: bin/test (bin/ first on sys.path, the root after it) and the module it runs.
+SYMPY_RUNNER = ("bin/", "sympy/testing/runtests.py", "sympy/utilities/runtests.py")
+# The reporter's words for an outcome (inside/swe_sympy.py), as SWE-bench's SymPy parser reads
+# them; a skip, an expected failure, a timeout it does not read.
+SYMPY_STATUS = {"ok": "PASSED", "F": "FAILED", "E": "ERROR"}
 # unittest's words for an outcome (inside/swe_django.py), as SWE-bench's Django parser names
 # them; an expected failure or an unexpected success it does not read.
 UNITTEST_STATUS = {"ok": "PASSED", "FAIL": "FAILED", "ERROR": "ERROR", "skipped": "SKIPPED"}
@@ -106,6 +114,8 @@ async def judge_swe_image(
     where = await modules_around(sandbox, repo, plan.env)
     if plan.runner == DJANGO:
         where = _around_django_tests(where, tracked)
+    elif plan.runner == SYMPY:
+        where = {**where, "roots": sorted({*where["roots"], "", "bin"})}
     metrics: dict[str, Any] = {"patch_bytes": len(patch), "patch_applied": False}
     if patch.strip():
         paths = await _patch_paths(sandbox, patch, repo)
@@ -114,12 +124,15 @@ async def judge_swe_image(
             return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
         metrics["patch_applied"] = True
         changes = await _changes(sandbox, repo, paths, tracked, plan.env)
-        ids = _module_ids(fail_to_pass + pass_to_pass) if plan.runner != DJANGO else []
+        # Django's and SymPy's names are no module paths; their test files are put back anyway.
+        by_file = plan.runner == "pytest"
+        ids = _module_ids(fail_to_pass + pass_to_pass) if by_file else []
         found = review(changes, set(tracked), ids, where["names"], where["roots"])
         refused = found.refused or _metadata(changes)
         if refused is not None:
             return Verdict(False, {**metrics, "resolved": False, "refused": refused})
-        restore = sorted({*found.restore, *(c.path for c in changes if _runner_file(c.path))})
+        runner = [c.path for c in changes if _runner_file(c.path, plan.runner)]
+        restore = sorted({*found.restore, *runner})
         if restore:
             await _restore(sandbox, repo, restore, tracked)
             metrics["dropped"] = restore
@@ -258,7 +271,11 @@ def _metadata(changes: list[Change]) -> str | None:
     return None
 
 
-def _runner_file(path: str) -> bool:
+def _runner_file(path: str, runner: str) -> bool:
+    """A test, or a file of how the tests are found and run (pytest's configuration; SymPy's
+    bin/test and its runner module): a patch's change to it is put back."""
+    if runner == SYMPY and path.startswith(SYMPY_RUNNER):
+        return True
     return path.rsplit("/", 1)[-1] in RUNNER_FILES or is_test_path(path, set())
 
 
@@ -311,8 +328,10 @@ async def _verdict(
     outcomes = record.get("outcomes") or []
     if plan.runner == DJANGO:
         names = fail_to_pass + pass_to_pass
-        recorded = _by_row_names(_unittest_statuses(outcomes), names)
+        recorded = _by_row_names(_named_statuses(outcomes, UNITTEST_STATUS), names)
         logged = _by_row_names(logged, names)
+    elif plan.runner == SYMPY:
+        recorded = _named_statuses(outcomes, SYMPY_STATUS)
     else:
         recorded = _statuses(outcomes)
     gold = {FAIL_TO_PASS: fail_to_pass, PASS_TO_PASS: pass_to_pass}
@@ -384,14 +403,15 @@ def _statuses(outcomes: list[Any]) -> dict[str, str]:
     return statuses
 
 
-def _unittest_statuses(outcomes: list[Any]) -> dict[str, str]:
-    """The record of inside/swe_django.py as SWE-bench's Django parser reads the log: each
-    test's last outcome by its name, the outcomes it does not read left out."""
+def _named_statuses(outcomes: list[Any], words: dict[str, str]) -> dict[str, str]:
+    """The record of inside/swe_django.py or swe_sympy.py (``[name, ..., category]``) as
+    SWE-bench's parser reads the log: each test's last outcome by its name, the ones it does
+    not read left out."""
     statuses = {}
     for outcome in outcomes:
-        if not (isinstance(outcome, list) and len(outcome) == 3):
+        if not (isinstance(outcome, list) and len(outcome) >= 2):
             continue
-        status = UNITTEST_STATUS.get(str(outcome[2]))
+        status = words.get(str(outcome[-1]))
         if status is not None:
             statuses[str(outcome[0])] = status
     return statuses

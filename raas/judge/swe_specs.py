@@ -11,11 +11,10 @@ directives its ``get_test_directives`` took from the row's test patch, read with
 ``parse_log_django``; any other row as ``python3 -m pytest -rA`` on the files of its
 FAIL_TO_PASS and PASS_TO_PASS tests, read with ``parse_log_pytest``.
 
-Two runners record the tests' outcomes: pytest (inside/swe_pytest.py) and Django's own
-``tests/runtests.py`` (inside/swe_django.py), each in-process with the judge's hooks. A command
-that is neither cannot carry them, so such a row is not judged here (``UnsupportedTests``):
-SymPy's ``bin/test`` among them (its runner prints each test's outcome from inside the same
-process as the patched code, and no hook of it has been written yet), tox, shell pipelines.
+Three runners record the tests' outcomes: pytest (inside/swe_pytest.py), Django's own
+``tests/runtests.py`` (inside/swe_django.py) and SymPy's ``bin/test`` (inside/swe_sympy.py),
+each in-process with the judge's hooks. A command that is none of them cannot carry them, so
+such a row is not judged here (``UnsupportedTests``): tox, shell pipelines.
 """
 
 from __future__ import annotations
@@ -33,6 +32,10 @@ ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 PYTEST = {"pytest", "py.test"}
 DJANGO, DJANGO_PARSER = "django", "parse_log_django"
 RUNTESTS = "tests/runtests.py"  # Django's own runner, from the repository's root
+SYMPY, SYMPY_PARSER = "sympy", "parse_log_sympy"
+BIN_TEST = "bin/test"  # SymPy's own runner
+# swebench 4's SPECS_SYMPY: every version's command (TEST_SYMPY).
+SYMPY_TEST = "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose"
 EXPORT = re.compile(r"^export ([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 # swebench 4's MAP_REPO_VERSION_TO_SPECS["django/django"] (swebench 5 dropped the table for the
 # rows' own eval scripts): the test command by version, and the variables its eval_commands
@@ -73,7 +76,7 @@ class RunPlan:
     env: dict[str, str] = field(default_factory=lambda: {"PATH": PATH})
     log_parser: str = DEFAULT_PARSER
     eval_type: str = PASS_AND_FAIL
-    runner: str = "pytest"  # or DJANGO: tests/runtests.py with ``args``
+    runner: str = "pytest"  # or DJANGO (tests/runtests.py), SYMPY (bin/test), with ``args``
 
 
 def files_of(test_ids: list[str]) -> list[str]:
@@ -116,7 +119,7 @@ def plan(
         if repo == "django/django":
             return _django_plan(version, test_patch, log_parser, grading)
         if repo == "sympy/sympy":
-            raise UnsupportedTests("the row's tests run with SymPy's bin/test, not pytest")
+            return _sympy_plan(test_patch, log_parser, grading)
         parser = log_parser or DEFAULT_PARSER
         return RunPlan(["-rA", *files_of(test_ids)], log_parser=parser, eval_type=grading)
     argv = _test_command(eval_script)
@@ -124,10 +127,13 @@ def plan(
     while argv and ASSIGNMENT.match(argv[0]):
         name, _, value = argv.pop(0).partition("=")
         env[name] = value
-    if _runs_runtests(argv):
-        args = argv[1:] if _is_runtests(argv[0]) else argv[2:]
+    if _runs(argv, RUNTESTS):
+        args = argv[1:] if _is(argv[0], RUNTESTS) else argv[2:]
         parser = log_parser or DJANGO_PARSER
         return RunPlan(args, False, env, parser, grading, DJANGO)
+    if _runs(argv, BIN_TEST):
+        args = argv[1:] if _is(argv[0], BIN_TEST) else argv[2:]
+        return RunPlan(args, False, env, log_parser or SYMPY_PARSER, grading, SYMPY)
     parser = log_parser or DEFAULT_PARSER
     if argv[:1] and argv[0].rsplit("/", 1)[-1] in PYTEST:
         args, path0 = argv[1:], False
@@ -139,7 +145,8 @@ def plan(
         args, path0 = argv[3:], True
     else:
         raise UnsupportedTests(
-            f"the row's tests run with {shlex.join(argv)!r}, not pytest or Django's runtests.py"
+            f"the row's tests run with {shlex.join(argv)!r}, not pytest, Django's runtests.py"
+            " or SymPy's bin/test"
         )
     if not any(a.startswith("-r") for a in args):
         args = ["-rA", *args]  # the summary lines SWE-bench's parsers read
@@ -159,17 +166,28 @@ def _django_plan(
     return RunPlan(args, False, env, log_parser or DJANGO_PARSER, grading, DJANGO)
 
 
-def _is_runtests(arg: str) -> bool:
-    return arg in (RUNTESTS, f"./{RUNTESTS}")
+def _sympy_plan(test_patch: str, log_parser: str | None, grading: str) -> RunPlan:
+    """swebench 4's command for every SymPy version, on the files of the row's test patch (its
+    ``get_test_directives``: them as they are)."""
+    files = [p for p in DIFF_TARGET.findall(test_patch) if not p.endswith(NON_TEST_EXTS)]
+    if not files:
+        raise UnsupportedTests("the row's test patch touches no SymPy test file")
+    argv = shlex.split(SYMPY_TEST)
+    name, _, value = argv[0].partition("=")
+    env = {"PATH": PATH, name: value}
+    return RunPlan([*argv[2:], *files], False, env, log_parser or SYMPY_PARSER, grading, SYMPY)
 
 
-def _runs_runtests(argv: list[str]) -> bool:
-    """``./tests/runtests.py ...`` or ``python tests/runtests.py ...``, from the root."""
-    if argv[:1] and _is_runtests(argv[0]):
+def _is(arg: str, script: str) -> bool:
+    return arg in (script, f"./{script}")
+
+
+def _runs(argv: list[str], script: str) -> bool:
+    """``./script ...``, ``script ...`` or ``python script ...``, from the root."""
+    if argv[:1] and _is(argv[0], script):
         return True
-    return (
-        len(argv) >= 2 and bool(PYTHON.match(argv[0].rsplit("/", 1)[-1])) and _is_runtests(argv[1])
-    )
+    python = len(argv) >= 2 and bool(PYTHON.match(argv[0].rsplit("/", 1)[-1]))
+    return python and _is(argv[1], script)
 
 
 def _exports(eval_script: str) -> dict[str, str]:

@@ -14,11 +14,11 @@ JSON-encoded list, as SWE-bench's rows store them, is read as the list), and the
 - ``repo`` + ``base_commit``, as in SWE-bench / SWE-Gym / R2E-Gym: the row runs in its own image
   (raas.image_refs: ``image_name``, ``docker_image``, else SWE-Gym's name for its
   ``instance_id``), the repository at /testbed at its base commit (INIT checks it with the
-  image's git), its tests pytest node ids, or Django's unittest names for a Django row, run with
-  its own test command where the row carries swebench 5's ``eval_script`` (else as SWE-bench ran
-  its version: raas.judge.swe_specs; a row whose command is neither pytest nor Django's
-  runtests.py is refused), its ``test_patch`` applied after the agent's, and graded by
-  SWE-bench's own parser and rules (raas.judge.swe_image).
+  image's git), its tests pytest node ids (Django's unittest names, SymPy's function names),
+  run with its own test command where the row carries swebench 5's ``eval_script`` (else as
+  SWE-bench ran its version: raas.judge.swe_specs; a row whose command is not pytest, Django's
+  runtests.py or SymPy's bin/test is refused), its ``test_patch`` applied after the agent's, and
+  graded by SWE-bench's own parser and rules (raas.judge.swe_image).
 
 Either way the artifact is the patch of what the agent left in the repository, taken without its
 shell or its .git (raas.judge.swe_repo: the tree read as files, diffed in a fresh sandbox against
@@ -55,7 +55,7 @@ from raas.judge.swe_repo import (
     tree_patch,
 )
 from raas.judge.swe_repo import REPO as REPO
-from raas.judge.swe_specs import DJANGO, RunPlan, UnsupportedTests, plan
+from raas.judge.swe_specs import DJANGO, SYMPY, RunPlan, UnsupportedTests, plan
 from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, TaskJob, Text, located_error
@@ -63,9 +63,14 @@ from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
 TEST_COMMAND = "python3 -m unittest -v"  # what the model is told; the judge runs these ids
-IMAGE_TEST_COMMAND = "python3 -m pytest"  # what the model is told of an image row's tests
-# ... and of a Django row's: SWE-bench's options, not the labels its test patch gives away.
-DJANGO_TEST_COMMAND = "./tests/runtests.py --settings=test_sqlite --parallel 1"
+# What the model is told of an image row's tests, by runner: SWE-bench's options, not the
+# labels or files its test patch would give away.
+IMAGE_TEST_COMMAND = "python3 -m pytest"
+IMAGE_TEST_COMMANDS = {
+    "pytest": IMAGE_TEST_COMMAND,
+    DJANGO: "./tests/runtests.py --settings=test_sqlite --parallel 1",
+    SYMPY: "bin/test -C --verbose",
+}
 SYSTEM_PROMPT = (
     "You are a software engineer in a Linux sandbox. The repository is checked out at"
     " {repo}. Find the bug described in the issue and fix it in the source (not the"
@@ -194,9 +199,9 @@ class SweTask(AgentTask):
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         parsed = SweInstance.model_validate(instance)
         image = parsed.image_ref is not None
-        repo, command = (self.testbed, IMAGE_TEST_COMMAND) if image else (REPO, TEST_COMMAND)
-        if image and parsed.plan().runner == DJANGO:
-            command = DJANGO_TEST_COMMAND
+        repo, command = (REPO, TEST_COMMAND)
+        if image:
+            repo, command = self.testbed, IMAGE_TEST_COMMANDS[parsed.plan().runner]
         task = (
             f"Issue:\n{instance['problem_statement']}\n\nThe repository is at {repo}; its tests"
             f" run with `{command}` from there."

@@ -12,10 +12,13 @@ Standard library only, Python 3.5 or newer (swe_django.py runs on the Python of 
 Django images): no f-strings, no variable annotations.
 """
 
+import io
 import json
 import os
+import runpy
 import sys
 import traceback
+import warnings
 from typing import Any, Callable, Dict, List
 
 # Bound when the runner starts, before anything of the repository is imported: the patched code
@@ -41,6 +44,42 @@ def between_markers(run_tests: Callable[[], int]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         print(END, flush=True)
+
+
+def run_script(path: str) -> int:
+    """The script at ``path`` run as ``__main__`` (a test runner: Django's runtests.py, SymPy's
+    bin/test); the status its ``sys.exit`` gives, 0 if it returns."""
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        # sys.exit(bool(failures)) in Django's older runtests.py: True is status 1
+        return int(code) if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+def python_environment() -> None:
+    """What -I makes Python ignore of the row's environment, applied by hand: the encoding of
+    its streams (PYTHONIOENCODING, which SWE-bench's Django images export) and its warnings
+    filters (PYTHONWARNINGS, which SWE-bench's SymPy command sets)."""
+    wanted = os.environ.get("PYTHONIOENCODING")
+    if wanted:
+        encoding, _, errors = wanted.partition(":")
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            stream.flush()
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(encoding=encoding or None, errors=errors or None)
+            else:  # before Python 3.7: a new wrapper over the same buffer
+                wrapped = io.TextIOWrapper(
+                    stream.buffer, encoding or stream.encoding, errors or None, line_buffering=True
+                )
+                setattr(sys, name, wrapped)
+    filters = [f for f in os.environ.get("PYTHONWARNINGS", "").split(",") if f]
+    if filters:
+        process = getattr(warnings, "_processoptions", None)  # how -W is read
+        if process is not None:
+            process(filters)
 
 
 def send_outcomes(

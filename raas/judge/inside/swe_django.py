@@ -39,10 +39,8 @@ Standard library only, Python 3.5 or newer (SWE-bench's images of Django 1.x-2.2
 3.x 3.6): no f-strings, no variable annotations.
 """
 
-import io
 import os
 import random
-import runpy
 import sys
 import unittest
 import unittest.case
@@ -188,46 +186,16 @@ def hook(recorder: Recorder) -> None:
     runner._makeResult = watched_result  # type: ignore[method-assign]
 
 
-def _encoding() -> None:
-    # -I drops PYTHONIOENCODING (SWE-bench's Django images export it): apply it by hand (a new
-    # wrapper over the same buffer where there is no reconfigure, before Python 3.7).
-    wanted = os.environ.get("PYTHONIOENCODING")
-    if not wanted:
-        return
-    encoding, _, errors = wanted.partition(":")
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        stream.flush()
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(encoding=encoding or None, errors=errors or None)
-        else:
-            wrapped = io.TextIOWrapper(
-                stream.buffer, encoding or stream.encoding, errors or None, line_buffering=True
-            )
-            setattr(sys, name, wrapped)
-
-
 def run(request: Dict[str, Any], channel: int) -> None:
     root = os.getcwd()
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:0] = [os.path.join(root, "tests"), root, *extra]
-    _encoding()
+    results.python_environment()
     recorder = Recorder(request)
     hook(recorder)
     sys.argv = ["./" + RUNTESTS] + [str(arg) for arg in request["args"]]
-    exit_code = results.between_markers(_runtests)
+    exit_code = results.between_markers(lambda: results.run_script(RUNTESTS))
     results.send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
-
-
-def _runtests() -> int:
-    """runtests.py as ``__main__``; the status its ``sys.exit`` gives, 0 if it returns."""
-    try:
-        runpy.run_path(RUNTESTS, run_name="__main__")
-    except SystemExit as e:
-        code = e.code
-        # sys.exit(bool(failures)) in Django's older runtests.py: True is status 1
-        return int(code) if _isinstance(code, int) else (0 if code is None else 1)
-    return 0
 
 
 def main() -> None:
