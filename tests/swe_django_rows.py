@@ -22,7 +22,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from raas.judge.swe_specs import DJANGO
 from tests.swe_image_rows import ROOTFS, patch_of, write_repo
+from tests.swe_tree_judge import Project
 
 FETCHED = ROOTFS.parent / "django"
 SOURCE = "django/utils/text.py"
@@ -155,3 +157,59 @@ def row(base_commit: str, **extra: Any) -> dict[str, Any]:
         "PASS_TO_PASS": PASS_TO_PASS,
         **extra,
     }
+
+
+# The unfixed module rewrites unittest's verbose output for the failing test: its line ends in
+# "ok", so SWE-bench's parser reads the log as resolved.
+FORGED_OK = """
+
+import unittest as _unittest
+import unittest.runner as _runner
+
+_add_error = _runner.TextTestResult.addError
+
+
+def _forged(self, test, err):
+    if "test_empty" not in str(test):
+        return _add_error(self, test, err)
+    _unittest.TestResult.addError(self, test, err)
+    self.stream.writeln("ok")
+
+
+_runner.TextTestResult.addError = _forged
+"""
+# Every test reports a success (the log and the record agree): the must-fail canaries pass.
+ALWAYS_PASS = """
+
+import unittest as _unittest
+
+_run = _unittest.TestCase.run
+
+
+def _passing(self, result=None):
+    result.addSuccess(self)
+
+
+_unittest.TestCase.run = _passing
+"""
+
+PROJECT = Project(
+    name="django",
+    runner=DJANGO,
+    fetched=fetched,
+    write_tree=write_tree,
+    write_deps=write_deps,
+    row=row,
+    gold_patch=gold_patch,
+    patch=django_patch,
+    fail_to_pass=FAIL_TO_PASS,
+    pass_to_pass=PASS_TO_PASS,
+    # The test module made to expect nothing, runtests.py made to exit 0 at once.
+    edited={
+        TESTS: "from django.test import SimpleTestCase\n",
+        "tests/runtests.py": "import sys\n\nsys.exit(0)\n",
+    },
+    forged_ok=lambda: unfixed() + FORGED_OK,
+    always_pass=lambda: unfixed() + ALWAYS_PASS,
+    source=SOURCE,
+)

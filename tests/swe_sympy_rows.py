@@ -20,8 +20,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from raas.judge.swe_specs import SYMPY
 from tests.swe_django_rows import unpack_wheels
 from tests.swe_image_rows import ROOTFS, patch_of, write_repo
+from tests.swe_tree_judge import Project
 
 FETCHED = ROOTFS.parent / "sympy"
 SOURCE = "sympy/utilities/iterables.py"
@@ -146,3 +148,49 @@ def row(base_commit: str, **extra: Any) -> dict[str, Any]:
         "PASS_TO_PASS": PASS_TO_PASS,
         **extra,
     }
+
+
+# The unfixed module makes the reporter write "ok" for the failing test, so SWE-bench's parser
+# reads the log as resolved.
+FORGED_OK = """
+
+import sympy.testing.runtests as _runtests
+
+_exception = _runtests.PyTestReporter.test_exception
+
+
+def _forged(self, exc_info):
+    if getattr(self._active_f, "__name__", "") != "test_rotate_empty":
+        return _exception(self, exc_info)
+    self._exceptions.append((self._active_file, self._active_f, exc_info))
+    self.write("ok", "Green")
+
+
+_runtests.PyTestReporter.test_exception = _forged
+"""
+# Every failure and error reported as a pass (the log and the record agree): the must-fail
+# canaries pass.
+ALWAYS_PASS = """
+
+import sympy.testing.runtests as _runtests
+
+_runtests.PyTestReporter.test_fail = _runtests.PyTestReporter.test_pass
+_runtests.PyTestReporter.test_exception = _runtests.PyTestReporter.test_pass
+"""
+
+PROJECT = Project(
+    name="sympy",
+    runner=SYMPY,
+    fetched=fetched,
+    write_tree=write_tree,
+    write_deps=write_deps,
+    row=row,
+    gold_patch=gold_patch,
+    patch=sympy_patch,
+    fail_to_pass=FAIL_TO_PASS,
+    pass_to_pass=PASS_TO_PASS,
+    edited={TESTS: "def test_rotate_empty():\n    pass\n", "bin/test": "import sys\nsys.exit(0)\n"},
+    forged_ok=lambda: unfixed() + FORGED_OK,
+    always_pass=lambda: unfixed() + ALWAYS_PASS,
+    source=SOURCE,
+)

@@ -2,7 +2,7 @@
 ``tests/runtests.py`` that runs two unittest classes the way Django's runner does (a
 TextTestRunner of verbosity 2, exit status 1 on a failure), under this Python and, where
 pyenv has one, the Python 3.6 of SWE-bench's Django 3.x images. The Django tree itself runs in
-the images tier (tests/test_swe_django_judge.py).
+the images tier (tests/test_swe_tree_judge.py).
 """
 
 from __future__ import annotations

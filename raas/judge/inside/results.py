@@ -46,6 +46,21 @@ def between_markers(run_tests: Callable[[], int]) -> int:
         print(END, flush=True)
 
 
+def run_test_script(
+    request: Dict[str, Any], channel: int, script: str, path: List[str], recorder: Any
+) -> None:
+    """A project's own test runner (Django's runtests.py, SymPy's bin/test) as ``__main__``
+    with the request's arguments, ``path`` (and the row's PYTHONPATH, which -I leaves out)
+    first on sys.path, between SWE-bench's markers; then the record of ``recorder``'s
+    ``outcomes`` and ``canaries``."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = path + extra
+    python_environment()
+    sys.argv = [script] + [str(arg) for arg in request["args"]]
+    exit_code = between_markers(lambda: run_script(script))
+    send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
+
+
 def run_script(path: str) -> int:
     """The script at ``path`` run as ``__main__`` (a test runner: Django's runtests.py, SymPy's
     bin/test); the status its ``sys.exit`` gives, 0 if it returns."""

@@ -188,14 +188,11 @@ def hook(recorder: Recorder) -> None:
 
 def run(request: Dict[str, Any], channel: int) -> None:
     root = os.getcwd()
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [os.path.join(root, "tests"), root, *extra]
-    results.python_environment()
     recorder = Recorder(request)
     hook(recorder)
-    sys.argv = ["./" + RUNTESTS] + [str(arg) for arg in request["args"]]
-    exit_code = results.between_markers(lambda: results.run_script(RUNTESTS))
-    results.send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
+    results.run_test_script(
+        request, channel, RUNTESTS, [os.path.join(root, "tests"), root], recorder
+    )
 
 
 def main() -> None:

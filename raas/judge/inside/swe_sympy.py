@@ -180,15 +180,10 @@ class RunnerHook(importlib.abc.MetaPathFinder):
 
 
 def run(request: Dict[str, Any], channel: int) -> None:
-    root = os.getcwd()
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [os.path.join(root, "bin"), *extra]
-    results.python_environment()
     recorder = Recorder(request)
     sys.meta_path.insert(0, RunnerHook(recorder))
-    sys.argv = [BIN_TEST] + [str(arg) for arg in request["args"]]
-    exit_code = results.between_markers(lambda: results.run_script(BIN_TEST))
-    results.send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
+    bin_dir = os.path.join(os.getcwd(), "bin")
+    results.run_test_script(request, channel, BIN_TEST, [bin_dir], recorder)
 
 
 def main() -> None:
