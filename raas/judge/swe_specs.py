@@ -8,8 +8,9 @@ them is run with its own test command (and the ``export``s its script makes befo
 that does not (SWE-bench's earlier datasets, SWE-Gym) is run as those datasets were: a Django
 row with the command swebench 4's ``MAP_REPO_VERSION_TO_SPECS`` gave its version and the test
 directives its ``get_test_directives`` took from the row's test patch, read with
-``parse_log_django``; any other row as ``python3 -m pytest -rA`` on the files of its
-FAIL_TO_PASS and PASS_TO_PASS tests, read with ``parse_log_pytest``.
+``parse_log_django``; a SymPy row with swebench 4's ``bin/test -C --verbose`` on its test
+patch's files, read with ``parse_log_sympy``; any other row as ``python3 -m pytest -rA`` on the
+files of its FAIL_TO_PASS and PASS_TO_PASS tests, read with ``parse_log_pytest``.
 
 Three runners record the tests' outcomes: pytest (inside/swe_pytest.py), Django's own
 ``tests/runtests.py`` (inside/swe_django.py) and SymPy's ``bin/test`` (inside/swe_sympy.py),
