@@ -115,6 +115,7 @@ test-oracle: $(STAMP) system-deps
 # rows in their images, end to end.
 test-images: $(STAMP) system-deps
 	scripts/images/make-base-rootfs.sh
+	PYTHON=$(BIN)/python scripts/images/fetch-test-sources.sh
 	$(BIN)/pytest -q -m images
 
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).

@@ -15,8 +15,17 @@ from typing import Any
 import pytest
 
 from raas.judge.code import Verdict
-from raas.judge.swe_image import judge_swe_image
-from raas.judge.swe_specs import PATH, RunPlan, UnsupportedTests, plan
+from raas.judge.swe_image import _by_row_names, judge_swe_image
+from raas.judge.swe_specs import (
+    DJANGO,
+    NON_TEST_EXTS,
+    PATH,
+    SYMPY,
+    RunPlan,
+    UnsupportedTests,
+    django_labels,
+    plan,
+)
 from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
 from tests import tiers
 from tests.swe_image_rows import (
@@ -325,11 +334,92 @@ def test_a_row_without_a_script_runs_its_tests_files() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    ["./tests/runtests.py --verbosity 2 admin_views", "bin/test -C --verbose x", "tox -e py"],
+    ["tox -e py", "make test", "python3 setup.py test"],
 )
-def test_a_command_that_is_not_pytest_is_not_judged_here(command: str) -> None:
-    with pytest.raises(UnsupportedTests, match="not pytest"):
+def test_a_command_that_no_runner_records_is_not_judged_here(command: str) -> None:
+    with pytest.raises(UnsupportedTests, match=r"not pytest, Django's runtests\.py or SymPy's"):
         plan(["x"], EVAL_SCRIPT.format(command=command))
+
+
+DJANGO_SCRIPT = EVAL_SCRIPT.replace(
+    "cd /testbed\n",
+    "cd /testbed\nexport LANG=en_US.UTF-8\nexport LANGUAGE='en_US:en'\nexport PATH=/evil\n",
+)
+
+
+def test_a_django_rows_command_is_read_from_its_eval_script() -> None:
+    command = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 a.tests"
+    found = plan(["test_x (a.tests.T)"], DJANGO_SCRIPT.format(command=command))
+    assert found == RunPlan(
+        ["--verbosity", "2", "--settings=test_sqlite", "--parallel", "1", "a.tests"],
+        path0=False,
+        env={"PATH": PATH, "LANG": "en_US.UTF-8", "LANGUAGE": "en_US:en"},  # never its PATH
+        log_parser="parse_log_django",
+        runner=DJANGO,
+    )
+    found = plan(["x"], EVAL_SCRIPT.format(command="python3 tests/runtests.py b.tests"))
+    assert (found.runner, found.args) == (DJANGO, ["b.tests"])
+
+
+DJANGO_TEST_PATCH = "".join(
+    f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+    for path in ["tests/a/tests.py", "tests/a/models.py", "tests/b/test_c.py", "docs/x.txt"]
+)
+
+
+def test_a_django_row_without_a_script_runs_as_swebench_ran_its_version() -> None:
+    # swebench 4's MAP_REPO_VERSION_TO_SPECS and get_test_directives: a test app's models are
+    # not a label, nor are the docs.
+    assert django_labels(DJANGO_TEST_PATCH) == ["a.tests", "b.test_c"]
+    found = plan([], repo="django/django", version="3.1", test_patch=DJANGO_TEST_PATCH)
+    assert found.runner == DJANGO and found.log_parser == "parse_log_django"
+    assert found.args == [
+        *("--verbosity", "2", "--settings=test_sqlite", "--parallel", "1"),
+        *("a.tests", "b.test_c"),
+    ]
+    assert found.env["LANG"] == "en_US.UTF-8"
+    old = plan([], repo="django/django", version="1.9", test_patch=DJANGO_TEST_PATCH)
+    assert old.args == ["--verbosity", "2", "a.tests", "b.test_c"]
+    with pytest.raises(UnsupportedTests, match=r"no test command for Django '0\.96'"):
+        plan([], repo="django/django", version="0.96", test_patch=DJANGO_TEST_PATCH)
+
+
+def test_a_sympy_row_runs_bin_test_as_swebench_ran_it() -> None:
+    # swebench 4's TEST_SYMPY on the test patch's files as they are; an eval_script's command.
+    patch = DJANGO_TEST_PATCH.replace("tests/a/tests.py", "sympy/core/tests/test_a.py")
+    found = plan(["test_a"], repo="sympy/sympy", version="1.1", test_patch=patch)
+    assert (found.runner, found.log_parser) == (SYMPY, "parse_log_sympy")
+    assert found.args[:2] == ["-C", "--verbose"]
+    assert found.args[2:] == [
+        "sympy/core/tests/test_a.py",
+        "tests/a/models.py",
+        "tests/b/test_c.py",
+    ]
+    assert found.env["PYTHONWARNINGS"] == "ignore::UserWarning,ignore::SyntaxWarning"
+    command = "PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose sympy/x/tests/test_y.py"
+    found = plan(["test_y"], EVAL_SCRIPT.format(command=command))
+    assert found.runner == SYMPY and found.args == ["-C", "--verbose", "sympy/x/tests/test_y.py"]
+    assert found.env["PYTHONWARNINGS"] == "ignore::UserWarning"
+
+
+def test_the_test_file_extensions_are_swebenchs() -> None:
+    constants = pytest.importorskip("swebench.harness.constants")
+    assert list(NON_TEST_EXTS) == constants.NON_TEST_EXTS
+
+
+def test_unittest_names_are_matched_in_either_spelling() -> None:
+    # Python 3.11 writes the method again after the class; SWE-bench's rows from older images
+    # do not. A docstring's line is one name either way.
+    statuses = {"test_x (a.tests.T.test_x)": "PASSED", "Doc line.": "FAILED", "other": "PASSED"}
+    names = ["test_x (a.tests.T)", "Doc line."]
+    assert _by_row_names(statuses, names) == {
+        "test_x (a.tests.T)": "PASSED",
+        "Doc line.": "FAILED",
+        "other": "PASSED",
+    }
+    assert _by_row_names({"test_y (a.T)": "ERROR"}, ["test_y (a.T.test_y)"]) == {
+        "test_y (a.T.test_y)": "ERROR"
+    }
 
 
 @rootfs

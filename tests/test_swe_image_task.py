@@ -71,11 +71,34 @@ def test_an_image_the_row_names_comes_first() -> None:
     assert parse_instance(SweInstance, {**row(), "snapshot": {"files": {}}}).image_ref is None
 
 
-def test_a_row_whose_tests_are_not_pytest_is_refused_at_submission() -> None:
-    script = EVAL_SCRIPT.format(command="./tests/runtests.py --verbosity 2 admin_views")
+def test_a_row_whose_tests_no_runner_records_is_refused_at_submission() -> None:
+    script = EVAL_SCRIPT.format(command="tox -e py")
     with pytest.raises(InvalidInstance) as raised:
         parse_instance(SweInstance, row(eval_script=script))
     assert "eval_script" in str(raised.value) and "not pytest" in str(raised.value)
+
+
+def test_a_django_row_runs_djangos_runner_and_is_told_so() -> None:
+    django = row(
+        repo="django/django",
+        version=4.2,  # a number, as some exports write it
+        test_patch="diff --git a/tests/a/tests.py b/tests/a/tests.py\n",
+        FAIL_TO_PASS=["test_x (a.tests.T)"],
+        PASS_TO_PASS=[],
+    )
+    found = parse_instance(SweInstance, django).plan()
+    assert found.args[-1] == "a.tests" and found.log_parser == "parse_log_django"
+    _, user = SweTask().messages(django)
+    assert "`./tests/runtests.py --settings=test_sqlite --parallel 1`" in user["content"]
+
+
+def test_a_sympy_row_runs_bin_test_and_is_told_so() -> None:
+    sympy = row(repo="sympy/sympy", version="1.12", FAIL_TO_PASS=["test_x"], PASS_TO_PASS=[])
+    sympy["test_patch"] = "diff --git a/sympy/a/tests/test_b.py b/sympy/a/tests/test_b.py\n"
+    found = parse_instance(SweInstance, sympy).plan()
+    assert found.args[-1] == "sympy/a/tests/test_b.py" and found.log_parser == "parse_log_sympy"
+    _, user = SweTask().messages(sympy)
+    assert "`bin/test -C --verbose`" in user["content"]
 
 
 def test_an_image_row_is_told_where_its_repository_is() -> None:

@@ -11,12 +11,15 @@ from raas.sandbox import Sandbox
 # they are written, and every program imports its siblings before it starts the candidate.
 JUDGE_DIR = "/tmp/.raas-judge"
 PROGRAMS = (
+    "probe.py",
     "values.py",
     "results.py",
     "candidate.py",
     "humaneval.py",
     "swe_tests.py",
     "swe_pytest.py",
+    "swe_django.py",
+    "swe_sympy.py",
 )
 
 

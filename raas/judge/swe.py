@@ -5,7 +5,7 @@ command is a fresh process (``Sandbox.exec``), never a shell. In order:
 
 1. the snapshot is materialised as one commit (swe_repo), and the image's Python says which of
    the repository's directories are on ``sys.path`` and which top-level modules it finds
-   elsewhere (inside/swe_tests.py ``names``), before anything of the patch exists;
+   elsewhere (inside/probe.py ``names``), before anything of the patch exists;
 2. the patch is applied with ``git apply``; what it changed is read back from git, and a patch
    that could change how the tests are found or run is refused (swe_paths: a module that
    shadows the standard library, site-packages or a test module, startup hooks, bytecode, links);
@@ -106,7 +106,7 @@ async def modules_around(
 ) -> dict[str, Any]:
     """The directories of ``repo`` on the image's ``sys.path`` (``roots``, the root always
     among them) and the top-level modules importable from elsewhere (``names``)."""
-    probe = await sandbox.exec(python("swe_tests.py", "names", repo), cwd=repo, env=env)
+    probe = await sandbox.exec(python("probe.py", "names", repo), cwd=repo, env=env)
     try:
         where = json.loads(probe.stdout)
         return {"roots": sorted({"", *where["roots"]}), "names": set(where["names"])}

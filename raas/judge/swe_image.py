@@ -1,6 +1,6 @@
 """The SWE judge for rows in their own images: the patch applied to the image's repository in a
-fresh sandbox, the tests run with pytest, graded by SWE-bench's own parser and rules, and the log
-checked against a record the tests cannot reach.
+fresh sandbox, the tests run with pytest, Django's own runtests.py or SymPy's bin/test, graded by
+SWE-bench's own parser and rules, and the log checked against a record the tests cannot reach.
 
 EVAL starts from the image and the patch only, in a sandbox the agent never touched, and every
 command is a fresh process (``Sandbox.exec``), never a shell. In order:
@@ -21,13 +21,26 @@ command is a fresh process (``Sandbox.exec``), never a shell. In order:
 4. the tests run through inside/swe_pytest.py: pytest in-process with a plugin that adds canary
    tests under random names (two that must fail, two that must pass) and records each test's
    outcome by node id from pytest's own hooks, on a channel the tests' output never reaches;
-   the log (what pytest and the tests printed) comes back on stderr;
+   the log (what pytest and the tests printed) comes back on stderr. A Django row's tests run
+   the same way through inside/swe_django.py: Django's ``tests/runtests.py`` in-process, the
+   canaries added to the suite unittest runs, each outcome recorded from unittest's result
+   object by the name its verbose output gives the test (the one SWE-bench's rows use). Django's
+   ``tests/`` directory (every test app, runtests.py, the settings) is test code: what a patch
+   changed there is put back, and a top-level module it adds under the name of one of those
+   apps is refused. A SymPy row's through inside/swe_sympy.py: SymPy's ``bin/test``
+   in-process, the canaries run as test files of their own among the files it selected, each
+   outcome recorded from SymPy's test reporter by the test function's name; a patch's change
+   to ``bin/`` or to SymPy's runner module is put back;
 5. the log is read by SWE-bench's own rules (``get_logs_eval``: its markers, the instance's
    parser from ``PARSER_REGISTRY``, the test command's exit status, here the one the record
    holds) and graded (``get_eval_tests_report``, ``get_resolution_status``: resolved means
    ``RESOLVED_FULL``); the record is graded the same way, and the run scores 0 with a reason if
    the two gradings differ, a canary is missing or has the wrong outcome in either, or the
    record is not there (the process ended early, printed on the channel, ran past its time).
+   A unittest name is matched to the row's in either of unittest's spellings (``test_x
+   (app.tests.T)``, and Python 3.11's ``test_x (app.tests.T.test_x)``), in the log and in the
+   record alike, so a row names its tests as SWE-bench's dataset does whichever Python its
+   image has.
 
 What it cannot exclude, as raas.judge.swe cannot: the tests call the patched code in their own
 process, so code written to find the recording plugin in memory could forge its record. A
@@ -39,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -49,7 +63,7 @@ from raas.judge.programs import JUDGE_DIR, install, python
 from raas.judge.swe import OUTPUT_CHARS, RUN_OUTPUT, apply_patch, modules_around, read_record
 from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
 from raas.judge.swe_repo import git
-from raas.judge.swe_specs import RunPlan
+from raas.judge.swe_specs import DJANGO, SYMPY, RunPlan
 from raas.sandbox import ExecResult, Sandbox, SandboxError
 
 TESTBED = "/testbed"
@@ -66,6 +80,17 @@ SUMMARY_ORDER = ["passed", "skipped", "xfailed", "xpassed", "error", "failed"]
 # written by file and line, an xpass under a status swebench does not know).
 BY_NODEID = {"passed": "PASSED", "failed": "FAILED", "error": "ERROR", "xfailed": "XFAIL"}
 CANARIES = [(False, False), (False, True), (True, False), (True, True)]  # (passes, a str)
+RUNNERS = {"pytest": "swe_pytest.py", DJANGO: "swe_django.py", SYMPY: "swe_sympy.py"}
+DJANGO_TESTS = "tests"  # where Django keeps its test apps, runtests.py's directory
+# SymPy's runner: bin/test (bin/ first on sys.path, the root after it) and the module it runs.
+SYMPY_RUNNER = ("bin/", "sympy/testing/runtests.py", "sympy/utilities/runtests.py")
+# The reporter's words for an outcome (inside/swe_sympy.py), as SWE-bench's SymPy parser reads
+# them; a skip, an expected failure, a timeout it does not read.
+SYMPY_STATUS = {"ok": "PASSED", "F": "FAILED", "E": "ERROR"}
+# unittest's words for an outcome (inside/swe_django.py), as SWE-bench's Django parser names
+# them; an expected failure or an unexpected success it does not read.
+UNITTEST_STATUS = {"ok": "PASSED", "FAIL": "FAILED", "ERROR": "ERROR", "skipped": "SKIPPED"}
+UNITTEST_NAME = re.compile(r"^(\w+) \(([\w.]+)\)$")
 
 
 async def judge_swe_image(
@@ -87,6 +112,10 @@ async def judge_swe_image(
     await install(sandbox)
     tracked = await _tracked(sandbox, repo, base_commit)
     where = await modules_around(sandbox, repo, plan.env)
+    if plan.runner == DJANGO:
+        where = _around_django_tests(where, tracked)
+    elif plan.runner == SYMPY:
+        where = {**where, "roots": sorted({*where["roots"], "", "bin"})}
     metrics: dict[str, Any] = {"patch_bytes": len(patch), "patch_applied": False}
     if patch.strip():
         paths = await _patch_paths(sandbox, patch, repo)
@@ -95,12 +124,15 @@ async def judge_swe_image(
             return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
         metrics["patch_applied"] = True
         changes = await _changes(sandbox, repo, paths, tracked, plan.env)
-        ids = _module_ids(fail_to_pass + pass_to_pass)
+        # Django's and SymPy's names are no module paths; their test files are put back anyway.
+        by_file = plan.runner == "pytest"
+        ids = _module_ids(fail_to_pass + pass_to_pass) if by_file else []
         found = review(changes, set(tracked), ids, where["names"], where["roots"])
         refused = found.refused or _metadata(changes)
         if refused is not None:
             return Verdict(False, {**metrics, "resolved": False, "refused": refused})
-        restore = sorted({*found.restore, *(c.path for c in changes if _runner_file(c.path))})
+        runner = [c.path for c in changes if _runner_file(c.path, plan.runner)]
+        restore = sorted({*found.restore, *runner})
         if restore:
             await _restore(sandbox, repo, restore, tracked)
             metrics["dropped"] = restore
@@ -117,7 +149,7 @@ async def judge_swe_image(
         "seed": secrets.randbits(32),
     }
     run = await sandbox.exec(
-        python("swe_pytest.py", "run"),
+        python(RUNNERS[plan.runner], "run"),
         json.dumps(request),
         cwd=repo,
         env=plan.env,
@@ -185,9 +217,7 @@ async def _changes(
 ) -> list[Change]:
     """What the patch made of each of its ``paths``: added, modified, deleted or of another
     type now, by what is on disk (the probe reads it without following links)."""
-    probe = await sandbox.exec(
-        python("swe_pytest.py", "stat"), json.dumps(paths), cwd=repo, env=env
-    )
+    probe = await sandbox.exec(python("probe.py", "stat"), json.dumps(paths), cwd=repo, env=env)
     try:
         kinds = json.loads(probe.stdout)
     except json.JSONDecodeError as e:
@@ -220,6 +250,19 @@ def _module_ids(test_ids: list[str]) -> list[str]:
     return out
 
 
+def _around_django_tests(where: dict[str, Any], tracked: dict[str, str]) -> dict[str, Any]:
+    """runtests.py puts ``tests/`` first on sys.path and the repository's root after it: each
+    is a root, and the modules of ``tests/`` (its test apps) are names a patch must not give
+    a module elsewhere (where a test app has no ``__init__.py``, one at the root would win)."""
+    apps = set()
+    for path in tracked:
+        parts = path.split("/")
+        if len(parts) > 1 and parts[0] == DJANGO_TESTS:
+            apps.add(parts[1].split(".")[0] if len(parts) == 2 else parts[1])
+    roots = sorted({*where["roots"], "", DJANGO_TESTS})
+    return {"roots": roots, "names": where["names"] | {a for a in apps if a.isidentifier()}}
+
+
 def _metadata(changes: list[Change]) -> str | None:
     for change in changes:
         if any(part.endswith(METADATA) for part in change.path.split("/")):
@@ -228,7 +271,11 @@ def _metadata(changes: list[Change]) -> str | None:
     return None
 
 
-def _runner_file(path: str) -> bool:
+def _runner_file(path: str, runner: str) -> bool:
+    """A test, or a file of how the tests are found and run (pytest's configuration; SymPy's
+    bin/test and its runner module): a patch's change to it is put back."""
+    if runner == SYMPY and path.startswith(SYMPY_RUNNER):
+        return True
     return path.rsplit("/", 1)[-1] in RUNNER_FILES or is_test_path(path, set())
 
 
@@ -278,7 +325,15 @@ async def _verdict(
     # tests could print.
     log = run.stderr + f"\n{TEST_EXIT_CODE}: {record.get('exit_code', -1)}\n"
     logged, readable = await asyncio.to_thread(_read_log, log, fail_to_pass, pass_to_pass, plan)
-    recorded = _statuses(record.get("outcomes") or [])
+    outcomes = record.get("outcomes") or []
+    if plan.runner == DJANGO:
+        names = fail_to_pass + pass_to_pass
+        recorded = _by_row_names(_named_statuses(outcomes, UNITTEST_STATUS), names)
+        logged = _by_row_names(logged, names)
+    elif plan.runner == SYMPY:
+        recorded = _named_statuses(outcomes, SYMPY_STATUS)
+    else:
+        recorded = _statuses(outcomes)
     gold = {FAIL_TO_PASS: fail_to_pass, PASS_TO_PASS: pass_to_pass}
     eval_type = EvalType(plan.eval_type)
     report = get_eval_tests_report(logged, gold, eval_type=eval_type)
@@ -346,6 +401,38 @@ def _statuses(outcomes: list[Any]) -> dict[str, str]:
         if status is not None:
             statuses[nodeid] = status
     return statuses
+
+
+def _named_statuses(outcomes: list[Any], words: dict[str, str]) -> dict[str, str]:
+    """The record of inside/swe_django.py or swe_sympy.py (``[name, ..., category]``) as
+    SWE-bench's parser reads the log: each test's last outcome by its name, the ones it does
+    not read left out."""
+    statuses = {}
+    for outcome in outcomes:
+        if not (isinstance(outcome, list) and len(outcome) >= 2):
+            continue
+        status = words.get(str(outcome[-1]))
+        if status is not None:
+            statuses[str(outcome[0])] = status
+    return statuses
+
+
+def _spellings(name: str) -> set[str]:
+    """The ways unittest writes one test's name: ``test_x (app.tests.T)``, and Python 3.11's
+    ``test_x (app.tests.T.test_x)``; a docstring's line is written one way."""
+    found = UNITTEST_NAME.match(name)
+    if found is None:
+        return {name}
+    method, where = found.groups()
+    if where.endswith("." + method):
+        return {name, f"{method} ({where[: -len(method) - 1]})"}
+    return {name, f"{method} ({where}.{method})"}
+
+
+def _by_row_names(statuses: dict[str, str], names: list[str]) -> dict[str, str]:
+    """``statuses`` with each test the row names under the row's spelling of its name."""
+    spelled = {spelling: name for name in names for spelling in _spellings(name)}
+    return {spelled.get(key, key): status for key, status in statuses.items()}
 
 
 def _differences(logged: dict[str, Any], recorded: dict[str, Any]) -> list[str]:

@@ -14,10 +14,11 @@ JSON-encoded list, as SWE-bench's rows store them, is read as the list), and the
 - ``repo`` + ``base_commit``, as in SWE-bench / SWE-Gym / R2E-Gym: the row runs in its own image
   (raas.image_refs: ``image_name``, ``docker_image``, else SWE-Gym's name for its
   ``instance_id``), the repository at /testbed at its base commit (INIT checks it with the
-  image's git), its tests pytest node ids, run with its own pytest command where the row
-  carries swebench 5's ``eval_script`` (else ``python3 -m pytest -rA`` on their files; a row whose
-  command is not pytest is refused), its ``test_patch`` applied after the agent's, and graded
-  by SWE-bench's own parser and rules (raas.judge.swe_image).
+  image's git), its tests pytest node ids (Django's unittest names, SymPy's function names),
+  run with its own test command where the row carries swebench 5's ``eval_script`` (else as
+  SWE-bench ran its version: raas.judge.swe_specs; a row whose command is not pytest, Django's
+  runtests.py or SymPy's bin/test is refused), its ``test_patch`` applied after the agent's, and
+  graded by SWE-bench's own parser and rules (raas.judge.swe_image).
 
 Either way the artifact is the patch of what the agent left in the repository, taken without its
 shell or its .git (raas.judge.swe_repo: the tree read as files, diffed in a fresh sandbox against
@@ -54,7 +55,7 @@ from raas.judge.swe_repo import (
     tree_patch,
 )
 from raas.judge.swe_repo import REPO as REPO
-from raas.judge.swe_specs import RunPlan, UnsupportedTests, plan
+from raas.judge.swe_specs import DJANGO, SYMPY, RunPlan, UnsupportedTests, plan
 from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, TaskJob, Text, located_error
@@ -62,7 +63,14 @@ from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
 TEST_COMMAND = "python3 -m unittest -v"  # what the model is told; the judge runs these ids
-IMAGE_TEST_COMMAND = "python3 -m pytest"  # what the model is told of an image row's tests
+# What the model is told of an image row's tests, by runner: SWE-bench's options, not the
+# labels or files its test patch would give away.
+IMAGE_TEST_COMMAND = "python3 -m pytest"
+IMAGE_TEST_COMMANDS = {
+    "pytest": IMAGE_TEST_COMMAND,
+    DJANGO: "./tests/runtests.py --settings=test_sqlite --parallel 1",
+    SYMPY: "bin/test -C --verbose",
+}
 SYSTEM_PROMPT = (
     "You are a software engineer in a Linux sandbox. The repository is checked out at"
     " {repo}. Find the bug described in the issue and fix it in the source (not the"
@@ -79,8 +87,9 @@ class Snapshot(BaseModel):
 def _one_of_the_rows(schema: dict[str, Any]) -> None:
     """What _has_a_repository checks, in the instance's JSON schema where JSON Schema can say
     it: a snapshot, or an image row with its repo, base_commit and image (or instance_id). An
-    image row's eval_script (one pytest command between SWE-bench's markers) it cannot say, so
-    the document admits an image row without one (its tests then run by their files)."""
+    image row's eval_script (one pytest or runtests.py command between SWE-bench's markers) it
+    cannot say, so the document admits an image row without one (its tests then run as
+    SWE-bench ran its repository's)."""
     text = {"type": "string", "minLength": 1}
     named = [
         {"required": [key], "properties": {key: {"type": "string", "pattern": "[A-Za-z0-9]"}}}
@@ -114,9 +123,18 @@ class SweInstance(TaskInstance):
     # An image row's (raas.judge.swe_specs): the tests the harness adds after the agent's patch,
     # and swebench 5's eval script (its pytest command), log parser and grading.
     test_patch: StrictStr = ""
+    version: StrictStr | None = None  # SWE-bench's, for a Django row without an eval_script
     eval_script: StrictStr | None = None
     log_parser: StrictStr | None = None
     eval_type: StrictStr | None = None
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        """Some exports write a version as a number (4.2): the same version."""
+        return (
+            str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+        )
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -157,7 +175,15 @@ class SweInstance(TaskInstance):
     def plan(self) -> RunPlan:
         """How an image row's tests run and are graded."""
         ids = [*self.FAIL_TO_PASS, *self.PASS_TO_PASS]
-        return plan(ids, self.eval_script, self.log_parser, self.eval_type)
+        return plan(
+            ids,
+            self.eval_script,
+            self.log_parser,
+            self.eval_type,
+            repo=self.repo,
+            version=self.version,
+            test_patch=self.test_patch,
+        )
 
 
 class SweTask(AgentTask):
@@ -171,8 +197,11 @@ class SweTask(AgentTask):
     testbed: ClassVar[str] = TESTBED
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
-        image = SweInstance.model_validate(instance).image_ref is not None
-        repo, command = (self.testbed, IMAGE_TEST_COMMAND) if image else (REPO, TEST_COMMAND)
+        parsed = SweInstance.model_validate(instance)
+        image = parsed.image_ref is not None
+        repo, command = (REPO, TEST_COMMAND)
+        if image:
+            repo, command = self.testbed, IMAGE_TEST_COMMANDS[parsed.plan().runner]
         task = (
             f"Issue:\n{instance['problem_statement']}\n\nThe repository is at {repo}; its tests"
             f" run with `{command}` from there."

@@ -18,9 +18,6 @@ collection error from ``pytest_collectreport``. When pytest returns, one line go
 ``{"mark", "exit_code", "outcomes": [[nodeid, category], ...], "canaries": {name: nodeid}}``,
 and the program ends at once (no atexit handler of the tests runs after it).
 
-``python3 -I swe_pytest.py stat`` reads a JSON list of paths (relative to the working directory)
-and prints what each is now: ``missing``, ``link``, ``dir``, ``exec``, ``file`` or ``other``.
-
 What it cannot exclude: the patched code runs in this process (the tests call it), so code that
 sets out to find this plugin in memory can still forge its record. The canaries and the mark make
 that a targeted attack on this runner, not a line printed.
@@ -30,10 +27,8 @@ Standard library and the image's pytest only, Python 3.7 or newer.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import stat
 import sys
 from typing import Any
 
@@ -43,23 +38,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results
 
 del sys.path[0]
-
-START = ">>>>> Start Test Output"  # swebench.harness.constants' markers
-END = ">>>>> End Test Output"
-
-
-def kind(path: str) -> str:
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return "missing"
-    if stat.S_ISLNK(mode):
-        return "link"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISREG(mode):
-        return "exec" if mode & 0o111 else "file"
-    return "other"
 
 
 def canary(spec: dict[str, Any], filename: str) -> Any:
@@ -124,25 +102,13 @@ def run(request: dict[str, Any], channel: int) -> None:
     hook = pytest.hookimpl(trylast=True)(Recorder.pytest_collection_modifyitems)
     Recorder.pytest_collection_modifyitems = hook
     recorder = Recorder(request)
-    print(START, flush=True)
-    try:
-        exit_code = int(pytest.main(list(request["args"]), plugins=[recorder]))
-    finally:
-        sys.stdout.flush()
-        print(END, flush=True)
-    record = {
-        "mark": request["mark"],
-        "exit_code": exit_code,
-        "outcomes": recorder.outcomes,
-        "canaries": recorder.canaries,
-    }
-    results.send(channel, record)
+    exit_code = results.between_markers(
+        lambda: int(pytest.main(list(request["args"]), plugins=[recorder]))
+    )
+    results.send_outcomes(channel, request["mark"], exit_code, recorder.outcomes, recorder.canaries)
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["stat"]:
-        print(json.dumps({path: kind(path) for path in json.loads(sys.stdin.read())}))
-        return
     results.serve(run)
 
 

@@ -1,10 +1,5 @@
 """The SWE judge's test runner, in the sandbox: unittest tests by id, results by id, not as text.
 
-``python3 -I swe_tests.py names REPO`` prints, as one JSON object, the directories of REPO on
-``sys.path`` and the top-level modules importable from outside it (the standard library, the
-image's site-packages): what a patch must not shadow. The judge runs it before the patch is
-applied.
-
 ``python3 -I swe_tests.py run`` reads one JSON object on stdin: the test ids, the repository's
 directories for ``sys.path``, the test modules' sources as the task has them, the canaries and
 a ``mark``. Before anything of the repository is imported, it keeps its stdout as the results
@@ -54,7 +49,6 @@ import results
 
 del sys.path[0]
 
-IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 DETAIL_CHARS = 2000
 TRUSTED = (
     builtins,
@@ -73,27 +67,6 @@ TRUSTED = (
 _gettrace, _getprofile = sys.gettrace, sys.getprofile
 
 Mark = Tuple[Any, Any, Any, Any]
-
-
-def names(repo: str) -> dict[str, Any]:
-    """The repository's directories on sys.path, and every module name importable elsewhere."""
-    inside = os.path.realpath(repo)
-    roots, found = [], set(sys.builtin_module_names)
-    found.update(getattr(sys, "stdlib_module_names", ()))
-    for entry in sys.path:
-        real = os.path.realpath(entry or ".")
-        if real == inside or real.startswith(inside + os.sep):
-            roots.append(os.path.relpath(real, inside).replace(os.sep, "/").strip("."))
-            continue
-        try:
-            listing = os.listdir(real)
-        except OSError:
-            continue  # a zip, or missing: the standard library's names are known already
-        for name in listing:
-            stem = name.split(".")[0] if name.endswith(IMPORTABLE) else name
-            if stem.isidentifier():
-                found.add(stem)
-    return {"roots": sorted(set(roots)), "names": sorted(found)}
 
 
 # --- what the tests must not change -------------------------------------------------------------
@@ -329,9 +302,6 @@ def run(request: dict[str, Any], channel: int) -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["names"]:
-        print(json.dumps(names(sys.argv[2])))
-        return
     results.serve(run)
 
 
