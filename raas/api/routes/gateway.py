@@ -72,6 +72,7 @@ GEMINI_COUNT_ERRORS: dict[int | str, dict[str, Any]] = {
         "No job token, or one of no open job (`x-goog-api-key: <job token>`, `?key=<job token>`"
         " or `Authorization: Bearer <job token>`)."
     ),
+    404: _google_error("No such route: a model name that a path cannot hold (a `?` or `/`)."),
 }
 GEMINI_ERRORS: dict[int | str, dict[str, Any]] = {
     **GEMINI_COUNT_ERRORS,
