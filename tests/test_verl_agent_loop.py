@@ -627,3 +627,17 @@ def test_verls_legacy_worker_trains_a_failed_job_as_reward_zero_only_when_told(
     assert sorted(names) == sorted(list(OUTCOMES) * 2)
     raas = out.non_tensor_batch["raas"]
     assert [x["truncated_as"] for x in raas] == ["mask" if n == "long" else None for n in names]
+
+
+def test_a_failed_job_is_resubmitted_as_a_fresh_sample_when_told(
+    mixed_jobs: MixedJobs, tmp_path: Path
+) -> None:
+    """resubmit: 1 runs the failed job again under a new job id (the prompt's fifth job: a
+    win here), so even the legacy worker gets a sample for every row with on_failure drop."""
+    more = "actor_rollout_ref.rollout.n=4"
+    config = verl_config(tmp_path, "http://raas.invalid", RESPONSE_LENGTH, more, resubmit=1)
+    out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
+    names = [mixed_jobs.outcome[x["job_id"]] for x in out.non_tensor_batch["raas"]]
+    assert sorted(names) == sorted(["win", "long", "win", "lose"] * 2)
+    assert mixed_jobs.submitted == {"openai/gsm8k-0": 5, "openai/gsm8k-1": 5}
+    assert out.non_tensor_batch["raas_failed"].tolist() == [0.0] * 8

@@ -81,6 +81,7 @@ from raas.client.sample_choices import (
     TruncatedChoice,
     check_choice,
     check_truncated_reward,
+    failed_by_infra,
     truncated_outcome,
 )
 from raas.client.segments import SegmentChoice, check_segments, trajectories
@@ -242,7 +243,7 @@ def to_batch(
     dropped = masked = dropped_groups = stale = 0
     for g, group in enumerate(groups):
         results = [_as_result(item, g, j) for j, item in enumerate(_members(group, g))]
-        if failed == "drop_group" and any(_failed_by_infra(r) for r in results):
+        if failed == "drop_group" and any(map(failed_by_infra, results)):
             dropped += len(results)
             dropped_groups += 1
             continue
@@ -386,10 +387,6 @@ def _as_result(item: object, g: int, j: int) -> RolloutResult:
     raise TypeError(
         f"groups[{g}][{j}] must be a RolloutResult or a dict; got {type(item).__name__}"
     )
-
-
-def _failed_by_infra(result: RolloutResult) -> bool:
-    return result.state != "done" and result.error is not None and result.error.kind == "infra"
 
 
 def _usable_reward(result: RolloutResult, trajs: Sequence[Trajectory]) -> float | None:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import math
 from typing import Literal, TypeVar
 
+from raas.wire import RolloutResult
+
 FailedChoice = Literal["drop", "mask", "drop_group"]
 TruncatedChoice = Literal["mask", "penalise", "keep"]
 FAILED_CHOICES: tuple[FailedChoice, ...] = ("drop", "mask", "drop_group")
@@ -69,3 +71,8 @@ def truncated_outcome(
     if truncated == "penalise":
         return truncated_reward, False
     return reward, truncated == "mask"
+
+
+def failed_by_infra(result: RolloutResult) -> bool:
+    """Whether a result failed for an infrastructure reason (``"drop_group"``'s test)."""
+    return result.state != "done" and result.error is not None and result.error.kind == "infra"
