@@ -209,6 +209,9 @@ def test_a_job_page_shows_the_conversation_and_the_tokens(
     assert len(shades) == 8, shades
     lp = [t.attrs["title"] for t in tokens if t.attrs["data-mask"] == "1"][1]
     assert f"logprob {logprob(1, 0):.3f}" in lp and f"p {math.exp(-3 / 7):.3f}" in lp
+    # A vLLM-protocol server names no weight version: the view says so, and marks no token.
+    assert "policy versions not reported" in dom.one(id="token-versions").text
+    assert not any(t.has_class("stale") or "data-version" in t.attrs for t in tokens)
 
     browser.screenshot(
         dashboard.page("#/jobs/solved"), SCREENSHOTS / "trajectory.png", size=(1400, 2400)
