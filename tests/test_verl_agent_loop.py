@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -46,6 +46,7 @@ from tests.policies import call  # noqa: E402
 pytestmark = pytest.mark.verl
 
 OBSERVATION = "[thought recorded]"
+Jobs = TypeVar("Jobs")
 QUESTIONS = [("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")]
 
 
@@ -346,13 +347,17 @@ class TwoSegmentJobs:
         )
 
 
-@pytest.fixture
-def two_segment_jobs(monkeypatch: pytest.MonkeyPatch) -> TwoSegmentJobs:
+def stand_in(monkeypatch: pytest.MonkeyPatch, jobs: Jobs) -> Jobs:
+    """``jobs`` as the raas client of every agent loop verl makes."""
     import raas.client.integrations.verl as loop
 
-    jobs = TwoSegmentJobs()
     monkeypatch.setattr(loop, "_client", lambda urls, api_key: jobs)
     return jobs
+
+
+@pytest.fixture
+def two_segment_jobs(monkeypatch: pytest.MonkeyPatch) -> TwoSegmentJobs:
+    return stand_in(monkeypatch, TwoSegmentJobs())
 
 
 def v1_worker_class(monkeypatch: pytest.MonkeyPatch, stored: list[dict[str, Any]]) -> Any:
@@ -489,11 +494,7 @@ class MixedJobs:
 
 @pytest.fixture
 def mixed_jobs(monkeypatch: pytest.MonkeyPatch) -> MixedJobs:
-    import raas.client.integrations.verl as loop
-
-    jobs = MixedJobs()
-    monkeypatch.setattr(loop, "_client", lambda urls, api_key: jobs)
-    return jobs
+    return stand_in(monkeypatch, MixedJobs())
 
 
 def advantage_of(advantages: Any, mask: Any) -> float:
