@@ -351,13 +351,17 @@ class Trajectory(BaseModel):
         versions = [v for turn in self.turns for v in turn_policy_versions(turn)]
         return (min(versions), max(versions)) if versions else None
 
-    def token_policy_versions(self) -> list[int | None] | None:
+    def token_policy_versions(self, segment: int = 0) -> list[int | None] | None:
         """One entry a response token: the policy version that generated it, None on a token
         the environment inserted (or whose turn names no version). None as a whole where the
         turn records do not account for the generated tokens (their ``output_tokens`` do not
-        add up to the tokens with loss mask 1), so no token is given another's version."""
+        add up to the tokens with loss mask 1), so no token is given another's version. A
+        record naming another ``segment`` than this trajectory's is skipped (a gateway job's
+        result trajectory, its first segment, holds every call's record)."""
         versions: list[int | None] = []
         for turn in self.turns:
+            if turn.get("segment", segment) != segment:
+                continue
             count = turn.get("output_tokens")
             if not isinstance(count, int) or isinstance(count, bool):
                 return None

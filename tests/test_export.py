@@ -92,6 +92,12 @@ def test_columns_are_the_wire_fields_flattened() -> None:
     aligned = result()
     aligned.trajectory.turns = [{"output_tokens": 1, "policy_version": 5}]
     assert flat_row(aligned)["token_policy_versions"] == [5, None]  # the second is inserted
+    # A gateway job's trajectory (its first segment) holds the later segments' records too.
+    aligned.trajectory.turns = [
+        {"segment": 0, "output_tokens": 1, "policy_version": 5},
+        {"segment": 1, "output_tokens": 3, "policy_version": 6},
+    ]
+    assert flat_row(aligned)["token_policy_versions"] == [5, None]
 
 
 def test_a_row_fits_the_parquet_schema() -> None:
