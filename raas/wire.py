@@ -351,6 +351,32 @@ class Trajectory(BaseModel):
         versions = [v for turn in self.turns for v in turn_policy_versions(turn)]
         return (min(versions), max(versions)) if versions else None
 
+    def token_policy_versions(self, segment: int = 0) -> list[int | None] | None:
+        """One entry a response token: the policy version that generated it, None on a token
+        the environment inserted (or whose turn names no version). None as a whole where the
+        turn records do not account for the generated tokens (their ``output_tokens`` do not
+        add up to the tokens with loss mask 1), so no token is given another's version. A
+        record naming another ``segment`` than this trajectory's is skipped (a gateway job's
+        result trajectory, its first segment, holds every call's record)."""
+        versions: list[int | None] = []
+        for turn in self.turns:
+            if turn.get("segment", segment) != segment:
+                continue
+            count = turn.get("output_tokens")
+            if not isinstance(count, int) or isinstance(count, bool):
+                return None
+            many = turn.get(POLICY_VERSIONS)
+            if isinstance(many, list) and len(many) == count:
+                versions += [v if isinstance(v, int) else None for v in many]
+            else:
+                one = turn.get(POLICY_VERSION)
+                known = isinstance(one, int) and not isinstance(one, bool)
+                versions += [one if known else None] * count
+        if len(versions) != sum(1 for m in self.loss_mask if m == 1):
+            return None
+        generated = iter(versions)
+        return [next(generated) if m == 1 else None for m in self.loss_mask]
+
     def finite_logprobs(self) -> bool:
         """Whether every logprob is a finite number (JSON holds no other: NaN is written null)."""
         return all(_finite(lp) for lp in self.logprobs)
@@ -581,6 +607,13 @@ class TokenView(BaseModel):
     response_text: list[str | None] | None
     loss_mask: list[int]
     logprobs: list[float]
+    policy_versions: list[int | None] | None = Field(
+        default=None,
+        description="One per response token: the policy version that generated it (null on "
+        "inserted tokens and where the backend named none); null as a whole where the turn "
+        "records do not account for the generated tokens. A token's staleness is how far it "
+        "is behind the newest.",
+    )
 
 
 # A ProRL instance may leave data_source out (ProRL Agent's server reads it as "swebench") and

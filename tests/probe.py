@@ -83,7 +83,7 @@ class ProbeTask:
 
     async def run(self, context: TaskContext) -> Trajectory:
         traj = context.trajectory
-        traj.turns.append({"turn": 0, "action": "first"})
+        traj.turns.append({"turn": 0, "action": "first", "output_tokens": 3, "policy_version": 4})
         malformed = int(context.job.instance.get("malformed", 0))  # tool calls it could not read
         if malformed:
             traj.turns[0]["format_errors"] = ["tool call 1 is not valid JSON"] * malformed
@@ -94,7 +94,7 @@ class ProbeTask:
         elif how == "nan":
             traj.logprobs[-1] = float("nan")
         await self._behave(context.job, "run")
-        context.trajectory.turns.append({"turn": 1, "action": "second"})
+        context.trajectory.turns.append({"turn": 1, "action": "second", "output_tokens": 0})
         context.trajectory.stop_reason = "finish"
         return context.trajectory
 

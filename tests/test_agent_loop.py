@@ -116,6 +116,14 @@ async def test_each_turn_records_the_policy_versions_of_its_tokens(
     assert second["policy_versions"] == [4, 4] + [5] * (n - 2) and "policy_version" not in second
     assert third["policy_version"] is None  # a backend that says nothing of its weights
     assert traj.policy_version_range() == (3, 5)
+    # Token by token (the dashboard's token view, the export): the generated tokens carry
+    # their turn's versions in order, the inserted ones (observations) none.
+    per_token = traj.token_policy_versions()
+    assert per_token is not None and len(per_token) == len(traj.response_ids)
+    generated = [v for v, m in zip(per_token, traj.loss_mask, strict=True) if m == 1]
+    counts = [t["output_tokens"] for t in traj.turns]
+    assert generated == [3] * counts[0] + second["policy_versions"] + [None] * counts[2]
+    assert all(v is None for v, m in zip(per_token, traj.loss_mask, strict=True) if m == 0)
 
 
 async def test_format_errors_go_back_to_the_model(tok: Any, sandbox: Sandbox) -> None:

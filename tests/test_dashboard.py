@@ -279,6 +279,7 @@ async def test_a_jobs_tokens_are_decoded_finished_or_running(
         assert done["state"] == "done" and done["tokenizer"] == "tiny"
         assert done["response_ids"] == [1, 2, 3]
         assert done["response_text"] == token_texts(tok, [1, 2, 3])
+        assert done["policy_versions"] == [4, 4, 4]  # the probe's turn record names them
 
         job = {"instance": probe_instance(run="block"), "job_id": "running"}
         assert (await http.post("/v1/rollouts", json=job)).status_code == 202

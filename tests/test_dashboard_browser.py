@@ -32,6 +32,7 @@ SOLUTION = humaneval_problems()[0]["canonical_solution"]
 STEP = "[[step]]"  # in every answer: how many the prompt holds is the turn number
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "out" / "ui"
 DEADLINE_S = 120.0  # a safety net for a broken run, never an assertion on speed
+MODEL: AgentBackend  # the dashboard's model, which the script tells what version to report
 
 
 def _is(problem: dict[str, Any], prompt: str) -> bool:
@@ -40,6 +41,9 @@ def _is(problem: dict[str, Any], prompt: str) -> bool:
 
 def script(prompt: str) -> str:
     turn = prompt.count(STEP)
+    # The solved job's turns come from two policies (a weight update between them), as raas's
+    # engine reports them; the others' backend names none, as vLLM.
+    MODEL.weight_version = 3 + turn if _is(SOLVED, prompt) else None
     if _is(SOLVED, prompt) and turn == 0:
         lines = len(str(SOLVED["prompt"]).splitlines())
         write = call(
@@ -75,6 +79,8 @@ class Dashboard:
 def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     tmp = tmp_path_factory.mktemp("dashboard")
     model = AgentBackend(script, hold=lambda prompt: _is(HELD, prompt), logprob=logprob)
+    global MODEL
+    MODEL = model
     backend = ServerThread(model.app).start()
     args = ["--api-key", KEY, "--llm", backend.url, "--tokenizer", "tiny", "--max-attempts", "1"]
     server = ServerProcess(tmp / "raas.db", tmp / "serve.log", args)
@@ -209,6 +215,16 @@ def test_a_job_page_shows_the_conversation_and_the_tokens(
     assert len(shades) == 8, shades
     lp = [t.attrs["title"] for t in tokens if t.attrs["data-mask"] == "1"][1]
     assert f"logprob {logprob(1, 0):.3f}" in lp and f"p {math.exp(-3 / 7):.3f}" in lp
+    # Each generated token's policy: the first turn's (v3) behind the second's (v4), marked.
+    versions = [t.attrs.get("data-version") for t in tokens if t.attrs["data-mask"] == "1"]
+    first = trajectory["turns"][0]["output_tokens"]
+    assert versions == ["3"] * first + ["4"] * (len(versions) - first)
+    stale = [t for t in tokens if t.has_class("stale")]
+    assert len(stale) == first and all(t.attrs["data-lag"] == "1" for t in stale)
+    assert "1 behind the newest (v4)" in stale[0].attrs["title"]
+    summary = dom.one(id="token-versions").text
+    assert f"policy v3\u2013v4: {first} generated tokens behind" in summary
+    assert not any("data-version" in t.attrs for t in tokens if t.attrs["data-mask"] == "0")
 
     browser.screenshot(
         dashboard.page("#/jobs/solved"), SCREENSHOTS / "trajectory.png", size=(1400, 2400)
@@ -217,6 +233,8 @@ def test_a_job_page_shows_the_conversation_and_the_tokens(
 
 def test_a_running_job_shows_its_tokens_so_far(browser: Browser, dashboard: Dashboard) -> None:
     dom = browser.dom(dashboard.page("#/jobs/held"))
+    # A backend that names no weight version (vLLM): the view says so.
+    assert "policy versions not reported" in dom.one(id="token-versions").text
     assert dom.one("body").attrs.get("data-loaded") == "job", dom.text[:2000]
     facts = dom.one(id="facts").text
     assert "running" in facts and "run" in facts

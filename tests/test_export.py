@@ -39,6 +39,8 @@ COLUMNS = {
     "task",
     "policy_version_min",
     "policy_version_max",
+    "policy_version_span",
+    "token_policy_versions",
 }
 
 
@@ -81,9 +83,21 @@ def test_columns_are_the_wire_fields_flattened() -> None:
     assert json.loads(row["messages_json"]) == [{"role": "user", "content": "hi"}]
     # The oldest and newest policy that generated the tokens, from the turn records.
     assert (row["policy_version_min"], row["policy_version_max"]) == (5, 7)
+    assert row["policy_version_span"] == 2
+    assert row["token_policy_versions"] is None  # the turns say no output_tokens to align by
     unknown = result()
     unknown.trajectory.turns = [{"policy_version": None}]
     assert flat_row(unknown)["policy_version_min"] is None
+    assert flat_row(unknown)["policy_version_span"] is None
+    aligned = result()
+    aligned.trajectory.turns = [{"output_tokens": 1, "policy_version": 5}]
+    assert flat_row(aligned)["token_policy_versions"] == [5, None]  # the second is inserted
+    # A gateway job's trajectory (its first segment) holds the later segments' records too.
+    aligned.trajectory.turns = [
+        {"segment": 0, "output_tokens": 1, "policy_version": 5},
+        {"segment": 1, "output_tokens": 3, "policy_version": 6},
+    ]
+    assert flat_row(aligned)["token_policy_versions"] == [5, None]
 
 
 def test_a_row_fits_the_parquet_schema() -> None:
@@ -91,3 +105,7 @@ def test_a_row_fits_the_parquet_schema() -> None:
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
     assert table.column("error_type").to_pylist() == ["timeout"]
     assert table.column("policy_version_max").to_pylist() == [7]
+    aligned = result()
+    aligned.trajectory.turns = [{"output_tokens": 1, "policy_version": 5}]
+    table = pa.Table.from_pylist([flat_row(aligned)], schema=parquet_schema(pa))
+    assert table.column("token_policy_versions").to_pylist() == [[5, None]]

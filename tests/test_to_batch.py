@@ -255,8 +255,8 @@ def test_a_group_of_one_has_no_advantage() -> None:
 
 
 def test_max_length_truncates_from_the_right() -> None:
-    with pytest.warns(UserWarning, match="2 of 6 rows"):
-        batch = to_batch([group_a(), group_b()], max_length=4, advantage="dapo")
+    with pytest.warns(UserWarning, match="2 of 6 rows.*truncated='keep'"):
+        batch = to_batch([group_a(), group_b()], max_length=4, advantage="dapo", truncated="keep")
     assert batch.truncated == 2
     eq(batch.input_ids, [row[:4] for row in INPUT_IDS], np.int64)
     eq(batch.attention_mask, [row[:4] for row in ATTENTION], np.int64)
@@ -266,6 +266,33 @@ def test_max_length_truncates_from_the_right() -> None:
     close(batch.advantages, [2 / R3, -1 / R3, -1 / R3, 0, 0, 0])  # rewards are not truncated
     # Policy tokens left: 1 1 2 2 2 1 = 9.
     close(batch.loss_weights, [[m / 9 for m in row[:4]] for row in LOSS_MASK])
+
+
+def test_a_truncated_job_is_masked_by_default_and_its_reward_stays_in_the_group() -> None:
+    with pytest.warns(UserWarning, match="truncated='mask'"):
+        batch = to_batch([group_a(), group_b()], max_length=4, advantage="dapo")
+    assert batch.truncated == 2 and batch.masked == 0
+    masked = [row[:4] for row in LOSS_MASK]
+    masked[0] = masked[4] = [0, 0, 0, 0]  # a0 and b1 were cut
+    eq(batch.loss_mask, masked, np.int64)
+    # a0's reward 1.0 still counts: a1 and a2 keep the advantages of the uncut batch.
+    close(batch.advantages, [0, -1 / R3, -1 / R3, 0, 0, 0])
+    close(batch.rewards, [1, 0, 0, 1, 1, 1])
+    # Policy tokens left: 0 1 2 2 0 1 = 6.
+    close(batch.loss_weights, [[m / 6 for m in row] for row in masked])
+
+
+def test_a_truncated_job_can_be_penalised() -> None:
+    with pytest.warns(UserWarning, match=r"truncated='penalise' \(reward -1.0\)"):
+        batch = to_batch([group_a()], max_length=4, truncated="penalise", truncated_reward=-1.0)
+    close(batch.rewards, [-1, 0, 0])
+    mean, std = -1 / 3, (((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2) ** 0.5
+    close(batch.advantages, [(r - mean) / (std + 1e-6) for r in (-1, 0, 0)])
+    eq(batch.loss_mask, [row[:4] for row in LOSS_MASK[:3]], np.int64)  # trained, on -1
+    with pytest.raises(ValueError, match="truncated_reward"):
+        to_batch([group_a()], truncated="penalise", truncated_reward=float("nan"))
+    with pytest.raises(ValueError, match="truncated must be one of mask, penalise, keep"):
+        to_batch([group_a()], truncated="cut")  # type: ignore[arg-type]
 
 
 def test_max_length_inside_the_prompt_leaves_nothing_to_learn() -> None:
@@ -439,3 +466,28 @@ def test_a_masked_failure_keeps_its_segments_without_gradient() -> None:
     job = two_segment_job("g0", 1.0).model_copy(update={"state": "failed", "reward": None})
     batch = to_batch([[job]], failed="mask")
     assert len(batch) == 2 and batch.masked == 2 and batch.loss_mask.sum() == 0
+
+
+def versioned(job: RolloutResult, *turns: dict[str, Any]) -> RolloutResult:
+    """``job`` with turn records naming the policy versions of its tokens."""
+    traj = job.trajectory.model_copy(update={"turns": list(turns)})
+    return job.model_copy(update={"trajectory": traj})
+
+
+def test_staleness_is_the_oldest_tokens_lag_and_max_staleness_drops_a_job() -> None:
+    a0, a1, a2 = group_a()
+    group = [
+        versioned(a0, {"policy_version": 5}, {"policy_versions": [3, 3, 4]}),  # oldest 3: lag 2
+        versioned(a1, {"policy_versions": [4, 5]}),  # lag 1
+        versioned(a2, {"policy_version": None}),  # the backend said nothing
+    ]
+    batch = to_batch([group], policy_version=5)
+    eq(batch.staleness, [2, 1, -1], np.int64)
+    assert batch.stale == 0
+    batch = to_batch([group], policy_version=5, max_staleness=1)
+    assert batch.stale == 1 and batch.job_ids == ("a1", "a2")
+    close(batch.advantages, [0, 0])  # a0's reward 1.0 is out of the group: 0 and 0 are left
+    eq(batch.staleness, [1, -1], np.int64)
+    assert "staleness" in batch.to_torch()
+    with pytest.raises(ValueError, match="max_staleness needs policy_version"):
+        to_batch([group], max_staleness=1)

@@ -147,3 +147,73 @@ def test_a_job_of_several_segments_is_one_completion_as_trl_takes_them() -> None
     assert last["raas_reward"] == [1.0, 1.0] and last["raas_segment"] == [1, 1]
     first = rollout("first")
     assert first["completion_ids"] == [[10, 11]] * 2 and first["raas_segment"] == [0, 0]
+
+
+class MixedGroups:
+    """Stands in for the client: each group is a win, a long one (longer than TRL's cap), a
+    failure (infrastructure) and a loss."""
+
+    def generate_groups(self, instances: list[Any], n: int, **kwargs: Any) -> list[Group]:
+        timing = {"queue_s": 0, "init_s": 0, "run_s": 1, "eval_s": 0, "total_s": 1}
+        error = {"type": "sandbox", "message": "gone", "kind": "infra", "stage": "run"}
+        jobs = [("done", 1.0, 2), ("done", 1.0, 6), ("failed", None, 2), ("done", 0.0, 2)]
+
+        def job(k: int) -> RolloutResult:
+            state, reward, length = jobs[k]
+            return RolloutResult.model_validate(
+                {
+                    "job_id": f"j-{k}",
+                    "state": state,
+                    "reward": reward,
+                    "error": None if state == "done" else error,
+                    "trajectory": {
+                        "prompt_ids": [1],
+                        "response_ids": [10 + t for t in range(length)],
+                        "loss_mask": [1] * length,
+                        "logprobs": [-0.5] * length,
+                    },
+                    "data_source": "math",
+                    "timing": timing,
+                }
+            )
+
+        return [Group(task=instance, results=[job(k) for k in range(n)]) for instance in instances]
+
+
+@pytest.mark.parametrize(
+    ("options", "rewards", "masked"),
+    [
+        # Defaults: the failure's reward is None (TRL leaves it out of the group, advantage 0);
+        # the cut one keeps its reward for the group and trains nothing.
+        ({}, [1.0, 1.0, None, 0.0], [False, True, True, False]),
+        ({"failed": "mask"}, [1.0, 1.0, None, 0.0], [False, True, True, False]),
+        ({"failed": "drop_group"}, [None] * 4, [True] * 4),
+        (
+            {"truncated": "penalise", "truncated_reward": -1.0},
+            [1.0, -1.0, None, 0.0],
+            [False, False, True, False],
+        ),
+        ({"truncated": "keep"}, [1.0, 1.0, None, 0.0], [False, False, True, False]),
+    ],
+)
+def test_a_failed_job_and_a_cut_completion_get_what_the_options_say(
+    options: dict[str, Any], rewards: list[float | None], masked: list[bool]
+) -> None:
+    from raas.client.integrations.trl import raas_reward
+
+    model, _ = load_model("tiny")
+    client = cast(SyncRolloutClient, MixedGroups())
+    func = make_rollout_func("http://raas.invalid", lambda p: {"q": p}, client=client, **options)
+    out = func(["q"] * 4, trainer(0, model, max_completion_length=4))
+    assert out["raas_reward"] == rewards
+    assert raas_reward(out["completion_ids"], out["raas_reward"]) == rewards
+    assert [not any(m) for m in out["env_mask"]] == masked
+    assert out["raas_truncated"] == [False, True, False, False]
+    assert [len(c) for c in out["completion_ids"]] == [2, 4, 2, 2]
+
+
+def test_unknown_choices_are_refused() -> None:
+    with pytest.raises(ValueError, match="failed must be one of drop, mask, drop_group"):
+        make_rollout_func("http://raas.invalid", dict, failed="zero")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="truncated_reward must be a finite number"):
+        make_rollout_func("http://raas.invalid", dict, truncated_reward=float("inf"))

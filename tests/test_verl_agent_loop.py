@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -46,6 +46,7 @@ from tests.policies import call  # noqa: E402
 pytestmark = pytest.mark.verl
 
 OBSERVATION = "[thought recorded]"
+Jobs = TypeVar("Jobs")
 QUESTIONS = [("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")]
 
 
@@ -217,7 +218,9 @@ def test_tool_observations_are_masked_and_rewards_come_from_raas(
     model = ServerThread(acting_model().app).start()
     service = serve(tmp_path, [model.url], "acting")
     try:
-        config = verl_config(tmp_path, service.url, response_length)
+        # keep: verl's copy of a cut rollout as it is (what truncated's choices do with it:
+        # test_verls_v1_worker_trains_a_group_with_a_failed_and_a_truncated_job_as_told).
+        config = verl_config(tmp_path, service.url, response_length, truncated="keep")
         out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
         results = check_against_raas(out, service.url)
     finally:
@@ -252,7 +255,8 @@ def test_a_failed_rollout_adds_nothing_to_the_loss(tmp_path: Path) -> None:
     service = serve(tmp_path, [], "nobackend")  # no inference server: every job fails
     try:
         fn = f"{__name__}:custom_instance"
-        config = verl_config(tmp_path, service.url, 32, instance_fn=fn)
+        # zero: the legacy worker's way to go on past a failure (drop is V1's: see below).
+        config = verl_config(tmp_path, service.url, 32, instance_fn=fn, on_failure="zero")
         out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
         results = [raas_result(service.url, x["job_id"]) for x in out.non_tensor_batch["raas"]]
     finally:
@@ -343,13 +347,17 @@ class TwoSegmentJobs:
         )
 
 
-@pytest.fixture
-def two_segment_jobs(monkeypatch: pytest.MonkeyPatch) -> TwoSegmentJobs:
+def stand_in(monkeypatch: pytest.MonkeyPatch, jobs: Jobs) -> Jobs:
+    """``jobs`` as the raas client of every agent loop verl makes."""
     import raas.client.integrations.verl as loop
 
-    jobs = TwoSegmentJobs()
     monkeypatch.setattr(loop, "_client", lambda urls, api_key: jobs)
     return jobs
+
+
+@pytest.fixture
+def two_segment_jobs(monkeypatch: pytest.MonkeyPatch) -> TwoSegmentJobs:
+    return stand_in(monkeypatch, TwoSegmentJobs())
 
 
 def v1_worker_class(monkeypatch: pytest.MonkeyPatch, stored: list[dict[str, Any]]) -> Any:
@@ -431,3 +439,206 @@ def test_verls_legacy_worker_says_a_job_of_several_segments_needs_v1_or_one_segm
         assert out.batch["responses"][:, :n].tolist() == [expected["response_ids"]] * 4
         assert out.batch["response_mask"][:, :n].tolist() == [expected["loss_mask"]] * 4
         assert [x["segment"] for x in out.non_tensor_batch["raas"]] == [segment] * 4
+
+
+# -- honest samples: a failed job and a truncated response in a GRPO group -------------------
+
+RESPONSE_LENGTH = 16
+# Each prompt's n=4 jobs, in the order they are submitted: (state, reward, response tokens).
+OUTCOMES = {
+    "win": ("done", 1.0, 3),
+    "long": ("done", 1.0, RESPONSE_LENGTH + 4),  # verl sees it cut
+    "fail": ("failed", None, 2),
+    "lose": ("done", 0.0, 3),
+}
+
+
+class MixedJobs:
+    """Stands in for the raas client: the k-th job of each prompt ends as OUTCOMES' k-th says;
+    ``outcome`` maps each job id to its outcome's name."""
+
+    def __init__(self) -> None:
+        self.outcome: dict[str, str] = {}
+        self.submitted: dict[str, int] = {}
+
+    async def submit(self, request: Any) -> str:
+        instance = request.instance["instance_id"]
+        k = self.submitted.get(instance, 0)
+        self.submitted[instance] = k + 1
+        self.outcome[request.job_id] = list(OUTCOMES)[k % len(OUTCOMES)]
+        return str(request.job_id)
+
+    async def wait(self, job_id: str, poll_s: float = 30.0) -> Any:
+        from raas.wire import RolloutResult
+
+        state, reward, n = OUTCOMES[self.outcome[job_id]]
+        error = {"type": "sandbox", "message": "gone", "kind": "infra", "stage": "run"}
+        return RolloutResult.model_validate(
+            {
+                "job_id": job_id,
+                "state": state,
+                "reward": reward,
+                "error": error if state != "done" else None,
+                "trajectory": {
+                    "prompt_ids": [1, 2, 3],
+                    "response_ids": [100 + t for t in range(n)],
+                    "loss_mask": [1] * n,
+                    "logprobs": [-0.5] * n,
+                    "messages": [{"role": "user", "content": "q"}],
+                },
+                "data_source": "openai/gsm8k",
+                "timing": {"queue_s": 0, "init_s": 0, "run_s": 1, "eval_s": 0, "total_s": 1},
+            }
+        )
+
+
+@pytest.fixture
+def mixed_jobs(monkeypatch: pytest.MonkeyPatch) -> MixedJobs:
+    return stand_in(monkeypatch, MixedJobs())
+
+
+def advantage_of(advantages: Any, mask: Any) -> float:
+    """A row's advantage as verl trains on it: on its first masked-in token (0 with none)."""
+    where = mask.nonzero()
+    return float(advantages[where[0][0]]) if len(where) else 0.0
+
+
+def grpo(rewards: dict[str, float]) -> dict[str, float]:
+    """GRPO's advantages over a group, by hand: (r - mean) / (sample std + 1e-6)."""
+    values = list(rewards.values())
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return {name: (r - mean) / (std + 1e-6) for name, r in rewards.items()}
+
+
+R3 = 3**0.5
+# (on_failure, truncated, truncated_reward) -> the advantage verl trains each job on.
+V1_CASES = {
+    # Defaults: the failed job is out of the group; the cut one's reward 1.0 is in it, untrained.
+    ("drop", "mask", 0.0): {**grpo({"win": 1.0, "long": 1.0, "lose": 0.0}), "long": 0.0},
+    ("drop", "penalise", -1.0): grpo({"win": 1.0, "long": -1.0, "lose": 0.0}),
+    ("drop", "keep", 0.0): grpo({"win": 1.0, "long": 1.0, "lose": 0.0}),
+    # zero: the failure's 0.0 is in the group's mean and std (biased), but it is not trained.
+    ("zero", "mask", 0.0): {
+        **grpo({"win": 1.0, "long": 1.0, "fail": 0.0, "lose": 0.0}),
+        "long": 0.0,
+        "fail": 0.0,
+    },
+}
+
+
+@pytest.mark.parametrize("choice", list(V1_CASES), ids=lambda c: "-".join(map(str, c)))
+def test_verls_v1_worker_trains_a_group_with_a_failed_and_a_truncated_job_as_told(
+    mixed_jobs: MixedJobs,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    choice: tuple[str, str, float],
+) -> None:
+    """verl's V1 worker runs a prompt's 4 sessions (win, long: cut by verl, fail, lose) and
+    stores their outputs; verl's own GRPO over what it stored gives the advantages the
+    options say (by hand above)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+    on_failure, truncated, truncated_reward = choice
+    stored: list[dict[str, Any]] = []
+    worker_class = v1_worker_class(monkeypatch, stored)
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    config = verl_config(
+        tmp_path,
+        "http://raas.invalid",
+        RESPONSE_LENGTH,
+        "actor_rollout_ref.rollout.n=4",
+        on_failure=on_failure,
+        truncated=truncated,
+        truncated_reward=truncated_reward,
+    )
+    batch = gen_batch(config, tmp_path, load_tokenizer("tiny"))
+    row = {k: v[0] for k, v in batch.non_tensor_batch.items()}  # uid-0's prompt, once
+    row |= {"agent_name": "raas_agent", "global_steps": 1}
+    trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
+
+    async def go() -> None:
+        worker = worker_class(config, LLMServerClient(config, None))
+        await worker._run_prompt(dict(row), {"temperature": 1.0}, trajectory)
+
+    asyncio.run(go())
+    keys, names, rewards, masks = [], [], [], []
+    for put in stored:
+        fields = put["fields"]
+        for i, key in enumerate(put["keys"]):
+            keys.append(key)
+            names.append(mixed_jobs.outcome[fields["extra_fields"][i]["raas"]["job_id"]])
+            rewards.append(fields["rm_scores"][i])
+            masks.append(fields["response_mask"][i])
+    expected = V1_CASES[choice]
+    assert sorted(names) == sorted(expected)  # a dropped job stored nothing
+    width = max(len(m) for m in masks)
+
+    def padded(rows: list[Any]) -> Any:
+        return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+
+    data = DataProto(
+        batch=TensorDict(
+            {"token_level_rewards": padded(rewards), "response_mask": padded(masks)},
+            batch_size=len(keys),
+        ),
+        non_tensor_batch={"uid": np.array(["uid-0"] * len(keys), dtype=object)},
+    )
+    data = compute_advantage_for_multi_trajectories(
+        data, keys, AdvantageEstimator.GRPO, num_repeat=4, config=config.algorithm
+    )
+    got = {
+        name: advantage_of(data.batch["advantages"][i], data.batch["response_mask"][i])
+        for i, name in enumerate(names)
+    }
+    assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_verls_legacy_worker_trains_a_failed_job_as_reward_zero_only_when_told(
+    mixed_jobs: MixedJobs, tmp_path: Path
+) -> None:
+    """The legacy worker (one sample a row, joined with the trainer's rows) cannot leave a
+    failed job out of its group: the default, drop, says so; zero puts its 0.0 in the group's
+    statistics (untrained), and verl's own GRPO gives what that says."""
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from raas.client.integrations.verl import RaasRolloutFailed
+
+    more = "actor_rollout_ref.rollout.n=4"
+    config = verl_config(tmp_path, "http://raas.invalid", RESPONSE_LENGTH, more)
+    with pytest.raises(RaasRolloutFailed, match=r"legacy AgentLoopWorker.*trainer\.use_v1=true"):
+        generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
+
+    config = verl_config(tmp_path, "http://raas.invalid", RESPONSE_LENGTH, more, on_failure="zero")
+    out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
+    out.batch["token_level_rewards"] = out.batch["rm_scores"]
+    out = compute_advantage(out, AdvantageEstimator.GRPO, num_repeat=4, config=config.algorithm)
+    assert list(out.non_tensor_batch["uid"]) == ["uid-0"] * 4 + ["uid-1"] * 4
+    names = [mixed_jobs.outcome[x["job_id"]] for x in out.non_tensor_batch["raas"]]
+    got = [
+        (name, advantage_of(out.batch["advantages"][i], out.batch["response_mask"][i]))
+        for i, name in enumerate(names)
+    ]
+    expected = V1_CASES[("zero", "mask", 0.0)]
+    assert got == [(name, pytest.approx(expected[name], abs=1e-5)) for name in names]
+    assert sorted(names) == sorted(list(OUTCOMES) * 2)
+    raas = out.non_tensor_batch["raas"]
+    assert [x["truncated_as"] for x in raas] == ["mask" if n == "long" else None for n in names]
+
+
+def test_a_failed_job_is_resubmitted_as_a_fresh_sample_when_told(
+    mixed_jobs: MixedJobs, tmp_path: Path
+) -> None:
+    """resubmit: 1 runs the failed job again under a new job id (the prompt's fifth job: a
+    win here), so even the legacy worker gets a sample for every row with on_failure drop."""
+    more = "actor_rollout_ref.rollout.n=4"
+    config = verl_config(tmp_path, "http://raas.invalid", RESPONSE_LENGTH, more, resubmit=1)
+    out = generate(config, gen_batch(config, tmp_path, load_tokenizer("tiny")))
+    names = [mixed_jobs.outcome[x["job_id"]] for x in out.non_tensor_batch["raas"]]
+    assert sorted(names) == sorted(["win", "long", "win", "lose"] * 2)
+    assert mixed_jobs.submitted == {"openai/gsm8k-0": 5, "openai/gsm8k-1": 5}
+    assert out.non_tensor_batch["raas_failed"].tolist() == [0.0] * 8

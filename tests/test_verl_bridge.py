@@ -149,19 +149,38 @@ def test_a_result_becomes_a_verl_sample() -> None:
     assert (s.generate_s, s.tools_s, s.eval_s) == (1.0, 0.25, 0.2)
     assert s.raas["job_id"] == "j" and s.raas["timing"]["total_s"] == 1.3
 
-    cut = result_to_sample(result(), prompt_length=2, response_length=3)
+    cut = result_to_sample(result(), prompt_length=2, response_length=3, truncated="keep")
     assert cut.prompt_ids == [2, 3]  # the last prompt_length tokens, as verl keeps them
     assert (cut.response_ids, cut.response_mask) == ([10, 11, 12], [1, 1, 0])
     assert cut.truncated and cut.raas["response_tokens"] == 6 and cut.reward == 1.0
+    assert cut.raas["truncated_as"] == "keep"
 
 
-def test_a_failed_result_is_masked_or_raised() -> None:
+def test_a_cut_response_gets_the_reward_truncated_says() -> None:
+    masked = result_to_sample(result(), prompt_length=8, response_length=3)  # the default
+    assert masked.truncated and masked.raas["truncated_as"] == "mask"
+    assert (masked.response_mask, masked.reward) == ([0, 0, 0], 1.0)  # reward for the group
+    penalised = result_to_sample(
+        result(), prompt_length=8, response_length=3, truncated="penalise", truncated_reward=-1
+    )
+    assert (penalised.response_mask, penalised.reward) == ([1, 1, 0], -1.0)
+    whole = result_to_sample(result(), prompt_length=8, response_length=6)
+    assert not whole.truncated and whole.raas["truncated_as"] is None
+    assert (whole.response_mask, whole.reward) == ([1, 1, 0, 0, 1, 1], 1.0)
+    with pytest.raises(ValueError, match="truncated must be one of mask, penalise, keep"):
+        result_to_samples(result(), prompt_length=8, response_length=3, truncated="cut")  # type: ignore[arg-type]
+
+
+def test_a_failed_result_is_dropped_zeroed_or_raised() -> None:
     failed = result("failed", reward=None)
-    s = result_to_sample(failed, prompt_length=8, response_length=8)
+    assert result_to_samples(failed, prompt_length=8, response_length=8) == []  # "drop"
+    (s,) = result_to_samples(failed, prompt_length=8, response_length=8, on_failure="zero")
     assert s.failed and s.reward == 0.0 and s.response_mask == [0] * 6
     assert s.response_ids == [10, 11, 12, 13, 14, 15]  # kept, for inspection
     with pytest.raises(RaasRolloutFailed, match="ended failed: backend"):
-        result_to_sample(failed, prompt_length=8, response_length=8, on_failure="raise")
+        result_to_samples(failed, prompt_length=8, response_length=8, on_failure="raise")
+    with pytest.raises(ValueError, match="on_failure must be one of drop, zero, raise"):
+        result_to_samples(failed, prompt_length=8, response_length=8, on_failure="mask")  # type: ignore[arg-type]
     # Failed before any token: verl still needs a prompt and a response.
     empty = result("failed", n=0, reward=None, prompt_ids=[], messages=[], turns=[])
     e = result_to_sample(
@@ -245,5 +264,8 @@ def test_each_segment_of_a_gateway_job_becomes_a_verl_sample_with_the_job_s_rewa
     assert [(k.raas["segment"], k.response_ids) for k in kept] == [(1, [30, 31])]
     assert len(result_to_samples(job, segments="first", prompt_length=8, response_length=8)) == 1
     assert len(result_to_samples(result(), prompt_length=8, response_length=8)) == 1
+    # One segment cut: the job is truncated, and each of its samples gets what that says.
+    cut = result_to_samples(job, prompt_length=8, response_length=4, truncated="penalise")
+    assert [(c.truncated, c.reward) for c in cut] == [(True, 0.0), (False, 0.0)]
     with pytest.raises(ValueError, match="segments must be one of"):
         result_to_samples(job, segments="some", prompt_length=8, response_length=8)  # type: ignore[arg-type]

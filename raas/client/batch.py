@@ -40,6 +40,16 @@ their group before its statistics (``failed="drop"``), or kept as rows that carr
 infrastructure reason (its error's ``kind`` is ``"infra"``: a sandbox, a backend, a restart) is
 dropped whole, so no group's statistics are computed over the survivors of an outage; other
 failures are dropped as with ``"drop"``. Nothing is ever copied from a sibling to fill a gap.
+(The choices are :mod:`raas.client.sample_choices`', shared with the verl and TRL adapters.)
+
+A job cut by ``max_length`` (any of its rows longer) gets what ``truncated`` says: ``"mask"``
+(the default: its rows carry no gradient, its own reward counts in its group's statistics),
+``"penalise"`` (reward ``truncated_reward`` in place of its own) or ``"keep"``.
+
+Staleness on tokens: with ``policy_version`` (the trainer's current version, in the backend's
+numbering) each row's ``staleness`` is how many versions its job's oldest generated token is
+behind it (-1 where the backend named none), and ``max_staleness`` drops a job whose lag is
+greater from its group before the statistics (counted in ``Batch.stale``).
 
 A gateway job of k segments (see :mod:`raas.client.segments`) gives k rows with
 ``segments="all"`` (the default): each its own prompt, response, mask and logprobs, all with the
@@ -62,16 +72,29 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from raas.client.sample_choices import (
+    DEFAULT_FAILED,
+    DEFAULT_TRUNCATED,
+    FAILED_CHOICES,
+    TRUNCATED_CHOICES,
+    FailedChoice,
+    TruncatedChoice,
+    check_choice,
+    check_truncated_reward,
+    failed_by_infra,
+    truncated_outcome,
+)
 from raas.client.segments import SegmentChoice, check_segments, trajectories
+from raas.client.staleness import token_lag, too_stale
 from raas.wire import RolloutResult, Trajectory
 
 if TYPE_CHECKING:
     import torch
 
 AdvantageName = Literal["grpo", "dr_grpo", "dapo"]
-FailedPolicy = Literal["drop", "mask", "drop_group"]
+FailedPolicy = FailedChoice  # the name to_batch's option had first
 ADVANTAGES: tuple[AdvantageName, ...] = ("grpo", "dr_grpo", "dapo")
-FAILED_POLICIES: tuple[FailedPolicy, ...] = ("drop", "mask", "drop_group")
+FAILED_POLICIES = FAILED_CHOICES
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]
@@ -92,6 +115,7 @@ ARRAY_FIELDS = (
     "prompt_lengths",
     "response_lengths",
     "segment_index",
+    "staleness",
 )
 
 
@@ -126,9 +150,11 @@ class Batch:
     prompt_lengths: IntArray  # [N] prompt tokens in the row (after truncation)
     response_lengths: IntArray  # [N] response tokens in the row (after truncation)
     segment_index: IntArray  # [N] which of its job's gateway segments the row is (0: the first)
+    staleness: IntArray  # [N] versions the job's oldest token lags policy_version (-1: unknown)
     dropped: int = 0  # results removed by failed="drop" or "drop_group"
     masked: int = 0  # rows kept without gradient by failed="mask"
     truncated: int = 0  # rows cut to max_length
+    stale: int = 0  # results removed by max_staleness
     dropped_groups: int = 0  # groups with no result left (or none to begin with)
     job_ids: tuple[str, ...] = field(default=())  # [N] the job of each row (k rows: k segments)
 
@@ -154,12 +180,16 @@ def to_batch(
     groups: Iterable[Iterable[ResultLike] | HasResults],
     *,
     advantage: AdvantageName = "grpo",
-    failed: FailedPolicy = "drop",
+    failed: FailedChoice = DEFAULT_FAILED,
     pad_token_id: int = 0,
     max_length: int | None = None,
     eps: float = 1e-6,
     generation_budget: int | None = None,
     segments: SegmentChoice = "all",
+    truncated: TruncatedChoice = DEFAULT_TRUNCATED,
+    truncated_reward: float = 0.0,
+    policy_version: int | None = None,
+    max_staleness: int | None = None,
 ) -> Batch:
     """A training batch from groups of rollout results (models or their dicts).
 
@@ -172,10 +202,14 @@ def to_batch(
     of a result that failed for an infrastructure reason (and others as ``"drop"``). Groups of
     one (usable) result get advantage 0. ``max_length`` caps the width: L is the longest
     prompt + response, or ``max_length`` if that is smaller, and longer rows lose their last
-    tokens (counted in ``Batch.truncated``, with a warning). ``generation_budget`` is Dr.
-    GRPO's constant loss normaliser (ignored by the other recipes). ``segments`` says which of
-    a gateway job's segments become rows (``"all"``, ``"first"``, ``"last"``; see the module
-    docstring): every row of a job has the job's reward and advantage.
+    tokens (counted in ``Batch.truncated``, with a warning); their job gets what ``truncated``
+    says (``"mask"``, ``"penalise"`` with ``truncated_reward``, ``"keep"``; see
+    :mod:`raas.client.sample_choices`). ``generation_budget`` is Dr. GRPO's constant loss
+    normaliser (ignored by the other recipes). ``segments`` says which of a gateway job's
+    segments become rows (``"all"``, ``"first"``, ``"last"``; see the module docstring): every
+    row of a job has the job's reward and advantage. ``policy_version`` (the trainer's version,
+    in the backend's numbering) gives each row its ``staleness``; ``max_staleness`` (which needs
+    it) drops a job whose oldest token lags more, before its group's statistics.
 
     Raises ValueError for an unknown option, and for a usable result whose response_ids,
     loss_mask and logprobs differ in length, whose loss_mask holds other than 0 and 1, or whose
@@ -183,8 +217,9 @@ def to_batch(
     """
     if advantage not in ADVANTAGES:
         raise ValueError(f"advantage must be one of {', '.join(ADVANTAGES)}; got {advantage!r}")
-    if failed not in FAILED_POLICIES:
-        raise ValueError(f"failed must be one of {', '.join(FAILED_POLICIES)}; got {failed!r}")
+    failed = check_choice("failed", failed, FAILED_CHOICES)
+    truncated = check_choice("truncated", truncated, TRUNCATED_CHOICES)
+    truncated_reward = check_truncated_reward(truncated_reward)
     if max_length is not None and (isinstance(max_length, bool) or max_length < 1):
         raise ValueError(f"max_length must be a positive integer or None; got {max_length!r}")
     if generation_budget is not None and (
@@ -195,8 +230,43 @@ def to_batch(
         )
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+    if max_staleness is not None and (policy_version is None or max_staleness < 0):
+        raise ValueError(
+            "max_staleness needs policy_version (the trainer's current version) and must be"
+            f" >= 0; got max_staleness={max_staleness!r}, policy_version={policy_version!r}"
+        )
     segments = check_segments(segments)
     normalise = advantage != "dr_grpo"
+
+    # Which jobs become rows, group by group: (result, its rows, its reward or None: masked).
+    kept_groups: list[tuple[int, list[_Job]]] = []
+    dropped = masked = dropped_groups = stale = 0
+    for g, group in enumerate(groups):
+        results = [_as_result(item, g, j) for j, item in enumerate(_members(group, g))]
+        if failed == "drop_group" and any(map(failed_by_infra, results)):
+            dropped += len(results)
+            dropped_groups += 1
+            continue
+        jobs: list[_Job] = []
+        for result in results:
+            picked = trajectories(result, segments)
+            lag = None if policy_version is None else token_lag(result, policy_version)
+            reward = _usable_reward(result, [t for _, t in picked])
+            if reward is None and failed != "mask":
+                dropped += 1
+            elif too_stale(lag, max_staleness):
+                stale += 1
+            else:
+                jobs.append(_Job(result, picked, reward, lag))
+                masked += len(picked) if reward is None else 0
+        if jobs:
+            kept_groups.append((g, jobs))
+        else:
+            dropped_groups += 1
+
+    all_trajs = [t for _, jobs in kept_groups for job in jobs for _, t in job.rows]
+    longest = max((len(t.prompt_ids) + len(t.response_ids) for t in all_trajs), default=0)
+    width = longest if max_length is None else min(longest, max_length)
 
     rows: list[RolloutResult] = []
     row_masked: list[bool] = []
@@ -205,59 +275,39 @@ def to_batch(
     row_group: list[int] = []
     row_reward: list[float] = []
     row_advantage: list[float] = []
-    dropped = masked = dropped_groups = 0
-
-    for g, group in enumerate(groups):
-        results = [_as_result(item, g, j) for j, item in enumerate(_members(group, g))]
-        if failed == "drop_group" and any(_failed_by_infra(r) for r in results):
-            dropped += len(results)
-            dropped_groups += 1
-            continue
-        picked = [trajectories(r, segments) for r in results]  # (segment, trajectory)s
-        rewards = [
-            _usable_reward(r, [t for _, t in p]) for r, p in zip(results, picked, strict=True)
-        ]
-        advantages = iter(_group_advantages([r for r in rewards if r is not None], normalise, eps))
-        kept = 0
-        for result, its_rows, reward in zip(results, picked, rewards, strict=True):
-            k = len(its_rows)  # every row of a job: the job's reward and advantage
-            if reward is not None:
-                row_masked += [False] * k
-                row_reward += [reward] * k
-                row_advantage += [next(advantages)] * k
-            elif failed == "mask":
-                row_masked += [True] * k
-                row_reward += [0.0] * k
-                row_advantage += [0.0] * k
-                masked += k
-            else:
-                dropped += 1
-                continue
-            rows += [result] * k
-            row_segment += [segment for segment, _ in its_rows]
-            row_trajs += [traj for _, traj in its_rows]
+    row_lag: list[int] = []
+    for g, jobs in kept_groups:
+        for job in jobs:  # a job cut to the width gets the reward ``truncated`` says
+            if job.reward is not None and any(_length(t) > width for _, t in job.rows):
+                job.reward, job.masked = truncated_outcome(job.reward, truncated, truncated_reward)
+        scored = [job.reward for job in jobs if job.reward is not None]
+        advantages = iter(_group_advantages(scored, normalise, eps))
+        for job in jobs:
+            k = len(job.rows)  # every row of a job: the job's reward and advantage
+            adv = next(advantages) if job.reward is not None else 0.0
+            row_masked += [job.masked or job.reward is None] * k
+            row_reward += [job.reward if job.reward is not None else 0.0] * k
+            row_advantage += [0.0 if job.masked else adv] * k
+            row_lag += [-1 if job.lag is None else job.lag] * k
+            rows += [job.result] * k
+            row_segment += [segment for segment, _ in job.rows]
+            row_trajs += [traj for _, traj in job.rows]
             row_group += [g] * k
-            kept += 1
-        if kept == 0:
-            dropped_groups += 1
 
     n = len(rows)
-    longest = max((len(t.prompt_ids) + len(t.response_ids) for t in row_trajs), default=0)
-    width = longest if max_length is None else min(longest, max_length)
-
     input_ids: IntArray = np.full((n, width), pad_token_id, dtype=np.int64)
     attention_mask: IntArray = np.zeros((n, width), dtype=np.int64)
     loss_mask: IntArray = np.zeros((n, width), dtype=np.int64)
     old_logprobs_64 = np.zeros((n, width), dtype=np.float64)
     prompt_lengths: IntArray = np.zeros(n, dtype=np.int64)
     response_lengths: IntArray = np.zeros(n, dtype=np.int64)
-    truncated = 0
+    cut = 0
 
     for i, (traj, is_masked) in enumerate(zip(row_trajs, row_masked, strict=True)):
         tokens = traj.prompt_ids + traj.response_ids
         end = min(len(tokens), width)
         if len(tokens) > width:
-            truncated += 1
+            cut += 1
         input_ids[i, :end] = tokens[:end]
         attention_mask[i, :end] = 1
         start = min(len(traj.prompt_ids), width)
@@ -269,10 +319,11 @@ def to_batch(
         loss_mask[i, start:end] = kept_mask
         old_logprobs_64[i, start:end] = np.asarray(traj.logprobs[: end - start]) * kept_mask
 
-    if truncated:
+    if cut:
         warnings.warn(
-            f"to_batch: {truncated} of {n} rows were longer than max_length={max_length} "
-            "and lost their last tokens",
+            f"to_batch: {cut} of {n} rows were longer than max_length={max_length} and lost"
+            f" their last tokens; their jobs are truncated={truncated!r}"
+            + (f" (reward {truncated_reward})" if truncated == "penalise" else ""),
             stacklevel=2,
         )
 
@@ -291,12 +342,30 @@ def to_batch(
         prompt_lengths=prompt_lengths,
         response_lengths=response_lengths,
         segment_index=np.asarray(row_segment, dtype=np.int64).reshape(n),
+        staleness=np.asarray(row_lag, dtype=np.int64).reshape(n),
         dropped=dropped,
         masked=masked,
-        truncated=truncated,
+        truncated=cut,
+        stale=stale,
         dropped_groups=dropped_groups,
         job_ids=tuple(r.job_id for r in rows),
     )
+
+
+@dataclass
+class _Job:
+    """A result that becomes rows: its (segment, trajectory)s, its reward (None: a masked
+    failure), whether its rows are masked (truncated="mask"), its oldest token's lag."""
+
+    result: RolloutResult
+    rows: list[tuple[int, Trajectory]]
+    reward: float | None
+    lag: int | None
+    masked: bool = False
+
+
+def _length(traj: Trajectory) -> int:
+    return len(traj.prompt_ids) + len(traj.response_ids)
 
 
 def _members(group: Iterable[ResultLike] | HasResults, g: int) -> Iterable[ResultLike]:
@@ -318,10 +387,6 @@ def _as_result(item: object, g: int, j: int) -> RolloutResult:
     raise TypeError(
         f"groups[{g}][{j}] must be a RolloutResult or a dict; got {type(item).__name__}"
     )
-
-
-def _failed_by_infra(result: RolloutResult) -> bool:
-    return result.state != "done" and result.error is not None and result.error.kind == "infra"
 
 
 def _usable_reward(result: RolloutResult, trajs: Sequence[Trajectory]) -> float | None:

@@ -16,10 +16,11 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from raas.client.rollout_client import Group, RolloutClient, sample_request
+from raas.client.staleness import token_lag, too_stale
 from raas.wire import RolloutResult
 
 
@@ -35,10 +36,14 @@ class DapoReport:
     groups_kept: int = 0
     groups_dropped: int = 0  # uniform reward (or rejected by the filter)
     groups_stale: int = 0  # produced by a policy older than max_staleness allows
+    groups_token_stale: int = 0  # a token older than max_token_staleness allows
     jobs_cancelled: int = 0
     wall_s: float = 0.0
     waited_s: float = 0.0  # time spent blocked waiting for rollouts
     exhausted: bool = False  # the prompts ran out before B groups were kept
+    # The oldest token's lag behind policy_version() of each kept rollout, when its group was
+    # judged (None where the backend named no version); dapo_metrics gives its distribution.
+    token_lags: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -60,10 +65,22 @@ async def collect_groups(
     keep: Callable[[Group], bool] = reward_varies,
     policy_version: Callable[[], int] | None = None,
     max_staleness: int | None = None,
+    max_token_staleness: int | None = None,
 ) -> tuple[list[Group], DapoReport]:
-    """Up to ``batch_size`` informative groups of ``n`` samples, and what it took."""
+    """Up to ``batch_size`` informative groups of ``n`` samples, and what it took.
+
+    Staleness, with ``policy_version`` (the trainer's current version, a callable): a group
+    submitted more than ``max_staleness`` versions ago is dropped (``groups_stale``); a group
+    with a rollout whose oldest generated token is more than ``max_token_staleness`` versions
+    behind when the group completes is dropped too (``groups_token_stale``: the versions the
+    backend reported in the turn records, so ``policy_version`` must count as the backend does;
+    a rollout whose backend named none is never stale). The kept rollouts' lags are in
+    ``DapoReport.token_lags``.
+    """
     if max_in_flight < n:
         raise ValueError(f"max_in_flight ({max_in_flight}) must hold at least one group (n={n})")
+    if max_token_staleness is not None and policy_version is None:
+        raise ValueError("max_token_staleness needs policy_version (the trainer's version)")
     report = DapoReport()
     start = time.perf_counter()
     source = iter(prompts)
@@ -153,7 +170,14 @@ async def collect_groups(
             entry.group.results.append(outcome)
             if len(entry.group.results) == entry.expected:
                 del pending[key]
-                _judge(entry.group, kept, report, keep, policy_version, max_staleness)
+                _judge(
+                    entry.group,
+                    kept,
+                    report,
+                    keep,
+                    policy_version,
+                    (max_staleness, max_token_staleness),
+                )
             slots_freed.set()
         report.exhausted = len(kept) < batch_size
     finally:
@@ -179,17 +203,23 @@ def _judge(
     report: DapoReport,
     keep: Callable[[Group], bool],
     policy_version: Callable[[], int] | None,
-    max_staleness: int | None,
+    bounds: tuple[int | None, int | None],
 ) -> None:
+    max_staleness, max_token_staleness = bounds
+    now = policy_version() if policy_version is not None else None
+    lags = [None if now is None else token_lag(r, now) for r in group.results]
     if (
         max_staleness is not None
-        and policy_version is not None
+        and now is not None
         and group.policy_version is not None
-        and policy_version() - group.policy_version > max_staleness
+        and now - group.policy_version > max_staleness
     ):
         report.groups_stale += 1
+    elif any(too_stale(lag, max_token_staleness) for lag in lags):
+        report.groups_token_stale += 1
     elif keep(group):
         kept.append(group)
         report.groups_kept += 1
+        report.token_lags += lags
     else:
         report.groups_dropped += 1

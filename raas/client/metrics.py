@@ -21,6 +21,10 @@ name starts with ``prefix`` (``rollout/``):
 - ``malformed_tool_calls_mean`` (tool calls the parser could not read, a rollout) and
   ``malformed_tool_calls_frac`` (rollouts with one or more), over the rollouts with turns: a
   reward earned, or lost, around calls that never ran.
+- Given ``policy_version`` (the trainer's version, in the backend's numbering):
+  ``staleness/{known_frac,mean,p50,p90,max,on_policy_frac}``, how many versions each rollout's
+  oldest generated token lags it (``known_frac``: the rollouts whose backend named versions;
+  the others are left out of the rest).
 - Given groups: ``groups``; ``group_reward_std_mean`` (sample std within a group, as GRPO
   normalises) and ``group_zero_std_frac`` (groups with no signal: all rewards equal, as TRL's
   ``frac_reward_zero_std``) over groups with two or more scored rollouts; ``group_solved_frac``
@@ -46,6 +50,7 @@ import numpy as np
 
 from raas.client.batch import HasResults, ResultLike, _as_result, _members
 from raas.client.dapo import DapoReport
+from raas.client.staleness import staleness_metrics, token_lag
 from raas.wire import RolloutResult
 
 STATES = ("done", "failed", "timeout", "cancelled")
@@ -56,7 +61,9 @@ TIMINGS = ("queue_s", "init_s", "run_s", "eval_s", "total_s")
 Rollouts = Iterable[ResultLike] | Iterable[Iterable[ResultLike] | HasResults]
 
 
-def rollout_metrics(batch: Rollouts, prefix: str = "rollout/") -> dict[str, float]:
+def rollout_metrics(
+    batch: Rollouts, prefix: str = "rollout/", policy_version: int | None = None
+) -> dict[str, float]:
     """The metrics of one batch of rollouts (see the module docstring for each name)."""
     results, groups = _flatten(batch)
     metrics = {"count": float(len(results))}
@@ -66,6 +73,9 @@ def rollout_metrics(batch: Rollouts, prefix: str = "rollout/") -> dict[str, floa
         metrics |= _lengths(results)
         metrics |= _malformed(results)
         metrics |= _timings(results)
+        if policy_version is not None:
+            lags = [token_lag(r, policy_version) for r in results]
+            metrics |= staleness_metrics(lags)
     if groups is not None:
         metrics |= _group_stats(groups)
     return {prefix + name: value for name, value in metrics.items()}
@@ -73,8 +83,14 @@ def rollout_metrics(batch: Rollouts, prefix: str = "rollout/") -> dict[str, floa
 
 def dapo_metrics(report: DapoReport, prefix: str = "dapo/") -> dict[str, float]:
     """``collect_groups``' report as metrics: prompts and jobs submitted, groups kept, dropped
-    and stale, jobs cancelled, wall and waiting time, whether the prompts ran out."""
-    return {prefix + k: float(v) for k, v in dataclasses.asdict(report).items()}
+    and stale (on submit time, on tokens), jobs cancelled, wall and waiting time, whether the
+    prompts ran out, and the distribution of the kept rollouts' oldest-token lags
+    (``staleness/...``, see :func:`raas.client.staleness.staleness_metrics`)."""
+    fields = dataclasses.asdict(report)
+    lags = fields.pop("token_lags")
+    return {prefix + k: float(v) for k, v in fields.items()} | staleness_metrics(
+        lags, prefix + "staleness/"
+    )
 
 
 def _flatten(batch: Rollouts) -> tuple[list[RolloutResult], list[list[RolloutResult]] | None]:
@@ -242,10 +258,12 @@ class MetricsLogger:
         *,
         report: DapoReport | None = None,
         extra: Mapping[str, float] | None = None,
+        policy_version: int | None = None,
     ) -> dict[str, float]:
         """Log ``rollout_metrics(batch)`` at ``step`` (the trainer's step: W&B drops a step
-        lower than one it has seen), with ``report``'s and ``extra`` metrics; returns them."""
-        metrics = rollout_metrics(batch, self.prefix)
+        lower than one it has seen), with ``report``'s and ``extra`` metrics; returns them.
+        ``policy_version``: the trainer's version, for the staleness of the rollouts' tokens."""
+        metrics = rollout_metrics(batch, self.prefix, policy_version)
         if report is not None:
             metrics |= dapo_metrics(report)
         metrics |= {k: float(v) for k, v in (extra or {}).items()}

@@ -6,7 +6,10 @@ the required nested parts (trajectory, timing) are inlined, an optional one (err
 with its name (``error_type``). A field added to the wire type becomes a column by itself. Two
 columns are read out of the turn records: ``policy_version_min`` and ``policy_version_max``, the
 oldest and newest policy version that generated the trajectory's tokens (null where the backend
-said nothing of its weights).
+said nothing of its weights), ``policy_version_span`` (max - min: how many weight updates landed
+while it was generated, the staleness of its oldest token against its newest) and
+``token_policy_versions`` (one a response token: the version that generated it, null on
+inserted tokens; null as a whole where the turn records do not account for the tokens).
 """
 
 from __future__ import annotations
@@ -69,10 +72,17 @@ def _version_range(result: RolloutResult) -> tuple[int, int] | tuple[None, None]
     return result.trajectory.policy_version_range() or (None, None)
 
 
+def _version_span(result: RolloutResult) -> int | None:
+    span = result.trajectory.policy_version_range()
+    return None if span is None else span[1] - span[0]
+
+
 # Columns computed from a result rather than read off one field: name -> (kind, value).
 DERIVED: dict[str, tuple[Kind, Callable[[RolloutResult], Any]]] = {
     "policy_version_min": ("int", lambda r: _version_range(r)[0]),
     "policy_version_max": ("int", lambda r: _version_range(r)[1]),
+    "policy_version_span": ("int", _version_span),
+    "token_policy_versions": ("ints", lambda r: r.trajectory.token_policy_versions()),
 }
 
 

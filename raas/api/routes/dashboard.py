@@ -187,6 +187,7 @@ async def dashboard_tokens(job_id: str, svc: Service) -> TokenView:
         response_text=texts[1] if texts else None,
         loss_mask=list(traj.loss_mask),
         logprobs=list(traj.logprobs),
+        policy_versions=traj.token_policy_versions(),
     )
 
 

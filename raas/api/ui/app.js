@@ -462,7 +462,8 @@ function shown(text) {
   return text.replace(/\n/g, "↵\n").replace(/\t/g, "→\t");
 }
 
-function tokenSpan(id, text, mask, lp, k, ids) {
+// version: the policy version that generated the token (null: unknown); newest: the trajectory's.
+function tokenSpan(id, text, mask, lp, k, ids, version = null, newest = null) {
   const label = ids || text === null || text === undefined ? String(id) : shown(text);
   const attrs = { class: "tok", title: `#${k} id ${id}` };
   if (mask === undefined) {
@@ -472,6 +473,13 @@ function tokenSpan(id, text, mask, lp, k, ids) {
     attrs.class += " gen";
     attrs.title += ` · generated · logprob ${lp.toFixed(3)} · p ${p.toFixed(3)}`;
     attrs.style = { "background-color": `hsl(${Math.round(120 * p)}, 70%, ${Math.round(88 - 10 * (1 - p))}%)` };
+    if (version !== null) {
+      const lag = newest - version;
+      attrs.title += ` · policy v${version}` + (lag ? ` · ${lag} behind the newest (v${newest})` : "");
+      attrs["data-version"] = String(version);
+      attrs["data-lag"] = String(lag);
+      if (lag) attrs.class += " stale";
+    }
   } else {
     attrs.class += " env";
     attrs.title += " · inserted by the environment (loss mask 0)";
@@ -485,8 +493,14 @@ function tokenView(tv, ids) {
   const lps = tv.logprobs.filter((_, i) => tv.loss_mask[i]);
   const mean = lps.length ? lps.reduce((a, b) => a + b, 0) / lps.length : null;
   const byIds = ids || !tv.response_text;
+  const versions = (tv.policy_versions || []).filter((v) => v !== null);
+  // reduce, not Math.max(...): a long trajectory's tokens would overflow the argument list.
+  const newest = versions.length ? versions.reduce((a, b) => Math.max(a, b)) : null;
+  const oldest = versions.length ? versions.reduce((a, b) => Math.min(a, b)) : null;
+  const stale = versions.filter((v) => v < newest).length;
   const response = tv.response_ids.map((id, k) =>
-    tokenSpan(id, tv.response_text && tv.response_text[k], tv.loss_mask[k] ?? 0, tv.logprobs[k] ?? 0, k, byIds));
+    tokenSpan(id, tv.response_text && tv.response_text[k], tv.loss_mask[k] ?? 0, tv.logprobs[k] ?? 0, k, byIds,
+      tv.policy_versions ? tv.policy_versions[k] ?? null : null, newest));
   const prompt = tv.prompt_ids.map((id, k) => tokenSpan(id, tv.prompt_text && tv.prompt_text[k], undefined, 0, k, byIds));
   const toggle = h("label", { class: "toggle" }, h("input", { type: "checkbox", checked: byIds, disabled: !tv.response_text,
     onchange: (e) => document.getElementById("tokenview").replaceWith(tokenView(tv, e.target.checked)) }), " token ids");
@@ -495,11 +509,14 @@ function tokenView(tv, ids) {
     h("p", { class: "muted" },
       `${tv.prompt_ids.length} prompt · ${tv.response_ids.length} response tokens: ${gen} generated, ${tv.response_ids.length - gen} inserted`,
       mean !== null ? ` · mean logprob of generated ${mean.toFixed(3)}` : "",
+      h("span", { id: "token-versions" }, newest === null ? " · policy versions not reported"
+        : oldest === newest ? ` · policy v${newest}` : ` · policy v${oldest}–v${newest}: ${stale} generated tokens behind the newest`),
       tv.tokenizer ? ` · decoded with ${tv.tokenizer}` : ` · ids only (${tv.note || "no tokenizer"})`, " ", toggle),
     h("p", { class: "legend" },
       h("span", { class: "tok gen", style: { "background-color": "hsl(120, 70%, 88%)" } }, "generated, p≈1"),
       h("span", { class: "tok gen", style: { "background-color": "hsl(60, 70%, 83%)" } }, "p≈0.5"),
       h("span", { class: "tok gen", style: { "background-color": "hsl(0, 70%, 78%)" } }, "p≈0"),
+      h("span", { class: "tok gen stale", style: { "background-color": "hsl(120, 70%, 88%)" } }, "older policy"),
       h("span", { class: "tok env" }, "inserted (mask 0)"),
       h("span", { class: "tok prompt" }, "prompt")),
     h("details", { class: "prompt" }, h("summary", {}, `prompt (${tv.prompt_ids.length} tokens)`), h("div", { class: "tokens", id: "prompt-tokens" }, prompt)),

@@ -36,6 +36,16 @@ says what to do: ``"all"`` (the default, named as in ``to_batch`` and the verl a
 raises, naming the job, when a job has more than one; ``"first"`` or ``"last"`` sends that
 segment, with the job's reward. To train on every segment, use ``to_batch`` (one row a
 segment) or verl's V1 trainer.
+
+Honest samples (the choices of :mod:`raas.client.sample_choices`): a job that did not end
+``done`` has ``raas_reward`` None and an all-zero ``env_mask`` with ``failed="drop"`` (the
+default) or ``"mask"`` (TRL pairs completions with prompts by position, so a completion cannot
+be left out; TRL >= 1.x leaves a completion whose every reward function returned None out of
+its group's mean and std and gives it advantage 0, which is what both choices mean);
+``"drop_group"`` does that to every completion of a group with a member that failed for an
+infrastructure reason. A completion cut to ``max_completion_length`` gets what ``truncated``
+says: ``"mask"`` (default: zero ``env_mask``, its own reward in its group), ``"penalise"``
+(``truncated_reward``) or ``"keep"``. ``raas_truncated`` says which were cut.
 """
 
 from __future__ import annotations
@@ -49,7 +59,20 @@ from typing import Any, Literal
 import httpx
 
 from raas.client.rollout_client import Group, SyncRolloutClient
+from raas.client.sample_choices import (
+    DEFAULT_FAILED,
+    DEFAULT_TRUNCATED,
+    FAILED_CHOICES,
+    TRUNCATED_CHOICES,
+    FailedChoice,
+    TruncatedChoice,
+    check_choice,
+    check_truncated_reward,
+    failed_by_infra,
+    truncated_outcome,
+)
 from raas.client.segments import SegmentChoice, check_segments, trajectories
+from raas.wire import RolloutResult
 
 Instance = dict[str, Any]
 # Where each kind of inference server loads a checkpoint directory from disk, and the body.
@@ -112,10 +135,18 @@ def make_rollout_func(
     client: SyncRolloutClient | None = None,
     weights: WeightSync | None = None,
     segments: SegmentChoice = "all",
+    failed: FailedChoice = DEFAULT_FAILED,
+    truncated: TruncatedChoice = DEFAULT_TRUNCATED,
+    truncated_reward: float = 0.0,
 ) -> Callable[[list[Any], Any], dict[str, list[Any]]]:
     """A ``rollout_func`` for TRL's GRPOTrainer backed by raas servers; ``segments``: which
-    segment of a gateway job is its completion (see the module docstring)."""
+    segment of a gateway job is its completion; ``failed``, ``truncated`` and
+    ``truncated_reward``: what a failed job and a cut completion become (see the module
+    docstring)."""
     segments = check_segments(segments)
+    failed = check_choice("failed", failed, FAILED_CHOICES)
+    truncated = check_choice("truncated", truncated, TRUNCATED_CHOICES)
+    truncated_reward = check_truncated_reward(truncated_reward)
     rollouts = client or SyncRolloutClient(servers)
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
@@ -145,10 +176,13 @@ def make_rollout_func(
             "raas_reward": [],
             "raas_state": [],
             "raas_segment": [],
+            "raas_truncated": [],
         }
-        cut = slice(0, int(limit)) if limit else slice(None)
+        cap = int(limit) if limit else None
+        cut = slice(0, cap)
         for filled in groups:
             assert filled is not None
+            outage = failed == "drop_group" and any(map(failed_by_infra, filled.results))
             for result in filled.results:
                 picked = trajectories(result, segments)
                 if len(picked) > 1:
@@ -158,13 +192,17 @@ def make_rollout_func(
                         "segments='first' or 'last'), or train on every segment with to_batch"
                     )
                 segment, traj = picked[0]
+                was_cut = cap is not None and len(traj.response_ids) > cap
+                reward, masked = _reward(result, outage, was_cut, truncated, truncated_reward)
+                mask = list(traj.loss_mask[cut])
                 out["raas_segment"].append(segment)
                 out["prompt_ids"].append(list(traj.prompt_ids))
                 out["completion_ids"].append(list(traj.response_ids[cut]))
                 out["logprobs"].append(list(traj.logprobs[cut]))
-                out["env_mask"].append(list(traj.loss_mask[cut]))
-                out["raas_reward"].append(result.reward if result.reward is not None else 0.0)
+                out["env_mask"].append([0] * len(mask) if masked else mask)
+                out["raas_reward"].append(reward)
                 out["raas_state"].append(result.state)
+                out["raas_truncated"].append(was_cut)
         return out
 
     return rollout_func
@@ -181,6 +219,25 @@ def _runs(prompts: list[Any]) -> list[tuple[Any, int]]:
     return runs
 
 
-def raas_reward(completions: list[Any], raas_reward: list[float], **kwargs: Any) -> list[float]:
-    """A TRL reward function that returns the reward raas computed for each completion."""
-    return [float(r) for r in raas_reward]
+def _reward(
+    result: RolloutResult,
+    outage: bool,
+    was_cut: bool,
+    truncated: TruncatedChoice,
+    truncated_reward: float,
+) -> tuple[float | None, bool]:
+    """A completion's ``raas_reward`` and whether its ``env_mask`` is zeroed: None (out of its
+    group's statistics, advantage 0 in TRL >= 1.x) for a failure or an outage's group."""
+    if outage or result.state != "done" or result.reward is None:
+        return None, True
+    if was_cut:
+        return truncated_outcome(result.reward, truncated, truncated_reward)
+    return result.reward, False
+
+
+def raas_reward(
+    completions: list[Any], raas_reward: list[float | None], **kwargs: Any
+) -> list[float | None]:
+    """A TRL reward function that returns the reward raas computed for each completion (None
+    for a failed job's: TRL leaves it out of its group's statistics)."""
+    return [None if r is None else float(r) for r in raas_reward]

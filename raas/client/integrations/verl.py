@@ -19,6 +19,13 @@ outputs row for row with the prompts it sent (``DataProto.union``), so a job of 
 segments cannot become several samples there: ``run`` raises, saying so, unless ``segments`` is
 ``first`` or ``last``. (The V1 worker is told apart by the ``session_id`` it passes to ``run``.)
 
+Honest samples: a job that did not end ``done`` is no sample by default (``on_failure: drop``),
+which verl's V1 worker takes as a session left out of its group's GRPO mean and std; the legacy
+worker cannot leave a row out, so it needs ``on_failure: zero`` (reward 0.0 in the group, said
+to be biased) or ``raise``, or ``resubmit``. A response verl sees cut to its
+``response_length`` gets what ``truncated`` says (``mask`` by default: no gradient, its reward
+still in its group's statistics; ``penalise``; ``keep``). See :class:`RaasAgentLoop`.
+
 verl's Ray workers import only verl, so the class is registered through an agent loop config
 file (``actor_rollout_ref.rollout.agent.agent_loop_config_path``), whose entry also carries this
 loop's settings (hydra passes the entry's keys to ``__init__``)::
@@ -54,6 +61,8 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from raas.client.integrations.verl_bridge import (
+    DEFAULT_ON_FAILURE,
+    ON_FAILURE,
     OnFailure,
     RaasRolloutFailed,
     VerlSample,
@@ -68,8 +77,15 @@ from raas.client.integrations.verl_bridge import (
     sampling_params_for,
 )
 from raas.client.rollout_client import RolloutClient
+from raas.client.sample_choices import (
+    DEFAULT_TRUNCATED,
+    TRUNCATED_CHOICES,
+    TruncatedChoice,
+    check_choice,
+    check_truncated_reward,
+)
 from raas.client.segments import SegmentChoice, check_segments
-from raas.wire import RolloutRequest
+from raas.wire import RolloutRequest, RolloutResult
 
 __all__ = [
     "RaasAgentLoop",
@@ -158,6 +174,9 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
         tasks: Mapping[str, str] | None = None,
         instance_fn: str | None = None,
         on_failure: OnFailure | None = None,
+        resubmit: int | None = None,
+        truncated: TruncatedChoice | None = None,
+        truncated_reward: float | None = None,
         segments: SegmentChoice | None = None,
         register_servers: bool | None = None,
         poll_s: float = 30.0,
@@ -193,9 +212,17 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
         self.tasks = setting("tasks", tasks)
         fn = setting("instance_fn", instance_fn)
         self.instance_fn = _import(fn) if fn else None
-        self.on_failure: OnFailure = setting("on_failure", on_failure) or "mask"
-        if self.on_failure not in ("mask", "raise"):
-            raise ValueError(f"on_failure must be 'mask' or 'raise', not {self.on_failure!r}")
+        self.on_failure = check_choice(
+            "on_failure", setting("on_failure", on_failure) or DEFAULT_ON_FAILURE, ON_FAILURE
+        )
+        self.resubmit = int(setting("resubmit", resubmit) or 0)
+        if self.resubmit < 0:
+            raise ValueError(f"resubmit must be >= 0; got {self.resubmit}")
+        self.truncated = check_choice(
+            "truncated", setting("truncated", truncated) or DEFAULT_TRUNCATED, TRUNCATED_CHOICES
+        )
+        reward = setting("truncated_reward", truncated_reward)
+        self.truncated_reward = check_truncated_reward(0.0 if reward is None else reward)
         self.segments = check_segments(setting("segments", segments) or "all")
         self.register_servers = bool(setting("register_servers", register_servers))
         self.poll_s = poll_s
@@ -264,13 +291,22 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
             await self.register_backends()
         request = self.request(sampling_params, kwargs)
         client = _client(self.urls, self.api_key)
-        job_id = await client.submit(request)
-        try:
-            result = await client.wait(job_id, self.poll_s)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # the job must not run on without a reader
-                await asyncio.shield(client.cancel(job_id))
-            raise
+        result = await self.run_job(client, request)
+        for _ in range(self.resubmit):
+            if result.state == "done":
+                break
+            fresh = request.model_copy(update={"job_id": job_id_for(kwargs)})
+            result = await self.run_job(client, fresh)
+        legacy = "session_id" not in kwargs  # see the module docstring
+        if result.state != "done" and self.on_failure == "drop" and legacy:
+            raise RaasRolloutFailed(
+                result,
+                "verl's legacy AgentLoopWorker (trainer.use_v1=false) takes one sample a row and"
+                " counts it in its group's GRPO statistics, so a failed job cannot be dropped"
+                " there: run verl's V1 trainer (trainer.use_v1=true), or set the raas agent"
+                " loop's on_failure to zero (reward 0.0 in its group: biased) or raise, or"
+                " resubmit to a number of tries",
+            )
         fallback = () if result.trajectory.prompt_ids else self._fallback_prompt(kwargs)
         samples = result_to_samples(
             result,
@@ -280,11 +316,13 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
             fallback_prompt_ids=fallback,
             pad_token_id=self._pad_id(),
             on_failure=self.on_failure,
+            truncated=self.truncated,
+            truncated_reward=self.truncated_reward,
         )
         outputs = [self.output(sample) for sample in samples]
         if len(outputs) == 1:
             return outputs[0]
-        if "session_id" not in kwargs:
+        if legacy:
             raise ValueError(
                 f"raas job {result.job_id} has {len(outputs)} gateway segments, and verl's"
                 " legacy AgentLoopWorker (trainer.use_v1=false) takes one sample a prompt row:"
@@ -293,6 +331,16 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
                 " first or last"
             )
         return outputs
+
+    async def run_job(self, client: RolloutClient, request: RolloutRequest) -> RolloutResult:
+        """The result of one raas job (cancelled if this is)."""
+        job_id = await client.submit(request)
+        try:
+            return await client.wait(job_id, self.poll_s)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # the job must not run on without a reader
+                await asyncio.shield(client.cancel(job_id))
+            raise
 
     def output(self, sample: VerlSample) -> AgentLoopOutput:
         metrics = AgentLoopMetrics(

@@ -27,6 +27,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from raas.client.sample_choices import (
+    DEFAULT_TRUNCATED,
+    TRUNCATED_CHOICES,
+    TruncatedChoice,
+    check_choice,
+    check_truncated_reward,
+    truncated_outcome,
+)
 from raas.client.segments import SegmentChoice, check_segments, trajectories
 from raas.wire import RolloutResult, Trajectory
 
@@ -37,17 +45,26 @@ _PASSED = ("temperature", "top_p", "top_k")
 # Keys verl passes that have no raas counterpart: logprobs always come back from raas.
 _DROPPED = ("logprobs", "repetition_penalty")
 
-OnFailure = Literal["mask", "raise"]
+# What a job that did not end done becomes in verl (see raas.client.sample_choices for the
+# shared choices): "drop", no sample (verl's V1 worker leaves a session that returns none out of
+# its group's GRPO statistics); "zero", a sample with reward 0.0 and no gradient, which verl's
+# GRPO still counts in its group's mean and std (biased: the legacy worker's only way to go on);
+# "raise", RaasRolloutFailed.
+OnFailure = Literal["drop", "zero", "raise"]
+ON_FAILURE: tuple[OnFailure, ...] = ("drop", "zero", "raise")
+DEFAULT_ON_FAILURE: OnFailure = "drop"
 
 
 class RaasRolloutFailed(RuntimeError):
-    """A raas job ended in another state than ``done`` and ``on_failure`` is ``raise``."""
+    """A raas job ended in another state than ``done`` and ``on_failure`` is ``raise`` (or
+    ``drop``, which verl's legacy worker cannot do: ``advice`` says what to do instead)."""
 
-    def __init__(self, result: RolloutResult) -> None:
+    def __init__(self, result: RolloutResult, advice: str = "") -> None:
         self.result = result
         error = result.error
         why = f"{error.type} ({error.kind}): {error.message}" if error else "no error recorded"
-        super().__init__(f"raas job {result.job_id} ended {result.state}: {why}")
+        more = f"; {advice}" if advice else ""
+        super().__init__(f"raas job {result.job_id} ended {result.state}: {why}{more}")
 
 
 def plain(value: Any) -> Any:
@@ -187,9 +204,12 @@ def result_to_sample(
     response_length: int,
     fallback_prompt_ids: Sequence[int] = (),
     pad_token_id: int = 0,
-    on_failure: OnFailure = "mask",
+    on_failure: OnFailure = "zero",
     trajectory: Trajectory | None = None,
     segment: int = 0,
+    truncated: TruncatedChoice = DEFAULT_TRUNCATED,
+    truncated_reward: float = 0.0,
+    job_cut: bool | None = None,
 ) -> VerlSample:
     """The verl sample for a finished raas job (for ``trajectory``, one of its gateway
     segments, numbered ``segment``, when given; :func:`result_to_samples` makes one a segment).
@@ -199,12 +219,16 @@ def result_to_sample(
       with ``response_ids`` (0.0 on inserted tokens).
     - The response is cut to verl's ``response_length`` (it can be longer when the prompt is
       shorter than ``prompt_length``: raas's limit is the context, prompt and response
-      together); the reward is still the one raas gave the whole rollout, and ``truncated``
-      says so. A prompt longer than ``prompt_length`` keeps its last ``prompt_length`` tokens,
-      as verl's own agent loops do.
+      together), and the sample gets what ``truncated`` says (``"mask"``, the default: its own
+      reward with a zero mask; ``"penalise"``: ``truncated_reward``; ``"keep"``: its own
+      reward on the tokens verl sees; see :mod:`raas.client.sample_choices`). A prompt longer
+      than ``prompt_length`` keeps its last ``prompt_length`` tokens, as verl's own agent
+      loops do. ``job_cut`` says whether the job counts as truncated (another of its segments
+      may be cut where this one is not); by default, whether this sample is cut.
     - A job that did not end ``done`` (failed, timed out, cancelled) raises
-      :class:`RaasRolloutFailed` with ``on_failure="raise"``; with ``"mask"`` (the default) it
-      keeps what it produced with a zero mask and reward 0.0, so it adds nothing to the loss.
+      :class:`RaasRolloutFailed` with ``on_failure="raise"``; otherwise it keeps what it
+      produced with a zero mask and reward 0.0 (``"drop"`` is :func:`result_to_samples`'
+      business: a dropped job has no sample).
     - verl cannot take an empty prompt or response: a job that failed before its first prompt
       gets ``fallback_prompt_ids``, and an empty response becomes one ``pad_token_id`` with
       mask 0.
@@ -228,15 +252,18 @@ def result_to_sample(
             f"raas job {result.job_id}: response_ids, loss_mask and logprobs differ in length"
             f" ({n}, {len(traj.loss_mask)}, {len(traj.logprobs)})"
         )
-    truncated = n > response_length
+    cut = n > response_length
     response = list(traj.response_ids[:response_length])
     mask = [int(m) for m in traj.loss_mask[:response_length]]
     logprobs = [float(x) for x in traj.logprobs[:response_length]]
-    if failed:
+    reward = 0.0 if failed or result.reward is None else float(result.reward)
+    masked = failed
+    if (cut if job_cut is None else job_cut) and not failed:
+        reward, masked = truncated_outcome(reward, truncated, truncated_reward)
+    if masked:
         mask = [0] * len(mask)
     if not response:
         response, mask, logprobs = [pad_token_id], [0], [0.0]
-    reward = 0.0 if failed or result.reward is None else float(result.reward)
     turns = traj.turns
     error = result.error
     return VerlSample(
@@ -250,7 +277,7 @@ def result_to_sample(
         generate_s=sum(float(t.get("generate_s") or 0.0) for t in turns),
         tools_s=sum(float(t.get("tools_s") or 0.0) for t in turns),
         eval_s=result.timing.eval_s,
-        truncated=truncated,
+        truncated=cut,
         failed=failed,
         raas={
             "job_id": result.job_id,
@@ -259,7 +286,8 @@ def result_to_sample(
             "attempts": result.attempts,
             "error": error.model_dump() if error else None,
             "timing": result.timing.model_dump(),
-            "truncated": truncated,
+            "truncated": cut,
+            "truncated_as": None if failed or not (cut or job_cut) else truncated,
             "response_tokens": n,
             "segment": segment,
         },
@@ -274,11 +302,25 @@ def result_to_samples(
     response_length: int,
     fallback_prompt_ids: Sequence[int] = (),
     pad_token_id: int = 0,
-    on_failure: OnFailure = "mask",
+    on_failure: OnFailure = DEFAULT_ON_FAILURE,
+    truncated: TruncatedChoice = DEFAULT_TRUNCATED,
+    truncated_reward: float = 0.0,
 ) -> list[VerlSample]:
     """The verl samples of a finished raas job: one for each gateway segment ``segments``
     picks (``"all"``, ``"first"``, ``"last"``; see :mod:`raas.client.segments`), each with the
-    job's reward, or the one of a job without segments (see :func:`result_to_sample`)."""
+    job's reward, or the one of a job without segments (see :func:`result_to_sample`); none
+    for a job that did not end ``done`` with ``on_failure="drop"`` (the default).
+
+    A job is truncated when any of its samples is cut to ``response_length``: then every one of
+    its samples gets what ``truncated`` says, so a segment cut alone does not credit its job's
+    others with the reward the unseen tokens earned."""
+    on_failure = check_choice("on_failure", on_failure, ON_FAILURE)
+    truncated = check_choice("truncated", truncated, TRUNCATED_CHOICES)
+    truncated_reward = check_truncated_reward(truncated_reward)
+    if result.state != "done" and on_failure == "drop":
+        return []
+    picked = trajectories(result, check_segments(segments))
+    job_cut = any(len(traj.response_ids) > response_length for _, traj in picked)
     return [
         result_to_sample(
             result,
@@ -289,8 +331,11 @@ def result_to_samples(
             on_failure=on_failure,
             trajectory=traj,
             segment=k,
+            truncated=truncated,
+            truncated_reward=truncated_reward,
+            job_cut=job_cut,
         )
-        for k, traj in trajectories(result, check_segments(segments))
+        for k, traj in picked
     ]
 
 
