@@ -442,6 +442,117 @@ async def test_weight_updates_every_50_ms_lose_no_turn_and_tag_every_token(
     assert a != pytest.approx(b, abs=1e-2)
 
 
+def stats_of(engine: Engine) -> Callable[[], Awaitable[dict[str, Any]]]:
+    async def stats() -> dict[str, Any]:
+        return dict(engine.snapshot())
+
+    return stats
+
+
+def spans_of(data: dict[str, Any]) -> list[tuple[int, int, int]]:
+    return [(s["version"], s["start"], s["end"]) for s in data["weight_versions"]]
+
+
+async def test_an_update_between_steps_lands_mid_generation(
+    serve: Any, tiny: Tiny, tmp_path: Path
+) -> None:
+    """With weight_updates="between_steps" an update lands while a long generation runs: the
+    generation is not aborted and does not hold the update back; it goes on to its full length,
+    and its spans say where the version changed."""
+    model, _ = load_model("tiny")
+    url, engine = serve(
+        model=model, api_key=KEY, weight_dirs=[tmp_path], weight_updates="between_steps"
+    )
+    ckpt = tiny_checkpoint(tiny, tmp_path / "w.safetensors")
+    async with httpx.AsyncClient() as http:
+        running = asyncio.create_task(
+            complete(http, url, prompt_of(6), max_tokens=150, ignore_eos=True, temperature=0)
+        )
+        await until(stats_of(engine), lambda s: s["generated_tokens"] >= 3, "it started")
+        response = await http.post(
+            url + "/update_weights", json={"path": str(ckpt)}, headers=ADMIN, timeout=60
+        )
+        assert response.json() == {"ok": True, "weight_version": 1}
+        assert not running.done()  # answered before the generation ended: no drain
+        data = await running
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert len(tokens_of(data)) == 150
+    (v0, s0, e0), (v1, s1, e1) = spans_of(data)
+    assert (v0, s0, v1, e1) == (0, 0, 1, 150) and e0 == s1 and 3 <= e0 < 150
+
+
+async def test_pause_keep_freezes_a_generation_that_goes_on_under_the_new_weights(
+    serve: Any, tiny: Tiny, tmp_path: Path
+) -> None:
+    """vLLM's /pause?mode=keep, an update, /resume: the generation in flight is frozen (the
+    update does not wait for it, even in the default between_batches mode), then finishes under
+    the new weights; a request sent while paused waits for /resume."""
+    model, _ = load_model("tiny")
+    url, engine = serve(model=model, api_key=KEY, weight_dirs=[tmp_path])
+    ckpt = tiny_checkpoint(tiny, tmp_path / "w.safetensors")
+    async with httpx.AsyncClient() as http:
+        running = asyncio.create_task(
+            complete(http, url, prompt_of(6), max_tokens=150, ignore_eos=True, temperature=0)
+        )
+        await until(stats_of(engine), lambda s: s["generated_tokens"] >= 3, "it started")
+        assert (await http.post(url + "/pause", params={"mode": "keep"})).json() == {
+            "status": "paused"
+        }
+        assert (await http.get(url + "/is_paused")).json() == {"is_paused": True}
+        frozen = engine.snapshot()["generated_tokens"]
+        response = await http.post(
+            url + "/update_weights", json={"path": str(ckpt)}, headers=ADMIN, timeout=60
+        )
+        assert response.json() == {"ok": True, "weight_version": 1}
+        waiting = asyncio.create_task(complete(http, url, prompt_of(5), max_tokens=3))
+        await until(stats_of(engine), lambda s: s["waiting"] == 1, "the new request queued")
+        assert engine.snapshot()["generated_tokens"] == frozen and not running.done()
+        assert (await http.post(url + "/resume")).json() == {"status": "resumed"}
+        data, later = await running, await waiting
+    assert len(tokens_of(data)) == 150
+    assert spans_of(data) == [(0, 0, frozen), (1, frozen, 150)]
+    assert spans_of(later) == [(1, 0, 3)]
+    assert (await asyncio.to_thread(httpx.get, url + "/is_paused")).json() == {"is_paused": False}
+
+
+async def test_pause_abort_ends_generations_with_their_tokens_and_the_pool_resumes_them(
+    serve: Any, tiny: Tiny, tmp_path: Path
+) -> None:
+    """The pool's pause "abort" on the engine: the generation in flight comes back from the
+    engine as finish_reason "abort" with the tokens it had, and the pool, once resumed, goes on
+    from that prefix: the caller gets one generation of every token asked for, the first ones
+    under version 0, the rest under the weights loaded during the pause."""
+    from raas.llm.pool import BackendPool
+
+    model, _ = load_model("tiny")
+    url, engine = serve(model=model, api_key=KEY, weight_dirs=[tmp_path])
+    ckpt = tiny_checkpoint(tiny, tmp_path / "w.safetensors")
+    pool = BackendPool(vocab_size=lambda: engine.vocab_size)
+    pool.add(url, "vllm")
+    params = SamplingParams(max_tokens=150, temperature=1.0, seed=5)
+    prompt = prompt_of(6)
+    try:
+        running = asyncio.create_task(pool.generate("job-1", prompt, params))
+        await until(stats_of(engine), lambda s: s["generated_tokens"] >= 3, "it started")
+        assert await pool.pause("abort") == {url: "paused"}
+        cut = engine.snapshot()["generated_tokens"]
+        async with httpx.AsyncClient() as http:
+            response = await http.post(
+                url + "/update_weights", json={"path": str(ckpt)}, headers=ADMIN, timeout=60
+            )
+        assert response.json() == {"ok": True, "weight_version": 1}
+        assert not running.done()  # aborted by the engine, held by the pool
+        await pool.resume()
+        gen = await running
+    finally:
+        await pool.stop()
+    assert gen.finish_reason == "length" and len(gen.token_ids) == len(gen.logprobs) == 150
+    assert gen.policy_versions == [0] * cut + [1] * (150 - cut)
+    assert 3 <= cut < 150
+    stats = engine.snapshot()
+    assert stats["requests"] == 2 and stats["generated_tokens"] == 150  # nothing generated twice
+
+
 async def test_update_weights_needs_the_engine_key(serve: Any, tiny: Tiny, tmp_path: Path) -> None:
     """Without the key (or with another, or on an engine given none) /update_weights is a 401
     that reads nothing, not even the body; generation needs no key, as on vLLM without one."""
