@@ -309,3 +309,61 @@ async def test_a_server_without_a_pause_route_is_drained(fakes: Any) -> None:
         await pool.stop()
     assert fake.log == ["generate 3+5", "pause refused", "answered"]
     assert gen.token_ids == scripted(PROMPT, 5, [])[0]
+
+
+@pytest.fixture
+def raas_behind(fakes: Any, tmp_path: Any) -> Iterator[Any]:
+    """``raas_behind(protocol) -> (fake, fake_url, raas_url)``: a raas server whose pool routes
+    to one fake."""
+    from raas.api.app import create_app
+    from raas.settings import ServeSettings
+
+    started: list[ServerThread] = []
+
+    def start(protocol: str) -> tuple[PausingFake, str, str]:
+        fake, url = fakes(protocol)
+        settings = ServeSettings(
+            db=tmp_path / "raas.db", llm=[url], llm_protocol=protocol, tokenizer="tiny"
+        )
+        server = ServerThread(create_app(settings)).start()
+        started.append(server)
+        return fake, url, server.url
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_weight_sync_pauses_raas_around_the_load_and_names_sglang_the_step(
+    raas_behind: Any, tmp_path: Any
+) -> None:
+    """TRL's WeightSync with raas_servers: the raas server pauses the SGLang server (retract)
+    before the load, which carries the step as SGLang's weight_version, and resumes it after."""
+    from types import SimpleNamespace
+
+    from raas.client.integrations.trl import WeightSync
+    from raas.llm.models import load_model
+
+    fake, url, raas_url = raas_behind("sglang")
+    model, _ = load_model("tiny")
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=3), model=model)
+    sync = WeightSync([url], tmp_path / "w", protocol="sglang", raas_servers=[raas_url])
+    assert sync.push_if_stepped(trainer)
+    assert fake.log == ["pause retract", f"update {tmp_path / 'w' / 'step-3'} 3", "resume"]
+    assert fake.version == 3
+
+
+def test_routing_paused_pauses_and_resumes_verls_servers_through_raas(raas_behind: Any) -> None:
+    """verl's routing_paused: the raas server pauses verl's vLLM server (keep) for the block,
+    the backend stays registered (rollouts in flight are not failed), and resumes it after."""
+    import httpx
+
+    from raas.client.integrations.verl_bridge import routing_paused
+
+    fake, url, raas_url = raas_behind("vllm")
+    with routing_paused(raas_url, [url], protocol="vllm"):
+        fake.log.append("verl updates its weights")
+        listed = httpx.get(raas_url + "/v1/backends").json()
+    assert [b["url"] for b in listed] == [url]
+    assert fake.log == ["pause keep", "verl updates its weights", "resume"]
+    assert [b["url"] for b in httpx.get(raas_url + "/v1/backends").json()] == [url]

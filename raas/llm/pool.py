@@ -114,6 +114,7 @@ class BackendPool:
         self._open_event: asyncio.Event | None = None
         self._answered_cond: asyncio.Condition | None = None
         self._pauses = 0  # pauses not yet resumed (nested pauses resume at the last)
+        self._auto_resume: asyncio.Task[None] | None = None
 
     # -- registry ----------------------------------------------------------------------------
 
@@ -344,15 +345,23 @@ class BackendPool:
     def paused(self) -> bool:
         return self._pauses > 0
 
-    async def pause(self, mode: PauseMode = "keep") -> dict[str, str]:
+    async def pause(
+        self, mode: PauseMode = "keep", resume_after_s: float | None = None
+    ) -> dict[str, str]:
         """Pause the pool for a weight sync: no request starts until :meth:`resume`, and every
         backend is paused through its own route, or drained (its requests in flight answered)
         where it has none. Returns each backend's URL with how: ``"paused"`` or ``"drained"``.
 
         A backend that fails its pause route is drained too, and a drain that does not end
-        within ``drain_timeout_s`` raises TimeoutError (the pool stays paused: resume it)."""
+        within ``drain_timeout_s`` raises TimeoutError (the pool stays paused: resume it).
+        ``resume_after_s``: the pool resumes by itself after that long, if no one has (a
+        trainer that died between its pause and its resume stops no rollout for long)."""
         self._pauses += 1
         self._open().clear()
+        if resume_after_s is not None:
+            if self._auto_resume is not None:
+                self._auto_resume.cancel()
+            self._auto_resume = asyncio.create_task(self._resume_after(resume_after_s))
         backends = self.backends()
         how = await asyncio.gather(*(self._pause_one(b, mode) for b in backends))
         out = {b.url: h for b, h in zip(backends, how, strict=True)}
@@ -379,6 +388,13 @@ class BackendPool:
                     await asyncio.wait_for(self._answered().wait(), left)
         return "drained"
 
+    async def _resume_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        log.error("pool paused for %g s with no resume: resuming it", delay_s)
+        self._auto_resume = None  # (not cancelled by the resume it makes)
+        self._pauses = 1
+        await self.resume()
+
     async def resume(self) -> None:
         """End a :meth:`pause`: the backends paused through their routes resume, and requests
         start again (the generations aborted meanwhile go on from their prefixes). A backend
@@ -386,6 +402,9 @@ class BackendPool:
         self._pauses = max(self._pauses - 1, 0)
         if self._pauses:
             return
+        if self._auto_resume is not None:
+            self._auto_resume.cancel()
+            self._auto_resume = None
         for backend in self.backends():
             if backend.paused:
                 try:
@@ -447,6 +466,9 @@ class BackendPool:
                 log.exception("health check failed")
 
     async def stop(self) -> None:
+        if self._auto_resume is not None:
+            self._auto_resume.cancel()
+            self._auto_resume = None
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
