@@ -545,21 +545,8 @@ class Engine:
         goes on from that prefix); its keys and values are dropped."""
         with self._cond:
             self.stats.requests += 1
-        _resolve(
-            request.future,
-            GenerationResult(
-                prompt_token_ids=request.prompt,
-                token_ids=request.tokens,
-                logprobs=request.logprobs,
-                top_logprobs=request.top,
-                finish_reason="abort",
-                stop_reason=None,
-                stopped_on_token=False,
-                cached_tokens=request.cached_tokens,
-                weight_version=self.stats.weight_version,
-                weight_versions=request.versions,
-            ),
-        )
+        request.finish_reason = "abort"
+        self._answer(request)
 
     def _apply(self, update: _WeightUpdate) -> None:
         try:
@@ -734,7 +721,10 @@ class Engine:
             if request.cached_tokens:
                 s.prefix_cache_hits += 1
                 s.cached_tokens += request.cached_tokens
-        stopped = request.finish_reason == "stop"
+        self._answer(request)
+
+    def _answer(self, request: _Request) -> None:
+        """Hand a generation that has ended over to its caller."""
         _resolve(
             request.future,
             GenerationResult(
@@ -744,9 +734,9 @@ class Engine:
                 top_logprobs=request.top,
                 finish_reason=request.finish_reason or "length",
                 stop_reason=request.stop_reason,
-                stopped_on_token=stopped,
+                stopped_on_token=request.finish_reason == "stop",
                 cached_tokens=request.cached_tokens,
-                weight_version=s.weight_version,
+                weight_version=self.stats.weight_version,
                 weight_versions=request.versions,
             ),
         )
