@@ -418,6 +418,8 @@ class BackendPool:
     # -- health -------------------------------------------------------------------------------
 
     async def check_health(self) -> None:
+        if self._pauses:  # a server paused or loading weights may not answer: not a failure
+            return
         backends = self.backends()
         results = await asyncio.gather(*(self._healthy(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
