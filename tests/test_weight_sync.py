@@ -292,6 +292,36 @@ async def test_pause_abort_resumes_the_aborted_generation_from_its_prefix(
         assert fake.requests[1]["prompt"] == PROMPT + first
 
 
+async def test_an_agent_turn_aborted_by_a_sync_is_one_turn_of_all_its_tokens(fakes: Any) -> None:
+    """Through the agent loop: a turn whose generation SGLang aborted in a sync is recorded as
+    one turn, its tokens all there (the aborted part and the rest), each with its version."""
+    from raas.agent.loop import AgentLoop, LoopConfig
+    from raas.llm.models import load_tokenizer
+    from raas.wire import POLICY_VERSIONS, Trajectory
+
+    fake, url = fakes("sglang")
+    pool = BackendPool()
+    pool.add(url, "sglang")
+    config = LoopConfig(max_turns=1, max_tokens=6)
+    loop = AgentLoop(pool, load_tokenizer("tiny"), {}, None, config)
+    traj = Trajectory()
+    try:
+        running = asyncio.create_task(loop.run("job-1", [{"role": "user", "content": "hi"}], traj))
+        await _held(fake)
+        await pool.pause("abort")
+        await _update(fake, url, 1)
+        await pool.resume()
+        await running
+    finally:
+        await pool.stop()
+    (turn,) = traj.turns
+    assert turn["output_tokens"] == 6 and turn["finish_reason"] == "length"
+    assert turn[POLICY_VERSIONS] == [0] * HELD + [1] * (6 - HELD)
+    first = scripted(traj.prompt_ids, 6, [])[0][:HELD]
+    assert traj.response_ids == first + scripted(traj.prompt_ids + first, 6 - HELD, [])[0]
+    assert traj.loss_mask == [1] * 6 and traj.invariant_error() is None
+
+
 async def test_a_server_without_a_pause_route_is_drained(fakes: Any) -> None:
     """A vLLM without its development routes answers /pause with a 404: the pool drains it
     instead, so its pause returns only once the request in flight has been answered."""
