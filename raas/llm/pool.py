@@ -241,8 +241,10 @@ class BackendPool:
         parts: list[Generation] = []
         done: list[int] = []
         for _ in range(self.config.resumes_per_request + 1):
-            left = params.model_copy(update={"max_tokens": params.max_tokens - len(done)})
-            part = await self._generate_once(session, prompt_ids + done, left if done else params)
+            left = params
+            if done:  # (the usual first try copies nothing: this runs on every turn)
+                left = params.model_copy(update={"max_tokens": params.max_tokens - len(done)})
+            part = await self._generate_once(session, prompt_ids + done, left)
             parts.append(part)
             done += part.token_ids
             if part.finish_reason != "abort":
@@ -257,7 +259,7 @@ class BackendPool:
             )
         raise BackendError(
             parts[-1].backend,
-            f"the generation was aborted {len(parts)} times in a row",
+            f"the generation was aborted {len(parts)} times",
             transient=False,
         )
 
