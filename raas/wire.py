@@ -683,6 +683,30 @@ class BackendOut(BaseModel):
     last_error: str | None
 
 
+class PauseIn(_Strict):
+    """A weight sync's pause of a server's backend pool (``POST /v1/backends:pause``)."""
+
+    mode: Literal["keep", "abort"] = Field(
+        default="keep",
+        description="keep: generations in flight wait in their server (vLLM's keep, SGLang's"
+        " retract) and go on under the new weights; abort: the servers end them with the tokens"
+        " so far, and raas resumes each from that prefix after the resume. A server without a"
+        " pause route is drained (its requests in flight finish) either way.",
+    )
+    resume_after_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The pool resumes by itself after this long (a trainer that died mid-sync).",
+    )
+
+
+class PauseOut(BaseModel):
+    backends: dict[str, Literal["paused", "drained"]] = Field(
+        description="Each backend's URL: paused through its own route, or drained."
+    )
+
+
 class Ack(BaseModel):
     ok: bool = True
     message: str = ""

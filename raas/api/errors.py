@@ -68,6 +68,11 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
         " disk is full): nothing was accepted; retry after Retry-After.",
         "headers": _RETRY_AFTER,
     },
+    504: {
+        "model": ErrorBody,
+        "description": "A pause of the backend pool whose drain did not end in time: the pool"
+        " stays paused until POST /v1/backends:resume.",
+    },
 }
 
 

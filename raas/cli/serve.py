@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -116,6 +116,15 @@ def check_tokenizer(name: str) -> None:
 @click.option("--served-name", default=None, help="Model name in the API (default: --model).")
 @click.option("--prefix-cache-tokens", type=int, default=32768, show_default=True)
 @click.option(
+    "--weight-updates",
+    type=click.Choice(["between_batches", "between_steps"]),
+    default="between_batches",
+    show_default=True,
+    help="When an update applies: once the batch has drained (a generation has one version), or"
+    " between two decode steps (generations in flight go on under the new weights, their tokens"
+    " tagged with the version that sampled them).",
+)
+@click.option(
     "--sabotage",
     type=click.FloatRange(0.0, 1.0),
     default=None,
@@ -154,6 +163,7 @@ def engine(
     max_batch: int,
     served_name: str | None,
     prefix_cache_tokens: int,
+    weight_updates: Literal["between_batches", "between_steps"],
     sabotage: float | None,
     sabotage_seed: int | None,
     oracle_rows: tuple[Path, ...],
@@ -162,8 +172,8 @@ def engine(
     weights_dirs: tuple[Path, ...],
 ) -> None:
     """Serve a model on the CPU, speaking vLLM's /v1/completions (token ids in, ids + logprobs
-    out), with /v1/models, /health and POST /update_weights {path} (with the key, from
-    --weights-dir only)."""
+    out), with /v1/models, /health, POST /update_weights {path} (with the key, from
+    --weights-dir only) and vLLM's POST /pause?mode= and POST /resume."""
     from raas.settings import one_key
 
     if model != "oracle" and (sabotage is not None or sabotage_seed is not None or oracle_rows):
@@ -203,6 +213,7 @@ def engine(
             max_batch=max_batch,
             served_name=served_name,
             prefix_cache_tokens=prefix_cache_tokens,
+            weight_updates=weight_updates,
             api_key=api_key,
             weight_dirs=weights_dirs or None,
         )

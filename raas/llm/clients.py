@@ -8,6 +8,14 @@ older servers via ``return_tokens_as_token_ids``), SGLang's native ``/generate``
 Where the server says which weights generated the tokens (SGLang's ``meta_info``, raas's engine),
 the generation carries each token's version; vLLM's and verl's answers say nothing of it.
 
+Around a weight sync the pool pauses each server through its own routes (:meth:`LLMClient.pause`):
+vLLM's ``POST /pause?mode=`` and ``POST /resume`` (its development routes,
+``VLLM_SERVER_DEV_MODE=1``; raas's engine serves them too), SGLang's ``POST /pause_generation``
+``{"mode"}`` and ``POST /continue_generation``. A server without them (a 404, or verl's
+``/generate``) is drained by the pool instead. A generation that a server ended with
+``finish_reason`` ``abort`` comes back as it stands (the tokens so far), for the pool to resume
+from that prefix.
+
 The HTTP client is aiohttp on keep-alive connections: every agent turn makes one request, and
 httpx's connection-pool bookkeeping cost about 1.4 ms of CPU a request at 16 in flight, against
 0.13 ms for aiohttp (`raas bench scale` measures the whole turn).
@@ -20,7 +28,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import aiohttp
 import orjson
@@ -43,6 +51,9 @@ MAX_CONNECTIONS = 100
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 5.0
 MODELS_TIMEOUT_S = 10.0
+# A pause answers once the server is paused: after its current step, or once the generations in
+# flight have ended (an "abort"); never a whole generation's time.
+CONTROL_TIMEOUT_S = 120.0
 _JSON = {"Content-Type": "application/json"}
 # What a request to a backend can raise that is the connection's fault, not the answer's: worth
 # retrying (aiohttp's timeouts are ClientErrors too; asyncio's TimeoutError covers the rest).
@@ -68,6 +79,12 @@ def _loads(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return json.loads(body)
+
+
+# How the pool pauses servers around a weight sync: "keep" freezes (or requeues) the
+# generations in flight, which go on under the new weights; "abort" ends them with the tokens so
+# far, and the pool resumes each from that prefix once the servers resume.
+PauseMode = Literal["keep", "abort"]
 
 
 def policy_versions(answer: Mapping[str, Any], generated: int) -> list[int] | None:
@@ -184,6 +201,30 @@ class LLMClient(ABC):
             return None
         return f"GET /health answered {response.status}"
 
+    async def pause(self, mode: PauseMode) -> bool:
+        """Pause the server through its own route (``mode``: see :data:`PauseMode`); False where
+        it has none (the pool drains it instead). Answers once the server says it is paused."""
+        return False
+
+    async def resume(self) -> None:
+        """Undo :meth:`pause` (only called after a pause that returned True)."""
+        return None  # no route: nothing was paused
+
+    async def _control(self, path: str, body: dict[str, Any] | None = None) -> bool:
+        """POST a pause or resume route: True when done, False when the server has no such route
+        (404); another answer is a BackendError."""
+        try:
+            response = await self._send("POST", path, orjson.dumps(body or {}), CONTROL_TIMEOUT_S)
+        except TRANSPORT_ERRORS as e:
+            raise BackendError(self.url, f"POST {path}: {type(e).__name__}: {e}") from e
+        if response.status == 404:
+            return False
+        if response.status >= 400:
+            raise BackendError(
+                self.url, f"POST {path}: HTTP {response.status}: {response.text[:300]}"
+            )
+        return True
+
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, vocab_size: int | None = None
     ) -> Generation:
@@ -205,6 +246,12 @@ class LLMClient(ABC):
 
 class VLLMClient(LLMClient):
     protocol = "vllm"
+
+    async def pause(self, mode: PauseMode) -> bool:
+        return await self._control(f"/pause?mode={mode}")  # vLLM's modes keep and abort
+
+    async def resume(self) -> None:
+        await self._control("/resume")
 
     async def _model_name(self) -> str:
         if self.model is None:
@@ -248,13 +295,20 @@ class VLLMClient(LLMClient):
             versions = policy_versions(data, len(token_ids))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(self.url, f"unexpected completion shape: {e}", False) from e
-        if finish == "abort":
-            raise BackendError(self.url, "the request was aborted", transient=True)
         return Generation(token_ids, values, finish, cached_tokens=cached, policy_versions=versions)
 
 
 class SGLangClient(LLMClient):
     protocol = "sglang"
+    # "retract" sends the running requests back to SGLang's queue: once it continues they are
+    # prefilled again (under the new weights) and go on with the tokens they had.
+    PAUSE_MODES: ClassVar[dict[str, str]] = {"keep": "retract", "abort": "abort"}
+
+    async def pause(self, mode: PauseMode) -> bool:
+        return await self._control("/pause_generation", {"mode": self.PAUSE_MODES[mode]})
+
+    async def resume(self) -> None:
+        await self._control("/continue_generation")
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         sampling: dict[str, Any] = {
@@ -281,8 +335,6 @@ class SGLangClient(LLMClient):
             versions = policy_versions(meta, len(token_ids))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(self.url, f"unexpected /generate shape: {e}", False) from e
-        if finish == "abort":
-            raise BackendError(self.url, f"the request was aborted: {reason}", transient=True)
         return Generation(token_ids, values, finish, cached_tokens=cached, policy_versions=versions)
 
 

@@ -6,6 +6,15 @@ holds the conversation so far. New sessions go to the backend with the lowest cu
 ties go to the backend added earlier, so a backend that joins takes its share without being
 flooded. Requests are token-in/token-out and stateless on the server side, so a session whose
 backend dies moves to another and goes on with the same tokens; the move is recorded.
+
+A weight sync is one pause of the whole pool (:meth:`BackendPool.pause`, then
+:meth:`BackendPool.resume`): no request starts meanwhile (each waits for the resume), and each
+backend is paused through its own route (``mode`` ``keep``: the generations in flight wait there
+and go on under the new weights; ``abort``: they come back with the tokens so far), or, where it
+has none, drained (the pool waits for its requests in flight to finish). A generation a backend
+aborted, in a pause or not, is resumed from its prefix (the prompt and the tokens so far) once the
+pool is open again, and its caller gets one generation of all the tokens: no turn fails or is cut
+because the weights changed.
 """
 
 from __future__ import annotations
@@ -15,16 +24,17 @@ import contextlib
 import heapq
 import itertools
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from raas.helpers import wait_retry_after
-from raas.llm.clients import LLMClient, base_url, make_client
+from raas.llm.clients import LLMClient, PauseMode, base_url, make_client
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -45,6 +55,8 @@ class Backend:
     failures: int = 0
     missed_checks: int = 0
     last_error: str | None = None
+    in_flight: int = 0  # requests sent and not answered
+    paused: bool = False  # paused through its own route by the pool's pause
 
     @property
     def load(self) -> float:
@@ -68,6 +80,10 @@ class PoolConfig:
     misses_to_down: int = 2
     moves_per_request: int = 3
     moves_kept: int = 1000
+    # A generation aborted more often than this (by servers pausing, or anything else) fails.
+    resumes_per_request: int = 8
+    # How long a pause waits for a backend without a pause route to finish its requests.
+    drain_timeout_s: float = 600.0
 
 
 def _unknown_vocabulary() -> int | None:
@@ -93,6 +109,12 @@ class BackendPool:
         # The latest moves, for inspection; bounded, as a long-lived service makes many.
         self.moves: deque[Move] = deque(maxlen=self.config.moves_kept)
         self._health_task: asyncio.Task[None] | None = None
+        # Set while requests may start (cleared by pause); made on first use, on the loop that
+        # uses it. A condition told of every answer, for draining.
+        self._open_event: asyncio.Event | None = None
+        self._answered_cond: asyncio.Condition | None = None
+        self._pauses = 0  # pauses not yet resumed (nested pauses resume at the last)
+        self._auto_resume: asyncio.Task[None] | None = None
 
     # -- registry ----------------------------------------------------------------------------
 
@@ -214,9 +236,39 @@ class BackendPool:
     async def generate(
         self, session: str, prompt_ids: list[int], params: SamplingParams
     ) -> Generation:
-        """Generate on the session's backend; retry, then move to another one if it fails."""
+        """Generate on the session's backend (retried, then moved to another if it fails); a
+        generation a backend aborts goes on from its prefix, and comes back whole."""
+        parts: list[Generation] = []
+        done: list[int] = []
+        for _ in range(self.config.resumes_per_request + 1):
+            left = params
+            if done:  # (the usual first try copies nothing: this runs on every turn)
+                left = params.model_copy(update={"max_tokens": params.max_tokens - len(done)})
+            part = await self._generate_once(session, prompt_ids + done, left)
+            parts.append(part)
+            done += part.token_ids
+            if part.finish_reason != "abort":
+                return _joined(parts, part.finish_reason)
+            if len(done) >= params.max_tokens:
+                return _joined(parts, "length")
+            log.info(
+                "session %s: generation aborted by %s after %d tokens; resuming from its prefix",
+                session,
+                part.backend,
+                len(done),
+            )
+        raise BackendError(
+            parts[-1].backend,
+            f"the generation was aborted {len(parts)} times",
+            transient=False,
+        )
+
+    async def _generate_once(
+        self, session: str, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation:
         tried: set[str] = set()
         for _ in range(self.config.moves_per_request + 1):
+            await self._opened()
             backend = self.backend_for(session, exclude=tried)
             try:
                 return await self._on(backend, prompt_ids, params)
@@ -258,17 +310,118 @@ class BackendPool:
     async def _request(
         self, backend: Backend, prompt_ids: list[int], params: SamplingParams
     ) -> Generation:
+        await self._opened()  # a retry waits out a pause too
         backend.requests += 1
+        backend.in_flight += 1
         try:
             return await backend.client.generate(prompt_ids, params, self.vocab_size())
         except BackendError as e:
             backend.failures += 1
             backend.last_error = str(e)
             raise
+        finally:
+            backend.in_flight -= 1
+            if self._pauses:  # a pause may be draining this backend
+                async with self._answered():
+                    self._answered().notify_all()
+
+    # -- pause and resume (a weight sync) -----------------------------------------------------
+
+    def _open(self) -> asyncio.Event:
+        if self._open_event is None:
+            self._open_event = asyncio.Event()
+            self._open_event.set()
+        return self._open_event
+
+    def _answered(self) -> asyncio.Condition:
+        if self._answered_cond is None:
+            self._answered_cond = asyncio.Condition()
+        return self._answered_cond
+
+    async def _opened(self) -> None:
+        opened = self._open()
+        if not opened.is_set():
+            await opened.wait()
+
+    @property
+    def paused(self) -> bool:
+        return self._pauses > 0
+
+    async def pause(
+        self, mode: PauseMode = "keep", resume_after_s: float | None = None
+    ) -> dict[str, str]:
+        """Pause the pool for a weight sync: no request starts until :meth:`resume`, and every
+        backend is paused through its own route, or drained (its requests in flight answered)
+        where it has none. Returns each backend's URL with how: ``"paused"`` or ``"drained"``.
+
+        A backend that fails its pause route is drained too, and a drain that does not end
+        within ``drain_timeout_s`` raises TimeoutError (the pool stays paused: resume it).
+        ``resume_after_s``: the pool resumes by itself after that long, if no one has (a
+        trainer that died between its pause and its resume stops no rollout for long)."""
+        self._pauses += 1
+        self._open().clear()
+        if resume_after_s is not None:
+            if self._auto_resume is not None:
+                self._auto_resume.cancel()
+            self._auto_resume = asyncio.create_task(self._resume_after(resume_after_s))
+        backends = self.backends()
+        how = await asyncio.gather(*(self._pause_one(b, mode) for b in backends))
+        out = {b.url: h for b, h in zip(backends, how, strict=True)}
+        log.info("pool paused (%s): %s", mode, out)
+        return out
+
+    async def _pause_one(self, backend: Backend, mode: PauseMode) -> str:
+        try:
+            backend.paused = await backend.client.pause(mode)
+        except BackendError as e:
+            log.warning("backend %s did not pause (%s): draining it", backend.url, e)
+        if backend.paused:
+            return "paused"
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        async with self._answered():
+            while backend.in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{backend.url} still has {backend.in_flight} requests in flight after"
+                        f" {self.config.drain_timeout_s:g} s"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._answered().wait(), left)
+        return "drained"
+
+    async def _resume_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        log.error("pool paused for %g s with no resume: resuming it", delay_s)
+        self._auto_resume = None  # (not cancelled by the resume it makes)
+        self._pauses = 1
+        await self.resume()
+
+    async def resume(self) -> None:
+        """End a :meth:`pause`: the backends paused through their routes resume, and requests
+        start again (the generations aborted meanwhile go on from their prefixes). A backend
+        that fails its resume route is logged and left to the health check."""
+        self._pauses = max(self._pauses - 1, 0)
+        if self._pauses:
+            return
+        if self._auto_resume is not None:
+            self._auto_resume.cancel()
+            self._auto_resume = None
+        for backend in self.backends():
+            if backend.paused:
+                try:
+                    await backend.client.resume()
+                    backend.paused = False
+                except BackendError as e:
+                    log.error("backend %s did not resume: %s", backend.url, e)
+        self._open().set()
+        log.info("pool resumed")
 
     # -- health -------------------------------------------------------------------------------
 
     async def check_health(self) -> None:
+        if self._pauses:  # a server paused or loading weights may not answer: not a failure
+            return
         backends = self.backends()
         results = await asyncio.gather(*(self._healthy(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
@@ -317,9 +470,31 @@ class BackendPool:
                 log.exception("health check failed")
 
     async def stop(self) -> None:
+        if self._auto_resume is not None:
+            self._auto_resume.cancel()
+            self._auto_resume = None
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
             self._health_task = None
         await self.clear()
+
+
+def _joined(parts: list[Generation], finish_reason: str) -> Generation:
+    """One generation of the parts a resumed generation came back in."""
+    last = parts[-1]
+    if len(parts) == 1:
+        return replace(last, finish_reason=finish_reason)
+    versions = [p.policy_versions for p in parts]
+    return replace(
+        last,
+        token_ids=[t for p in parts for t in p.token_ids],
+        logprobs=[x for p in parts for x in p.logprobs],
+        finish_reason=finish_reason,
+        cached_tokens=parts[0].cached_tokens,
+        latency_s=sum(p.latency_s for p in parts),
+        policy_versions=None
+        if any(v is None for v in versions)
+        else [x for v in versions for x in v or ()],
+    )

@@ -1,4 +1,5 @@
-"""/v1/backends: register, list and remove inference servers at run time."""
+"""/v1/backends: register, list and remove inference servers at run time, and pause and resume
+them all around a weight sync."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, status
 from raas.api.errors import FieldError, responses
 from raas.api.state import ServiceState, service
 from raas.llm.pool import Backend
-from raas.wire import BackendIn, BackendOut
+from raas.wire import Ack, BackendIn, BackendOut, PauseIn, PauseOut
 
 router = APIRouter(prefix="/v1", tags=["backends"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -54,3 +55,24 @@ async def list_backends(svc: Service) -> list[BackendOut]:
 async def remove_backend(backend_id: str, svc: Service) -> None:
     if not await svc.llm.remove(backend_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no backend {backend_id!r}")
+
+
+@router.post("/backends:pause", response_model=PauseOut, responses=responses(504))
+async def pause_backends(req: PauseIn, svc: Service) -> PauseOut:
+    """Pause the pool for a weight sync: no generation starts until ``/v1/backends:resume``;
+    each backend is paused through its own route (vLLM's ``/pause``, SGLang's
+    ``/pause_generation``, raas's engine) or drained where it has none. Answers once every
+    backend is paused or drained (504: a drain that did not end; the pool stays paused)."""
+    try:
+        paused = await svc.llm.pause(req.mode, resume_after_s=req.resume_after_s)
+    except TimeoutError as e:
+        raise HTTPException(status.HTTP_504_GATEWAY_TIMEOUT, detail=str(e)) from e
+    return PauseOut.model_validate({"backends": paused})
+
+
+@router.post("/backends:resume", response_model=Ack)
+async def resume_backends(svc: Service) -> Ack:
+    """End a pause: the backends resume and generations start again (those a backend aborted
+    go on from the tokens they had)."""
+    await svc.llm.resume()
+    return Ack()

@@ -24,7 +24,10 @@ the task). For the rollouts to be on-policy the inference servers raas uses must
 trainer's weights: pass ``weights=WeightSync([engine_url], "/shared/weights")`` and, at the
 first rollout after each optimizer step, the trainer's model is saved there (safetensors) and
 the servers told to load it (raas's engine: ``POST /update_weights``; SGLang:
-``/update_weights_from_disk``). TRL's ``max_completion_length`` caps each completion (and is
+``/update_weights_from_disk``, with the step as its ``weight_version``). Given ``raas_servers``
+(the raas servers that route to those inference servers), each raas server's routing is paused
+around the load (:mod:`raas.client.backends_paused`), so rollouts in flight go on after it
+instead of failing or being cut. TRL's ``max_completion_length`` caps each completion (and is
 the tokens-per-turn limit unless ``sampling_params`` sets ``max_tokens``). The groups of a call
 run concurrently.
 
@@ -50,6 +53,7 @@ says: ``"mask"`` (default: zero ``env_mask``, its own reward in its group), ``"p
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +62,7 @@ from typing import Any, Literal
 
 import httpx
 
+from raas.client.backends_paused import backends_paused
 from raas.client.rollout_client import Group, SyncRolloutClient
 from raas.client.sample_choices import (
     DEFAULT_FAILED,
@@ -89,6 +94,9 @@ class WeightSync:
     ``directory`` must be readable by the servers (a shared file system on a cluster) and, for
     raas's engine, one of its ``--weights-dir``; only the latest checkpoint is kept there.
     ``api_key`` is the servers' (raas's engine refuses ``/update_weights`` without it).
+    ``raas_servers``: the raas servers whose backend pools route to ``servers``; each pauses
+    its routing around the load (``pause_mode``, see :mod:`raas.client.backends_paused`), with
+    ``raas_api_key``.
     """
 
     servers: Sequence[str]
@@ -97,6 +105,9 @@ class WeightSync:
     timeout_s: float = 600.0
     step: int = 0  # the step whose weights the servers hold (0: the initial ones)
     api_key: str | None = None
+    raas_servers: Sequence[str] = ()
+    pause_mode: Literal["keep", "abort"] = "keep"
+    raas_api_key: str | None = None
 
     def push_if_stepped(self, trainer: Any) -> bool:
         step = int(trainer.state.global_step)
@@ -106,25 +117,34 @@ class WeightSync:
         model = accelerator.unwrap_model(trainer.model) if accelerator else trainer.model
         path = Path(self.directory) / f"step-{step}"
         model.save_pretrained(path, safe_serialization=True)
+        paused = (
+            backends_paused(self.raas_servers, self.pause_mode, self.raas_api_key, self.timeout_s)
+            if self.raas_servers
+            else contextlib.nullcontext()
+        )
+        with paused:
+            self._load(path, step)
+        previous = Path(self.directory) / f"step-{self.step}"
+        if self.step and previous.exists():
+            shutil.rmtree(previous)
+        self.step = step
+        return True
+
+    def _load(self, path: Path, step: int) -> None:
         route, field = RELOAD[self.protocol]
+        body = {field: str(path)}
+        if self.protocol == "sglang":  # what SGLang then reports as every token's version
+            body["weight_version"] = str(step)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         for server in self.servers:
             reply = httpx.post(
-                server.rstrip("/") + route,
-                json={field: str(path)},
-                headers=headers,
-                timeout=self.timeout_s,
+                server.rstrip("/") + route, json=body, headers=headers, timeout=self.timeout_s
             )
             if reply.is_error:
                 raise RuntimeError(
                     f"{server} did not load the weights of step {step} from {path}:"
                     f" {reply.status_code} {reply.text[:300]}"
                 )
-        previous = Path(self.directory) / f"step-{self.step}"
-        if self.step and previous.exists():
-            shutil.rmtree(previous)
-        self.step = step
-        return True
 
 
 def make_rollout_func(

@@ -8,8 +8,9 @@ Backends: verl starts its own inference servers (vLLM or SGLang replicas, one ad
 ``host:port`` each, ``LLMServerManager.get_addresses()``) and syncs its own weights into them
 after every step. raas only routes: :func:`register_verl_servers` adds those addresses to one or
 more raas servers' backend pools (``POST /v1/backends``), :func:`clear_raas_backends` removes
-every backend (``POST /clear_llm_server``), and :func:`routing_paused` does both around a weight
-sync. raas never loads, pushes or syncs weights for verl.
+every backend (``POST /clear_llm_server``), and :func:`routing_paused` pauses raas's routing
+around a weight sync (see :mod:`raas.client.backends_paused`: no rollout fails or is cut by it)
+and registers the addresses again after it. raas never loads, pushes or syncs weights for verl.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
-
+from raas.client.backends_paused import backends_paused
+from raas.client.backends_paused import post_json as _post
 from raas.client.sample_choices import (
     DEFAULT_TRUNCATED,
     TRUNCATED_CHOICES,
@@ -353,14 +354,6 @@ def _urls(raas_url: str | Sequence[str]) -> list[str]:
     return [raas_url] if isinstance(raas_url, str) else list(raas_url)
 
 
-def _post(url: str, path: str, body: Any, api_key: str | None, timeout_s: float) -> Any:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    response = httpx.post(url.rstrip("/") + path, json=body, headers=headers, timeout=timeout_s)
-    if response.is_error:
-        raise RuntimeError(f"{url}{path}: {response.status_code} {response.text}")
-    return response.json()
-
-
 def register_verl_servers(
     raas_url: str | Sequence[str],
     addresses: Sequence[str],
@@ -428,17 +421,22 @@ def routing_paused(
     raas_url: str | Sequence[str],
     addresses: Sequence[str],
     api_key: str | None = None,
+    mode: Literal["keep", "abort"] = "keep",
     **registration: Any,
 ) -> Iterator[None]:
-    """No raas routing to verl's servers inside the block (a weight sync), then ``addresses``
-    registered again, whatever happened inside; ``registration``: the other options of
-    :func:`register_verl_servers` (``protocol``, ``capacity``, ``model``, ...)::
+    """Each raas server's routing paused inside the block (a weight sync), then resumed and
+    ``addresses`` registered again, whatever happened inside; ``registration``: the other
+    options of :func:`register_verl_servers` (``protocol``, ``capacity``, ``model``, ...)::
 
         with routing_paused(raas_url, manager.get_addresses(), protocol="vllm"):
             trainer.checkpoint_manager.update_weights(step)
-    """
-    clear_raas_backends(raas_url, api_key)
+
+    No generation starts inside the block, and each verl server is paused through its own route
+    (``mode``, see :func:`~raas.client.backends_paused.backends_paused`) or drained: rollouts in
+    flight wait, and go on after it (a generation a server aborted, from the tokens it had), so
+    none fails or is cut because the weights changed."""
     try:
-        yield
+        with backends_paused(raas_url, mode, api_key):
+            yield
     finally:
         register_verl_servers(raas_url, addresses, api_key=api_key, **registration)

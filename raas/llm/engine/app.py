@@ -21,8 +21,10 @@ from raas.llm.engine.generator import (
     Engine,
     EngineStopped,
     GenerationParams,
+    PauseMode,
     PromptError,
     WeightsError,
+    WeightUpdates,
 )
 from raas.llm.engine.protocol import (
     CompletionRequest,
@@ -30,8 +32,10 @@ from raas.llm.engine.protocol import (
     EngineStatsResponse,
     ErrorInfo,
     ErrorResponse,
+    IsPausedResponse,
     ModelCard,
     ModelList,
+    PauseResponse,
     UpdateWeightsRequest,
     UpdateWeightsResponse,
 )
@@ -68,6 +72,7 @@ def create_engine_app(
     prefix_cache_tokens: int = 32768,
     api_key: str | None = None,
     weight_dirs: Iterable[str | Path] | None = None,
+    weight_updates: WeightUpdates = "between_batches",
 ) -> FastAPI:
     """Load ``model_name`` ("smollm2", "tiny" or a checkpoint directory) and serve it.
 
@@ -76,7 +81,13 @@ def create_engine_app(
     :func:`engine_app`'s.
     """
     model, tokenizer = load_model(model_name)
-    engine = Engine(model, tokenizer, max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens)
+    engine = Engine(
+        model,
+        tokenizer,
+        max_batch=max_batch,
+        prefix_cache_tokens=prefix_cache_tokens,
+        weight_updates=weight_updates,
+    )
     return engine_app(engine, served_name or model_name, api_key=api_key, weight_dirs=weight_dirs)
 
 
@@ -235,12 +246,34 @@ def engine_app(
             raise APIError(503, str(e), "ServiceUnavailableError") from e
         return UpdateWeightsResponse(weight_version=version)
 
+    @app.post("/pause", tags=["engine"])
+    async def pause(mode: PauseMode = "abort") -> PauseResponse:
+        """vLLM's ``/pause`` (``?mode=``): ``keep`` freezes the generations in flight (they go on
+        under the weights loaded meanwhile), ``wait`` lets them finish, ``abort`` ends them now
+        with ``finish_reason`` ``abort`` and their tokens so far. Answers once paused; new
+        requests wait for ``/resume``. Open, as vLLM's: raas's pool sends no key to a backend."""
+        try:
+            await engine.pause_async(mode)
+        except EngineStopped as e:
+            raise APIError(503, str(e), "ServiceUnavailableError") from e
+        return PauseResponse(status="paused")
+
+    @app.post("/resume", tags=["engine"])
+    async def resume() -> PauseResponse:
+        engine.resume()
+        return PauseResponse(status="resumed")
+
+    @app.get("/is_paused", tags=["engine"])
+    async def is_paused() -> IsPausedResponse:
+        return IsPausedResponse(is_paused=engine.paused)
+
     @app.get("/v1/engine/stats", tags=["engine"])
     async def stats() -> EngineStatsResponse:
         return EngineStatsResponse(
             model=served_name,
             max_batch=engine.max_batch,
             max_model_len=engine.max_model_len,
+            paused=engine.paused,
             **engine.snapshot(),
         )
 

@@ -7,7 +7,7 @@ import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from raas.llm.engine.protocol import (
     CompletionChoice,
@@ -26,7 +26,7 @@ class GenerationResult:
     token_ids: list[int]  # including the stop token (EOS or a stop id) that ended it
     logprobs: list[float]  # one per token of token_ids
     top_logprobs: list[list[tuple[int, float]]] | None
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length", or "abort" (ended by a pause, see Engine.pause)
     stop_reason: int | None  # the stop token id, None for EOS and length
     stopped_on_token: bool  # the last token is the EOS or stop token that ended generation
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
@@ -34,6 +34,9 @@ class GenerationResult:
     # The weight version each token of token_ids was sampled under; empty where not known
     # (the oracle, which has no weights).
     weight_versions: list[int] = field(default_factory=list)
+
+
+_FINISH: dict[str, Literal["stop", "length", "abort"]] = {"stop": "stop", "abort": "abort"}
 
 
 def completion_response(
@@ -49,7 +52,7 @@ def completion_response(
         token_ids=tokens if body.return_token_ids else None,
         prompt_token_ids=result.prompt_token_ids if body.return_token_ids else None,
         logprobs=None if body.logprobs is None else completion_logprobs(body, result, tokenizer),
-        finish_reason="stop" if result.finish_reason == "stop" else "length",
+        finish_reason=_FINISH.get(result.finish_reason, "length"),
         stop_reason=result.stop_reason,
     )
     prompt_tokens = len(result.prompt_token_ids)

@@ -4,11 +4,21 @@ Every torch call runs on the worker thread, never on an event loop. Requests wai
 between two decode steps the worker admits as many as fit (``max_batch``), prefills each one on its
 own (reusing a cached prefix when there is one), and merges it into the running batch, whose rows
 are left-padded key/value caches with a 2D attention mask and explicit position ids. Each row has
-its own sampling parameters and random generator and leaves the batch when it stops. A weight
-update waits until the batch has drained (it is never applied mid-generation), and requests that
-arrive meanwhile wait for it, so they see the new weights. Each generated token records the weight
-version it was sampled under (``GenerationResult.weight_versions``), so a trajectory says which
-policy generated which tokens whatever the order of updates and decode steps.
+its own sampling parameters and random generator and leaves the batch when it stops.
+
+Weight updates (``weight_updates``): ``"between_batches"`` (the default) waits until the batch
+has drained, and requests that arrive meanwhile wait for it, so a generation has one version;
+``"between_steps"`` applies an update between two decode steps: the generations in flight go on
+under the new weights (the keys and values of their tokens so far are kept, as SGLang's
+``in_place`` pause keeps them), nothing is aborted and nothing waits. Either way each generated
+token records the weight version it was sampled under (``GenerationResult.weight_versions``), so a
+trajectory says which policy generated which tokens whatever the order of updates and steps.
+
+:meth:`Engine.pause` is vLLM's ``/pause`` (its modes): ``"keep"`` freezes the batch where it is
+(an update applies at once, and the batch goes on under it after :meth:`Engine.resume`),
+``"wait"`` lets the batch finish and admits nothing, ``"abort"`` ends every generation in flight
+or waiting with ``finish_reason`` ``"abort"`` and the tokens it had (a caller resumes it from that
+prefix). Requests that arrive while paused wait for :meth:`Engine.resume`.
 
 A caller that gives up (its future cancelled, :meth:`Engine.abort`, or the :meth:`Engine.generate`
 coroutine cancelled) takes its sequence out: a waiting one leaves the queue at once, a running
@@ -32,7 +42,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -47,6 +57,9 @@ _Item = TypeVar("_Item")  # what goes to the worker thread: a request or a weigh
 GREEDY_TEMPERATURE = 1e-5
 MIN_LOGPROB = -9999.0
 MAX_TOP_LOGPROBS = 20
+
+WeightUpdates = Literal["between_batches", "between_steps"]
+PauseMode = Literal["keep", "wait", "abort"]  # vLLM's /pause modes
 
 
 @dataclass(frozen=True)
@@ -170,9 +183,13 @@ class Engine:
         *,
         max_batch: int = 8,
         prefix_cache_tokens: int = 32768,
+        weight_updates: WeightUpdates = "between_batches",
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if weight_updates not in ("between_batches", "between_steps"):
+            raise ValueError(f"weight_updates: {weight_updates!r}")
+        self.weight_updates = weight_updates
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -188,6 +205,11 @@ class Engine:
         self._updates: deque[_WeightUpdate] = deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Paused (vLLM's mode) or None; the futures of pause() calls not yet answered; whether
+        # an "abort" pause still has generations to end.
+        self._paused: PauseMode | None = None
+        self._pause_waiters: list[Future[None]] = []
+        self._abort_all = False
         # The running batch (worker thread only).
         self._rows: list[_Request] = []
         self._lengths: list[int] = []  # positions held in the cache, per row
@@ -315,6 +337,40 @@ class Engine:
         finally:
             self.abort(future)  # nothing to do once it has finished
 
+    def pause(self, mode: PauseMode = "abort") -> Future[None]:
+        """Pause generation (vLLM's ``/pause`` modes, see the module docstring); the future
+        resolves once the engine is paused: after the current step (``keep``), once the
+        generations in flight have ended (``abort``) or finished (``wait``)."""
+        if mode not in ("keep", "wait", "abort"):
+            raise ValueError(f"pause mode {mode!r}: keep, wait or abort")
+        future: Future[None] = Future()
+        self.start()
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("the engine has been shut down")
+            self._paused = mode
+            self._abort_all = self._abort_all or mode == "abort"
+            self._pause_waiters.append(future)
+            self._cond.notify_all()
+        return future
+
+    def resume(self) -> None:
+        """Go on generating: a frozen batch continues, waiting requests are admitted."""
+        with self._cond:
+            self._paused, self._abort_all = None, False
+            waiters, self._pause_waiters = self._pause_waiters, []
+            self._cond.notify_all()
+        for waiter in waiters:  # a pause that never got there is over anyway
+            _resolve(waiter, None)
+
+    @property
+    def paused(self) -> bool:
+        with self._cond:
+            return self._paused is not None
+
+    async def pause_async(self, mode: PauseMode = "abort") -> None:
+        await asyncio.wrap_future(self.pause(mode))
+
     def read_weights(
         self, path: str | Path, allowed: WeightDirs | None = None
     ) -> dict[str, torch.Tensor]:
@@ -365,7 +421,8 @@ class Engine:
         return out
 
     def submit_weights(self, tensors: dict[str, torch.Tensor]) -> Future[int]:
-        """Queue checked tensors (from :meth:`read_weights`); applied once the batch drains.
+        """Queue checked tensors (from :meth:`read_weights`); applied once the batch drains, or
+        at the next step (``weight_updates="between_steps"``, or while paused ``keep``).
         Resolves to the new weight version."""
         update = _WeightUpdate(tensors, Future())
         self._hand_over(self._updates, update)
@@ -398,32 +455,75 @@ class Engine:
 
     # -- the worker thread -------------------------------------------------------------------
 
+    # What the worker may do now (all read under the lock).
+    def _stepping(self) -> bool:
+        return self._paused not in ("keep", "abort")
+
+    def _admitting(self) -> bool:
+        draining = self._updates and self.weight_updates == "between_batches"
+        return self._paused is None and not draining
+
+    def _updates_due(self) -> bool:
+        anytime = self.weight_updates == "between_steps" or self._paused in ("keep", "abort")
+        return bool(self._updates) and (anytime or not self._rows)
+
+    def _pause_reached(self) -> bool:
+        if self._paused is None or self._abort_all:
+            return False
+        return self._paused != "wait" or not self._rows
+
+    def _ready(self) -> bool:
+        return bool(
+            self._stopping
+            or self._abort_all
+            or self._updates_due()
+            or (self._pause_waiters and self._pause_reached())
+            or (self._waiting and self._admitting())
+            or (self._rows and self._stepping())
+        )
+
     def _work(self) -> None:
         with torch.no_grad():
             while True:
                 with self._cond:
-                    while not (self._stopping or self._waiting or self._updates or self._rows):
+                    while not self._ready():
                         self._cond.wait()
                     if self._stopping:
                         break
+                    aborted: list[_Request] = []
+                    if self._abort_all:  # a pause "abort": end every generation as it stands
+                        aborted = self._rows + list(self._waiting)
+                        self._rows, self._lengths, self._cache = [], [], None
+                        self._waiting.clear()
+                        self._abort_all = False
+                    reached: list[Future[None]] = []
+                    if self._pause_waiters and self._pause_reached():
+                        reached, self._pause_waiters = self._pause_waiters, []
                     updates: list[_WeightUpdate] = []
+                    if self._updates_due():
+                        updates, self._updates = list(self._updates), deque()
                     admitted: list[_Request] = []
-                    if self._updates:
-                        if not self._rows:  # only between batches, never mid-generation
-                            updates, self._updates = list(self._updates), deque()
-                    else:
-                        while self._waiting and len(self._rows) + len(admitted) < self.max_batch:
-                            request = self._waiting.popleft()
-                            if request.future.cancelled():
-                                self.stats.aborted += 1
-                            else:
-                                admitted.append(request)
+                    while (
+                        self._admitting()
+                        and self._waiting
+                        and len(self._rows) + len(admitted) < self.max_batch
+                    ):
+                        request = self._waiting.popleft()
+                        if request.future.cancelled():
+                            self.stats.aborted += 1
+                        else:
+                            admitted.append(request)
+                    stepping = self._stepping()
+                for request in aborted:
+                    self._end_aborted(request)
+                for waiter in reached:
+                    _resolve(waiter, None)
                 for update in updates:
                     self._apply(update)
                 try:
                     if admitted:
                         self._admit(admitted)
-                    if self._rows:
+                    if self._rows and stepping:
                         self._step()
                 except Exception as e:  # a bug or out of memory: fail this batch, keep serving
                     log.exception("generation failed")
@@ -433,9 +533,20 @@ class Engine:
                         self._rows, self._lengths, self._cache = [], [], None
         with self._cond:
             rows, self._rows, self._lengths, self._cache = self._rows, [], [], None
+            waiters, self._pause_waiters = self._pause_waiters, []
         for request in rows:
             _fail(request.future, EngineStopped("the engine shut down"))
+        for waiter in waiters:
+            _fail(waiter, EngineStopped("the engine shut down"))
         self._fail_queued()
+
+    def _end_aborted(self, request: _Request) -> None:
+        """Answer a generation ended by a pause ``abort`` with the tokens it has (its caller
+        goes on from that prefix); its keys and values are dropped."""
+        with self._cond:
+            self.stats.requests += 1
+        request.finish_reason = "abort"
+        self._answer(request)
 
     def _apply(self, update: _WeightUpdate) -> None:
         try:
@@ -598,7 +709,9 @@ class Engine:
         """Cache the sequence's keys and values (all but the last token's, never computed) and
         hand the result over."""
         held = request.prompt + request.tokens[:-1]
-        if kv and kv[0][0].shape[-2] == len(held):
+        if request.versions and request.versions[0] != self.stats.weight_version:
+            pass  # keys and values of older weights: never served to a later turn
+        elif kv and kv[0][0].shape[-2] == len(held):
             self.prefix_cache.insert(held, kv)
         else:  # cannot happen; never cache keys that do not match their tokens
             log.error("cache length %s != %d tokens", kv[0][0].shape if kv else None, len(held))
@@ -608,7 +721,10 @@ class Engine:
             if request.cached_tokens:
                 s.prefix_cache_hits += 1
                 s.cached_tokens += request.cached_tokens
-        stopped = request.finish_reason == "stop"
+        self._answer(request)
+
+    def _answer(self, request: _Request) -> None:
+        """Hand a generation that has ended over to its caller."""
         _resolve(
             request.future,
             GenerationResult(
@@ -618,9 +734,9 @@ class Engine:
                 top_logprobs=request.top,
                 finish_reason=request.finish_reason or "length",
                 stop_reason=request.stop_reason,
-                stopped_on_token=stopped,
+                stopped_on_token=request.finish_reason == "stop",
                 cached_tokens=request.cached_tokens,
-                weight_version=s.weight_version,
+                weight_version=self.stats.weight_version,
                 weight_versions=request.versions,
             ),
         )

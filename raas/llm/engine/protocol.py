@@ -101,7 +101,7 @@ class CompletionChoice(BaseModel):
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "abort"]  # abort: ended by a pause "abort"
     stop_reason: int | None = None
 
 
@@ -169,6 +169,16 @@ class UpdateWeightsRequest(BaseModel):
     )
 
 
+class PauseResponse(BaseModel):
+    """vLLM's answers to ``/pause`` and ``/resume``."""
+
+    status: Literal["paused", "resumed"]
+
+
+class IsPausedResponse(BaseModel):
+    is_paused: bool
+
+
 class UpdateWeightsResponse(BaseModel):
     ok: bool = True
     weight_version: int
@@ -190,6 +200,7 @@ class EngineStatsResponse(BaseModel):
     weight_version: int
     running: int = Field(description="Sequences in the batch now.")
     waiting: int = Field(description="Requests queued for a place in the batch.")
+    paused: bool = Field(description="Paused (POST /pause) until POST /resume.")
     prefix_cache_entries: int
     prefix_cache_tokens: int
     max_batch: int
