@@ -1,7 +1,9 @@
-"""Agent frameworks from PyPI as harness agents: mini-swe-agent, unmodified, in a bwrap sandbox.
+"""Agent frameworks from PyPI and npm as harness agents: mini-swe-agent and Qwen Code, unmodified,
+in a bwrap sandbox.
 
-Needs the agents environment (``make agents-venv`` builds .venv-agents; ``RAAS_AGENTS_VENV``
-points elsewhere); ``make test-harness-agents`` builds it and runs these tests.
+Needs the agents environments (``make agents-venv`` builds .venv-agents, ``make agents-node``
+.agents-node; ``RAAS_AGENTS_VENV`` and ``RAAS_AGENTS_NODE`` point elsewhere); ``make
+test-harness-agents`` builds them and runs these tests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig
 from raas.tasks.datasets import bundled
+from raas.tasks.harness_node import NODE_MODULES_INSIDE
 from raas.tasks.services import TaskServices
 from tests.llm_servers import AgentBackend, ServerThread
 from tests.policies import call
@@ -67,7 +70,10 @@ async def test_mini_swe_agent_fixes_a_bundled_swe_instance_through_the_gateway(
         await llm.stop()
         server.stop()
     metrics = result["metrics"]
-    assert (result["state"], result["reward"]) == ("done", 1.0), (result["error"], metrics)
+    assert (result["state"], result["reward"]) == ("done", 1.0), (
+        result["error"],
+        metrics.get("agent_output"),
+    )
     assert metrics["stop_reason"] == "agent_exit_0"
     assert "mini-swe-agent: exit 0, status 'Submitted'" in metrics["agent_output"]
     assert "if idx != idx2:" in metrics["artifact"]["patch"]
@@ -85,3 +91,97 @@ async def test_mini_swe_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     assert traj["loss_mask"] == [1] * len(gen1) + [0] * len(observation) + [1] * len(gen2)
     assert traj["logprobs"] == lp1 + [0.0] * len(observation) + lp2
     assert p2 == p1 + gen1 + observation
+
+
+@pytest.fixture(scope="module")
+def agents_node() -> Path:
+    env = Path(os.environ.get("RAAS_AGENTS_NODE") or ROOT / ".agents-node")
+    if not (env / "node_modules/@qwen-code/qwen-code/cli.js").is_file():
+        pytest.fail(f"no Qwen Code in {env}: `make agents-node` builds it")
+    return env
+
+
+async def test_qwen_code_fixes_a_bundled_swe_instance_through_the_gateway(
+    tmp_path: Path, agents_node: Path
+) -> None:
+    """Qwen Code's own CLI (npm's @qwen-code/qwen-code, on the host's node, headless, every
+    tool approved) in the sandbox, through the relay and the job's gateway session, against a
+    vLLM-protocol model that answers in Qwen Code's own tool calls (read_file, edit,
+    run_shell_command: its names and arguments, as its package declares them): it reads the
+    file, edits it, runs the tests and answers; EVAL runs the hidden tests on the diff; its
+    four calls are one segment of exactly the model's tokens; nothing of it is left running."""
+    row = bundled("swe")[0]
+    instance = {k: v for k, v in row.items() if k != "gold_patch"}
+    [minus] = [line for line in row["gold_patch"].splitlines() if line.startswith("-    ")]
+    [plus] = [line for line in row["gold_patch"].splitlines() if line.startswith("+    ")]
+    path = "/workspace/repo/" + row["gold_patch"].split("+++ b/")[1].split("\n")[0]
+    tests = "python3 -m unittest 2>&1 | tail -1 && echo PATCHED-$((6*7))"
+
+    def model(prompt: str) -> str:
+        if "PATCHED-42" in prompt:  # the tests' output came back: done
+            return "The tests pass now."
+        if f"The file: {path} has been updated." in prompt:  # the edit tool's answer
+            return "Now the tests." + call("run_shell_command", command=tests)
+        if "has_close_elements(numbers" in prompt:  # the file, read
+            edit = {"old_string": minus[1:].strip(), "new_string": plus[1:].strip()}
+            return "I will fix the comparison." + call("edit", file_path=path, **edit)
+        return "Let me read the file." + call("read_file", file_path=path)
+
+    backend = AgentBackend(model, logprob=lambda i, token: -((token * 7 + i) % 1000 + 1) / 1000)
+    server = ServerThread(backend.app).start()
+    llm = BackendPool()
+    llm.add(server.url, "vllm", 8)
+    services = TaskServices(
+        llm=llm, tokenizer_name="tiny", sandbox_config=BwrapConfig(), agents_node=agents_node
+    )
+    job = {**instance, "data_source": "harness", "judge": "swe", "agent": "qwen-code"}
+    try:
+        result = await run_job(tmp_path, job, None, services)
+    finally:
+        await llm.stop()
+        server.stop()
+    metrics = result["metrics"]
+    assert (result["state"], result["reward"]) == ("done", 1.0), metrics.get("agent_output")
+    assert metrics["stop_reason"] == "agent_exit_0"
+    assert "The tests pass now.\nqwen-code: exit 0" in metrics["agent_output"]
+    assert "if idx != idx2:" in metrics["artifact"]["patch"]
+
+    # Qwen Code's own prompt and tools reached the model, and the task as its prompt.
+    prompts = [load_tokenizer("tiny").decode(p) for p, _, _ in backend.returned]
+    assert "You are Qwen Code" in prompts[0]
+    for tool in ('"read_file"', '"edit"', '"run_shell_command"', '"old_string"'):
+        assert tool in prompts[0]
+    assert row["problem_statement"].splitlines()[0] in prompts[0]
+    # Its four calls are one segment: exactly the generated tokens and their logprobs.
+    assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1)
+    traj = result["trajectory"]
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for (prompt, gen, lp), (after, _, _) in zip(
+        backend.returned, [*backend.returned[1:], (None, None, None)], strict=True
+    ):
+        response, mask, logprobs = response + gen, mask + [1] * len(gen), logprobs + lp
+        if after is not None:  # each prompt extends the one before and its answer
+            assert after[: len(prompt) + len(gen)] == prompt + gen
+            observation = after[len(prompt) + len(gen) :]
+            response += observation
+            mask += [0] * len(observation)
+            logprobs += [0.0] * len(observation)
+    assert (traj["response_ids"], traj["loss_mask"]) == (response, mask)
+    assert traj["logprobs"] == logprobs
+    # The sandbox took Qwen Code's processes with it (node, the shells its tool started).
+    assert not _running(NODE_MODULES_INSIDE)
+
+
+def _running(needle: str) -> list[str]:
+    """The command lines of this host's processes that name ``needle``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if needle in line:
+            found.append(line)
+    return found
