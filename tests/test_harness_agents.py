@@ -1,5 +1,5 @@
-"""Agent frameworks from PyPI and npm as harness agents: mini-swe-agent and Qwen Code, unmodified,
-in a bwrap sandbox.
+"""Agent frameworks from PyPI and npm as harness agents: mini-swe-agent, Qwen Code and Pi,
+unmodified, in a bwrap sandbox.
 
 Needs the agents environments (``make agents-venv`` builds .venv-agents, ``make agents-node``
 .agents-node; ``RAAS_AGENTS_VENV`` and ``RAAS_AGENTS_NODE`` point elsewhere); ``make
@@ -9,6 +9,8 @@ test-harness-agents`` builds them and runs these tests.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig
 from raas.tasks.datasets import bundled
-from raas.tasks.harness_node import NODE_MODULES_INSIDE
+from raas.tasks.harness_node import NODE_AGENTS, NODE_MODULES_INSIDE
 from raas.tasks.services import TaskServices
 from tests.llm_servers import AgentBackend, ServerThread
 from tests.policies import call
@@ -96,20 +98,56 @@ async def test_mini_swe_agent_fixes_a_bundled_swe_instance_through_the_gateway(
 @pytest.fixture(scope="module")
 def agents_node() -> Path:
     env = Path(os.environ.get("RAAS_AGENTS_NODE") or ROOT / ".agents-node")
-    if not (env / "node_modules/@qwen-code/qwen-code/cli.js").is_file():
-        pytest.fail(f"no Qwen Code in {env}: `make agents-node` builds it")
+    for package in NODE_AGENTS.values():
+        if not (env / "node_modules" / package / "package.json").is_file():
+            pytest.fail(f"no {package} in {env}: `make agents-node` builds it")
     return env
 
 
-async def test_qwen_code_fixes_a_bundled_swe_instance_through_the_gateway(
-    tmp_path: Path, agents_node: Path
+@dataclass(frozen=True)
+class NpmAgent:
+    """An npm agent's own tools, as its package declares them (names and arguments), and what
+    it says: who it is (its system prompt), that an edit was made."""
+
+    whoami: str
+    read: Callable[[str], str]  # the call that reads a file
+    edit: Callable[[str, str, str], str]  # the call that replaces a line of it
+    edited: str  # what the edit tool answers, {path} in it
+    shell: Callable[[str], str]  # the call that runs a command
+
+
+NPM_AGENTS = {
+    # @qwen-code/qwen-code 0.15.10, cli.js: ToolNames (read_file, edit, run_shell_command).
+    "qwen-code": NpmAgent(
+        whoami="You are Qwen Code",
+        read=lambda path: call("read_file", file_path=path),
+        edit=lambda path, old, new: call("edit", file_path=path, old_string=old, new_string=new),
+        edited="The file: {path} has been updated.",
+        shell=lambda command: call("run_shell_command", command=command),
+    ),
+    # @mariozechner/pi-coding-agent 0.73.1, dist/core/tools: read, edit (edits[]), bash.
+    "pi": NpmAgent(
+        whoami="operating inside pi, a coding agent harness",
+        read=lambda path: call("read", path=path),
+        edit=lambda path, old, new: call(
+            "edit", path=path, edits=[{"oldText": old, "newText": new}]
+        ),
+        edited="Successfully replaced 1 block(s) in {path}.",
+        shell=lambda command: call("bash", command=command),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NPM_AGENTS))
+async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
+    name: str, tmp_path: Path, agents_node: Path
 ) -> None:
-    """Qwen Code's own CLI (npm's @qwen-code/qwen-code, on the host's node, headless, every
-    tool approved) in the sandbox, through the relay and the job's gateway session, against a
-    vLLM-protocol model that answers in Qwen Code's own tool calls (read_file, edit,
-    run_shell_command: its names and arguments, as its package declares them): it reads the
-    file, edits it, runs the tests and answers; EVAL runs the hidden tests on the diff; its
-    four calls are one segment of exactly the model's tokens; nothing of it is left running."""
+    """The agent's own CLI (from npm, on the host's node, headless, every tool allowed) in the
+    sandbox, through the relay and the job's gateway session, against a vLLM-protocol model
+    that answers in that agent's own tool calls: it reads the file, edits it, runs the tests and
+    answers; EVAL runs the hidden tests on the diff; its four calls are one segment of exactly
+    the model's tokens; nothing of it is left running."""
+    agent = NPM_AGENTS[name]
     row = bundled("swe")[0]
     instance = {k: v for k, v in row.items() if k != "gold_patch"}
     [minus] = [line for line in row["gold_patch"].splitlines() if line.startswith("-    ")]
@@ -120,12 +158,12 @@ async def test_qwen_code_fixes_a_bundled_swe_instance_through_the_gateway(
     def model(prompt: str) -> str:
         if "PATCHED-42" in prompt:  # the tests' output came back: done
             return "The tests pass now."
-        if f"The file: {path} has been updated." in prompt:  # the edit tool's answer
-            return "Now the tests." + call("run_shell_command", command=tests)
+        if agent.edited.format(path=path) in prompt:
+            return "Now the tests." + agent.shell(tests)
         if "has_close_elements(numbers" in prompt:  # the file, read
-            edit = {"old_string": minus[1:].strip(), "new_string": plus[1:].strip()}
-            return "I will fix the comparison." + call("edit", file_path=path, **edit)
-        return "Let me read the file." + call("read_file", file_path=path)
+            old, new = minus[1:].strip(), plus[1:].strip()
+            return "I will fix the comparison." + agent.edit(path, old, new)
+        return "Let me read the file." + agent.read(path)
 
     backend = AgentBackend(model, logprob=lambda i, token: -((token * 7 + i) % 1000 + 1) / 1000)
     server = ServerThread(backend.app).start()
@@ -134,7 +172,7 @@ async def test_qwen_code_fixes_a_bundled_swe_instance_through_the_gateway(
     services = TaskServices(
         llm=llm, tokenizer_name="tiny", sandbox_config=BwrapConfig(), agents_node=agents_node
     )
-    job = {**instance, "data_source": "harness", "judge": "swe", "agent": "qwen-code"}
+    job = {**instance, "data_source": "harness", "judge": "swe", "agent": name}
     try:
         result = await run_job(tmp_path, job, None, services)
     finally:
@@ -143,14 +181,12 @@ async def test_qwen_code_fixes_a_bundled_swe_instance_through_the_gateway(
     metrics = result["metrics"]
     assert (result["state"], result["reward"]) == ("done", 1.0), metrics.get("agent_output")
     assert metrics["stop_reason"] == "agent_exit_0"
-    assert "The tests pass now.\nqwen-code: exit 0" in metrics["agent_output"]
+    assert f"The tests pass now.\n{name}: exit 0" in metrics["agent_output"]
     assert "if idx != idx2:" in metrics["artifact"]["patch"]
 
-    # Qwen Code's own prompt and tools reached the model, and the task as its prompt.
+    # The agent's own prompt reached the model, and the task in it.
     prompts = [load_tokenizer("tiny").decode(p) for p, _, _ in backend.returned]
-    assert "You are Qwen Code" in prompts[0]
-    for tool in ('"read_file"', '"edit"', '"run_shell_command"', '"old_string"'):
-        assert tool in prompts[0]
+    assert agent.whoami in prompts[0]
     assert row["problem_statement"].splitlines()[0] in prompts[0]
     # Its four calls are one segment: exactly the generated tokens and their logprobs.
     assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1)
@@ -170,7 +206,7 @@ async def test_qwen_code_fixes_a_bundled_swe_instance_through_the_gateway(
             logprobs += [0.0] * len(observation)
     assert (traj["response_ids"], traj["loss_mask"]) == (response, mask)
     assert traj["logprobs"] == logprobs
-    # The sandbox took Qwen Code's processes with it (node, the shells its tool started).
+    # The sandbox took the agent's processes with it (node, the shells its tool started).
     assert not _running(NODE_MODULES_INSIDE)
 
 

@@ -22,7 +22,10 @@ from pathlib import Path
 from raas.sandbox import SandboxError
 
 # Agent name → the npm package that holds its CLI (in raas/harness_agents/npm/package.json).
-NODE_AGENTS: dict[str, str] = {"qwen-code": "@qwen-code/qwen-code"}
+NODE_AGENTS: dict[str, str] = {
+    "qwen-code": "@qwen-code/qwen-code",
+    "pi": "@mariozechner/pi-coding-agent",
+}
 NODE_MODULES_INSIDE = "/.raas/agent-node/node_modules"
 NODE_INSIDE = "/.raas/node/bin/node"
 NODE_VERSION_TIMEOUT_S = 30.0
