@@ -18,8 +18,10 @@ import pytest
 from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig
+from raas.sandbox.pydeps import staged_binds
 from raas.tasks.datasets import bundled
-from raas.tasks.harness_node import NODE_AGENTS, NODE_MODULES_INSIDE
+from raas.tasks.harness import AGENTS_DIR, AGENTS_INSIDE
+from raas.tasks.harness_node import NODE_AGENTS, NODE_MODULES_INSIDE, node_environment
 from raas.tasks.services import TaskServices
 from tests.llm_servers import AgentBackend, ServerThread
 from tests.policies import call
@@ -101,6 +103,10 @@ def agents_node() -> Path:
     for package in NODE_AGENTS.values():
         if not (env / "node_modules" / package / "package.json").is_file():
             pytest.fail(f"no {package} in {env}: `make agents-node` builds it")
+    # The first copy of the environment where the sandbox's user can read it (600 MB) can
+    # outlast run_job's wait on a loaded machine: made here, once, as INIT makes it.
+    node = node_environment(env, "pi")
+    staged_binds("openai", {str(AGENTS_DIR): AGENTS_INSIDE, **node.binds()})
     return env
 
 
@@ -133,6 +139,14 @@ NPM_AGENTS = {
             "edit", path=path, edits=[{"oldText": old, "newText": new}]
         ),
         edited="Successfully replaced 1 block(s) in {path}.",
+        shell=lambda command: call("bash", command=command),
+    ),
+    # opencode-ai 1.18.33, its opencode-linux-x64 binary: read, edit, bash (filePath...).
+    "opencode": NpmAgent(
+        whoami="You are opencode",
+        read=lambda path: call("read", filePath=path),
+        edit=lambda path, old, new: call("edit", filePath=path, oldString=old, newString=new),
+        edited="Edit applied successfully.",
         shell=lambda command: call("bash", command=command),
     ),
 }

@@ -58,7 +58,7 @@ HEAVY = {
     "Agents raas did not write: the gateway and harness tasks :: make agents-venv": "builds"
     " .venv-agents from PyPI (about 730 MB, minutes), then mini-swe-agent's rollout",
     "Agents raas did not write: the gateway and harness tasks :: make agents-node": "builds"
-    " .agents-node from npm (258 MB), Pi's rollout with the tiny model, then the harness_agents"
+    " .agents-node from npm (612 MB), Pi's rollout with the tiny model, then the harness_agents"
     " tier's npm agents",
 }
 # Blocks that download (pip): they run on the host's network, not in a namespace of their own.
@@ -73,7 +73,7 @@ NETWORK = {
 EXPECT = {
     "Agents raas did not write: the gateway and harness tasks :: make agents-node": [
         r"humaneval-swe-0000 done 0\.0 1 32 agent_exit_0",
-        r"\b2 passed\b",
+        r"\b3 passed\b",
     ],
     "Two commands :: .venv/bin/raas demo --oracle": [
         r"mean reward 1\.000, pass rate 10/10; done 10",

@@ -25,6 +25,7 @@ from raas.sandbox import SandboxError
 NODE_AGENTS: dict[str, str] = {
     "qwen-code": "@qwen-code/qwen-code",
     "pi": "@mariozechner/pi-coding-agent",
+    "opencode": "opencode-ai",  # a Bun program in opencode-linux-<arch>; node is bound all the same
 }
 NODE_MODULES_INSIDE = "/.raas/agent-node/node_modules"
 NODE_INSIDE = "/.raas/node/bin/node"
