@@ -150,8 +150,8 @@ NPM_AGENTS = {
         edit=lambda path, old, new: call("edit", filePath=path, oldString=old, newString=new),
         edited="Edit applied successfully.",
         shell=lambda command: call("bash", command=command),
-        # Bun's JavaScriptCore crashes now and then under a 4 GiB RLIMIT_AS (SIGILL, SIGABRT:
-        # 2 runs of 11 here), never without it (10 of 10): the sandbox's cgroup caps it instead.
+        # Bun's JavaScriptCore fails now and then under a 4 GiB RLIMIT_AS (SIGILL, SIGABRT, a
+        # hang: 3 runs of 11 here), never without it (11 of 11); the sandbox's cgroup caps it.
         address_space_limit=False,
     ),
 }
