@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv test-harness-agents test-ray test-slurm test-hpc test-images test-fuzz lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
+.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv agents-node test-harness-agents test-ray test-slurm test-hpc test-images test-fuzz lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -90,9 +90,30 @@ $(AGENTS_STAMP):
 
 agents-venv: $(AGENTS_STAMP)
 
-# mini-swe-agent, unmodified, in a bwrap sandbox against raas's gateway (a scripted model).
-test-harness-agents: $(STAMP) $(AGENTS_STAMP) system-deps
-	RAAS_AGENTS_VENV=$(AGENTS_VENV) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
+# Coding-agent CLIs from npm that harness tasks run ("agent": "qwen-code"), pinned by the
+# package-lock.json beside their package.json, on the host's node (Qwen Code 0.15 wants node
+# 20 or newer; its later versions want 22). Not `npm ci`: the lock has no entries for optional
+# platform packages that Qwen Code names but npm never published (@teddyzhu/clipboard-darwin-*),
+# which npm ci calls out of sync; `npm install` on the copied lock installs exactly what it pins
+# (integrity checked), and cmp proves it did not move the lock. --ignore-scripts: no install
+# script runs (the CLIs ship bundled).
+AGENTS_NODE := .agents-node
+AGENTS_NODE_STAMP := $(AGENTS_NODE)/.installed
+NPM_AGENTS := raas/harness_agents/npm
+
+$(AGENTS_NODE_STAMP): $(NPM_AGENTS)/package.json $(NPM_AGENTS)/package-lock.json
+	mkdir -p $(AGENTS_NODE)
+	cp $(NPM_AGENTS)/package.json $(NPM_AGENTS)/package-lock.json $(AGENTS_NODE)/
+	cd $(AGENTS_NODE) && npm install --ignore-scripts --no-audit --no-fund --no-update-notifier
+	cmp $(AGENTS_NODE)/package-lock.json $(NPM_AGENTS)/package-lock.json
+	touch $(AGENTS_NODE_STAMP)
+
+agents-node: $(AGENTS_NODE_STAMP)
+
+# mini-swe-agent and Qwen Code, unmodified, in a bwrap sandbox against raas's gateway (a
+# scripted model).
+test-harness-agents: $(STAMP) $(AGENTS_STAMP) $(AGENTS_NODE_STAMP) system-deps
+	RAAS_AGENTS_VENV=$(AGENTS_VENV) RAAS_AGENTS_NODE=$(AGENTS_NODE) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
 
 # README tier: the README's shell blocks too slow for make test (SmolLM2 on the CPU, the agents'
 # venv; the others run in make test), each as written, in a scratch directory with a .venv of its own (tests/test_readme.py).

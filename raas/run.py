@@ -57,6 +57,7 @@ class RunOptions:
     workdir: Path = Path("out/run")
     quiet_server: bool = True
     agents_venv: Path | None = None  # the in-process service's (ServeSettings.agents_venv)
+    agents_node: Path | None = None  # the in-process service's (ServeSettings.agents_node)
     agent_files: Path | None = None  # the in-process service's (ServeSettings.agent_files)
     engine_args: list[str] = field(default_factory=list)  # for the engine started here
 
@@ -115,6 +116,7 @@ async def served(options: RunOptions, llm: list[str], console: Console) -> Async
             "tokenizer": options.model,
             "log_level": "warning" if options.quiet_server else "info",
             "agents_venv": options.agents_venv,
+            "agents_node": options.agents_node,
             "agent_files": options.agent_files,
         }
     )

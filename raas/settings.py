@@ -158,6 +158,12 @@ class ServeSettings(BaseSettings):
         description="A virtual environment holding agent frameworks that harness tasks run"
         ' (`"agent": "mini-swe-agent"`); `make agents-venv` builds .venv-agents.',
     )
+    agents_node: DirectoryPath | None = Field(
+        default=None,
+        description="A node environment holding the coding-agent CLIs from npm that harness tasks"
+        ' run (`"agent": "qwen-code"`); `make agents-node` builds .agents-node. Its node_modules'
+        " and the host's `node` are bound read-only into their sandboxes.",
+    )
     agent_files: DirectoryPath | None = Field(
         default=None,
         description="A directory of your own agent's files for harness tasks: copied (links as"

@@ -16,12 +16,13 @@ from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig
-from raas.sandbox import BwrapConfig
+from raas.sandbox import BwrapConfig, SandboxError
 from raas.sandbox.pydeps import staged_binds
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.datasets import humaneval_problems
 from raas.tasks.harness import HarnessContext, HarnessTask
+from raas.tasks.harness_node import node_environment
 from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
@@ -496,6 +497,37 @@ async def test_an_agent_command_in_raas_agent_dir_without_agent_files_says_the_f
     result = await run_job(tmp_path, instance, FakeGateway([]))
     assert (result["state"], result["stage_failed"]) == ("failed", "init")
     assert "--agent-files DIR" in result["error"]["message"]
+
+
+async def test_qwen_code_without_a_node_environment_fails_saying_what_to_build(
+    tmp_path: Path,
+) -> None:
+    instance, _ = humaneval_instance()
+    result = await run_job(tmp_path, {**instance, "agent": "qwen-code"}, FakeGateway([]))
+    assert (result["state"], result["stage_failed"]) == ("failed", "init")
+    assert result["error"]["kind"] == "infra"
+    assert "--agents-node" in result["error"]["message"]
+    assert "make agents-node" in result["error"]["message"]
+
+
+def test_a_node_too_old_for_the_agent_s_package_is_named_at_init(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package's engines.node against the host's node: said at INIT, not as a syntax
+    error inside the sandbox."""
+    package = tmp_path / "env/node_modules/@qwen-code/qwen-code"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"engines": {"node": ">=99.0.0"}}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "node").write_text("#!/bin/sh\necho v20.1.0\n")
+    (bin_dir / "node").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(SandboxError, match=r"needs node >=99\.0\.0; .*node is v20\.1\.0"):
+        node_environment(tmp_path / "env", "qwen-code")
+    (package / "package.json").write_text(json.dumps({"engines": {"node": ">=20.0.0"}}))
+    env = node_environment(tmp_path / "env", "qwen-code")
+    assert (env.node, env.modules) == (bin_dir / "node", tmp_path / "env/node_modules")
 
 
 def test_agent_files_are_staged_again_when_they_change(tmp_path: Path) -> None:

@@ -1,20 +1,27 @@
-"""Agent frameworks from PyPI as harness agents: mini-swe-agent, unmodified, in a bwrap sandbox.
+"""Agent frameworks from PyPI and npm as harness agents: mini-swe-agent, Qwen Code and Pi,
+unmodified, in a bwrap sandbox.
 
-Needs the agents environment (``make agents-venv`` builds .venv-agents; ``RAAS_AGENTS_VENV``
-points elsewhere); ``make test-harness-agents`` builds it and runs these tests.
+Needs the agents environments (``make agents-venv`` builds .venv-agents, ``make agents-node``
+.agents-node; ``RAAS_AGENTS_VENV`` and ``RAAS_AGENTS_NODE`` point elsewhere); ``make
+test-harness-agents`` builds them and runs these tests.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
-from raas.sandbox import BwrapConfig
+from raas.sandbox import BwrapConfig, SandboxLimits
+from raas.sandbox.pydeps import staged_binds
 from raas.tasks.datasets import bundled
+from raas.tasks.harness import AGENTS_DIR, AGENTS_INSIDE
+from raas.tasks.harness_node import NODE_AGENTS, NODE_MODULES_INSIDE, node_environment
 from raas.tasks.services import TaskServices
 from tests.llm_servers import AgentBackend, ServerThread
 from tests.policies import call
@@ -67,7 +74,10 @@ async def test_mini_swe_agent_fixes_a_bundled_swe_instance_through_the_gateway(
         await llm.stop()
         server.stop()
     metrics = result["metrics"]
-    assert (result["state"], result["reward"]) == ("done", 1.0), (result["error"], metrics)
+    assert (result["state"], result["reward"]) == ("done", 1.0), (
+        result["error"],
+        metrics.get("agent_output"),
+    )
     assert metrics["stop_reason"] == "agent_exit_0"
     assert "mini-swe-agent: exit 0, status 'Submitted'" in metrics["agent_output"]
     assert "if idx != idx2:" in metrics["artifact"]["patch"]
@@ -85,3 +95,150 @@ async def test_mini_swe_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     assert traj["loss_mask"] == [1] * len(gen1) + [0] * len(observation) + [1] * len(gen2)
     assert traj["logprobs"] == lp1 + [0.0] * len(observation) + lp2
     assert p2 == p1 + gen1 + observation
+
+
+@pytest.fixture(scope="module")
+def agents_node() -> Path:
+    env = Path(os.environ.get("RAAS_AGENTS_NODE") or ROOT / ".agents-node")
+    for package in NODE_AGENTS.values():
+        if not (env / "node_modules" / package / "package.json").is_file():
+            pytest.fail(f"no {package} in {env}: `make agents-node` builds it")
+    # The first copy of the environment where the sandbox's user can read it (600 MB) can
+    # outlast run_job's wait on a loaded machine: made here, once, as INIT makes it.
+    node = node_environment(env, "pi")
+    staged_binds("openai", {str(AGENTS_DIR): AGENTS_INSIDE, **node.binds()})
+    return env
+
+
+@dataclass(frozen=True)
+class NpmAgent:
+    """An npm agent's own tools, as its package declares them (names and arguments), and what
+    it says: who it is (its system prompt), that an edit was made."""
+
+    whoami: str
+    read: Callable[[str], str]  # the call that reads a file
+    edit: Callable[[str, str, str], str]  # the call that replaces a line of it
+    edited: str  # what the edit tool answers, {path} in it
+    shell: Callable[[str], str]  # the call that runs a command
+    # Whether it runs under the sandbox's address-space limit a process (RLIMIT_AS, 4 GiB).
+    address_space_limit: bool = True
+
+
+NPM_AGENTS = {
+    # @qwen-code/qwen-code 0.15.10, cli.js: ToolNames (read_file, edit, run_shell_command).
+    "qwen-code": NpmAgent(
+        whoami="You are Qwen Code",
+        read=lambda path: call("read_file", file_path=path),
+        edit=lambda path, old, new: call("edit", file_path=path, old_string=old, new_string=new),
+        edited="The file: {path} has been updated.",
+        shell=lambda command: call("run_shell_command", command=command),
+    ),
+    # @mariozechner/pi-coding-agent 0.73.1, dist/core/tools: read, edit (edits[]), bash.
+    "pi": NpmAgent(
+        whoami="operating inside pi, a coding agent harness",
+        read=lambda path: call("read", path=path),
+        edit=lambda path, old, new: call(
+            "edit", path=path, edits=[{"oldText": old, "newText": new}]
+        ),
+        edited="Successfully replaced 1 block(s) in {path}.",
+        shell=lambda command: call("bash", command=command),
+    ),
+    # opencode-ai 1.18.33, its opencode-linux-x64 binary: read, edit, bash (filePath...).
+    "opencode": NpmAgent(
+        whoami="You are opencode",
+        read=lambda path: call("read", filePath=path),
+        edit=lambda path, old, new: call("edit", filePath=path, oldString=old, newString=new),
+        edited="Edit applied successfully.",
+        shell=lambda command: call("bash", command=command),
+        # Bun's JavaScriptCore fails now and then under a 4 GiB RLIMIT_AS (SIGILL, SIGABRT, a
+        # hang: 3 runs of 11 here), never without it (11 of 11); the sandbox's cgroup caps it.
+        address_space_limit=False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NPM_AGENTS))
+async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
+    name: str, tmp_path: Path, agents_node: Path
+) -> None:
+    """The agent's own CLI (from npm, on the host's node, headless, every tool allowed) in the
+    sandbox, through the relay and the job's gateway session, against a vLLM-protocol model
+    that answers in that agent's own tool calls: it reads the file, edits it, runs the tests and
+    answers; EVAL runs the hidden tests on the diff; its four calls are one segment of exactly
+    the model's tokens; nothing of it is left running."""
+    agent = NPM_AGENTS[name]
+    row = bundled("swe")[0]
+    instance = {k: v for k, v in row.items() if k != "gold_patch"}
+    [minus] = [line for line in row["gold_patch"].splitlines() if line.startswith("-    ")]
+    [plus] = [line for line in row["gold_patch"].splitlines() if line.startswith("+    ")]
+    path = "/workspace/repo/" + row["gold_patch"].split("+++ b/")[1].split("\n")[0]
+    tests = "python3 -m unittest 2>&1 | tail -1 && echo PATCHED-$((6*7))"
+
+    def model(prompt: str) -> str:
+        if "PATCHED-42" in prompt:  # the tests' output came back: done
+            return "The tests pass now."
+        if agent.edited.format(path=path) in prompt:
+            return "Now the tests." + agent.shell(tests)
+        if "has_close_elements(numbers" in prompt:  # the file, read
+            old, new = minus[1:].strip(), plus[1:].strip()
+            return "I will fix the comparison." + agent.edit(path, old, new)
+        return "Let me read the file." + agent.read(path)
+
+    backend = AgentBackend(model, logprob=lambda i, token: -((token * 7 + i) % 1000 + 1) / 1000)
+    server = ServerThread(backend.app).start()
+    llm = BackendPool()
+    llm.add(server.url, "vllm", 8)
+    limits = SandboxLimits() if agent.address_space_limit else SandboxLimits(memory_bytes=None)
+    sandbox_config = BwrapConfig(limits=limits)
+    services = TaskServices(
+        llm=llm, tokenizer_name="tiny", sandbox_config=sandbox_config, agents_node=agents_node
+    )
+    job = {**instance, "data_source": "harness", "judge": "swe", "agent": name}
+    try:
+        result = await run_job(tmp_path, job, None, services)
+    finally:
+        await llm.stop()
+        server.stop()
+    metrics = result["metrics"]
+    assert (result["state"], result["reward"]) == ("done", 1.0), metrics.get("agent_output")
+    assert metrics["stop_reason"] == "agent_exit_0"
+    assert f"The tests pass now.\n{name}: exit 0" in metrics["agent_output"]
+    assert "if idx != idx2:" in metrics["artifact"]["patch"]
+
+    # The agent's own prompt reached the model, and the task in it.
+    prompts = [load_tokenizer("tiny").decode(p) for p, _, _ in backend.returned]
+    assert agent.whoami in prompts[0]
+    assert row["problem_statement"].splitlines()[0] in prompts[0]
+    # Its four calls are one segment: exactly the generated tokens and their logprobs.
+    assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1)
+    traj = result["trajectory"]
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for (prompt, gen, lp), (after, _, _) in zip(
+        backend.returned, [*backend.returned[1:], (None, None, None)], strict=True
+    ):
+        response, mask, logprobs = response + gen, mask + [1] * len(gen), logprobs + lp
+        if after is not None:  # each prompt extends the one before and its answer
+            assert after[: len(prompt) + len(gen)] == prompt + gen
+            observation = after[len(prompt) + len(gen) :]
+            response += observation
+            mask += [0] * len(observation)
+            logprobs += [0.0] * len(observation)
+    assert (traj["response_ids"], traj["loss_mask"]) == (response, mask)
+    assert traj["logprobs"] == logprobs
+    # The sandbox took the agent's processes with it (node, the shells its tool started).
+    assert not _running(NODE_MODULES_INSIDE)
+
+
+def _running(needle: str) -> list[str]:
+    """The command lines of this host's processes that name ``needle``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if needle in line:
+            found.append(line)
+    return found

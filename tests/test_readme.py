@@ -57,16 +57,24 @@ HEAVY = {
     " smollm2 --port 8001 &": "starts SmolLM2 on the CPU",
     "Agents raas did not write: the gateway and harness tasks :: make agents-venv": "builds"
     " .venv-agents from PyPI (about 730 MB, minutes), then mini-swe-agent's rollout",
+    "Agents raas did not write: the gateway and harness tasks :: make agents-node": "builds"
+    " .agents-node from npm (612 MB), Pi's rollout with the tiny model, then the harness_agents"
+    " tier's npm agents",
 }
 # Blocks that download (pip): they run on the host's network, not in a namespace of their own.
 # None of them listens on a fixed port.
 NETWORK = {
     "Writing a task :: .venv/bin/pip install --quiet -e examples/my_task",
     "Agents raas did not write: the gateway and harness tasks :: make agents-venv",
+    "Agents raas did not write: the gateway and harness tasks :: make agents-node",
 }
 # What a block's output must hold, beyond its exit status (matched with runs of whitespace as
 # one space: rich folds lines off a terminal).
 EXPECT = {
+    "Agents raas did not write: the gateway and harness tasks :: make agents-node": [
+        r"humaneval-swe-0000 done 0\.0 1 32 agent_exit_0",
+        r"\b3 passed\b",
+    ],
     "Two commands :: .venv/bin/raas demo --oracle": [
         r"mean reward 1\.000, pass rate 10/10; done 10",
     ],

@@ -93,7 +93,7 @@ def test_allowed_hosts_come_comma_separated_from_the_environment(
     assert load_settings(None, {}).allowed_hosts == ["raas.internal", "node-7"]
 
 
-@pytest.mark.parametrize("name", ["agents_venv", "agent_files"])
+@pytest.mark.parametrize("name", ["agents_venv", "agents_node", "agent_files"])
 def test_raas_serve_s_directory_flags_take_a_directory(name: str, tmp_path: Path) -> None:
     """`raas serve --agents-venv .venv-agents`, as the README gives it (its flag refused every
     directory once: 'is a directory')."""

@@ -144,3 +144,18 @@ def test_a_copy_removed_by_hand_is_made_and_held_again(tmp_path: Path, root: Pat
 
     assert again == first and (again / "dir0" / "agent.py").read_text() == "v1"
     assert copies.hold(again)  # held by this process already: no second lock
+
+
+def test_a_program_staged_stays_runnable_and_other_files_do_not_become_so(
+    tmp_path: Path, root: Path
+) -> None:
+    """The npm agents' node binary is staged like a package: a copy made 0644 could not run."""
+    source = _source(tmp_path, "node")
+    program = source / "node"
+    program.write_text("#!/bin/sh\necho ran\n")
+    program.chmod(0o700)  # the owner's alone: the sandbox's uid may be another
+    [host] = staged_binds(None, {str(program): "/x/node"})
+    assert os.stat(host).st_mode & 0o777 == 0o755
+    assert subprocess.run([host], capture_output=True, text=True).stdout == "ran\n"
+    [copy] = staged_binds(None, {str(source): "/x"})
+    assert (Path(copy) / "agent.py").stat().st_mode & 0o777 == 0o644

@@ -85,6 +85,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             sandbox_config=sandbox_config(settings.sandbox, runtime_dir=runtime.path),
             warm_sandboxes=settings.warm_sandboxes,
             agents_venv=settings.agents_venv,
+            agents_node=settings.agents_node,
             agent_files=settings.agent_files,
             gateway_fixed_sampling=settings.gateway_fixed_sampling,
         )

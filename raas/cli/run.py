@@ -96,6 +96,11 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     help="The in-process service's agents environment (raas serve --agents-venv).",
 )
 @click.option(
+    "--agents-node",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The in-process service's node environment of agent CLIs (raas serve --agents-node).",
+)
+@click.option(
     "--agent-files",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="A directory of your own agent's files, at $RAAS_AGENT_DIR in harness sandboxes"
@@ -120,6 +125,7 @@ def run(
     timeout_s: float,
     out: Path | None,
     agents_venv: Path | None,
+    agents_node: Path | None,
     agent_files: Path | None,
     replay: Path | None,
 ) -> None:
@@ -191,6 +197,7 @@ def run(
         model=model,
         workdir=out.parent,
         agents_venv=agents_venv,
+        agents_node=agents_node,
         agent_files=agent_files,
         engine_args=engine_args(model, sabotage),
     )

@@ -22,7 +22,11 @@ raas's own environment at /.raas/py (raas.sandbox.pydeps); ``mini-swe-agent`` ge
 site-packages of the service's agents environment (``agents_venv``: mini-swe-agent's
 dependencies, litellm's among them, conflict with raas's own) at /.raas/agent-py. Compiled
 parts (pydantic_core, jiter) need the sandbox's python3 to be the environment's Python minor
-version, which is checked first. The agents' launchers are at /.raas/agents.
+version, which is checked first. ``qwen-code``, ``pi`` and ``opencode`` (CLIs from npm) get the
+service's node environment (``agents_node``: its node_modules) and the host's node, bound
+read-only (raas.tasks.harness_node), and ``openai``'s closure as the reference does; its
+launcher needs any python3 (3.8 or newer), so no version is checked. The agents' launchers are
+at /.raas/agents.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from raas.sandbox import (
 from raas.sandbox.pydeps import DEST, package_dirs, python_version, staged_binds
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.code import CodeTask
+from raas.tasks.harness_node import NODE_AGENTS, NodeEnvironment, node_environment
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import (
     PolicyError,
@@ -68,10 +73,13 @@ AGENT_FILES_INSIDE = "/.raas/agent-files"  # the service's agent_files ($RAAS_AG
 IO_DIR = "/tmp/raas-harness"
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 LAST_LINE_CHARS = 200  # of a crashed agent's output, in its error message
-AgentName = Literal["reference", "mini-swe-agent"]
+AgentName = Literal["reference", "mini-swe-agent", "qwen-code", "pi", "opencode"]
 COMMANDS: dict[str, str] = {
     "reference": f"python3 -s {AGENTS_INSIDE}/reference.py",
     "mini-swe-agent": f"python3 -s {AGENTS_INSIDE}/mini_swe_agent.py",
+    "qwen-code": f"python3 -s {AGENTS_INSIDE}/npm_agents.py qwen-code",
+    "pi": f"python3 -s {AGENTS_INSIDE}/npm_agents.py pi",
+    "opencode": f"python3 -s {AGENTS_INSIDE}/npm_agents.py opencode",
 }
 
 
@@ -126,7 +134,8 @@ class HarnessInstance(TaskInstance):
 class HarnessContext(AgentContext):
     agent_output: str | None = None  # the end of what the agent program printed
     agent_exit_code: int | None = None  # None: it ran out of agent_timeout_s
-    agent_site: Path | None = None  # the agents environment's site-packages (not the reference)
+    agent_site: Path | None = None  # the agents environment's site-packages (mini-swe-agent)
+    agent_node: NodeEnvironment | None = None  # node and its node_modules (the npm agents)
     # What the gateway recorded (calls, segments with their tokens, drift), for the result.
     gateway_metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -166,10 +175,14 @@ class HarnessTask(AgentTask):
                 " RAAS_AGENT_FILES), the directory that holds your agent"
             )
         async with self.cleaned_up_on_error(ctx):
-            if agent != "reference":
+            if agent in NODE_AGENTS:
+                ctx.agent_node = await asyncio.to_thread(
+                    node_environment, services.agents_node, agent
+                )
+            elif agent != "reference":
                 ctx.agent_site = await asyncio.to_thread(agents_site_packages, services)
             ctx.sandbox = sandbox = await asyncio.to_thread(
-                _agent_sandbox, services, ctx.agent_site
+                _agent_sandbox, services, ctx.agent_site, ctx.agent_node
             )
             ctx.closing.append(sandbox)
             await sandbox.start()
@@ -184,7 +197,9 @@ class HarnessTask(AgentTask):
         gateway = services.gateway
         instance = HarnessInstance.model_validate(job.instance)
         command = instance.agent_command or COMMANDS[instance.agent]
-        if instance.agent_command is None or instance.agent != "reference":
+        if ctx.agent_node is None and (
+            instance.agent_command is None or instance.agent != "reference"
+        ):
             await _check_python(sandbox, ctx.agent_site)
         config = self.loop_config(job)  # the job's sampling and its cap of tokens a call
         params = config.sampling.model_copy(update={"max_tokens": config.max_tokens})
@@ -217,6 +232,8 @@ class HarnessTask(AgentTask):
                 "RAAS_MAX_TURNS": str(config.max_turns),
                 "PYTHONPATH": _pythonpath(sandbox, ctx.agent_site),
             }
+            if ctx.agent_node is not None:
+                env |= ctx.agent_node.variables(_bound(sandbox))
             if services.agent_files is not None:
                 env["RAAS_AGENT_DIR"] = _agent_dir(sandbox, services.agent_files)
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -282,15 +299,20 @@ def _harness(context: TaskContext) -> HarnessContext:
     return context
 
 
-def _agent_sandbox(services: TaskServices, site: Path | None) -> Sandbox:
+def _agent_sandbox(
+    services: TaskServices, site: Path | None, node: NodeEnvironment | None
+) -> Sandbox:
     """A sandbox of the service's kind with the launchers, the agent's packages (openai's
-    closure, else the agents environment's ``site``) and the service's agent files bound in.
-    Not started; blocking: the first call copies the packages where the sandbox's uid can
-    read; the agent files are looked at again each time (an edit reaches the next job)."""
+    closure, else the agents environment's ``site``; and ``node``'s, for an npm agent) and
+    the service's agent files bound in. Not started; blocking: the first call copies the
+    packages where the sandbox's uid can read; the agent files are looked at again each time
+    (an edit reaches the next job)."""
     config = services.sandbox_config
     if isinstance(config, BwrapConfig | ApptainerConfig):
         launchers = {str(AGENTS_DIR): AGENTS_INSIDE}
-        if site is None:
+        if node is not None:
+            staged = staged_binds("openai", {**launchers, **node.binds()})
+        elif site is None:
             staged = staged_binds("openai", launchers)
         else:
             staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
@@ -304,9 +326,14 @@ def _agent_sandbox(services: TaskServices, site: Path | None) -> Sandbox:
 def _agent_dir(sandbox: Sandbox, agent_files: Path) -> str:
     """Where the agent files are for the program: bound in, else (the local provider, no
     isolation) where they are on the host."""
-    if isinstance(sandbox.config, BwrapConfig | ApptainerConfig):
+    if _bound(sandbox):
         return AGENT_FILES_INSIDE
     return str(agent_files.resolve())
+
+
+def _bound(sandbox: Sandbox) -> bool:
+    """Whether host files reach this sandbox bound in (not so with the local provider)."""
+    return isinstance(sandbox.config, BwrapConfig | ApptainerConfig)
 
 
 def agents_site_packages(services: TaskServices) -> Path:
@@ -328,7 +355,7 @@ def agents_site_packages(services: TaskServices) -> Path:
 
 
 def _pythonpath(sandbox: Sandbox, site: Path | None) -> str:
-    bound = isinstance(sandbox.config, BwrapConfig | ApptainerConfig)
+    bound = _bound(sandbox)
     if site is not None:
         return AGENT_PY_INSIDE if bound else str(site)
     if bound:

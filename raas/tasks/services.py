@@ -34,6 +34,9 @@ class TaskServices:
     # A virtual environment holding agent frameworks for harness tasks (mini-swe-agent), whose
     # dependencies conflict with raas's own; its site-packages is bound into their sandboxes.
     agents_venv: Path | None = None
+    # A node environment holding agent CLIs from npm (Qwen Code): its node_modules and the
+    # host's node are bound into their sandboxes.
+    agents_node: Path | None = None
     # A directory of the user's own agent program, bound read-only into harness sandboxes.
     agent_files: Path | None = None
     # Where images named by tasks are found; default: the store at the sandbox config's
