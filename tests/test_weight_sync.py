@@ -234,14 +234,10 @@ async def test_pause_keep_update_resume_continues_the_generation_under_the_new_w
         await pool.stop()
     mode = "retract" if protocol == "sglang" else "keep"
     update = "update /ckpt/step-1 1" if protocol == "sglang" else "update 1"
-    assert fake.log == [
-        "generate 3+5",
-        f"pause {mode}",
-        update,
-        "resume",
-        "answered",
-        "generate 2+5",
-    ]
+    assert fake.log[:4] == ["generate 3+5", f"pause {mode}", update, "resume"]
+    # After the resume, the held request's answer and the request made while paused reach the
+    # server in either order (two handlers on its loop).
+    assert sorted(fake.log[4:]) == ["answered", "generate 2+5"]
     assert gen.token_ids == scripted(PROMPT, 5, [])[0] and gen.finish_reason == "length"
     if protocol == "sglang":
         assert gen.policy_versions == [0, 0, 1, 1, 1]
