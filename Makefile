@@ -41,7 +41,9 @@ typecheck: $(STAMP)
 	# (explicit package bases: server.py is module "server", not part of raas.sandbox).
 	MYPYPATH=raas/sandbox/inside $(BIN)/mypy --strict --python-version 3.10 --explicit-package-bases raas/sandbox/inside/server.py
 	# The judges' programs in a sandbox, likewise.
-	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 --explicit-package-bases raas/judge/inside/humaneval.py raas/judge/inside/candidate.py raas/judge/inside/swe_tests.py
+	MYPYPATH=raas/judge/inside $(BIN)/mypy --strict --python-version 3.10 --explicit-package-bases raas/judge/inside/humaneval.py raas/judge/inside/candidate.py raas/judge/inside/swe_tests.py \
+		raas/judge/inside/swe_pytest.py raas/judge/inside/swe_django.py raas/judge/inside/swe_sympy.py \
+		raas/judge/inside/results.py raas/judge/inside/probe.py
 
 unit: $(STAMP)
 	$(BIN)/pytest -q

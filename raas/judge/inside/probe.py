@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import sys
-from typing import Dict, List
+from typing import Any, Dict, List  # noqa: F401 (Any: in a type comment)
 
 IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 

@@ -63,7 +63,8 @@ CATEGORIES = {
     "addUnexpectedSuccess": "unexpected success",
 }
 # Bound now: the patched code may replace them on their classes later.
-_STR = {cls: cls.__dict__["__str__"] for cls in (unittest.TestCase, unittest.case._SubTest)}
+_SUBTEST = unittest.case.__dict__["_SubTest"]  # private: typeshed does not name it
+_STR = {cls: cls.__dict__["__str__"] for cls in (unittest.TestCase, _SUBTEST)}
 _SHORT = {cls: cls.__dict__["shortDescription"] for cls in _STR}
 _isinstance, _type, _str = isinstance, type, str
 
@@ -105,7 +106,8 @@ def canary(spec: Dict[str, Any], module: str, rng: random.Random) -> unittest.Te
     exec(compile(body + "\n", "<" + module + ">", "exec"), namespace)
     attrs = {name: namespace[name], "__module__": module}
     cls = _type("Test" + format(rng.getrandbits(48), "012x"), (unittest.TestCase,), attrs)
-    return cls(name)
+    test = cls(name)  # type: unittest.TestCase
+    return test
 
 
 class Recorder:
