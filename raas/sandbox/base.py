@@ -22,7 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from raas.sandbox.client import (
     RELAY_MAX_BODY_BYTES,
@@ -69,6 +69,8 @@ def launch_env(*keep: str) -> dict[str, str]:
 
 
 class Sandbox(ABC):
+    can_fork: ClassVar[bool] = False  # whether ``fork`` works for this provider
+
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.limits = config.limits

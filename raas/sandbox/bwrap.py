@@ -158,6 +158,7 @@ class BwrapSandbox(NamespacedSandbox):
     """
 
     config: BwrapConfig
+    can_fork = True
 
     def __init__(self, config: BwrapConfig, image: StoredImage | None = None) -> None:
         super().__init__(config, image)
