@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+
+import pytest
 
 from raas.agent.loop import Generator
 from raas.pipeline import JobRequest, Pipeline
@@ -75,20 +75,23 @@ class Forking(InitCounting):
         return Ctx(job=job, made_by=template.made_by)
 
 
-@asynccontextmanager
-async def pipeline_of(task: InitCounting, path: Path, **config: Any) -> AsyncIterator[Pipeline]:
-    """A pipeline of ``task`` on the database ``path`` (a directory: ``groups.db`` in it)."""
+@pytest.fixture
+def task() -> Forking:
+    return Forking()
+
+
+@pytest.fixture
+def plain() -> InitCounting:
+    return InitCounting()
+
+
+@pytest.fixture
+def registry(task: Forking, plain: InitCounting) -> TaskRegistry:
+    """conftest's ``make_pipeline`` runs these tasks."""
     registry = TaskRegistry()
     registry.register(task)
-    store = ResultStore(path / "groups.db" if path.is_dir() else path)
-    await store.open()
-    pipeline = Pipeline(registry, store, small_config(**config))
-    await pipeline.start()
-    try:
-        yield pipeline
-    finally:
-        await pipeline.stop(grace_s=0)
-        await store.close()
+    registry.register(plain)
+    return registry
 
 
 def group_of(n: int, task: str, group: str | None = "g1", **params: Any) -> list[JobRequest]:
@@ -96,10 +99,11 @@ def group_of(n: int, task: str, group: str | None = "g1", **params: Any) -> list
     return [JobRequest(instance, dict(params), f"{group}-{k}", group=group) for k in range(n)]
 
 
-async def test_a_group_runs_init_once_and_forks_every_member(tmp_path: Path) -> None:
-    task = Forking()
+async def test_a_group_runs_init_once_and_forks_every_member(
+    make_pipeline: Any, task: Forking
+) -> None:
     task.gate.clear()  # every member is queued before the first init ends
-    async with pipeline_of(task, tmp_path) as pipeline:
+    async with make_pipeline() as pipeline:
         views = await pipeline.submit(group_of(4, "forking"))
         task.gate.set()
         results = [await finished(pipeline, v.job_id) for v in views]
@@ -114,9 +118,10 @@ async def test_a_group_runs_init_once_and_forks_every_member(tmp_path: Path) -> 
     assert Counter(task.cleaned) == Counter([*(v.job_id for v in views), template])
 
 
-async def test_a_failed_member_is_forked_again_not_the_group(tmp_path: Path) -> None:
-    task = Forking()
-    async with pipeline_of(task, tmp_path, max_attempts=2) as pipeline:
+async def test_a_failed_member_is_forked_again_not_the_group(
+    make_pipeline: Any, task: Forking
+) -> None:
+    async with make_pipeline(max_attempts=2) as pipeline:
         ok = group_of(2, "forking")
         failing = JobRequest(ok[0].instance, {"fail_once": True}, "g1-bad", group="g1")
         views = await pipeline.submit([*ok, failing])
@@ -127,9 +132,10 @@ async def test_a_failed_member_is_forked_again_not_the_group(tmp_path: Path) -> 
     assert Counter(job for _, job in task.forks) == {"g1-0": 1, "g1-1": 1, "g1-bad": 2}
 
 
-async def test_different_groups_and_instances_do_not_share_init(tmp_path: Path) -> None:
-    task = Forking()
-    async with pipeline_of(task, tmp_path) as pipeline:
+async def test_different_groups_and_instances_do_not_share_init(
+    make_pipeline: Any, task: Forking
+) -> None:
+    async with make_pipeline() as pipeline:
         other = JobRequest({"data_source": "forking", "question": "other"}, {}, "o", group="g1")
         requests = [*group_of(2, "forking"), *group_of(2, "forking", "g2"), other]
         views = await pipeline.submit(requests)
@@ -138,28 +144,28 @@ async def test_different_groups_and_instances_do_not_share_init(tmp_path: Path) 
     assert len(task.inits) == 3
 
 
-async def test_a_task_that_cannot_fork_runs_init_for_every_member(tmp_path: Path) -> None:
-    plain = InitCounting()
-    async with pipeline_of(plain, tmp_path) as pipeline:
+async def test_a_task_that_cannot_fork_runs_init_for_every_member(
+    make_pipeline: Any, plain: InitCounting
+) -> None:
+    async with make_pipeline() as pipeline:
         for v in await pipeline.submit(group_of(3, "plain")):
             assert (await finished(pipeline, v.job_id))["state"] == "done"
     assert len(plain.inits) == 3
 
 
-async def test_jobs_that_name_no_group_run_init_each(tmp_path: Path) -> None:
-    task = Forking()
-    async with pipeline_of(task, tmp_path) as pipeline:
+async def test_jobs_that_name_no_group_run_init_each(make_pipeline: Any, task: Forking) -> None:
+    async with make_pipeline() as pipeline:
         for v in await pipeline.submit(group_of(3, "forking", group=None)):
             await finished(pipeline, v.job_id)
     assert len(task.inits) == 3 and task.forks == []
 
 
-async def test_a_group_revived_after_a_crash_makes_one_new_template(tmp_path: Path) -> None:
-    task = Forking()
+async def test_a_group_revived_after_a_crash_makes_one_new_template(
+    make_pipeline: Any, task: Forking, registry: TaskRegistry, tmp_path: Path
+) -> None:
     task.gate.clear()
-    registry = TaskRegistry()
-    registry.register(task)
-    store = ResultStore(tmp_path / "crash.db")
+    db = tmp_path / "crash.db"
+    store = ResultStore(db)
     await store.open()
     first = Pipeline(registry, store, small_config())
     await first.start()
@@ -171,7 +177,7 @@ async def test_a_group_revived_after_a_crash_makes_one_new_template(tmp_path: Pa
     await store.close()
     task.inits.clear()
     task.gate.set()
-    async with pipeline_of(task, tmp_path / "crash.db", max_attempts=3) as second:
+    async with make_pipeline(db=db, max_attempts=3) as second:
         results = [await finished(second, f"g1-{k}") for k in range(3)]
     assert len(task.inits) == 1
     assert [r["state"] for r in results] == ["done"] * 3
