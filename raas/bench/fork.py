@@ -3,10 +3,11 @@
 - fork p50/p95 of a parent whose workspace holds a small repository (``--files`` files,
   ``--mib`` MiB in all), against a cold start (bwrap, python and the action server) of the same
   config; the child's copy of the files is included, and so is restoring its shell.
-- a group of ``--group`` rollouts of one task whose set-up takes ``--setup-s`` seconds (a sleep
-  and the repository written), all started at once: without fork (each sandbox starts and sets
-  up on its own) and with it (one sandbox set up, then forked ``--group`` times); wall time and
-  the CPU of raas and its children (sandboxes included, counted once they are closed).
+- a group of ``--group`` rollouts of one task whose set-up takes ``--setup-s`` seconds of CPU
+  (a build, an install) and writes the repository, all started at once: without fork (each
+  sandbox starts and sets up on its own) and with it (one sandbox set up, then forked
+  ``--group`` times); wall time and CPU (raas's, its reaped children's, and what ran in the
+  sandboxes).
 - disk (tmpfs memory) per child: what its workspace and /tmp hold after the fork.
 Prints; asserts nothing.
 """
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import resource
 import time
+from pathlib import Path
 
 from raas.bench.tools import ms, timed
 from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, create_sandbox
@@ -24,20 +28,35 @@ from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, create_sandbox
 MiB = 1024 * 1024
 
 
-def setup_command(files: int, mib: float, sleep_s: float) -> str:
-    """The task's set-up: a wait (a checkout, an install) and a repository written."""
+def setup_command(files: int, mib: float, cpu_s: float) -> str:
+    """The task's set-up: ``cpu_s`` seconds of CPU (a build, an install) and a repository
+    written."""
     size = max(1, int(mib * MiB / max(files, 1)))
+    busy = f"import time\ne = time.process_time() + {cpu_s}\nwhile time.process_time() < e: pass"
     return (
-        f"sleep {sleep_s}; mkdir -p /workspace/repo && cd /workspace/repo && "
+        f"python3 -c '{busy}'; mkdir -p /workspace/repo && cd /workspace/repo && "
         f"for i in $(seq {files}); do head -c {size} /dev/urandom > f$i; done; "
         "export TASK_READY=1"
     )
 
 
 def cpu_s() -> float:
+    """raas's CPU and that of its children it has reaped (bwrap, cp, tar)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def sandbox_cpu_s(sandbox: Sandbox) -> float:
+    """The CPU of a sandbox's processes so far: each live one's own and that of the children
+    it reaped (a dead set-up command counts in the shell that waited for it). Read before the
+    sandbox closes: the kernel's kill of its namespace reaps them where no one counts."""
+    total = 0
+    for pid in sandbox.host_pids():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def started(config: BwrapConfig) -> Sandbox:
@@ -93,10 +112,11 @@ async def group(args: argparse.Namespace, config: BwrapConfig, fork: bool) -> tu
 
             await asyncio.gather(*(one() for _ in range(args.group)))
         wall = time.perf_counter() - start_wall
+        inside = sum([await asyncio.to_thread(sandbox_cpu_s, sb) for sb in sandboxes])
     finally:
         for sandbox in sandboxes:
             await sandbox.close()
-    return wall, cpu_s() - start_cpu
+    return wall, cpu_s() - start_cpu + inside
 
 
 async def bench(args: argparse.Namespace) -> None:
