@@ -183,3 +183,13 @@ async def test_a_fork_holds_what_its_parent_holds_until_the_last_closes(parent: 
     assert held == ["image"]  # the child's root still stands on the image's layers
     await child.close()
     assert held == []
+
+
+async def test_an_ipython_kernels_memory_is_not_carried_and_is_said(parent: Sandbox) -> None:
+    assert (await parent.ipython("x = 6 * 7\nx")).result == "42"
+    async with started(await parent.fork()) as child:
+        first = await child.ipython("'x' in globals()")
+        assert first.result == "False"
+        assert first.note is not None and "IPython kernel" in first.note
+        assert (await child.ipython("1")).note is None
+    assert (await parent.ipython("x")).result == "42"
