@@ -211,6 +211,14 @@ class RolloutRequest(_Request):
         default=None, gt=0, description="Budget of time inside stages (queue waits not counted)."
     )
     priority: JsonInt = Field(default=0, description="Higher runs first within each stage queue.")
+    group: JobId | None = Field(
+        default=None,
+        description="A group of rollouts of one task (GRPO's n samples of a prompt): the jobs"
+        " in flight on a server that name the same group and the same instance run the task's"
+        " INIT once, and each starts from a fork of its result (its sandbox copied as it was"
+        " after INIT); each stays a job of its own (its id, result and retries: a failed one"
+        " is forked again). Where the task or the sandbox cannot fork, each runs INIT itself.",
+    )
 
 
 class BatchRequest(_Request):

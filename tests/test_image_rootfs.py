@@ -330,6 +330,45 @@ async def test_nothing_is_left_after_close(swe_image: StoredImage, runtime: Path
     assert list(runtime.iterdir()) == []
 
 
+@pytest.mark.images
+async def test_a_fork_starts_from_the_parents_root(
+    swe_image: StoredImage, runtime: Path, how: str
+) -> None:
+    top = swe_image.layers[-1]
+    before = snapshot(top)
+    async with started(swe_image, runtime) as parent:
+        await parent.bash(
+            "echo 'Y = 2' >> /testbed/pkg/mod.py && rm /testbed/README && mkdir /testbed/new"
+            " && touch /testbed/new/f && cd /testbed/new && export STEP=1"
+        )
+        child = await parent.fork()
+        try:
+            seen = await child.bash(
+                "pwd; echo $STEP; cat /testbed/pkg/mod.py; test -e /testbed/README || echo gone;"
+                " test -e /etc/issue || echo gone; id -u; echo z > /testbed/pkg/mod.py && echo ok"
+            )
+            assert seen.output.split("\n")[:-1] == [
+                "/testbed/new",
+                "1",
+                "X = 1",
+                "Y = 2",
+                "gone",
+                "gone",
+                "1000",
+                "ok",
+            ]
+            await parent.bash("echo p > /testbed/p")
+            assert (await parent.read_file("/testbed/pkg/mod.py")) == b"X = 1\nY = 2\n"
+            assert (await child.bash("test -e /testbed/p || echo unseen")).output == "unseen\n"
+            directories = parent.dir, child.dir
+        finally:
+            await child.close()
+        assert (await parent.bash("cat /testbed/new/f /testbed/p")).output == "p\n"
+    assert snapshot(top) == before  # the layers on disk never changed
+    assert not any(d.exists() for d in directories)
+    assert list(runtime.iterdir()) == []
+
+
 class StandInStore:
     """The image store's API (resolve, in_use), over one image."""
 

@@ -44,6 +44,27 @@ class CoinTask:
         return None
 
 
+class ForkingCoin(CoinTask):
+    """A coin whose set-up (init) the server can fork for a group's samples; counts inits."""
+
+    name = "forking-coin"
+
+    def __init__(self) -> None:
+        self.inits: list[str] = []
+        self.forks: list[str] = []
+
+    async def init(self, job: TaskJob) -> TaskContext:
+        self.inits.append(job.job_id)
+        return TaskContext(job=job)
+
+    async def fork_context(self, template: TaskContext, job: TaskJob) -> TaskContext:
+        self.forks.append(job.job_id)
+        return TaskContext(job=job)
+
+
+FORKING = ForkingCoin()
+
+
 def coin(*rewards: float, block: bool = False) -> dict[str, Any]:
     return {"data_source": "coin", "rewards": list(rewards), "block": block}
 
@@ -52,6 +73,7 @@ def coin(*rewards: float, block: bool = False) -> dict[str, Any]:
 def coin_server(tmp_path: Path) -> Iterator[str]:
     registry = TaskRegistry()
     registry.register(CoinTask())
+    registry.register(FORKING)
     app = create_app(ServeSettings(db=tmp_path / "coin.db", cancel_grace_s=0.1), registry)
     server = ServerThread(app).start()
     yield server.url
@@ -92,6 +114,20 @@ async def test_groups_and_as_completed(coin_server: str) -> None:
         ids = await client.submit_batch([RolloutRequest(instance=coin(1)) for _ in range(5)])
         seen = [r.job_id async for r in client.as_completed(ids)]
     assert sorted(seen) == sorted(ids)
+
+
+async def test_a_groups_samples_share_one_set_up_on_the_server(coin_server: str) -> None:
+    FORKING.inits.clear()
+    FORKING.forks.clear()
+    tasks = [{**coin(1, 0), "data_source": "forking-coin", "p": p} for p in range(3)]
+    async with RolloutClient(coin_server) as client:
+        groups = await client.generate_groups(tasks, n=4)
+        assert [g.rewards for g in groups] == [[1, 0, 1, 0]] * 3
+        assert len(FORKING.inits) == 3 and len(FORKING.forks) == 12
+        kept, report = await collect_groups(client, tasks, n=4, batch_size=3, max_in_flight=12)
+    assert len(kept) == 3
+    assert len(FORKING.inits) == 3 + report.prompts_submitted
+    assert len(FORKING.forks) == 12 + report.jobs_submitted
 
 
 def test_the_sync_client(coin_server: str) -> None:

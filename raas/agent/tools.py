@@ -85,7 +85,10 @@ class IPythonTool:
             result.error.get("traceback") or result.error.get("evalue") if result.error else None
         )
         timed_out = "[the cell timed out and was interrupted]" if result.timed_out else None
-        return ToolOutcome(_observation(result.stdout, out, error, timed_out) or "[no output]")
+        note = f"[{result.note}]" if result.note else None
+        return ToolOutcome(
+            _observation(result.stdout, out, error, timed_out, note) or "[no output]"
+        )
 
 
 class EditorTool:

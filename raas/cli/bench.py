@@ -25,7 +25,7 @@ def known() -> list[str]:
 @click.argument("name")
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
-    """Run benchmark NAME: dapo, gateway, images, llm, pipeline, scale, soak or tools. Its own
+    """Run benchmark NAME: dapo, fork, gateway, images, llm, pipeline, scale, soak or tools. Its own
     options come after `--`: `raas bench pipeline -- --help`, `raas bench pipeline -- --jobs 96`.
     Benchmarks print medians and ratios against a baseline measured in the same run; they
     never assert."""

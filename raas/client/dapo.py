@@ -75,7 +75,8 @@ async def collect_groups(
     behind when the group completes is dropped too (``groups_token_stale``: the versions the
     backend reported in the turn records, so ``policy_version`` must count as the backend does;
     a rollout whose backend named none is never stale). The kept rollouts' lags are in
-    ``DapoReport.token_lags``.
+    ``DapoReport.token_lags``. A prompt's n samples are one group on the server
+    (``RolloutRequest.group``): the task is set up once and each sample starts from a fork.
     """
     if max_in_flight < n:
         raise ValueError(f"max_in_flight ({max_in_flight}) must hold at least one group (n={n})")
@@ -104,7 +105,9 @@ async def collect_groups(
             key = uuid.uuid4().hex[:12]
             version = policy_version() if policy_version else None
             requests += [
-                sample_request(task, k, sampling_params, timeout_s, f"dapo-{key}-{k}")
+                sample_request(
+                    task, k, sampling_params, timeout_s, f"dapo-{key}-{k}", f"dapo-{key}"
+                )
                 for k in range(n)
             ]
             keys.append((key, task, version))

@@ -354,12 +354,16 @@ class RolloutClient:
         sampling_params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> list[Group]:
-        """n samples of every task (different seeds when a seed is given); groups in task order."""
+        """n samples of every task (different seeds when a seed is given); groups in task order.
+        The n samples of a task are one group: the server sets the task up once and forks it."""
         requests, owners = [], []
         for t, task in enumerate(tasks):
             key = uuid.uuid4().hex[:12]
             for k in range(n):
-                requests.append(sample_request(task, k, sampling_params, timeout_s, f"g-{key}-{k}"))
+                job_id = f"g-{key}-{k}"
+                requests.append(
+                    sample_request(task, k, sampling_params, timeout_s, job_id, f"g-{key}")
+                )
                 owners.append(t)
         ids = await self.submit_batch(requests)
         groups = [Group(task=dict(task)) for task in tasks]
@@ -375,12 +379,17 @@ def sample_request(
     sampling_params: dict[str, Any] | None,
     timeout_s: float | None,
     job_id: str | None = None,
+    group: str | None = None,
 ) -> RolloutRequest:
-    """The k-th sample of a task (job id ``<group>-<k>``): seeds differ per sample."""
+    """The k-th sample of a task (job id ``<group>-<k>``): seeds differ per sample; ``group``
+    names the samples' group, so that the server runs the task's set-up once for all of them
+    and forks it (``RolloutRequest.group``)."""
     params = dict(sampling_params or {})
     if params.get("seed") is not None:
         params["seed"] = int(params["seed"]) + k
-    return RolloutRequest(instance=task, sampling_params=params, timeout_s=timeout_s, job_id=job_id)
+    return RolloutRequest(
+        instance=task, sampling_params=params, timeout_s=timeout_s, job_id=job_id, group=group
+    )
 
 
 class SyncRolloutClient:

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from raas.pipeline.groups import Group
 from raas.pipeline.states import JobState, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
 from raas.wire import ErrorInfo, ErrorKind, RolloutResult, StageName, Trajectory
@@ -24,6 +25,7 @@ class JobRequest:
     job_id: str | None = None
     timeout_s: float | None = None
     priority: int = 0
+    group: str | None = None  # jobs of one group and instance share INIT (raas.pipeline.groups)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Job:
         self.done = asyncio.Event()
         self.result: RolloutResult | None = None
         self.attempts = 1
+        self.group: Group | None = None  # set while the job is in flight in a group
         self.attempt_errors: list[ErrorInfo] = []  # why each earlier attempt was run again
         self._spent_before = 0.0  # stage time of earlier attempts (each gets the full budget)
         self._waiting_since = time.monotonic()

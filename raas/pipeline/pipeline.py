@@ -25,6 +25,7 @@ from raas.pipeline.errors import (
     RequestRejected,
     StoreUnavailable,
 )
+from raas.pipeline.groups import Groups
 from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
 from raas.pipeline.queue import QueueFull, StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
@@ -36,6 +37,7 @@ from raas.tasks.protocol import (
     PolicyError,
     RewardInfo,
     TaskContext,
+    TaskHandler,
     TaskJob,
     error_kind,
     validate_request,
@@ -87,6 +89,7 @@ def _request_dict(request: JobRequest) -> dict[str, Any]:
         "sampling_params": request.sampling_params,
         "timeout_s": request.timeout_s,
         "priority": request.priority,
+        **({"group": request.group} if request.group is not None else {}),
     }
 
 
@@ -123,6 +126,9 @@ class Pipeline:
         # next start (the job's record says it is unfinished, so it runs again).
         self._abandon = asyncio.Event()
         self._held: set[str] = set()  # jobs finished whose results wait for the store
+        self._groups = Groups(
+            lambda handler, template: self._spawn(self._release(handler, template))
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -192,6 +198,7 @@ class Pipeline:
             rec.job_id,
             req.get("timeout_s"),
             req.get("priority", 0),
+            req.get("group"),
         )
         try:
             task = self.registry.resolve(str(request.instance.get("data_source", "")))
@@ -204,6 +211,7 @@ class Pipeline:
         job.attempt_errors = errors
         job.attempts = len(errors) + 1
         job.stage = Stage.INIT
+        self._join_group(job)
         for obs in self.observers:
             obs.job_submitted(job)
         return job
@@ -358,6 +366,7 @@ class Pipeline:
         for job in jobs:
             job.stage = Stage.INIT
             self._jobs[job.id] = job
+            self._join_group(job)
             job.start_waiting()
             queue.put_nowait(job, reserved=True)
             for obs in self.observers:
@@ -516,7 +525,7 @@ class Pipeline:
     async def _call(self, job: Job, stage: Stage) -> None:
         handler = job.handler
         if stage is Stage.INIT:
-            context = await handler.init(job.task_job)
+            context = await self._groups.init_context(job.group, handler, job.task_job)
             job.context = context
             if job.finishing:  # the job ended while init ignored its cancellation
                 await self._cleanup(job)
@@ -664,8 +673,23 @@ class Pipeline:
                 log.info("job %s: its held result is written", job.id)
             return written
 
+    def _join_group(self, job: Job) -> None:
+        job.group = self._groups.join(
+            job.request.group, job.task, job.request.instance, job.handler
+        )
+
+    async def _release(self, handler: TaskHandler, template: TaskContext) -> None:
+        """Clean up a finished group's template (a context no job holds)."""
+        try:
+            await asyncio.wait_for(handler.cleanup(template), self.config.cleanup_timeout_s)
+        except Exception:
+            log.exception("%s: the cleanup of a group's template failed", handler.name)
+
     def _forget(self, job: Job) -> None:
         self._jobs.pop(job.id, None)
+        if job.group is not None:
+            self._groups.leave(job.group)
+            job.group = None
         if not self._jobs:
             self._idle.set()
 

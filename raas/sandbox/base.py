@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -21,7 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from raas.sandbox.client import (
     RELAY_MAX_BODY_BYTES,
@@ -32,7 +33,7 @@ from raas.sandbox.client import (
     RelayHandler,
     SandboxError,
 )
-from raas.sandbox.config import SandboxConfig
+from raas.sandbox.config import SandboxConfig, SandboxLimits
 from raas.sandbox.runtime import record_launch, runtime_root
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
@@ -68,6 +69,8 @@ def launch_env(*keep: str) -> dict[str, str]:
 
 
 class Sandbox(ABC):
+    can_fork: ClassVar[bool] = False  # whether ``fork`` works for this provider
+
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.limits = config.limits
@@ -79,7 +82,9 @@ class Sandbox(ABC):
         self._close_lock = asyncio.Lock()
         self._stderr = bytearray()
         self._stderr_reader: asyncio.Task[None] | None = None
-        self._held = contextlib.ExitStack()
+        self._held: list[SharedHold] = []
+        # Said once, with the first tool's answer (a fork: what it could not carry over).
+        self.note: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -107,8 +112,23 @@ class Sandbox(ABC):
 
     def hold(self, resource: contextlib.AbstractContextManager[Any]) -> None:
         """Enter ``resource`` now and leave it when the sandbox is closed (e.g. the image
-        store's ``in_use(image)``, so that no prune removes the layers under the sandbox)."""
-        self._held.enter_context(resource)
+        store's ``in_use(image)``, so that no prune removes the layers under the sandbox); its
+        forks hold it too, and it is left when the last of them closes."""
+        self._held.append(SharedHold(resource))
+
+    def share_holds(self, child: Sandbox) -> None:
+        """Make ``child`` (a fork of this sandbox) hold what this one holds."""
+        for held in self._held:
+            child._held.append(held.share())
+
+    async def fork(self, limits: SandboxLimits | None = None) -> Sandbox:
+        """A new, started sandbox whose files are a copy of this one's now (root, workspace,
+        scratch), with its own limits (``limits``, else this one's), its own action server, and
+        a shell in this shell's directory with its exported variables. Processes are not
+        carried over: what ran here besides the shell is named in the child's ``note``. Call it
+        between tool calls (no action of this sandbox running); the two are independent after.
+        """
+        raise SandboxError(f"{type(self).__name__} cannot fork")
 
     async def start(self) -> None:
         try:
@@ -194,7 +214,8 @@ class Sandbox(ABC):
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._stderr_reader
                 await asyncio.to_thread(shutil.rmtree, self.dir, True)
-                self._held.close()
+                for held in self._held:
+                    held.release()
 
     @abstractmethod
     async def _terminate(self) -> None:
@@ -231,7 +252,14 @@ class Sandbox(ABC):
         result = await self.call(
             "bash", command=command, timeout_s=timeout_s or self.limits.action_timeout_s
         )
-        return BashResult(**result)
+        bash = BashResult(**result)
+        if note := self._take_note():
+            bash = dataclasses.replace(bash, note=f"{note}; {bash.note}" if bash.note else note)
+        return bash
+
+    def _take_note(self) -> str | None:
+        note, self.note = self.note, None
+        return note
 
     async def exec(
         self,
@@ -256,7 +284,7 @@ class Sandbox(ABC):
         result = await self.call(
             "ipython", code=code, timeout_s=timeout_s or self.limits.action_timeout_s
         )
-        return IPythonResult(**result)
+        return IPythonResult(**result, note=self._take_note())
 
     async def editor(self, command: str, path: str, **args: Any) -> str:
         result = await self.call("editor", command=command, path=path, **args)
@@ -312,6 +340,24 @@ class Sandbox(ABC):
         """Copy a sandbox file or directory into the host directory ``dest``."""
         result = await self.call("download", path=path)
         await asyncio.to_thread(_untar, base64.b64decode(result["tar_b64"]), dest)
+
+
+class SharedHold:
+    """A resource entered once and left when the last sandbox that shares it lets it go."""
+
+    def __init__(self, resource: contextlib.AbstractContextManager[Any]) -> None:
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(resource)
+        self._count = 1
+
+    def share(self) -> SharedHold:
+        self._count += 1
+        return self
+
+    def release(self) -> None:
+        self._count -= 1
+        if self._count == 0:
+            self._stack.close()
 
 
 async def reap(process: asyncio.subprocess.Process, timeout_s: float) -> bool:

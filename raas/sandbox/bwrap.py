@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -28,7 +29,18 @@ from pathlib import Path
 from raas.sandbox import procs, seccomp
 from raas.sandbox.base import INSIDE_DIR, launch_env
 from raas.sandbox.client import SandboxError
-from raas.sandbox.config import BwrapConfig
+from raas.sandbox.config import BwrapConfig, SandboxLimits
+from raas.sandbox.fork import (
+    READ_SHELL,
+    SCRATCH_OWN,
+    SHELL_OUTPUT_BYTES,
+    ShellState,
+    copy_entries,
+    copy_into,
+    fork_note,
+    namespace_init,
+    not_carried,
+)
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
 from raas.sandbox.oci.image import StoredImage
 
@@ -127,6 +139,17 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+@dataclasses.dataclass(frozen=True)
+class _ForkLayer:
+    """Where a fork's parent keeps its root's changes (a host path through its /proc/PID/root):
+    its overlay's upper directory, or its whole root (``whole_root``: the copy fallback);
+    ``owner``: the parent's host uid (raas as root)."""
+
+    source: Path
+    whole_root: bool
+    owner: int | None
+
+
 class BwrapSandbox(NamespacedSandbox):
     """A bwrap sandbox; with ``image``, its root is a copy-on-write overlay of that image's
     layers (``raas.sandbox.rootfs``), its action server runs on the image's own python3 (or,
@@ -135,12 +158,14 @@ class BwrapSandbox(NamespacedSandbox):
     """
 
     config: BwrapConfig
+    can_fork = True
 
     def __init__(self, config: BwrapConfig, image: StoredImage | None = None) -> None:
         super().__init__(config, image)
         # Read from the image's layers before the launch (off the event loop).
         self._root_binds: list[str] = []
         self._root_prefix: list[str] = []
+        self._fork_layer: _ForkLayer | None = None
 
     def _bwrap_args(self, data_fds: dict[str, int]) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -191,9 +216,67 @@ class BwrapSandbox(NamespacedSandbox):
 
     def _plan_root(self, user: int | None) -> None:
         """For an image: its root planned, and bwrap's binds and the mount prefix made."""
+        if self._fork_layer is not None:
+            self._take_fork_layer(self._fork_layer, user)
         root = self._prepare_root(user)
         if root is not None:
             self._root_binds, self._root_prefix = root.bwrap_args(), root.launch_prefix()
+
+    def _take_fork_layer(self, layer: _ForkLayer, user: int | None) -> None:
+        """A fork's root: the parent's changes (its overlay's upper directory), copied now into
+        a layer of this sandbox's own on top of the parent's layers (or, from the copy fallback,
+        the parent's whole root, the only layer)."""
+        assert self.image is not None
+        target = self.dir / "layer"
+        target.mkdir(mode=0o755)
+        owner = None if layer.owner is None or user is None else (layer.owner, user)
+        copy_entries(layer.source, target, owner=owner)
+        layers = (target,) if layer.whole_root else (*self.image.layers, target)
+        self.image = dataclasses.replace(self.image, layers=layers)
+
+    def _host_uid(self) -> int | None:
+        return None if self._slot is None else self.config.uid_base + self._slot
+
+    async def fork(self, limits: SandboxLimits | None = None) -> BwrapSandbox:
+        shell = await self.call("bash", command=READ_SHELL, max_output=SHELL_OUTPUT_BYTES)
+        if shell["exit_code"] != 0 or shell["output_cut_bytes"]:
+            raise SandboxError(f"sandbox {self.id}: cannot read its shell's state to fork it")
+        state = ShellState.parse(str(shell["output"]))
+        pids = await asyncio.to_thread(self.host_pids)
+        lost = await asyncio.to_thread(not_carried, pids)
+        init = await asyncio.to_thread(namespace_init, pids)
+        if init is None or self.process is None:
+            raise SandboxError(f"sandbox {self.id}: its processes are gone; cannot fork it")
+        config = self.config
+        if limits is not None:
+            config = config.model_copy(update={"limits": limits})
+        child = BwrapSandbox(config, self.image)
+        if self._root is not None:
+            tree = "upper" if self._root.overlay is not None else "root"
+            # The parent's root lives in its launch's mount namespace (not bwrap's).
+            source = Path(f"/proc/{self.process.pid}/root{self._root.mount_dir}/{tree}")
+            child._fork_layer = _ForkLayer(source, tree == "root", self._host_uid())
+        self.share_holds(child)
+        try:
+            await child.start()
+            child_init = await asyncio.to_thread(namespace_init, child.host_pids())
+            if child_init is None:
+                raise SandboxError(f"sandbox {child.id}: its namespace was not found")
+            uid = child._host_uid()
+            for path, skip in ((config.workdir, ""), ("/tmp", SCRATCH_OWN)):
+                ours, theirs = (
+                    Path(f"/proc/{init}/root{path}"),
+                    Path(f"/proc/{child_init}/root{path}"),
+                )
+                await asyncio.to_thread(copy_into, ours, theirs, skip, uid)
+            restored = await child.bash(state.restore_command())
+            if restored.exit_code != 0:
+                raise SandboxError(f"fork of {self.id}: the shell's state: {restored.output}")
+        except BaseException:
+            await child.close()
+            raise
+        child.note = fork_note(self.id, lost)
+        return child
 
     def _data(self) -> dict[str, bytes]:
         """The files bwrap makes from data: passwd, group, and the action server's code."""

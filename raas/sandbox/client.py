@@ -87,6 +87,7 @@ class IPythonResult:
     error: dict[str, str] | None
     timed_out: bool
     kernel_restarted: bool = False
+    note: str | None = None
 
 
 class ActionClient:

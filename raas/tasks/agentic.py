@@ -104,6 +104,23 @@ class AgentTask:
             await self.setup(ctx)
         return ctx
 
+    async def fork_context(self, template: TaskContext, job: TaskJob) -> AgentContext:
+        """``job``'s context from a group's template (another job's INIT of the same instance):
+        a fork of its sandbox as the set-up left it. Where there is no sandbox, or it cannot
+        fork (apptainer, local), ``job`` runs INIT of its own."""
+        source = _agent(template)
+        if source.sandbox is None or not source.sandbox.can_fork:
+            return await self.init(job)
+        sandbox = await source.sandbox.fork()
+        ctx = self.forked(source, job, sandbox)
+        ctx.closing.append(sandbox)
+        return ctx
+
+    def forked(self, template: AgentContext, job: TaskJob, sandbox: Sandbox) -> AgentContext:
+        """The context of a fork of ``template``'s sandbox: what INIT set besides the sandbox
+        (a subclass's own fields) carried over."""
+        return AgentContext(job=job, sandbox=sandbox)
+
     @asynccontextmanager
     async def cleaned_up_on_error(self, ctx: AgentContext) -> AsyncIterator[None]:
         """INIT's set-up: if it fails (or is cancelled), what it opened is closed before the error

@@ -189,6 +189,9 @@ class HarnessTask(AgentTask):
             await self.wrapped(job.instance).setup(ctx)
         return ctx
 
+    def forked(self, template: AgentContext, job: TaskJob, sandbox: Sandbox) -> HarnessContext:
+        return HarnessContext(job=job, sandbox=sandbox, agent_site=_harness(template).agent_site)
+
     async def run(self, context: TaskContext) -> Trajectory:
         ctx = _harness(context)
         job, sandbox = ctx.job, ctx.sandbox

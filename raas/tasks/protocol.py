@@ -6,6 +6,9 @@ pipeline calls ``cleanup`` exactly once for every context that ``init`` returned
 after. If ``init`` itself is interrupted (cancelled, timed out, or it raises), it has returned no
 context, so it must release what it had acquired before re-raising.
 
+A handler may also have ``fork_context`` (see ``context_forker``): a group of jobs of one instance
+then runs ``init`` once and each job starts from a fork of that context.
+
 A stage that raises fails the job with an error of kind ``infra`` (run again, in a fresh
 sandbox, up to the attempt limit) unless the exception is a ``PolicyError`` (the job's own
 doing: running it again would end the same way), see ``error_kind``.
@@ -185,6 +188,19 @@ def parse_params(
         raise InvalidInstance.from_validation_error(
             e, ("sampling_params",), model.model_fields, owner
         ) from None
+
+
+class ContextForker(Protocol):
+    async def __call__(self, template: TaskContext, job: TaskJob) -> TaskContext: ...
+
+
+def context_forker(handler: TaskHandler) -> ContextForker | None:
+    """The handler's optional ``fork_context(template, job)``: a context for ``job`` made from
+    ``template``, a context its ``init`` returned for another job of the same instance (a fork
+    of its sandbox), released by ``cleanup`` as any other. Like ``init``, it releases what it
+    acquired before it raises. None where the handler has none: each job runs ``init``."""
+    fork = getattr(handler, "fork_context", None)
+    return fork if callable(fork) else None
 
 
 def validate_request(handler: TaskHandler, job: TaskJob) -> None:

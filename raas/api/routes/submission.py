@@ -11,7 +11,9 @@ from raas.wire import JobStatus, RolloutRequest
 
 
 def job_request(req: RolloutRequest) -> JobRequest:
-    return JobRequest(req.instance, req.sampling_params, req.job_id, req.timeout_s, req.priority)
+    return JobRequest(
+        req.instance, req.sampling_params, req.job_id, req.timeout_s, req.priority, req.group
+    )
 
 
 async def submit(pipeline: Pipeline, reqs: Sequence[RolloutRequest], batch: bool) -> list[JobView]:

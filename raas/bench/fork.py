@@ -1,0 +1,142 @@
+"""`raas bench fork`: forking a live bubblewrap sandbox against starting one cold, same run.
+
+- fork p50/p95 of a parent whose workspace holds a small repository (``--files`` files,
+  ``--mib`` MiB in all), against a cold start (bwrap, python and the action server) of the same
+  config; the child's copy of the files is included, and so is restoring its shell.
+- a group of ``--group`` rollouts of one task whose set-up takes ``--setup-s`` seconds of CPU
+  (a build, an install) and writes the repository, all started at once: without fork (each
+  sandbox starts and sets up on its own) and with it (one sandbox set up, then forked
+  ``--group`` times); wall time and CPU (raas's, its reaped children's, and what ran in the
+  sandboxes).
+- disk (tmpfs memory) per child: what its workspace and /tmp hold after the fork.
+Prints; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import time
+from pathlib import Path
+
+from raas.bench.tools import ms, timed
+from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, create_sandbox
+
+MiB = 1024 * 1024
+
+
+def setup_command(files: int, mib: float, cpu_s: float) -> str:
+    """The task's set-up: ``cpu_s`` seconds of CPU (a build, an install) and a repository
+    written."""
+    size = max(1, int(mib * MiB / max(files, 1)))
+    busy = f"import time\ne = time.process_time() + {cpu_s}\nwhile time.process_time() < e: pass"
+    return (
+        f"python3 -c '{busy}'; mkdir -p /workspace/repo && cd /workspace/repo && "
+        f"for i in $(seq {files}); do head -c {size} /dev/urandom > f$i; done; "
+        "export TASK_READY=1"
+    )
+
+
+def cpu_s() -> float:
+    """raas's CPU and that of its children it has reaped (bwrap, cp, tar)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def sandbox_cpu_s(sandbox: Sandbox) -> float:
+    """The CPU of a sandbox's processes so far: each live one's own and that of the children
+    it reaped (a dead set-up command counts in the shell that waited for it). Read before the
+    sandbox closes: the kernel's kill of its namespace reaps them where no one counts."""
+    total = 0
+    for pid in sandbox.host_pids():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def started(config: BwrapConfig) -> Sandbox:
+    sandbox = create_sandbox(config)
+    await sandbox.start()
+    return sandbox
+
+
+async def cold_and_fork(args: argparse.Namespace, config: BwrapConfig) -> None:
+    async def cold() -> None:
+        sandbox = await started(config)
+        await sandbox.close()
+
+    await cold()  # warm the page cache and the probes
+    cold_times = await timed(args.starts, cold)
+    parent = await started(config)
+    try:
+        await parent.bash(setup_command(args.files, args.mib, 0), timeout_s=300)
+        children: list[Sandbox] = []
+
+        async def fork() -> None:
+            children.append(await parent.fork())
+
+        fork_times = await timed(args.starts, fork)
+        used = await children[0].bash("du -sk /workspace /tmp | awk '{s+=$1} END {print s}'")
+        for child in children:
+            await child.close()
+    finally:
+        await parent.close()
+    print(f"cold start          {ms(cold_times)}")
+    print(f"fork ({args.files} files, {args.mib:g} MiB) {ms(fork_times)}")
+    print(f"disk per child      {int(used.output.strip() or 0) / 1024:.1f} MiB of tmpfs")
+
+
+async def group(args: argparse.Namespace, config: BwrapConfig, fork: bool) -> tuple[float, float]:
+    """Wall time and CPU of one group's set-up, with or without fork."""
+    command = setup_command(args.files, args.mib, args.setup_s)
+    start_wall, start_cpu = time.perf_counter(), cpu_s()
+    sandboxes: list[Sandbox] = []
+    try:
+        if fork:
+            parent = await started(config)
+            sandboxes.append(parent)
+            await parent.bash(command, timeout_s=300)
+            sandboxes += await asyncio.gather(*(parent.fork() for _ in range(args.group)))
+        else:
+
+            async def one() -> Sandbox:
+                sandbox = await started(config)
+                sandboxes.append(sandbox)
+                await sandbox.bash(command, timeout_s=300)
+                return sandbox
+
+            await asyncio.gather(*(one() for _ in range(args.group)))
+        wall = time.perf_counter() - start_wall
+        inside = sum([await asyncio.to_thread(sandbox_cpu_s, sb) for sb in sandboxes])
+    finally:
+        for sandbox in sandboxes:
+            await sandbox.close()
+    return wall, cpu_s() - start_cpu + inside
+
+
+async def bench(args: argparse.Namespace) -> None:
+    config = BwrapConfig(limits=SandboxLimits(disk_bytes=max(256 * MiB, int(4 * args.mib * MiB))))
+    await cold_and_fork(args, config)
+    plain = await group(args, config, fork=False)
+    forked = await group(args, config, fork=True)
+    print(f"group of {args.group}, set-up {args.setup_s:g} s each:")
+    print(f"  without fork      wall {plain[0]:6.2f} s, CPU {plain[1]:6.2f} s")
+    print(f"  with fork         wall {forked[0]:6.2f} s, CPU {forked[1]:6.2f} s")
+    ratios = plain[0] / forked[0], plain[1] / forked[1]
+    print(f"  ratio             wall {ratios[0]:5.1f}x, CPU {ratios[1]:5.1f}x")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="raas bench fork", description=__doc__)
+    parser.add_argument("--starts", type=int, default=30)
+    parser.add_argument("--files", type=int, default=200)
+    parser.add_argument("--mib", type=float, default=8.0)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--setup-s", type=float, default=2.0)
+    asyncio.run(bench(parser.parse_args(argv)))
+    return 0
