@@ -17,7 +17,10 @@ call whose prompt ids extend a segment's tokens continues it too. Any other call
 compaction, a sub-agent) starts a new segment.
 
 A continuing call's conversation is rendered whole, before generating: where that extends the
-segment's tokens, it is the prompt. Where it does not, either the template rewrites earlier turns
+segment's tokens, it is the prompt. Only the new messages' part of the text is tokenized: each
+segment keeps the text of its latest rendering up to its last end-of-turn token (where the
+tokenizer splits, so that text's tokens are the segment's first ones), and a rendering that
+starts with that text tokenizes the rest alone. Where it does not, either the template rewrites earlier turns
 (Qwen3's drops the ``<think>`` reasoning of the turns before a new user message): the call then
 starts a new segment from the template's rendering (``rewritten`` in its record,
 ``gateway_rewrites`` in the metrics), so nothing drifts silently; or the template adds the new
@@ -50,6 +53,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from pydantic import PrivateAttr
+
 from raas.agent.loop import Generator
 from raas.llm.anthropic_messages import (
     CountTokensRequest,
@@ -57,7 +62,7 @@ from raas.llm.anthropic_messages import (
     messages_answer,
 )
 from raas.llm.anthropic_messages import error_answer as anthropic_error
-from raas.llm.chat import end_of_turn, sequel_delta
+from raas.llm.chat import encode, end_of_turn, sequel_delta, split_point
 from raas.llm.gemini_content import CountTokensRequest as GeminiCountRequest
 from raas.llm.gemini_content import (
     CountTokensResponse,
@@ -68,6 +73,7 @@ from raas.llm.gemini_content import error_answer as google_error
 from raas.llm.openai_chat import (
     ChatOutput,
     chat_answer,
+    prompt_text,
     read_output,
     render_prompt,
     reply_message,
@@ -85,12 +91,23 @@ Reply = tuple[int, dict[str, str], bytes]
 JSON_HEADERS = {"content-type": "application/json"}
 
 
+@dataclass(frozen=True)
+class _Head:
+    """A rendering's text up to a point where the tokenizer splits (see
+    :func:`raas.llm.chat.split_point`), and how many tokens it makes: a segment's first ones."""
+
+    text: str
+    n: int
+
+
 class Segment(Trajectory):
     """One run of calls that extend each other: a trajectory of its own (its tokens, messages
     and calls), with the tools its calls were rendered with."""
 
     tools: list[dict[str, Any]] | None = None
     drift: int = 0  # continuing calls whose full re-rendering differs from the tokens kept
+    # Its ids only grow, so a head once true stays true; the latest saves the most.
+    _head: _Head | None = PrivateAttr(default=None)
 
     def out(self) -> dict[str, Any]:
         return self.model_dump(exclude={"tools", "stop_reason"})
@@ -105,6 +122,7 @@ class _Call:
     inserted: list[int]  # the tokens between the segment's ids and the prompt
     drift: bool  # continued, though re-rendering its conversation gives other tokens
     rewritten: bool = False  # new, since the template rewrote the segment's earlier turns
+    head: _Head | None = None  # where the prompt is the rendering's tokens: the head of its text
 
 
 def _new_token() -> str:
@@ -267,26 +285,44 @@ class GatewaySession:
 
     def _plan(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> _Call:
         """The call's prompt ids, and which segment (if any) it continues."""
-        tok = self.tokenizer
-        rendered = render_prompt(tok, messages, tools)
+        text = prompt_text(self.tokenizer, messages, tools)
         for seg in reversed(self.segments):  # the latest first
             n = len(seg.messages)
             if seg.tools != tools or not n or len(messages) <= n:
                 continue
             if all(same(a, b) for a, b in zip(messages[:n], seg.messages, strict=False)):
-                return self._sequel(seg, messages, tools, rendered)
+                return self._sequel(seg, messages, tools, text)
+        rendered = encode(self.tokenizer, text)
+        head = self._head(text, rendered)
         for seg in reversed(self.segments):
             ids = seg.ids
             if seg.tools == tools and len(rendered) > len(ids) and rendered[: len(ids)] == ids:
-                return _Call(rendered, seg, rendered[len(ids) :], False)
-        return _Call(rendered, None, [], False)
+                return _Call(rendered, seg, rendered[len(ids) :], False, head=head)
+        return _Call(rendered, None, [], False, head=head)
+
+    def _tokens(self, seg: Segment, text: str) -> list[int]:
+        """The tokens of ``text``: where it starts with the text of ``seg``'s head, the head's
+        tokens (the segment's first ones), then those of the rest, which alone is tokenized."""
+        head = seg._head
+        if head is None or not text.startswith(head.text):
+            return encode(self.tokenizer, text)
+        return seg.ids[: head.n] + encode(self.tokenizer, text[len(head.text) :])
+
+    def _head(self, text: str, rendered: list[int]) -> _Head | None:
+        """The head of a rendering ``text`` whose tokens are ``rendered``."""
+        cut = split_point(self.tokenizer, text)
+        if cut is None:
+            return None
+        tail = encode(self.tokenizer, text[cut:])
+        n = len(rendered) - len(tail)
+        return _Head(text[:cut], n) if n >= 0 and rendered[n:] == tail else None
 
     def _sequel(
         self,
         seg: Segment,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        rendered: list[int],
+        text: str,
     ) -> _Call:
         """A call whose conversation is ``seg``'s plus new messages: it continues ``seg`` where
         the template's rendering of it extends the segment's tokens, or where the template adds
@@ -294,14 +330,15 @@ class GatewaySession:
         re-encode otherwise: drift, counted). A template that rewrites earlier turns (Qwen3's
         drops the reasoning before a new user message) starts a new segment from its rendering,
         so the model sees what its template gives it, and the kept tokens never drift from it."""
-        ids = seg.ids
+        ids, rendered = seg.ids, self._tokens(seg, text)
         if len(rendered) > len(ids) and rendered[: len(ids)] == ids:
-            return _Call(rendered, seg, rendered[len(ids) :], False)
+            return _Call(rendered, seg, rendered[len(ids) :], False, head=self._head(text, rendered))
         tok, n = self.tokenizer, len(seg.messages)
         before, after = template_messages(tok, messages[:n]), template_messages(tok, messages[n:])
         delta = sequel_delta(tok, before, after, tools)
         if delta is None:
-            return _Call(rendered, None, [], False, rewritten=True)
+            head = self._head(text, rendered)
+            return _Call(rendered, None, [], False, rewritten=True, head=head)
         inserted = end_of_turn(tok, ids) + delta
         return _Call(ids + inserted, seg, inserted, True)
 
@@ -330,6 +367,8 @@ class GatewaySession:
             seg.add_inserted(call.inserted)
             seg.drift += call.drift
         seg.next_prompt()  # the segment's ids are now the call's prompt
+        if call.head is not None:
+            seg._head = call.head
         seg.add_generated(ids, logprobs)
         seg.messages[:] = [*messages, reply_message(parsed)]
         self.calls += 1

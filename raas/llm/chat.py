@@ -131,6 +131,24 @@ def turn_delta(tokenizer: Any, ids: list[int], messages: list[dict[str, Any]]) -
     return end_of_turn(tokenizer, ids) + observation_delta(tokenizer, messages)
 
 
+def split_point(tokenizer: Any, text: str) -> int | None:
+    """Where ``text`` can be cut so that its tokens are the two parts' tokens end to end: just
+    past its last end-of-turn token, where the tokenizer splits before anything else (a special
+    token that strips no whitespace after it). None where the text or the tokenizer has none.
+
+    So a conversation rendered again with new messages after that point re-tokenizes only them.
+    """
+    eos = tokenizer.eos_token
+    at = text.rfind(eos) if eos and _splits_at_eos(tokenizer) else -1
+    return None if at < 0 else at + len(eos)
+
+
+@functools.lru_cache(maxsize=8)
+def _splits_at_eos(tokenizer: Any) -> bool:
+    added = getattr(tokenizer, "added_tokens_decoder", {}).get(tokenizer.eos_token_id)
+    return bool(added is not None and added.special and not added.rstrip)
+
+
 def end_of_turn(tokenizer: Any, ids: list[int]) -> list[int]:
     """The end-of-turn token where the model's turn at the end of ``ids`` lacks it (cut off at
     max_tokens or at a stop string); nothing where it wrote it."""

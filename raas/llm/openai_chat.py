@@ -79,9 +79,14 @@ def render_prompt(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> list[int]:
     """The prompt's token ids: the model's chat template, tools included, ready to generate."""
-    return encode(
-        tokenizer, render_text(tokenizer, template_messages(tokenizer, messages), tools, True)
-    )
+    return encode(tokenizer, prompt_text(tokenizer, messages, tools))
+
+
+def prompt_text(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> str:
+    """The prompt as text (:func:`render_prompt` tokenizes it)."""
+    return render_text(tokenizer, template_messages(tokenizer, messages), tools, True)
 
 
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str, str] | None:
