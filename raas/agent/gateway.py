@@ -20,13 +20,14 @@ A continuing call's conversation is rendered whole, before generating: where tha
 segment's tokens, it is the prompt. Only the new messages' part of the text is tokenized: each
 segment keeps the text of its latest rendering up to its last end-of-turn token (where the
 tokenizer splits, so that text's tokens are the segment's first ones), and a rendering that
-starts with that text tokenizes the rest alone. Where it does not, either the template rewrites earlier turns
-(Qwen3's drops the ``<think>`` reasoning of the turns before a new user message): the call then
-starts a new segment from the template's rendering (``rewritten`` in its record,
-``gateway_rewrites`` in the metrics), so nothing drifts silently; or the template adds the new
-messages without touching earlier ones (rendering the conversation with and without them gives a
-prefix: the delta is exact) and only the model's own tokens re-encode otherwise: the call
-continues the segment with that delta, and ``drift`` counts it.
+starts with that text tokenizes the rest alone. Where the prompt does not extend the segment's
+tokens, either the template rewrites earlier turns (Qwen3's drops the ``<think>`` reasoning of
+the turns before a new user message): the call then starts a new segment from the template's
+rendering (``rewritten`` in its record, ``gateway_rewrites`` in the metrics), so nothing drifts
+silently; or the template adds the new messages without touching earlier ones (rendering the
+conversation with and without them gives a prefix: the delta is exact) and only the model's own
+tokens re-encode otherwise: the call continues the segment with that delta, and ``drift`` counts
+it.
 
 Each segment is a ``raas.wire.Trajectory`` (``Segment``) and records each call's prompt as
 given to the model, so the pipeline checks every segment's invariant as it checks a job's
@@ -332,7 +333,8 @@ class GatewaySession:
         so the model sees what its template gives it, and the kept tokens never drift from it."""
         ids, rendered = seg.ids, self._tokens(seg, text)
         if len(rendered) > len(ids) and rendered[: len(ids)] == ids:
-            return _Call(rendered, seg, rendered[len(ids) :], False, head=self._head(text, rendered))
+            head = self._head(text, rendered)
+            return _Call(rendered, seg, rendered[len(ids) :], False, head=head)
         tok, n = self.tokenizer, len(seg.messages)
         before, after = template_messages(tok, messages[:n]), template_messages(tok, messages[n:])
         delta = sequel_delta(tok, before, after, tools)
