@@ -314,9 +314,12 @@ class GatewaySession:
         cut = split_point(self.tokenizer, text)
         if cut is None:
             return None
-        tail = encode(self.tokenizer, text[cut:])
-        n = len(rendered) - len(tail)
-        return _Head(text[:cut], n) if n >= 0 and rendered[n:] == tail else None
+        # The text's last end-of-turn token is its tokens' last: the head's end (found from the
+        # back, since only the generation prompt follows it).
+        eos, n = self.tokenizer.eos_token_id, len(rendered)
+        while n and rendered[n - 1] != eos:
+            n -= 1
+        return _Head(text[:cut], n) if n else None
 
     def _sequel(
         self,
