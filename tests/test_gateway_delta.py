@@ -4,6 +4,7 @@ template's rendering of the whole conversation."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from raas.llm.chat import encode, split_point
@@ -67,3 +68,6 @@ def test_a_rendering_splits_after_its_last_end_of_turn_token() -> None:
     assert cut is not None and text[:cut].endswith(tok.eos_token)
     assert encode(tok, text) == encode(tok, text[:cut]) + encode(tok, text[cut:])
     assert split_point(tok, "no end of turn here") is None
+    plain = copy.deepcopy(tok)  # one that reads special tokens in a text as plain text
+    plain.split_special_tokens = True
+    assert split_point(plain, text) is None

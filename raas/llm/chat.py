@@ -145,6 +145,9 @@ def split_point(tokenizer: Any, text: str) -> int | None:
 
 @functools.lru_cache(maxsize=8)
 def _splits_at_eos(tokenizer: Any) -> bool:
+    """Is every end-of-turn token in a text read as that token, which ends what precedes it?"""
+    if getattr(tokenizer, "split_special_tokens", False):  # read as plain text instead
+        return False
     added = getattr(tokenizer, "added_tokens_decoder", {}).get(tokenizer.eos_token_id)
     return bool(added is not None and added.special and not added.rstrip)
 
