@@ -5,6 +5,7 @@ bounded and closed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -204,3 +205,54 @@ async def test_snapshots_are_bounded_per_job_and_in_all_and_closed_at_the_end() 
     assert all(sandbox.closed for _, sandbox in made.values())
     with pytest.raises(LookupError):
         snapshots.get("b", 1)
+
+
+class Held(Scripts):
+    """Scripts whose answer to ``held`` waits until the test lets it go (never, here)."""
+
+    def __init__(self, tokenizer: Any, scripts: dict[str, list[str]], held: str) -> None:
+        super().__init__(tokenizer, scripts)
+        self.held, self.reached = held, asyncio.Event()
+
+    async def generate(
+        self, session: str, prompt_ids: list[int], params: SamplingParams
+    ) -> Generation:
+        if session == self.held:
+            self.reached.set()
+            await asyncio.Event().wait()
+        return await super().generate(session, prompt_ids, params)
+
+
+async def test_a_branch_in_flight_at_a_crash_fails_after_the_restart(
+    tmp_path: Path, tok: Any
+) -> None:
+    """Its snapshot died with the server: the job fails at once, nothing of it half-started."""
+    db = tmp_path / "crash.db"
+    registry = TaskRegistry()
+    registry.register(Branchy())
+    policy = Held(tok, {"parent": list(PARENT)}, held="branch")
+    services = TaskServices(llm=policy, sandbox_config=BwrapConfig())
+    store = ResultStore(db)
+    await store.open()
+    first = Pipeline(registry, store, small_config(), services=services)
+    await first.start()
+    await run_job(first, "parent", sampling_params={"keep_snapshots": 3})
+    branch = Branch(job_id="parent", turn=1)
+    await first.submit([JobRequest(INSTANCE, job_id="branch", branch=branch)])
+    await asyncio.wait_for(policy.reached.wait(), 10)
+    for worker in first._workers:  # the process "dies": nothing finishes, the store closes
+        worker.cancel()
+    await store.close()
+    await services.close()
+    fresh = TaskServices(llm=Scripts(tok, {}), sandbox_config=BwrapConfig())
+    store = ResultStore(db)
+    await store.open()
+    second = Pipeline(registry, store, small_config(max_attempts=3), services=fresh)
+    await second.start()
+    try:
+        result = await finished(second, "branch")
+    finally:
+        await second.stop(grace_s=0)
+        await store.close()
+    assert result["state"] == "failed"
+    assert result["error"]["type"] == "invalid_after_restart"
