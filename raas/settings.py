@@ -153,6 +153,12 @@ class ServeSettings(BaseSettings):
         " runs $RAAS_APPTAINER_IMAGE from $RAAS_APPTAINER_IMAGES, see `raas images`).",
     )
     warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes kept started ahead.")
+    max_snapshots: int = Field(
+        default=64,
+        ge=0,
+        description="Per-turn snapshots kept for branches on this server, all jobs together"
+        " (each an idle fork of a sandbox; the oldest is evicted first).",
+    )
     agents_venv: DirectoryPath | None = Field(
         default=None,
         description="A virtual environment holding agent frameworks that harness tasks run"

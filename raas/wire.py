@@ -196,6 +196,15 @@ class _Request(_Strict):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class Branch(_Strict):
+    """Where a branch starts: an earlier job of this server and a turn of it."""
+
+    job_id: JobId = Field(description="The job to branch from (it kept snapshots).")
+    turn: Annotated[int, Field(ge=1), BeforeValidator(_integral)] = Field(
+        description="Turns 1..turn of that job are the branch's start (not generated again)."
+    )
+
+
 class RolloutRequest(_Request):
     instance: Instance = Field(
         description="The task instance; `data_source` picks the task handler."
@@ -218,6 +227,14 @@ class RolloutRequest(_Request):
         " INIT once, and each starts from a fork of its result (its sandbox copied as it was"
         " after INIT); each stays a job of its own (its id, result and retries: a failed one"
         " is forked again). Where the task or the sandbox cannot fork, each runs INIT itself.",
+    )
+    branch: Branch | None = Field(
+        default=None,
+        description="Start from an earlier job's state after a turn: its token prefix (ids,"
+        " loss_mask and logprobs of turns 1..turn, not generated again), its conversation and"
+        " its sandbox as it was after that turn. That job must have been submitted with"
+        " `sampling_params.keep_snapshots` and the snapshot still kept; otherwise a 422 names"
+        " what is missing (`branch.job_id`, `branch.turn`). The instance must be that job's.",
     )
 
 

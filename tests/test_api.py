@@ -55,6 +55,14 @@ async def test_submit_then_long_poll_a_countdown_result(client: Client) -> None:
         ),
         ({"instance": {"data_source": "probe"}, "timeout": 3}, ["body", "timeout"]),
         ({"instance": {"data_source": "probe"}, "timeout_s": -1}, ["body", "timeout_s"]),
+        (
+            {"instance": {"data_source": "probe"}, "branch": {"job_id": "nobody", "turn": 1}},
+            ["body", "branch", "job_id"],
+        ),
+        (
+            {"instance": {"data_source": "probe"}, "branch": {"job_id": "a", "turn": 0}},
+            ["body", "branch", "turn"],
+        ),
     ],
 )
 async def test_bad_input_is_422_naming_the_field(

@@ -14,10 +14,10 @@ import pytest
 from raas.api.app import create_app
 from raas.client.dapo import collect_groups
 from raas.client.rollout_client import RolloutClient, SyncRolloutClient
-from raas.client.single_server import AsyncRolloutClient
+from raas.client.single_server import AsyncRolloutClient, RaasHTTPError
 from raas.settings import ServeSettings
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
-from raas.wire import RolloutRequest, Trajectory
+from raas.wire import Branch, RolloutRequest, Trajectory
 from tests.llm_servers import ServerThread
 
 
@@ -308,3 +308,23 @@ def test_a_server_without_http_is_said_at_once_not_taken_for_one_that_is_down() 
         with pytest.raises(httpx.InvalidURL, match=r"'127.0.0.1:8002'.*http://HOST:PORT"):
             client(["127.0.0.1:8002"] if client is RolloutClient else "127.0.0.1:8002")
     assert RolloutClient(["http://127.0.0.1:8002/"]).servers[0].url == "http://127.0.0.1:8002"
+
+
+async def test_a_branch_goes_to_the_server_of_its_job(two_coin_servers: list[str]) -> None:
+    async with RolloutClient(two_coin_servers, status_every_s=0) as client:
+        parent = await client.submit(RolloutRequest(instance=coin(1.0)))
+        await client.wait(parent, poll_s=5)
+        # The job's server made the busier, so that placement alone would pick the other.
+        home = client._where[parent]
+        busy = [RolloutRequest(instance=coin(1.0, block=True), job_id=f"b{i}") for i in range(3)]
+        await home.client.submit_batch(busy)
+        branch = RolloutRequest(instance=coin(1.0), branch=Branch(job_id=parent, turn=1))
+        with pytest.raises(RaasHTTPError) as refused:
+            await client.submit(branch)
+        for request in busy:
+            await home.client.cancel(str(request.job_id))
+    # The server that ran the job knows it: what it refuses is the coin task's branching (the
+    # other would say it knows no such job, at branch.job_id).
+    assert refused.value.status_code == 422 and refused.value.server == client._where[parent].url
+    (detail,) = refused.value.detail
+    assert detail["loc"] == ["body", "jobs", 0, "branch"] and "cannot branch" in detail["msg"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
@@ -25,6 +26,7 @@ from raas.wire import Trajectory, policy_version_fields
 # Bounds far above any real run, so that a typo (or 1e18) is a 422, not a loop that never ends.
 MAX_TURNS = 10_000
 MAX_CONTEXT_TOKENS = 2**24
+MAX_SNAPSHOTS = 1_000
 
 
 class LoopParams(SamplingParams):
@@ -37,10 +39,17 @@ class LoopParams(SamplingParams):
     max_context_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_CONTEXT_TOKENS), WHOLE] = (
         4096
     )
+    # Snapshots kept of this job's state after each turn, for branches (raas.agent.snapshots).
+    keep_snapshots: Annotated[int, Field(strict=True, ge=0, le=MAX_SNAPSHOTS), WHOLE] = 0
 
     def sampling(self) -> SamplingParams:
         """The part that goes to the backend on every turn."""
         return SamplingParams(**self.model_dump(include=set(SamplingParams.model_fields)))
+
+
+# Called after each turn the loop goes on from (its observations appended): the number of turns
+# done and the trajectory so far.
+AfterTurn = Callable[[int, Trajectory], Awaitable[None]]
 
 
 class Generator(Protocol):
@@ -56,6 +65,7 @@ class LoopConfig:
     max_turns: int = 10
     max_tokens: int = 512  # per turn
     max_context_tokens: int = 4096
+    keep_snapshots: int = 0
     repeat_limit: int = 3  # the same action this many times in a row ends the loop
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -65,6 +75,7 @@ class LoopConfig:
             max_turns=params.max_turns,
             max_tokens=params.max_tokens,
             max_context_tokens=params.max_context_tokens,
+            keep_snapshots=params.keep_snapshots,
             repeat_limit=repeat_limit,
             sampling=params.sampling(),
         )
@@ -84,6 +95,7 @@ class AgentLoop:
     sandbox: Sandbox | None
     config: LoopConfig
     tool_format: str = "hermes"
+    after_turn: AfterTurn | None = None
     parser: ToolCallParser = field(init=False)
 
     def __post_init__(self) -> None:
@@ -92,14 +104,19 @@ class AgentLoop:
     async def run(
         self, session: str, messages: list[dict[str, Any]], traj: Trajectory
     ) -> LoopResult:
+        """Run the loop on ``traj`` from ``messages``; where ``traj`` already holds turns (a
+        branch: a copy of another job's trajectory after a turn), it goes on from the last of
+        them, and ``messages`` is ignored for the trajectory's own conversation."""
         tok, cfg = self.tokenizer, self.config
-        schemas = [schema(t) for t in self.tools.values()]
-        # Written into as it goes, so the trajectory is complete at every await.
-        traj.prompt_ids = encode(tok, render_text(tok, messages, schemas, True))
-        traj.messages = messages
+        if not traj.turns:
+            schemas = [schema(t) for t in self.tools.values()]
+            # Written into as it goes, so the trajectory is complete at every await.
+            traj.prompt_ids = encode(tok, render_text(tok, messages, schemas, True))
+            traj.messages = messages
+        messages = traj.messages
         traj.stop_reason = None  # said when the loop ends; a failure (no backend...) leaves none
         recent: list[str] = []
-        for turn in range(cfg.max_turns):
+        for turn in range(len(traj.turns), cfg.max_turns):
             room = cfg.max_context_tokens - len(traj.ids)
             if room <= 0:
                 traj.stop_reason = "max_context"
@@ -169,6 +186,8 @@ class AgentLoop:
                 break
             traj.add_inserted(inserted)
             messages += observations
+            if self.after_turn is not None:
+                await self.after_turn(turn + 1, traj)
         traj.stop_reason = traj.stop_reason or "max_turns"
         return LoopResult(traj.stop_reason)
 

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 import raas
 from raas.agent.gateway import is_gateway_path
+from raas.agent.snapshots import Snapshots
 from raas.api.auth import LOGIN_PATH, ApiKeyMiddleware
 from raas.api.body_limit import BodyLimitMiddleware
 from raas.api.browser_guard import UNSAFE_METHODS, BrowserGuardMiddleware, guard_policy
@@ -84,6 +85,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tokenizer_name=settings.tokenizer,
             sandbox_config=sandbox_config(settings.sandbox, runtime_dir=runtime.path),
             warm_sandboxes=settings.warm_sandboxes,
+            snapshots=Snapshots(settings.max_snapshots),
             agents_venv=settings.agents_venv,
             agents_node=settings.agents_node,
             agent_files=settings.agent_files,

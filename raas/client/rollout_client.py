@@ -198,27 +198,42 @@ class RolloutClient:
 
     async def submit_batch(self, submissions: Sequence[Submission]) -> list[str]:
         """Submit, every job with an id: one batch for the jobs of each image some server holds
-        (to such a server), one for the rest; a server that fails is skipped for the next one."""
+        (to such a server), one for the rest; a server that fails is skipped for the next one.
+        A branch goes to the server its job was sent to (the snapshots are there alone)."""
         requests = [with_job_id(r) for r in submissions]
         await self._fresh()
         by_image: dict[str | None, list[RolloutRequest]] = {}
+        branches: dict[str, tuple[Server, list[RolloutRequest]]] = {}
         for request in requests:
-            by_image.setdefault(self._held_image(request), []).append(request)
-        await asyncio.gather(*(self._submit_to_one(i, batch) for i, batch in by_image.items()))
+            parent = self._where.get(request.branch.job_id) if request.branch else None
+            if parent is not None:
+                branches.setdefault(parent.url, (parent, []))[1].append(request)
+            else:
+                by_image.setdefault(self._held_image(request), []).append(request)
+        await asyncio.gather(
+            *(self._submit_to_one(i, batch) for i, batch in by_image.items()),
+            *(self._send(server, batch) for server, batch in branches.values()),
+        )
         return [str(r.job_id) for r in requests]
+
+    async def _send(self, server: Server, requests: list[RolloutRequest]) -> None:
+        """Submit ``requests`` to ``server``, where they must go (its error is the caller's)."""
+        self._record(server, requests)
+        await server.client.submit_batch(requests)
+
+    def _record(self, server: Server, requests: list[RolloutRequest]) -> None:
+        """Say where ``requests`` go, before they are sent: counted, so that concurrent
+        submits spread out, and known, so that cancel() finds jobs whose answer was lost."""
+        server.sent_since_status += len(requests)
+        for request in requests:
+            self._where[str(request.job_id)] = server
+            self._requests[str(request.job_id)] = request
 
     async def _submit_to_one(self, image: str | None, requests: list[RolloutRequest]) -> None:
         tried: set[str] = set()
         while True:
             server = await self._pick(tried, image)
-            # Counted before the submission is sent, so that concurrent submits spread out.
-            server.sent_since_status += len(requests)
-            ids = [str(r.job_id) for r in requests]
-            # Recorded before the answer: if this is cancelled mid-request, the server may
-            # already hold the jobs, and cancel() must know where to find them.
-            for job_id, request in zip(ids, requests, strict=True):
-                self._where[job_id] = server
-                self._requests[job_id] = request
+            self._record(server, requests)
             try:
                 await server.client.submit_batch(requests)
             except httpx.TransportError as e:

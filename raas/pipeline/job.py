@@ -11,7 +11,7 @@ from typing import Any
 from raas.pipeline.groups import Group
 from raas.pipeline.states import JobState, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
-from raas.wire import ErrorInfo, ErrorKind, RolloutResult, StageName, Trajectory
+from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, StageName, Trajectory
 
 
 def new_job_id() -> str:
@@ -26,6 +26,7 @@ class JobRequest:
     timeout_s: float | None = None
     priority: int = 0
     group: str | None = None  # jobs of one group and instance share INIT (raas.pipeline.groups)
+    branch: Branch | None = None  # start from an earlier job's snapshot after a turn
 
 
 @dataclass
@@ -122,7 +123,10 @@ class Job:
 
     @property
     def task_job(self) -> TaskJob:
-        return TaskJob(self.id, self.request.instance, self.request.sampling_params, self.services)
+        request = self.request
+        return TaskJob(
+            self.id, request.instance, request.sampling_params, self.services, request.branch
+        )
 
     @property
     def data_source(self) -> str:

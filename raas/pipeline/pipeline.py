@@ -43,7 +43,7 @@ from raas.tasks.protocol import (
     validate_request,
 )
 from raas.tasks.registry import TaskRegistry, UnknownTask
-from raas.wire import ErrorInfo, ErrorKind, RolloutResult, Trajectory
+from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,15 @@ def _record_view(record: JobRecord) -> JobView:
 
 
 def _same_request(request: JobRequest, stored: dict[str, Any]) -> bool:
-    return request.instance == stored.get("instance") and request.sampling_params == stored.get(
-        "sampling_params", {}
+    return (
+        request.instance == stored.get("instance")
+        and request.sampling_params == stored.get("sampling_params", {})
+        and _branch_dict(request.branch) == stored.get("branch")
     )
+
+
+def _branch_dict(branch: Branch | None) -> dict[str, Any] | None:
+    return branch.model_dump() if branch is not None else None
 
 
 def _request_dict(request: JobRequest) -> dict[str, Any]:
@@ -90,6 +96,7 @@ def _request_dict(request: JobRequest) -> dict[str, Any]:
         "timeout_s": request.timeout_s,
         "priority": request.priority,
         **({"group": request.group} if request.group is not None else {}),
+        **({"branch": _branch_dict(request.branch)} if request.branch is not None else {}),
     }
 
 
@@ -199,11 +206,12 @@ class Pipeline:
             req.get("timeout_s"),
             req.get("priority", 0),
             req.get("group"),
+            Branch.model_validate(req["branch"]) if req.get("branch") else None,
         )
         try:
             task = self.registry.resolve(str(request.instance.get("data_source", "")))
             handler = self.registry.get(task)
-            validate_request(handler, TaskJob("", request.instance, request.sampling_params))
+            validate_request(handler, self._checked_job(request))
         except (InvalidInstance, UnknownTask):
             return None
         job = Job(rec.job_id, request, handler, self.services, task)
@@ -276,7 +284,9 @@ class Pipeline:
         for i, request in enumerate(requests):
             try:
                 handler = self.registry.get(str(request.instance.get("data_source", "")))
-                validate_request(handler, TaskJob("", request.instance, request.sampling_params))
+                if request.branch is not None:
+                    await self._check_branch_parent(request.branch)
+                validate_request(handler, self._checked_job(request))
             except (InvalidInstance, UnknownTask) as e:
                 raise RequestRejected(i, e) from e
         while True:
@@ -323,6 +333,21 @@ class Pipeline:
             admitted = await asyncio.shield(self._admit(list(fresh.values()), written))
         fresh_views = iter(admitted if fresh else [])
         return [v if v is not None else next(fresh_views) for v in views]
+
+    def _checked_job(self, request: JobRequest) -> TaskJob:
+        """What a handler's ``validate`` is given of a request: a branch's with the services,
+        so it is checked against the snapshots kept (after a restart there are none)."""
+        services = self.services if request.branch is not None else None
+        return TaskJob("", request.instance, request.sampling_params, services, request.branch)
+
+    async def _check_branch_parent(self, branch: Branch) -> None:
+        """A branch names a job this server knows (in flight or stored); the task checks the
+        rest (its snapshot of the turn)."""
+        if branch.job_id in self._jobs or await self.store.get(branch.job_id) is not None:
+            return
+        raise InvalidInstance(
+            ("branch", "job_id"), f"no job {branch.job_id} is known to this server", "not_found"
+        )
 
     async def _stored(self, requests: Sequence[JobRequest]) -> dict[str, JobRecord]:
         """The stored records of the requests' job_ids that are not in flight."""

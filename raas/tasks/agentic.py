@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 from raas.agent.loop import AgentLoop, LoopConfig, LoopParams
+from raas.agent.snapshots import Snapshot, SnapshotMissing
 from raas.agent.tools import Tool, select_tools
 from raas.sandbox import Sandbox
 from raas.tasks.protocol import (
+    InvalidInstance,
+    PolicyError,
     RewardInfo,
     TaskContext,
     TaskInstance,
@@ -49,6 +53,9 @@ class AgentTask:
     needs_sandbox: ClassVar[bool] = True
     system_prompt: ClassVar[str] = "You are a capable agent. Use the tools to solve the task."
     default_max_turns: ClassVar[int] = 8
+    # Whether a job may start from another's snapshot after a turn (RolloutRequest.branch):
+    # the loop goes on from a copied trajectory; a task whose RUN is not this loop cannot.
+    can_branch: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -78,6 +85,24 @@ class AgentTask:
         """Raises InvalidInstance locating the first bad field of the instance or params."""
         parse_instance(self.instance_model, job.instance)
         self.loop_config(job)
+        if job.branch is not None:
+            self.branch_source(job)
+
+    def branch_source(self, job: TaskJob) -> Snapshot:
+        """The snapshot ``job`` branches from; InvalidInstance naming what is missing (the
+        job's snapshots, the turn, or an instance other than the snapshot's job's)."""
+        assert job.branch is not None
+        if not isinstance(job.services, TaskServices):
+            raise InvalidInstance(("branch",), "this service keeps no snapshots")
+        try:
+            snapshot = job.services.snapshots.get(job.branch.job_id, job.branch.turn)
+        except SnapshotMissing as e:
+            raise InvalidInstance(("branch", e.field), e.message, "not_found") from None
+        if snapshot.instance != job.instance:
+            raise InvalidInstance(
+                ("instance",), f"a branch's instance must be job {snapshot.job_id}'s own"
+            )
+        return snapshot
 
     def loop_config(self, job: TaskJob) -> LoopConfig:
         params = parse_params(
@@ -96,6 +121,8 @@ class AgentTask:
 
     async def init(self, job: TaskJob) -> AgentContext:
         self.validate(job)  # a malformed instance fails here, naming the field
+        if job.branch is not None:
+            return await self.branch_context(job)
         ctx = AgentContext(job=job)
         async with self.cleaned_up_on_error(ctx):
             if self.needs_sandbox:
@@ -116,6 +143,40 @@ class AgentTask:
         ctx.closing.append(sandbox)
         return ctx
 
+    async def branch_context(self, job: TaskJob) -> AgentContext:
+        """``job``'s context from the snapshot it branches from: a fork of the snapshot's
+        sandbox and a copy of its trajectory (RUN goes on from there). A snapshot evicted since
+        the job was submitted fails it as the job's own doing (validate raises), not a retry."""
+        try:
+            snapshot = self.branch_source(job)
+        except InvalidInstance as e:
+            raise PolicyError(str(e)) from None
+        parent = _agent(snapshot.context)
+        sandbox = await snapshot.sandbox.fork() if snapshot.sandbox is not None else None
+        ctx = self.forked(parent, job, sandbox) if sandbox is not None else AgentContext(job=job)
+        if sandbox is not None:
+            ctx.closing.append(sandbox)
+        ctx.trajectory = snapshot.trajectory.model_copy(deep=True)
+        return ctx
+
+    async def keep_snapshot(self, ctx: AgentContext, turns: int, trajectory: Trajectory) -> None:
+        """After turn ``turns``: keep a copy of the trajectory and an idle fork of the sandbox
+        (a sandbox that cannot fork keeps none, so a branch from it is refused)."""
+        services = self.services_of(ctx.job)
+        sandbox = ctx.sandbox
+        if sandbox is not None and not sandbox.can_fork:
+            return
+        fork = await sandbox.fork() if sandbox is not None else None
+        snapshot = Snapshot(
+            ctx.job.job_id,
+            turns,
+            trajectory.model_copy(deep=True),
+            ctx.job.instance,
+            fork,
+            ctx,
+        )
+        services.snapshots.add(snapshot, self.loop_config(ctx.job).keep_snapshots)
+
     def forked(self, template: AgentContext, job: TaskJob, sandbox: Sandbox) -> AgentContext:
         """The context of a fork of ``template``'s sandbox: what INIT set besides the sandbox
         (a subclass's own fields) carried over."""
@@ -135,12 +196,16 @@ class AgentTask:
         ctx = _agent(context)
         services = self.services_of(ctx.job)
         tokenizer = await services.tokenizer_async()
+        config = self.loop_config(ctx.job)
+        if config.keep_snapshots:
+            services.snapshots.drop(ctx.job.job_id)
         loop = AgentLoop(
             services.llm,
             tokenizer,
             select_tools(self.tools),
             ctx.sandbox,
-            self.loop_config(ctx.job),
+            config,
+            after_turn=partial(self.keep_snapshot, ctx) if config.keep_snapshots else None,
         )
         try:
             result = await loop.run(ctx.job.job_id, self.messages(ctx.job.instance), ctx.trajectory)

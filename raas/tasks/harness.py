@@ -55,6 +55,7 @@ from raas.tasks.code import CodeTask
 from raas.tasks.harness_node import NODE_AGENTS, NodeEnvironment, node_environment
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import (
+    InvalidInstance,
     PolicyError,
     RewardInfo,
     TaskContext,
@@ -150,6 +151,7 @@ class HarnessTask(AgentTask):
         "math": MathTask(),
     }
     default_max_turns = 20  # model calls the agent may make (RAAS_MAX_TURNS)
+    can_branch = False  # the agent program runs its own loop: no turn to go on from
 
     def wrapped(self, instance: dict[str, Any]) -> AgentTask:
         return self.judges[str(instance["judge"])]
@@ -157,7 +159,10 @@ class HarnessTask(AgentTask):
     def validate(self, job: TaskJob) -> None:
         parse_instance(HarnessInstance, job.instance)
         parse_instance(self.wrapped(job.instance).instance_model, job.instance)
-        self.loop_config(job)
+        if self.loop_config(job).keep_snapshots:
+            raise InvalidInstance(
+                ("sampling_params", "keep_snapshots"), "the harness task keeps no snapshots"
+            )
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         return self.wrapped(instance).messages(instance)

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from raas.wire import ErrorKind, Trajectory, reject_non_finite
+from raas.wire import Branch, ErrorKind, Trajectory, reject_non_finite
 
 Loc = tuple[str | int, ...]
 # A required text field of an instance: a string (never a number turned into one), not empty.
@@ -42,6 +42,7 @@ class TaskJob:
     instance: dict[str, Any]
     sampling_params: dict[str, Any]
     services: Any = None
+    branch: Branch | None = None  # start from an earlier job's state after a turn
 
 
 @dataclass
@@ -205,6 +206,8 @@ def context_forker(handler: TaskHandler) -> ContextForker | None:
 
 def validate_request(handler: TaskHandler, job: TaskJob) -> None:
     """Run the handler's optional ``validate(job)`` hook; it raises InvalidInstance."""
+    if job.branch is not None and not getattr(handler, "can_branch", False):
+        raise InvalidInstance(("branch",), f"the {handler.name} task cannot branch")
     validate = getattr(handler, "validate", None)
     if validate is not None:
         validate(job)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from raas.agent.gateway import Gateway
 from raas.agent.loop import Generator
+from raas.agent.snapshots import Snapshots
 from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
 from raas.sandbox.oci import StoredImage
 from raas.sandbox.oci.store import ImageStore, default_store_dir
@@ -44,6 +45,8 @@ class TaskServices:
     image_store: ImageResolver | None = None
     # Gateway calls may not change a job's temperature, top_p or seed (a 400 naming it).
     gateway_fixed_sampling: bool = False
+    # Per-turn snapshots of jobs that keep them (sampling_params.keep_snapshots), for branches.
+    snapshots: Snapshots = field(default_factory=Snapshots)
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.
@@ -102,6 +105,7 @@ class TaskServices:
             release(session)
 
     async def close(self) -> None:
+        await self.snapshots.close()
         if self._pool is not None:
             await self._pool.close()
 

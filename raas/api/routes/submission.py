@@ -12,7 +12,13 @@ from raas.wire import JobStatus, RolloutRequest
 
 def job_request(req: RolloutRequest) -> JobRequest:
     return JobRequest(
-        req.instance, req.sampling_params, req.job_id, req.timeout_s, req.priority, req.group
+        req.instance,
+        req.sampling_params,
+        req.job_id,
+        req.timeout_s,
+        req.priority,
+        req.group,
+        req.branch,
     )
 
 
