@@ -210,6 +210,9 @@ base_url = {base_url}
 env_key = "OPENAI_API_KEY"
 wire_api = "responses"
 
+[features]
+plugins = false  # else it syncs OpenAI's curated plugins from GitHub at start
+
 [analytics]
 enabled = false
 
