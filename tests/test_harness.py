@@ -423,7 +423,7 @@ async def test_mini_swe_agent_without_an_agents_environment_fails_saying_what_to
     assert (result["state"], result["stage_failed"]) == ("failed", "init")
     assert result["error"]["kind"] == "infra" and "--agents-venv" in result["error"]["message"]
     with pytest.raises(InvalidInstance) as err:
-        HarnessTask().validate(TaskJob("j", {**instance, "agent": "claude-code"}, {}))
+        HarnessTask().validate(TaskJob("j", {**instance, "agent": "no-such-agent"}, {}))
     assert err.value.loc[:2] == ("instance", "agent")
 
 

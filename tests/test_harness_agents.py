@@ -167,7 +167,6 @@ NPM_AGENTS = {
         ),
         edited="The file {path} has been updated successfully.",
         shell=lambda command: call("Bash", command=command, description="Run the tests"),
-        address_space_limit=False,
     ),
     # @google/gemini-cli 0.61.0 (Gemini's API), its bundle: read_file, replace (an
     # instruction too), run_shell_command.
@@ -196,7 +195,6 @@ NPM_AGENTS = {
         ),
         edited="Success. Updated the following files:",
         shell=lambda command: call("exec_command", cmd=command),
-        address_space_limit=False,
     ),
 }
 
