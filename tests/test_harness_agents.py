@@ -254,7 +254,9 @@ async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     assert agent.whoami in prompts[0]
     assert row["problem_statement"].splitlines()[0] in prompts[0]
     # Its four calls are one segment: exactly the generated tokens and their logprobs.
-    assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1)
+    turns = result["trajectory"].get("turns") or []
+    said = (name, [(t.get("segment"), t.get("rewritten")) for t in turns], metrics["agent_output"])
+    assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1), said
     traj = result["trajectory"]
     response: list[int] = []
     mask: list[int] = []
