@@ -98,7 +98,8 @@ agents-venv: $(AGENTS_STAMP)
 # platform packages that Qwen Code names but npm never published (@teddyzhu/clipboard-darwin-*),
 # which npm ci calls out of sync; `npm install` on the copied lock installs exactly what it pins
 # (integrity checked), and cmp proves it did not move the lock. --ignore-scripts: no install
-# script runs (the CLIs ship bundled).
+# script runs (the CLIs ship bundled; Claude Code's would copy its platform binary over
+# bin/claude.exe, and raas runs that binary where its platform package holds it).
 AGENTS_NODE := .agents-node
 AGENTS_NODE_STAMP := $(AGENTS_NODE)/.installed
 NPM_AGENTS := raas/harness_agents/npm
@@ -112,8 +113,8 @@ $(AGENTS_NODE_STAMP): $(NPM_AGENTS)/package.json $(NPM_AGENTS)/package-lock.json
 
 agents-node: $(AGENTS_NODE_STAMP)
 
-# mini-swe-agent and Qwen Code, unmodified, in a bwrap sandbox against raas's gateway (a
-# scripted model).
+# mini-swe-agent and the npm agents (Qwen Code, Pi, OpenCode, Claude Code, Gemini CLI, Codex),
+# unmodified, in a bwrap sandbox against raas's gateway (a scripted model).
 test-harness-agents: $(STAMP) $(AGENTS_STAMP) $(AGENTS_NODE_STAMP) system-deps
 	RAAS_AGENTS_VENV=$(AGENTS_VENV) RAAS_AGENTS_NODE=$(AGENTS_NODE) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
 

@@ -423,7 +423,7 @@ async def test_mini_swe_agent_without_an_agents_environment_fails_saying_what_to
     assert (result["state"], result["stage_failed"]) == ("failed", "init")
     assert result["error"]["kind"] == "infra" and "--agents-venv" in result["error"]["message"]
     with pytest.raises(InvalidInstance) as err:
-        HarnessTask().validate(TaskJob("j", {**instance, "agent": "claude-code"}, {}))
+        HarnessTask().validate(TaskJob("j", {**instance, "agent": "no-such-agent"}, {}))
     assert err.value.loc[:2] == ("instance", "agent")
 
 
@@ -528,6 +528,23 @@ def test_a_node_too_old_for_the_agent_s_package_is_named_at_init(
     (package / "package.json").write_text(json.dumps({"engines": {"node": ">=20.0.0"}}))
     env = node_environment(tmp_path / "env", "qwen-code")
     assert (env.node, env.modules) == (bin_dir / "node", tmp_path / "env/node_modules")
+
+
+def test_a_native_agent_s_engines_are_its_installer_s_and_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code's package says node >=22 for its installer; its CLI is a program of its own,
+    so a node 20 host runs it (and node is bound all the same)."""
+    package = tmp_path / "env/node_modules/@anthropic-ai/claude-code"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"engines": {"node": ">=22.0.0"}}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "node").write_text("#!/bin/sh\necho v20.1.0\n")
+    (bin_dir / "node").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    env = node_environment(tmp_path / "env", "claude-code")
+    assert env.modules == tmp_path / "env/node_modules"
 
 
 def test_agent_files_are_staged_again_when_they_change(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Agent frameworks from PyPI and npm as harness agents: mini-swe-agent, Qwen Code and Pi,
-unmodified, in a bwrap sandbox.
+"""Agent frameworks from PyPI and npm as harness agents: mini-swe-agent, Qwen Code, Pi,
+OpenCode, Claude Code, Gemini CLI and Codex, unmodified, in a bwrap sandbox, each through the API
+it speaks (chat completions, Anthropic's Messages, Gemini's, OpenAI's Responses).
 
 Needs the agents environments (``make agents-venv`` builds .venv-agents, ``make agents-node``
 .agents-node; ``RAAS_AGENTS_VENV`` and ``RAAS_AGENTS_NODE`` point elsewhere); ``make
@@ -154,6 +155,47 @@ NPM_AGENTS = {
         # hang: 3 runs of 11 here), never without it (11 of 11); the sandbox's cgroup caps it.
         address_space_limit=False,
     ),
+    # @anthropic-ai/claude-code 2.1.332 (Anthropic's Messages API), its sdk-tools.d.ts: Read,
+    # Edit, Bash (file_path, old_string, new_string, command).
+    "claude-code": NpmAgent(
+        whoami="You are a Claude agent",
+        read=lambda path: call("Read", file_path=path),
+        # It sends an Edit back as its schema parsed it, replace_all first: a call without it
+        # would not be the turn the gateway answered, and the next call a segment of its own.
+        edit=lambda path, old, new: call(
+            "Edit", replace_all=False, file_path=path, old_string=old, new_string=new
+        ),
+        edited="The file {path} has been updated successfully.",
+        shell=lambda command: call("Bash", command=command, description="Run the tests"),
+    ),
+    # @google/gemini-cli 0.61.0 (Gemini's API), its bundle: read_file, replace (an
+    # instruction too), run_shell_command.
+    "gemini": NpmAgent(
+        whoami="You are Gemini CLI",
+        read=lambda path: call("read_file", file_path=path),
+        edit=lambda path, old, new: call(
+            "replace",
+            file_path=path,
+            instruction="Compare the indices, not the values.",
+            old_string=old,
+            new_string=new,
+        ),
+        edited="Successfully modified file: {path} (1 replacements).",
+        shell=lambda command: call("run_shell_command", command=command),
+    ),
+    # @openai/codex 0.169.0 (the Responses API): exec_command (cmd) for all, a patch through
+    # its apply_patch command, which Codex applies itself.
+    "codex": NpmAgent(
+        whoami="You are a coding agent running in the Codex CLI",
+        read=lambda path: call("exec_command", cmd=f"cat {path}"),
+        edit=lambda path, old, new: call(
+            "exec_command",
+            cmd=f"apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: {path}\n@@\n"
+            f"-{old}\n+{new}\n*** End Patch\nEOF",
+        ),
+        edited="Success. Updated the following files:",
+        shell=lambda command: call("exec_command", cmd=command),
+    ),
 }
 
 
@@ -172,7 +214,9 @@ async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     [minus] = [line for line in row["gold_patch"].splitlines() if line.startswith("-    ")]
     [plus] = [line for line in row["gold_patch"].splitlines() if line.startswith("+    ")]
     path = "/workspace/repo/" + row["gold_patch"].split("+++ b/")[1].split("\n")[0]
-    tests = "python3 -m unittest 2>&1 | tail -1 && echo PATCHED-$((6*7))"
+    # PATCHED-42 in the output, not in the command the prompt shows (quotes, not $((6*7)):
+    # Gemini CLI refuses a command with a substitution in it).
+    tests = "python3 -m unittest 2>&1 | tail -1 && echo PATCHED-4''2"
 
     def model(prompt: str) -> str:
         if "PATCHED-42" in prompt:  # the tests' output came back: done
@@ -180,7 +224,7 @@ async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
         if agent.edited.format(path=path) in prompt:
             return "Now the tests." + agent.shell(tests)
         if "has_close_elements(numbers" in prompt:  # the file, read
-            old, new = minus[1:].strip(), plus[1:].strip()
+            old, new = minus[1:], plus[1:]  # whole lines, indented
             return "I will fix the comparison." + agent.edit(path, old, new)
         return "Let me read the file." + agent.read(path)
 
@@ -210,7 +254,9 @@ async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     assert agent.whoami in prompts[0]
     assert row["problem_statement"].splitlines()[0] in prompts[0]
     # Its four calls are one segment: exactly the generated tokens and their logprobs.
-    assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1)
+    turns = result["trajectory"].get("turns") or []
+    said = (name, [(t.get("segment"), t.get("rewritten")) for t in turns], metrics["agent_output"])
+    assert (metrics["gateway_calls"], metrics["gateway_segments"]) == (4, 1), said
     traj = result["trajectory"]
     response: list[int] = []
     mask: list[int] = []

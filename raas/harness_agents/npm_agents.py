@@ -2,12 +2,15 @@
 
 The harness task binds the service's node environment (``make agents-node``) and the host's node
 read-only into the sandbox (see raas.tasks.harness_node) and runs this file with the job's
-``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``, ``$RAAS_NODE`` and ``$RAAS_NODE_MODULES``. It runs
+``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (``ANTHROPIC_*`` and ``GOOGLE_GEMINI_BASE_URL``,
+``GEMINI_API_KEY`` the same gateway and token), ``$RAAS_NODE`` and ``$RAAS_NODE_MODULES``. It runs
 the agent's own command line, unmodified and headless: the task on its standard input (as ``echo
-TASK | qwen``, ``echo TASK | pi -p`` and ``echo TASK | opencode run`` run it), every tool
-allowed, on an OpenAI chat-completions provider pointed at the gateway, configured the agent's
-own way in a home of this run's (settings, sessions and logs stay there), with update checks,
-usage statistics and telemetry off: the sandbox has no network, and nothing should try.
+TASK | qwen``, ``echo TASK | pi -p``, ``echo TASK | opencode run``, ``echo TASK | claude -p``,
+``echo TASK | gemini`` and ``echo TASK | codex exec -`` run it), every tool allowed, on the
+gateway through the API the agent speaks (OpenAI's chat completions, Anthropic's Messages,
+Gemini's, OpenAI's Responses), configured the agent's own way in a home of this run's (settings,
+sessions and logs stay there), with update checks, usage statistics and telemetry off: the
+sandbox has no network, and nothing should try.
 
 - ``qwen-code`` (``@qwen-code/qwen-code``): ``--approval-mode yolo``, at most
   ``$RAAS_MAX_TURNS`` turns (``--max-session-turns``), its OpenAI provider
@@ -20,6 +23,20 @@ usage statistics and telemetry off: the sandbox has no network, and nothing shou
   model for one, a call outside the conversation), no external plugins (``--pure``), a provider
   ``raas`` of ``@ai-sdk/openai-compatible`` (bundled in it) in its ``opencode.json``; no limit
   of turns either.
+- ``claude-code`` (``@anthropic-ai/claude-code``: a Bun program in
+  ``@anthropic-ai/claude-code-linux-x64``, run as it is, its package's postinstall not needed):
+  ``claude -p --dangerously-skip-permissions`` (``IS_SANDBOX=1``: it runs as root here), at most
+  ``$RAAS_MAX_TURNS`` turns (``--max-turns``), on Anthropic's Messages API (``ANTHROPIC_*``),
+  every model it names the job's, ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`` and the rest.
+- ``gemini`` (``@google/gemini-cli``): ``--yolo`` with the task on its standard input (its
+  non-interactive mode), on Gemini's API (``GOOGLE_GEMINI_BASE_URL``, ``GEMINI_API_KEY``:
+  ``security.auth.selectedType`` ``gemini-api-key`` in ``~/.gemini/settings.json``, else it
+  takes the base URL alone for a "gateway" auth that ``-p`` refuses), the workspace trusted, no
+  relaunch, at most ``$RAAS_MAX_TURNS`` turns (``model.maxSessionTurns``).
+- ``codex`` (``@openai/codex``: a Rust program in ``@openai/codex-linux-x64``): ``codex exec
+  -`` without Codex's own sandbox or approvals (raas's sandbox is the boundary), a provider
+  ``raas`` of ``wire_api = "responses"`` in ``$CODEX_HOME/config.toml``, update checks,
+  analytics, feedback and OpenTelemetry off; no limit of turns either.
 
 The task is the job's user messages (in ``$RAAS_MESSAGES_FILE``); what the agent prints (its
 last answer) goes to ``$RAAS_ANSWER_FILE``. Further arguments are passed on to the agent's CLI.
@@ -129,9 +146,99 @@ def opencode(home: str, model: str) -> tuple[list[str], dict[str, str]]:
         "OPENCODE_DISABLE_SHARE": "1",
         **{f"XDG_{kind}_HOME": os.path.join(home, kind.lower()) for kind in XDG},
     }
-    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    binary = os.path.join(os.environ["RAAS_NODE_MODULES"], f"opencode-linux-{arch}/bin/opencode")
+    binary = _binary("opencode-linux-{arch}/bin/opencode")
     return [binary, "run", "--auto", "--pure", "--title", "raas"], env
+
+
+def claude_code(home: str, model: str) -> tuple[list[str], dict[str, str]]:
+    env = {
+        "CLAUDE_CONFIG_DIR": os.path.join(home, ".claude"),
+        # Every model it names (the main one, the small one it sends side tasks to) is the job's.
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        # No auto-update, telemetry, error reports, feature flags or other calls of its own.
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+        # --dangerously-skip-permissions refuses root unless it is told it is in a sandbox.
+        "IS_SANDBOX": "1",
+    }
+    turns = os.environ.get("RAAS_MAX_TURNS", "0")
+    limit = ["--max-turns", turns] if int(turns) > 0 else []
+    cli = [_binary("@anthropic-ai/claude-code-linux-{arch}/claude"), "-p"]
+    return [*cli, "--dangerously-skip-permissions", "--model", model, *limit], env
+
+
+def gemini(home: str, model: str) -> tuple[list[str], dict[str, str]]:
+    turns = int(os.environ.get("RAAS_MAX_TURNS", "0"))
+    settings = {
+        # Else GOOGLE_GEMINI_BASE_URL alone reads as its "gateway" auth, which -p refuses; the
+        # base URL still comes from the variable.
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "model": {"name": model, "maxSessionTurns": turns if turns > 0 else -1},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+    }
+    _write_json(os.path.join(home, ".gemini", "settings.json"), settings)
+    env = {
+        "GEMINI_MODEL": model,
+        "NO_BROWSER": "1",
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+        # As Qwen Code (its fork): no second start with a heap the sandbox cannot address.
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+    }
+    return [*_node("@google/gemini-cli/bundle/gemini.js"), "--yolo", "--model", model], env
+
+
+def codex(home: str, model: str) -> tuple[list[str], dict[str, str]]:
+    codex_home = os.path.join(home, ".codex")
+    os.makedirs(codex_home, exist_ok=True)
+    base_url = json.dumps(os.environ["OPENAI_BASE_URL"])  # a TOML basic string is JSON's
+    config = f"""model = {json.dumps(model)}
+model_provider = "raas"
+check_for_update_on_startup = false
+
+[model_providers.raas]
+name = "raas"
+base_url = {base_url}
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+
+[features]
+plugins = false  # else it syncs OpenAI's curated plugins from GitHub at start
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+log_user_prompt = false
+"""
+    with open(os.path.join(codex_home, "config.toml"), "w", encoding="utf-8") as f:
+        f.write(config)
+    env = {"CODEX_HOME": codex_home}
+    binary = _binary("@openai/codex-linux-{arch}/vendor/{triple}/bin/codex")
+    # raas's sandbox is the boundary: none of Codex's own (it would need namespaces of its own).
+    flags = ["--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check"]
+    return [binary, "exec", *flags, "-"], env
+
+
+def _binary(template: str) -> str:
+    """The path of a platform package's program below node_modules (``{arch}``: x64 or arm64,
+    ``{triple}``: Rust's target, musl's)."""
+    machine = platform.machine()
+    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(machine, machine)
+    triple = f"{machine}-unknown-linux-musl"
+    return os.path.join(os.environ["RAAS_NODE_MODULES"], template.format(arch=arch, triple=triple))
 
 
 XDG = ("CONFIG", "DATA", "CACHE", "STATE")
@@ -139,6 +246,9 @@ AGENTS: dict[str, Callable[[str, str], tuple[list[str], dict[str, str]]]] = {
     "qwen-code": qwen_code,
     "pi": pi,
     "opencode": opencode,
+    "claude-code": claude_code,
+    "gemini": gemini,
+    "codex": codex,
 }
 
 

@@ -22,11 +22,11 @@ raas's own environment at /.raas/py (raas.sandbox.pydeps); ``mini-swe-agent`` ge
 site-packages of the service's agents environment (``agents_venv``: mini-swe-agent's
 dependencies, litellm's among them, conflict with raas's own) at /.raas/agent-py. Compiled
 parts (pydantic_core, jiter) need the sandbox's python3 to be the environment's Python minor
-version, which is checked first. ``qwen-code``, ``pi`` and ``opencode`` (CLIs from npm) get the
-service's node environment (``agents_node``: its node_modules) and the host's node, bound
-read-only (raas.tasks.harness_node), and ``openai``'s closure as the reference does; its
-launcher needs any python3 (3.8 or newer), so no version is checked. The agents' launchers are
-at /.raas/agents.
+version, which is checked first. ``qwen-code``, ``pi``, ``opencode``, ``claude-code``, ``gemini``
+and ``codex`` (CLIs from npm) get the service's node environment (``agents_node``: its
+node_modules) and the host's node, bound read-only (raas.tasks.harness_node), and ``openai``'s
+closure as the reference does; its launcher needs any python3 (3.8 or newer), so no version is
+checked. The agents' launchers are at /.raas/agents.
 """
 
 from __future__ import annotations
@@ -74,13 +74,18 @@ AGENT_FILES_INSIDE = "/.raas/agent-files"  # the service's agent_files ($RAAS_AG
 IO_DIR = "/tmp/raas-harness"
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 LAST_LINE_CHARS = 200  # of a crashed agent's output, in its error message
-AgentName = Literal["reference", "mini-swe-agent", "qwen-code", "pi", "opencode"]
+AgentName = Literal[
+    "reference", "mini-swe-agent", "qwen-code", "pi", "opencode", "claude-code", "gemini", "codex"
+]
 COMMANDS: dict[str, str] = {
     "reference": f"python3 -s {AGENTS_INSIDE}/reference.py",
     "mini-swe-agent": f"python3 -s {AGENTS_INSIDE}/mini_swe_agent.py",
     "qwen-code": f"python3 -s {AGENTS_INSIDE}/npm_agents.py qwen-code",
     "pi": f"python3 -s {AGENTS_INSIDE}/npm_agents.py pi",
     "opencode": f"python3 -s {AGENTS_INSIDE}/npm_agents.py opencode",
+    "claude-code": f"python3 -s {AGENTS_INSIDE}/npm_agents.py claude-code",
+    "gemini": f"python3 -s {AGENTS_INSIDE}/npm_agents.py gemini",
+    "codex": f"python3 -s {AGENTS_INSIDE}/npm_agents.py codex",
 }
 
 

@@ -26,7 +26,13 @@ NODE_AGENTS: dict[str, str] = {
     "qwen-code": "@qwen-code/qwen-code",
     "pi": "@mariozechner/pi-coding-agent",
     "opencode": "opencode-ai",  # a Bun program in opencode-linux-<arch>; node is bound all the same
+    "claude-code": "@anthropic-ai/claude-code",  # a Bun program in claude-code-linux-<arch>
+    "gemini": "@google/gemini-cli",
+    "codex": "@openai/codex",  # a Rust program in codex-linux-<arch>
 }
+# Those whose CLI is a program of its own, not node's: their package's engines.node (Claude
+# Code's says 22) is its installer's, not theirs.
+NATIVE_AGENTS = frozenset({"opencode", "claude-code", "codex"})
 NODE_MODULES_INSIDE = "/.raas/agent-node/node_modules"
 NODE_INSIDE = "/.raas/node/bin/node"
 NODE_VERSION_TIMEOUT_S = 30.0
@@ -72,7 +78,8 @@ def node_environment(agents_node: Path | None, agent: str) -> NodeEnvironment:
             f"the {agent} agent runs on the host's node, and there is no `node` on raas's PATH"
         )
     node = Path(found).resolve()
-    _check_engine(node, json.loads(manifest.read_text(encoding="utf-8")), package)
+    if agent not in NATIVE_AGENTS:
+        _check_engine(node, json.loads(manifest.read_text(encoding="utf-8")), package)
     return NodeEnvironment(modules, node)
 
 
