@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import itertools
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -102,3 +104,31 @@ def test_shared_prefix_forward_matches_the_plain_one(example: ModuleType) -> Non
     assert len(shared_grads) == len(plain_grads) > 0
     for a, b in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
+    example: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two asynchronous steps with the tiny model, through a real engine and raas server: step
+    2's rollouts were submitted before step 1's weights loaded, and no batch lags more than one
+    version (every rollout's versions known)."""
+    # The tiny model's answers all score 0: keep every group, or no batch ever fills.
+    monkeypatch.setattr(example, "reward_varies", lambda group: True)
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        example.main(
+            ["--model", "tiny", "--async", "--steps", "2", "--groups", "2", "--n", "2"]
+            + ["--heldout", "2", "--eval-every", "2", "--max-tokens", "6", "--train-layers", "1"]
+            + ["--max-minutes", "5", "--out", str(tmp_path)]
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+    with open(tmp_path / "grpo.csv") as f:
+        steps = [row for row in csv.DictReader(f) if row["step"] != "0"]
+    assert [row["step"] for row in steps] == ["1", "2"]
+    assert [row["weight_version"] for row in steps] == ["1", "2"]
+    assert [row["submit_lag_max"] for row in steps] == ["0", "1"]
+    for row in steps:
+        assert row["staleness_known"] == "1.0" and int(row["staleness_max"]) <= 1
+        assert int(row["groups_kept"]) == 2
+    assert steps[-1]["heldout_n"] == "2"
