@@ -567,9 +567,11 @@ async def asynchronous_steps(run: Run) -> None:
             last = step == run.args.steps or run.over_budget()
             collecting = None if last else asyncio.create_task(collect(run, max_lag))
             trained = await train_and_push(run, groups, in_thread=True)
+            # A step: from the last one's end to this one's update, its held-out pass apart
+            # (over_budget counts that on its own).
             run.slowest_step = max(run.slowest_step, time.perf_counter() - step_ended)
-            step_ended = time.perf_counter()
             await finish_step(run, step_row(step, seen, report, groups, trained, run), last)
+            step_ended = time.perf_counter()
     finally:
         if collecting is not None:  # its own cleanup cancels its jobs on the server
             collecting.cancel()
