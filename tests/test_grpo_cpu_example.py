@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import copy
+import csv
 import importlib.util
 import itertools
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
 
+from raas.client import Group, RolloutResult, to_batch
 from raas.llm.models import load_model
 from raas.tasks.stem import StemInstance
 
@@ -102,3 +107,109 @@ def test_shared_prefix_forward_matches_the_plain_one(example: ModuleType) -> Non
     assert len(shared_grads) == len(plain_grads) > 0
     for a, b in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
+    example: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two asynchronous steps with the tiny model, through a real engine and raas server: step
+    2's rollouts were submitted before step 1's weights loaded, and no batch lags more than one
+    version (every rollout's versions known)."""
+    # The tiny model's answers all score 0: keep every group, or no batch ever fills.
+    monkeypatch.setattr(example, "reward_varies", lambda group: True)
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        example.main(
+            ["--model", "tiny", "--async", "--steps", "2", "--groups", "2", "--n", "2"]
+            + ["--heldout", "2", "--eval-every", "2", "--max-tokens", "6", "--train-layers", "1"]
+            + ["--max-minutes", "5", "--out", str(tmp_path)]
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+    with open(tmp_path / "grpo.csv") as f:
+        steps = [row for row in csv.DictReader(f) if row["step"] != "0"]
+    assert [row["step"] for row in steps] == ["1", "2"]
+    assert [row["weight_version"] for row in steps] == ["1", "2"]
+    assert [row["submit_lag_max"] for row in steps] == ["0", "1"]
+    for row in steps:
+        assert row["staleness_known"] == "1.0" and int(row["staleness_max"]) <= 1
+        assert int(row["groups_kept"]) == 2
+    assert steps[-1]["heldout_n"] == "2"
+
+
+def rollout(job_id: str, reward: float, response: list[int], turn: dict[str, Any]) -> RolloutResult:
+    trajectory = {
+        "prompt_ids": [1, 2, 3],
+        "response_ids": response,
+        "loss_mask": [1] * len(response),
+        "logprobs": [-1.0] * len(response),
+        "turns": [{"output_tokens": len(response), **turn}],
+    }
+    return RolloutResult.model_validate(
+        {
+            "job_id": job_id,
+            "state": "done",
+            "reward": reward,
+            "trajectory": trajectory,
+            "data_source": "stem",
+            "timing": {"queue_s": 0, "init_s": 0, "run_s": 0, "eval_s": 0, "total_s": 0},
+        }
+    )
+
+
+def test_stale_tokens_are_those_sampled_before_the_trainer_s_version(example: ModuleType) -> None:
+    """A weight update landed in the middle of the first rollout: only its first token, sampled
+    one version back, is stale; the second rollout's are on-policy."""
+    group = Group(
+        {},
+        [
+            rollout("a", 1.0, [7, 8, 9], {"policy_versions": [4, 5, 5]}),
+            rollout("b", 0.0, [7, 8], {"policy_version": 5}),
+        ],
+    )
+    batch = to_batch([group], pad_token_id=0, policy_version=5, max_staleness=1)
+    stale = example.stale_tokens(batch, [group], 5)
+    assert stale.tolist() == [
+        [False, False, False, True, False, False],
+        [False, False, False, False, False, False],
+    ]
+    assert batch.staleness.tolist() == [1, 0]
+
+
+def test_with_the_same_weights_one_version_back_the_asynchronous_loss_is_the_synchronous_one(
+    example: ModuleType,
+) -> None:
+    """Tokens marked stale get their ratio from ``previous``: with the weights unchanged it is 1,
+    PPO's clip does not bind, and loss and gradients are the synchronous ones."""
+    model, _ = load_model("tiny")
+    model.float()
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    rows = [torch.randint(5, 1000, (n,)).tolist() for n in (9, 7)]
+    width = max(map(len, rows))
+    ids = torch.zeros(2, width, dtype=torch.long)
+    attention, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        loss_mask[i, 4 : len(row)] = 1
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "prompt_lengths": torch.full((2,), 4),
+        "token_advantages": loss_mask * torch.tensor([[1.0], [-1.0]]),
+        "loss_weights": loss_mask / loss_mask.sum(),
+        "stale_tokens": loss_mask.bool(),
+    }
+
+    def run(previous: Any) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        stats = example.grpo_loss(model, reference, batch, 0.7, 0.02, 16, previous)
+        return stats.loss, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    sync_loss, sync_grads = run(None)
+    async_loss, async_grads = run(copy.deepcopy(model))
+    assert async_loss == pytest.approx(sync_loss, abs=1e-6)
+    for a, b in zip(async_grads, sync_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import csv
 import itertools
@@ -42,7 +43,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,10 @@ import httpx
 import torch
 from transformers.cache_utils import DynamicCache
 
-from raas.client import RolloutClient, collect_groups, reward_varies, to_batch
+from raas.client import Batch, DapoReport, RolloutClient, collect_groups, reward_varies, to_batch
+from raas.client.backends_paused import backends_paused
 from raas.client.rollout_client import Group
+from raas.client.staleness import staleness_metrics
 from raas.helpers import NotReady, wait_until_answers
 from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
@@ -63,6 +66,8 @@ CSV_FIELDS = [
     "heldout_n", "heldout_pass", "heldout_ci_low", "heldout_ci_high", "heldout_finish",
     "heldout_by_power",
     "entropy", "kl", "loss", "rollout_s", "train_s", "eval_s", "weight_version",
+    "submit_lag_max", "staleness_known", "staleness_mean", "staleness_max", "on_policy_frac",
+    "groups_stale",
 ]  # fmt: skip
 
 SYSTEM = "Answer by calling finish with the number."
@@ -220,12 +225,18 @@ def grpo_loss(
     temperature: float,
     kl_coef: float,
     micro_batch: int,
+    previous: Any = None,
+    clip: float = 0.2,
 ) -> StepStats:
     """The GRPO loss over the batch (backward in micro-batches) and its entropy and KL.
 
     The policy is the tempered model (logits / temperature): that is what sampled the rollouts.
-    One update a batch, from the weights that generated it (max_staleness=0), so the importance
-    ratio is 1 and PPO's clip never binds: the surrogate is the advantage-weighted log-likelihood.
+    Synchronous (``previous`` None): one update a batch, from the weights that generated it
+    (max_staleness=0), so the importance ratio is 1 and PPO's clip never binds: the surrogate is
+    the advantage-weighted log-likelihood. Asynchronous: the tokens in ``rows["stale_tokens"]``
+    were sampled one version back, by ``previous`` (the weights before the last update), so their
+    ratio is to its tempered log-probs (the engine's logprobs are untempered: they cannot give
+    it), and PPO's clip bounds it; the other tokens' ratio is 1 as above.
     The KL term is Schulman's k3 estimator of KL(policy || reference) at the sampled tokens. The
     loss weights of ``to_batch`` sum to one over the batch, so micro-batch terms add up.
     """
@@ -245,13 +256,51 @@ def grpo_loss(
         weight = part["loss_weights"][:, prefix + 1 :][where]
         log_ratio = ref.squeeze(-1) - logprobs
         kl = torch.exp(log_ratio) - log_ratio - 1
-        surrogate = torch.exp(logprobs - logprobs.detach()) * advantage
+        behaviour = logprobs.detach()
+        if previous is not None:
+            stale = part["stale_tokens"][:, prefix + 1 :][where]
+            if bool(stale.any()):
+                behaviour = torch.where(
+                    stale, behaviour_logprobs(previous, part, prefix, temperature), behaviour
+                )
+        ratio = torch.exp(logprobs - behaviour)
+        surrogate = ratio * advantage
+        if previous is not None:  # PPO's clip, which binds only where the ratio is not 1
+            surrogate = torch.minimum(surrogate, ratio.clamp(1 - clip, 1 + clip) * advantage)
         loss = (weight * (kl_coef * kl - surrogate)).sum()
         loss.backward()
         stats.loss += float(loss.detach())
         stats.entropy += float((weight * entropy).sum())
         stats.kl += float((weight * kl.detach()).sum())
     return stats
+
+
+def behaviour_logprobs(
+    previous: Any, part: dict[str, torch.Tensor], prefix: int, temperature: float
+) -> torch.Tensor:
+    """The tempered log-probs of the generated tokens under ``previous`` (no gradient)."""
+    with torch.no_grad():
+        logits, targets = response_logits(previous, part, prefix)
+        logprobs = torch.log_softmax(logits / temperature, -1)
+        return logprobs.gather(-1, targets[:, None]).squeeze(-1)
+
+
+def stale_tokens(batch: Batch, groups: list[Group], version: int) -> torch.Tensor:
+    """[N, L], True at each generated token sampled under a version older than ``version``
+    (from the turn records; a row whose records do not place each token's version is stale as a
+    whole where its oldest token is)."""
+    results = {r.job_id: r for group in groups for r in group.results}
+    stale = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+    width = batch.input_ids.shape[1]
+    for i, job_id in enumerate(batch.job_ids):
+        start = int(batch.prompt_lengths[i])
+        versions = results[job_id].trajectory.token_policy_versions()
+        if versions is None:
+            stale[i, start:] = bool(batch.staleness[i] > 0)
+            continue
+        for k, v in enumerate(versions[: width - start]):
+            stale[i, start + k] = v is not None and v < version
+    return stale & torch.from_numpy(batch.loss_mask).bool()
 
 
 def save_weights(model: Any, out: Path) -> Path:
@@ -267,38 +316,62 @@ def save_weights(model: Any, out: Path) -> Path:
 
 class Trainer:
     """The policy in torch: only the top layers train (a backward pass through all 30 layers of
-    SmolLM2-135M costs more than the rollouts); the reference is a frozen copy of the start."""
+    SmolLM2-135M costs more than the rollouts); the reference is a frozen copy of the start.
+    Asynchronous, it also keeps the weights one version back (``previous``): what sampled the
+    tokens that lag one version."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         torch.manual_seed(args.seed)
         self.args = args
         self.model, tokenizer = load_model(args.model)
         self.reference = copy.deepcopy(self.model).eval()
-        for p in [*self.model.parameters(), *self.reference.parameters()]:
+        self.previous = copy.deepcopy(self.model).eval() if args.async_mode else None
+        frozen = [self.reference, *([self.previous] if self.previous is not None else [])]
+        for p in [*self.model.parameters(), *(p for m in frozen for p in m.parameters())]:
             p.requires_grad_(False)
         self.model.train()
-        top = self.model.model.layers[-args.train_layers :]
-        self.trainable = [p for layer in top for p in layer.parameters()]
+        self.trainable = top_layer_parameters(self.model, args.train_layers)
         for p in self.trainable:
             p.requires_grad_(True)
         self.optimizer = torch.optim.AdamW(self.trainable, lr=args.lr, weight_decay=0.0)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def step(self, groups: list[Group]) -> tuple[StepStats, Path]:
-        """One GRPO step on the groups; returns its figures and the new weights' file."""
-        batch = to_batch(groups, advantage="grpo", pad_token_id=self.pad)
+    def step(self, groups: list[Group], version: int) -> tuple[StepStats, Batch, Path]:
+        """One GRPO step on the groups, the policy being at ``version``; returns its figures, the
+        batch it trained on and the new weights' file."""
+        batch = to_batch(
+            groups,
+            advantage="grpo",
+            pad_token_id=self.pad,
+            policy_version=version,
+            max_staleness=self.args.max_lag if self.previous is not None else None,
+        )
+        rows = batch.to_torch()
+        if self.previous is not None:
+            rows["stale_tokens"] = stale_tokens(batch, groups, version)
         self.optimizer.zero_grad()
         stats = grpo_loss(
             self.model,
             self.reference,
-            batch.to_torch(),
+            rows,
             self.args.temperature,
             self.args.kl_coef,
             self.args.micro_batch,
+            self.previous,
+            self.args.clip,
         )
         torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
+        if self.previous is not None:  # the weights of this version: the next batch's behaviour
+            with torch.no_grad():
+                previous = top_layer_parameters(self.previous, self.args.train_layers)
+                for old, new in zip(previous, self.trainable, strict=True):
+                    old.copy_(new)
         self.optimizer.step()
-        return stats, save_weights(self.model, self.args.out)
+        return stats, batch, save_weights(self.model, self.args.out)
+
+
+def top_layer_parameters(model: Any, layers: int) -> list[torch.nn.Parameter]:
+    return [p for layer in model.model.layers[-layers:] for p in layer.parameters()]
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -327,95 +400,239 @@ def heldout_columns(result: HeldOut) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Run:
+    """What the steps of a run share."""
+
+    args: argparse.Namespace
+    trainer: Trainer
+    client: RolloutClient
+    questions: Iterator[dict[str, Any]]
+    pairs: list[tuple[int, int]]
+    csv_path: Path
+    t0: float
+    push: Callable[[Path], Awaitable[int]]  # loads a weights file; the engine's new version
+    version: int = 0  # the engine's weight version: the policy's
+    eval_s: float = 0.0  # the last held-out pass's
+    slowest_step: float = 0.0
+
+    def over_budget(self) -> bool:
+        """Whether a step more and its held-out pass would not fit in --max-minutes."""
+        elapsed = time.perf_counter() - self.t0
+        return elapsed + self.slowest_step + self.eval_s > float(self.args.max_minutes) * 60
+
+
+async def collect(run: Run, max_lag: int) -> tuple[list[Group], DapoReport, list[float]]:
+    """A step's groups (DAPO dynamic sampling), what it took, and the rewards of every finished
+    group (the step's true mean reward). ``max_lag``: the versions a group's submission, and with
+    a lag above 0 its oldest token, may be behind the policy when the group is judged."""
+    seen: list[float] = []
+
+    def keep(group: Group) -> bool:
+        seen.extend(group.rewards)
+        return reward_varies(group)
+
+    args = run.args
+    groups, report = await collect_groups(
+        run.client,
+        run.questions,
+        n=args.n,
+        batch_size=args.groups,
+        max_in_flight=args.groups * args.n + args.n,
+        sampling_params={
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "max_turns": 1,
+        },
+        keep=keep,
+        policy_version=lambda: run.version,
+        max_staleness=max_lag,
+        max_token_staleness=max_lag or None,
+    )
+    return groups, report, seen
+
+
+@dataclass
+class Trained:
+    """A step's update: its figures, its batch, the version it trained from, and its time."""
+
+    stats: StepStats
+    batch: Batch | None = None
+    version: int = 0
+    seconds: float = 0.0
+
+
+async def train_and_push(run: Run, groups: list[Group], in_thread: bool) -> Trained:
+    """One GRPO step on ``groups`` and the new weights loaded into the engine (none without
+    groups). ``in_thread``: the update runs off the event loop, so the rollouts in flight go on."""
+    if not groups:
+        return Trained(StepStats(float("nan"), float("nan"), float("nan")), version=run.version)
+    started, version = time.perf_counter(), run.version
+    if in_thread:
+        stats, batch, path = await asyncio.to_thread(run.trainer.step, groups, version)
+    else:
+        stats, batch, path = run.trainer.step(groups, version)
+    run.version = await run.push(path)
+    return Trained(stats, batch, version, time.perf_counter() - started)
+
+
+def step_row(
+    step: int,
+    seen: list[float],
+    report: DapoReport,
+    groups: list[Group],
+    trained: Trained,
+    run: Run,
+) -> dict[str, Any]:
+    """A step's CSV columns but the held-out ones and the wall time. The lags are the batch's
+    when it trained: each rollout's oldest token's, and each group's submission's, behind the
+    version it trained from."""
+    stats = trained.stats
+    lags = [] if trained.batch is None else [int(x) for x in trained.batch.staleness]
+    lag = staleness_metrics([x if x >= 0 else None for x in lags], prefix="")
+    submitted = [g.policy_version for g in groups if g.policy_version is not None]
+    return {
+        "step": step,
+        "train_reward": round(statistics.fmean(seen), 4) if seen else "",
+        "rollouts": len(seen),
+        "groups_kept": report.groups_kept,
+        "groups_dropped": report.groups_dropped,
+        "entropy": round(stats.entropy, 4),
+        "kl": round(stats.kl, 5),
+        "loss": round(stats.loss, 5),
+        "rollout_s": round(report.wall_s, 1),
+        "train_s": round(trained.seconds, 1),
+        "weight_version": run.version,
+        "submit_lag_max": max((trained.version - v for v in submitted), default=""),
+        "staleness_known": round(lag["known_frac"], 3) if lag else "",
+        "staleness_mean": round(lag["mean"], 3) if "mean" in lag else "",
+        "staleness_max": int(lag["max"]) if "max" in lag else "",
+        "on_policy_frac": round(lag["on_policy_frac"], 3) if "on_policy_frac" in lag else "",
+        "groups_stale": report.groups_stale + report.groups_token_stale,
+    }
+
+
+async def finish_step(run: Run, row: dict[str, Any], last: bool) -> None:
+    """The held-out pass where one is due, the step's CSV row and its line."""
+    line = (
+        f"step {row['step']}: reward {row['train_reward']} over {row['rollouts']} rollouts, kept"
+        f" {row['groups_kept']} groups; entropy {row['entropy']:.3f}, KL {row['kl']:.4f};"
+        f" rollouts {row['rollout_s']:.0f} s, train {row['train_s']:.0f} s"
+    )
+    if row["staleness_max"] != "":
+        line += (
+            f"; lag mean {row['staleness_mean']}, max {row['staleness_max']},"
+            f" on-policy {row['on_policy_frac']}"
+        )
+    if row["step"] % run.args.eval_every == 0 or last:
+        result = await evaluate(run.client, run.pairs, run.args.max_tokens)
+        run.eval_s = result.seconds
+        row |= heldout_columns(result)
+        line += f"; held-out {result.passes}/{result.n} ({result.seconds:.0f} s)"
+    row["wall_s"] = round(time.perf_counter() - run.t0, 1)
+    write_csv_row(run.csv_path, row)
+    print(line + f"; wall {row['wall_s'] / 60:.1f} min", flush=True)
+
+
+async def synchronous_steps(run: Run) -> None:
+    """Collect a batch on the current weights, train on it, load the new weights: in turn."""
+    step = 0
+    while step < run.args.steps:
+        # Stop early enough that the last step and its held-out pass fit in the budget.
+        if run.over_budget():
+            print(f"stopping after step {step}: the next step would not fit in the budget")
+            break
+        step += 1
+        step_started = time.perf_counter()
+        groups, report, seen = await collect(run, max_lag=0)
+        trained = await train_and_push(run, groups, in_thread=False)
+        run.slowest_step = max(run.slowest_step, time.perf_counter() - step_started)
+        last = step == run.args.steps or run.over_budget()
+        await finish_step(run, step_row(step, seen, report, groups, trained, run), last)
+
+
+async def asynchronous_steps(run: Run) -> None:
+    """The rollouts of step t+1 are submitted, on the current weights, before step t trains, and
+    go on while it trains and while its weights load (raas's backend pool paused around the
+    load, so none is lost). A batch thus lags at most one version (``--max-lag``, 1): a group
+    submitted, or a rollout whose oldest token was sampled, further back is dropped."""
+    max_lag = run.args.max_lag
+    collecting: asyncio.Task[tuple[list[Group], DapoReport, list[float]]] | None
+    collecting = asyncio.create_task(collect(run, max_lag))
+    step, step_ended = 0, time.perf_counter()
+    try:
+        while collecting is not None:
+            step += 1
+            groups, report, seen = await collecting
+            last = step == run.args.steps or run.over_budget()
+            collecting = None if last else asyncio.create_task(collect(run, max_lag))
+            trained = await train_and_push(run, groups, in_thread=True)
+            # A step: from the last one's end to this one's update, its held-out pass apart
+            # (over_budget counts that on its own).
+            run.slowest_step = max(run.slowest_step, time.perf_counter() - step_ended)
+            await finish_step(run, step_row(step, seen, report, groups, trained, run), last)
+            step_ended = time.perf_counter()
+    finally:
+        if collecting is not None:  # its own cleanup cancels its jobs on the server
+            collecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collecting
+    if step < run.args.steps:
+        print(f"stopping after step {step}: the next step would not fit in the budget")
+
+
+def load_weights_paused(raas_url: str, engine_url: str, engine_key: str, path: Path) -> int:
+    """The engine loads ``path`` while raas's backend pool is paused (``keep``: the generations
+    in flight wait and go on under the new weights, each token tagged with its version);
+    returns the new weight version. Blocking: run it in a thread."""
+    with backends_paused(raas_url, "keep"):
+        reply = httpx.post(
+            engine_url + "/update_weights",
+            json={"path": str(path)},
+            headers={"Authorization": f"Bearer {engine_key}"},
+            timeout=300,
+        )
+    reply.raise_for_status()
+    return int(reply.json()["weight_version"])
+
+
 async def train(
     args: argparse.Namespace, raas_url: str, engine_url: str, engine_key: str, t0: float
 ) -> None:
-    trainer = Trainer(args)
     csv_path = args.out / "grpo.csv"
     write_csv_row(csv_path, None)
     pairs = heldout_pairs(args.heldout, args.seed)
-    questions = training_questions(args.seed, set(pairs))
-    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "max_turns": 1}
-    budget_s = args.max_minutes * 60
-    version = 0
-
-    def weight_version() -> int:
-        return version
-
     async with (
         RolloutClient([raas_url]) as client,
         httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {engine_key}"}) as http,
     ):
+
+        async def push(path: Path) -> int:
+            if args.async_mode:
+                return await asyncio.to_thread(
+                    load_weights_paused, raas_url, engine_url, engine_key, path
+                )
+            reply = await http.post(engine_url + "/update_weights", json={"path": str(path)})
+            reply.raise_for_status()
+            return int(reply.json()["weight_version"])
+
+        run = Run(
+            args,
+            Trainer(args),
+            client,
+            training_questions(args.seed, set(pairs)),
+            pairs,
+            csv_path,
+            t0,
+            push,
+        )
         result = await evaluate(client, pairs, args.max_tokens)
         row: dict[str, Any] = {"step": 0, "wall_s": round(time.perf_counter() - t0, 1)}
-        row |= heldout_columns(result) | {"weight_version": version}
+        row |= heldout_columns(result) | {"weight_version": run.version}
         write_csv_row(csv_path, row)
         print(f"step 0: held-out {result.passes}/{result.n} ({result.seconds:.0f} s)", flush=True)
-        eval_s, slowest_step = result.seconds, 0.0
-        step = 0
-        while step < args.steps:
-            # Stop early enough that the last step and its held-out pass fit in the budget.
-            if time.perf_counter() - t0 + slowest_step + eval_s > budget_s:
-                print(f"stopping after step {step}: the next step would not fit in the budget")
-                break
-            step += 1
-            step_started = time.perf_counter()
-            seen: list[float] = []
-
-            def keep(group: Group, seen: list[float] = seen) -> bool:
-                seen.extend(group.rewards)  # every finished group: the step's true mean reward
-                return reward_varies(group)
-
-            groups, report = await collect_groups(
-                client,
-                questions,
-                n=args.n,
-                batch_size=args.groups,
-                max_in_flight=args.groups * args.n + args.n,
-                sampling_params=sampling,
-                keep=keep,
-                policy_version=weight_version,
-                max_staleness=0,
-            )
-            rollout_s = time.perf_counter() - step_started
-            stats, train_s = StepStats(float("nan"), float("nan"), float("nan")), 0.0
-            if groups:
-                started = time.perf_counter()
-                stats, path = trainer.step(groups)
-                reply = await http.post(engine_url + "/update_weights", json={"path": str(path)})
-                reply.raise_for_status()
-                version = int(reply.json()["weight_version"])
-                train_s = time.perf_counter() - started
-            slowest_step = max(slowest_step, time.perf_counter() - step_started)
-            row = {
-                "step": step,
-                "train_reward": round(statistics.fmean(seen), 4) if seen else "",
-                "rollouts": len(seen),
-                "groups_kept": report.groups_kept,
-                "groups_dropped": report.groups_dropped,
-                "entropy": round(stats.entropy, 4),
-                "kl": round(stats.kl, 5),
-                "loss": round(stats.loss, 5),
-                "rollout_s": round(rollout_s, 1),
-                "train_s": round(train_s, 1),
-                "weight_version": version,
-            }
-            line = (
-                f"step {step}: reward {row['train_reward']} over {len(seen)} rollouts, kept"
-                f" {report.groups_kept} groups; entropy {stats.entropy:.3f}, KL {stats.kl:.4f};"
-                f" rollouts {rollout_s:.0f} s, train {train_s:.0f} s"
-            )
-            last = step == args.steps or (
-                time.perf_counter() - t0 + slowest_step + eval_s > budget_s
-            )
-            if step % args.eval_every == 0 or last:
-                result = await evaluate(client, pairs, args.max_tokens)
-                eval_s = result.seconds
-                row |= heldout_columns(result)
-                line += f"; held-out {result.passes}/{result.n} ({result.seconds:.0f} s)"
-            row["wall_s"] = round(time.perf_counter() - t0, 1)
-            write_csv_row(csv_path, row)
-            print(line + f"; wall {row['wall_s'] / 60:.1f} min", flush=True)
+        run.eval_s = result.seconds
+        await (asynchronous_steps if args.async_mode else synchronous_steps)(run)
     if plot(csv_path, args.out / "heldout.png"):
         print(f"plot: {args.out / 'heldout.png'}")
     print(f"per-step figures: {csv_path}")
@@ -462,7 +679,7 @@ def plot(csv_path: Path, png_path: Path) -> bool:
     return True
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="At most; --max-minutes stops it.")
@@ -482,7 +699,17 @@ def main() -> None:
     parser.add_argument("--raas", help="A running raas server (default: start one).")
     parser.add_argument("--engine", help="A running raas engine (default: start one).")
     parser.add_argument("--out", type=Path, default=Path("out/grpo_cpu"))
-    args = parser.parse_args()
+    parser.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="Collect step t+1's rollouts while step t trains (see README: asynchronous).",
+    )
+    parser.add_argument(
+        "--max-lag", type=int, default=1, help="Asynchronous: the versions a batch may lag."
+    )
+    parser.add_argument("--clip", type=float, default=0.2, help="Asynchronous: PPO's clip.")
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     # SIGTERM unwinds like Ctrl-C, so the engine and the server started here are stopped too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
