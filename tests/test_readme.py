@@ -73,7 +73,7 @@ NETWORK = {
 EXPECT = {
     "Agents raas did not write: the gateway and harness tasks :: make agents-node": [
         r"humaneval-swe-0000 done 0\.0 1 32 agent_exit_0",
-        r"\b3 passed\b",
+        r"\b6 passed\b",  # the six npm agents of the tier
     ],
     "Two commands :: .venv/bin/raas demo --oracle": [
         r"mean reward 1\.000, pass rate 10/10; done 10",
