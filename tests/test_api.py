@@ -56,10 +56,6 @@ async def test_submit_then_long_poll_a_countdown_result(client: Client) -> None:
         ({"instance": {"data_source": "probe"}, "timeout": 3}, ["body", "timeout"]),
         ({"instance": {"data_source": "probe"}, "timeout_s": -1}, ["body", "timeout_s"]),
         (
-            {"instance": {"data_source": "probe"}, "branch": {"job_id": "nobody", "turn": 1}},
-            ["body", "branch", "job_id"],
-        ),
-        (
             {"instance": {"data_source": "probe"}, "branch": {"job_id": "a", "turn": 0}},
             ["body", "branch", "turn"],
         ),
@@ -74,6 +70,20 @@ async def test_bad_input_is_422_naming_the_field(
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == loc
     assert status.json()["in_flight"] == 0
+
+
+async def test_a_branch_of_a_job_the_server_does_not_know_is_a_404_naming_it(
+    client: Client,
+) -> None:
+    body = {"instance": {"data_source": "probe"}, "branch": {"job_id": "nobody", "turn": 1}}
+    async with client() as http:
+        r = await http.post("/v1/rollouts", json=body)
+        batch = await http.post("/v1/rollouts:batch", json={"jobs": [body]})
+        status = await http.get("/v1/status")
+    assert (r.status_code, batch.status_code) == (404, 404)
+    assert r.json()["detail"] == "branch.job_id: no job nobody is known to this server"
+    assert batch.json()["detail"].startswith("jobs.0.branch.job_id: no job nobody")
+    assert status.json()["in_flight"] == 0  # nothing accepted
 
 
 async def test_a_body_not_sent_as_json_is_a_415_saying_how(client: Client) -> None:

@@ -181,6 +181,9 @@ def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
 
     @app.exception_handler(FieldError)
     async def _field(_: Request, exc: FieldError) -> JSONResponse:
+        if exc.kind == "not_found":  # the field names something this server does not hold
+            where = ".".join(str(part) for part in exc.loc)
+            return JSONResponse(_detail(f"{where}: {exc.message}"), status_code=404)
         error: dict[str, Any] = {"loc": ["body", *exc.loc], "msg": exc.message, "type": exc.kind}
         if exc.ctx is not None:
             error["ctx"] = jsonable(exc.ctx)

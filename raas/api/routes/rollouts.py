@@ -10,7 +10,7 @@ from typing import Annotated, Literal, get_args
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from pydantic import Field
 
-from raas.api.errors import responses
+from raas.api.errors import ErrorBody, responses
 from raas.api.routes.submission import status_of, submit
 from raas.api.state import ServiceState, service
 from raas.wire import (
@@ -38,12 +38,20 @@ FinalStateName = Literal["done", "failed", "timeout", "cancelled"]
 assert get_args(FinalStateName) == FINAL_STATES
 
 
+# A branch's parent is looked up, not validated: a job the server does not know is a 404.
+NO_PARENT = {
+    "model": ErrorBody,
+    "description": "A `branch` names a job this server does not know: nothing was accepted.",
+}
+
+
 @router.post(
     "/rollouts",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Submitted,
     responses={
         200: {"model": Submitted, "description": "The job_id is known: that job."},
+        404: NO_PARENT,
         **responses(409, 429, 503),
     },
 )
@@ -59,7 +67,7 @@ async def submit_rollout(req: RolloutRequest, svc: Service, response: Response) 
     "/rollouts:batch",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=BatchSubmitted,
-    responses=responses(409, 429, 503),
+    responses={404: NO_PARENT, **responses(409, 429, 503)},
 )
 async def submit_batch(req: BatchRequest, svc: Service) -> BatchSubmitted:
     """Submit many jobs: all are accepted, or none (429 when the INIT queue lacks room)."""
