@@ -6,6 +6,7 @@ import copy
 import csv
 import importlib.util
 import itertools
+import json
 import signal
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from raas.client import Group, RolloutResult, to_batch
 from raas.llm.models import load_model
+from raas.tasks.lookup import LookupInstance, in_text, prompt_text
 from raas.tasks.stem import StemInstance
 
 TRAIN_PY = Path(__file__).resolve().parents[1] / "examples" / "grpo_cpu" / "train.py"
@@ -51,6 +53,57 @@ def test_the_trainer_never_samples_a_heldout_question(example: ModuleType) -> No
     seen = {q["question"] for q in itertools.islice(stream, 3000)}
     shots = {example.question(x, k, "shot")["question"] for x, k in example.SHOTS}
     assert len(seen) > 1000 and not seen & held and not (seen | held) & shots
+
+
+def test_lookup_questions_hold_the_number_in_the_named_file_alone(example: ModuleType) -> None:
+    """x is in the file the question names and in no message: only reading it gives the
+    answer; the other files hold other numbers; no worked example gives the answer away."""
+    task = example.TASKS["lookup"]
+    pairs = example.heldout_pairs(150, 0, task.skip)
+    questions = [task.build(x, k, "heldout") for x, k in pairs]
+    questions += list(itertools.islice(example.training_questions(0, set(pairs), task), 500))
+    names = set()
+    for q in questions:
+        instance = LookupInstance.model_validate(q)
+        name = q["question"].split("number in ")[1].split(" ")[0]
+        names.add(name)
+        x = int(instance.files[name])
+        assert instance.answer == x * 10 ** (len(q["question"].split("times ")[1]) - 2)
+        assert all(int(v) != x for f, v in instance.files.items() if f != name)
+        text = prompt_text(instance)
+        assert not in_text(x, text) and not in_text(instance.answer, text), q["instance_id"]
+    assert names == {"red.txt", "green.txt", "blue.txt"}
+    # 580 * 100 is a worked example's answer (58 * 1000): never asked.
+    assert (580, 2) in task.skip and (580, 2) not in pairs
+
+
+def result_of(messages: list[dict[str, Any]], calls: list[dict[str, Any]], reward: float) -> Any:
+    return RolloutResult.model_validate(
+        {
+            "job_id": "j",
+            "state": "done",
+            "reward": reward,
+            "trajectory": {"messages": messages, "turns": [{"tool_calls": calls}]},
+            "data_source": "lookup",
+            "timing": {"queue_s": 0, "init_s": 0, "run_s": 0, "eval_s": 0, "total_s": 0},
+        }
+    )
+
+
+def test_the_tricks_audit_flags_an_answer_not_read_from_the_file(example: ModuleType) -> None:
+    task = example.lookup_question(347, 2, "t")
+    name = task["question"].split("number in ")[1].split(" ")[0]
+    read = {"name": "bash", "arguments": {"command": f"cat {name}"}}
+    finish = {"name": "finish", "arguments": {"answer": "34700"}}
+    shown = {"role": "tool", "name": "bash", "content": "347\n[exit code 0]"}
+    other = {"role": "tool", "name": "bash", "content": "512\n[exit code 0]"}
+    honest = result_of([shown], [read, finish], 1.0)
+    assert example.trick(task, honest) is None and example.tool_calls(honest) == 1
+    assert example.trick(task, result_of([], [finish], 1.0)) is not None  # never read
+    assert example.trick(task, result_of([other], [read, finish], 1.0)) is not None
+    hedge = {"name": "finish", "arguments": {"answer": "34700 or 3470"}}
+    assert example.trick(task, result_of([shown], [read, hedge], 1.0)) is not None
+    assert example.trick(task, result_of([], [finish], 0.0)) is None  # unsolved: nothing to say
 
 
 def test_training_questions_take_the_powers_in_turn(example: ModuleType) -> None:
@@ -120,7 +173,8 @@ def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         example.main(
-            ["--model", "tiny", "--async", "--steps", "2", "--groups", "2", "--n", "2"]
+            ["--model", "tiny", "--async", "--task", "lookup", "--steps", "2", "--groups", "2"]
+            + ["--n", "2"]
             + ["--heldout", "2", "--eval-every", "2", "--max-tokens", "6", "--train-layers", "1"]
             + ["--max-minutes", "5", "--out", str(tmp_path)]
         )
@@ -135,6 +189,10 @@ def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
         assert row["staleness_known"] == "1.0" and int(row["staleness_max"]) <= 1
         assert int(row["groups_kept"]) == 2
     assert steps[-1]["heldout_n"] == "2"
+    # The multi-turn task's held-out columns and trajectories (the tiny model calls no tool).
+    assert steps[-1]["heldout_tool_calls"] == "0.0" and steps[-1]["heldout_tricks"] == "0"
+    records = (tmp_path / "heldout_last.jsonl").read_text().splitlines()
+    assert len(records) == 2 and json.loads(records[0])["question"].startswith("What is the")
 
 
 def rollout(job_id: str, reward: float, response: list[int], turn: dict[str, Any]) -> RolloutResult:

@@ -17,6 +17,7 @@ from raas.tasks import InvalidInstance, TaskJob, TaskRegistry
 from raas.tasks.code import CodeTask
 from raas.tasks.datasets import humaneval_problems
 from raas.tasks.harness import HarnessTask
+from raas.tasks.lookup import LookupTask
 from raas.tasks.math import MathTask
 from raas.tasks.services import TaskServices
 from raas.tasks.stem import StemTask
@@ -29,7 +30,7 @@ Run = Callable[..., Any]
 
 def registry() -> TaskRegistry:
     reg = TaskRegistry()
-    for task in (CodeTask(), SweTask(), MathTask(), StemTask()):
+    for task in (CodeTask(), SweTask(), MathTask(), StemTask(), LookupTask()):
         reg.register(task)
     return reg
 
@@ -222,6 +223,50 @@ async def test_stem_finish_only_scores_the_finish_call_alone(run: Run) -> None:
     assert results[1]["metrics"]["artifact"] == {"answer": None, "given": True}
 
 
+LOOKUP = {
+    "data_source": "lookup",
+    "question": "What is the number in data/n.txt times 100?",
+    "files": {"data/n.txt": "73182\n", "notes.txt": "nothing here\n"},
+    "answer": 7318200,
+}
+
+
+async def test_lookup_reward_both_ways(run: Run) -> None:
+    """The number is only in the sandbox's file: the bash observation shows it, and the finish
+    answer alone is judged, one value."""
+    read = call("bash", command="cat data/n.txt")
+    results = [
+        await run(LOOKUP, [read, call("finish", answer="7318200")]),
+        await run(LOOKUP, [read, call("finish", answer="73182")]),  # read, not computed
+        await run(LOOKUP, [read, call("finish", answer="7318200 or 731820")]),  # a hedge
+        await run(LOOKUP, [read, "It is 7318200."]),  # plain text: no answer
+    ]
+    assert [r["reward"] for r in results] == [1.0, 0.0, 0.0, 0.0]
+    observation = results[0]["trajectory"]["messages"][3]
+    assert observation["role"] == "tool" and observation["content"].startswith("73182\n")
+    assert results[0]["metrics"]["answer_in_prompt"] is False
+    leaky = {**LOOKUP, "question": "What is 73182 * 100 (7318200)?"}
+    result = await run(leaky, [call("finish", answer="7318200")])
+    assert result["reward"] == 1.0 and result["metrics"]["answer_in_prompt"] is True
+
+
+async def test_lookup_files_are_the_only_trace_of_the_task_in_the_sandbox(run: Run) -> None:
+    """A policy that searches the sandbox for the answer, or for the number the question is
+    about anywhere but the files it was given, finds nothing: the instance itself (its answer
+    field) never enters the sandbox."""
+    search = (
+        "grep -rls -e '7318[2]' / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev"
+        " --exclude-dir=usr --exclude-dir=lib --exclude-dir=lib64 --exclude-dir=bin"
+        " --exclude-dir=sbin --exclude-dir=etc --exclude-dir=opt 2>/dev/null | grep -v data/n.txt;"
+        " cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n'"
+        " | grep -c '7318[2]'"
+    )
+    result = await run(LOOKUP, [call("bash", command=search), call("finish", answer="0")])
+    observation = result["trajectory"]["messages"][3]["content"]
+    assert observation.splitlines()[0] == "0", observation  # no path, no process holds it
+    assert result["reward"] == 0.0
+
+
 @pytest.mark.parametrize(
     ("instance", "field"),
     [
@@ -259,6 +304,9 @@ async def test_stem_finish_only_scores_the_finish_call_alone(run: Run) -> None:
             {"data_source": "stem", "question": "q", "answer": "E", "choices": {"A": "a"}},
             "instance.answer",
         ),
+        ({**LOOKUP, "files": {"../n.txt": "1"}}, "instance.files.../n.txt.[key]"),
+        ({**LOOKUP, "files": {}}, "instance.files"),
+        ({**LOOKUP, "answer": " "}, "instance.answer"),
         ({"data_source": "math", "problem": "1+1", "answer": "2", "sampling_params": 1}, None),
     ],
 )
@@ -329,6 +377,13 @@ SCHEMA_CASES: list[tuple[Any, dict[str, Any], bool]] = [
     (SweTask, IMAGE_ROW, False),  # no image
     (SweTask, {**IMAGE_ROW, "repo": "", "instance_id": "a__b-1"}, False),
     (SweTask, {"problem_statement": "p", "FAIL_TO_PASS": ["t"]}, False),
+    (LookupTask, {"question": "q", "files": {"a/b.txt": "1"}, "answer": 1}, True),
+    (LookupTask, {"prompt": [{"role": "user"}], "files": {"a": ""}, "answer": "x"}, True),
+    (LookupTask, {"question": "", "files": {"a": "1"}, "answer": 1}, False),
+    (LookupTask, {"question": "q", "files": {"a/../b": "1"}, "answer": 1}, False),
+    (LookupTask, {"question": "q", "files": {".env": "1"}, "answer": 1}, False),
+    (LookupTask, {"question": "q", "files": {"a": "1"}, "answer": "  "}, False),
+    (LookupTask, {"question": "q", "files": {"a": 1}, "answer": 1}, False),
     (HarnessTask, {"judge": "math", "problem": "x", "answer": 1}, True),
     (HarnessTask, {"judge": "code", **HUMANEVAL}, True),
     (HarnessTask, {"judge": "math"}, False),

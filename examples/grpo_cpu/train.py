@@ -39,13 +39,14 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,15 @@ import httpx
 import torch
 from transformers.cache_utils import DynamicCache
 
-from raas.client import Batch, DapoReport, RolloutClient, collect_groups, reward_varies, to_batch
+from raas.client import (
+    Batch,
+    DapoReport,
+    RolloutClient,
+    RolloutResult,
+    collect_groups,
+    reward_varies,
+    to_batch,
+)
 from raas.client.backends_paused import backends_paused
 from raas.client.rollout_client import Group
 from raas.client.staleness import staleness_metrics
@@ -64,7 +73,7 @@ from raas.llm.models import load_model
 CSV_FIELDS = [
     "step", "wall_s", "train_reward", "rollouts", "groups_kept", "groups_dropped",
     "heldout_n", "heldout_pass", "heldout_ci_low", "heldout_ci_high", "heldout_finish",
-    "heldout_by_power",
+    "heldout_by_power", "heldout_tool_calls", "heldout_solved_tool_calls", "heldout_tricks",
     "entropy", "kl", "loss", "rollout_s", "train_s", "eval_s", "weight_version",
     "submit_lag_max", "staleness_known", "staleness_mean", "staleness_max", "on_policy_frac",
     "groups_stale",
@@ -76,14 +85,22 @@ POWERS = (1, 2, 3, 4, 5)  # the second factor is 10 ** k
 # The worked examples, (x, k): with general products instead (23 * 47, 512 * 38) the base model
 # answers 0 of 48 held-out questions; with these, about a fifth.
 SHOTS = ((423, 1), (58, 3))
+# The lookup task: x is in one of three files, and the question names which.
+LOOKUP_SYSTEM = "Answer from the files: read them with bash, then call finish with the number."
+FILES = ("red", "green", "blue")
+LOOKUP_SHOTS = ((423, 1, "green"), (58, 3, "red"))  # (x, k, the file x is in)
 
 
 # -- the task ----------------------------------------------------------------------------------
 
 
-def finish_call(answer: int) -> str:
-    body = json.dumps({"name": "finish", "arguments": {"answer": str(answer)}})
+def tool_call(name: str, **arguments: str) -> str:
+    body = json.dumps({"name": name, "arguments": arguments})
     return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def finish_call(answer: int) -> str:
+    return tool_call("finish", answer=str(answer))
 
 
 def question(x: int, k: int, tag: str) -> dict[str, Any]:
@@ -108,16 +125,87 @@ def question(x: int, k: int, tag: str) -> dict[str, Any]:
     }
 
 
-def heldout_pairs(n: int, seed: int) -> list[tuple[int, int]]:
-    """``n`` distinct (x, k), the held-out set: never sampled for training, none a worked
-    example."""
+def lookup_question(x: int, k: int, tag: str) -> dict[str, Any]:
+    """One ``lookup`` instance: "What is the number in blue.txt times 10**k?", x being in that
+    file of the sandbox and other numbers in the other two; the worked examples read a file with
+    bash and answer with finish. x is in no message: only a tool call shows it."""
+    rng = random.Random(f"{tag}-{x}-{k}")  # the file named and the others' numbers
+    name = rng.choice(FILES)
+    numbers = {f: rng.choice([n for n in range(SMALLEST, LARGEST + 1) if n != x]) for f in FILES}
+    numbers[name] = x
+    messages: list[dict[str, Any]] = [{"role": "system", "content": LOOKUP_SYSTEM}]
+    for a, j, f in LOOKUP_SHOTS:
+        messages += [
+            {"role": "user", "content": f"What is the number in {f}.txt times {10**j}?"},
+            {"role": "assistant", "content": tool_call("bash", command=f"cat {f}.txt")},
+            {"role": "tool", "content": f"{a}\n[exit code 0]"},
+            {"role": "assistant", "content": finish_call(a * 10**j)},
+            {"role": "tool", "content": "finished"},
+        ]
+    text = f"What is the number in {name}.txt times {10**k}?"
+    messages.append({"role": "user", "content": text})
+    return {
+        "data_source": "lookup",
+        "instance_id": f"{tag}-{len(messages)}-{rng.getrandbits(32):08x}",  # says nothing of x
+        "question": text,
+        "prompt": messages,
+        "files": {f"{f}.txt": f"{n}\n" for f, n in numbers.items()},
+        "answer": x * 10**k,
+    }
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the run asks: its instances, the turns a rollout may take, and the (x, k) it never
+    asks (a worked example, or one whose answer a worked example gives away)."""
+
+    name: str
+    build: Callable[[int, int, str], dict[str, Any]]
+    max_turns: int
+    title: str
+    skip: frozenset[tuple[int, int]]
+
+
+def _given_away(shots: tuple[tuple[int, int, str], ...]) -> frozenset[tuple[int, int]]:
+    """The (x, k) whose x or answer a lookup prompt shows: a worked example's number or answer
+    (580 * 100 is 58 * 1000), or a multiplier (10, 100)."""
+    numbers = {a for a, _, _ in shots} | {10**k for k in POWERS}
+    answers = {a * 10**j for a, j, _ in shots}
+    return frozenset(
+        (x, k)
+        for x in range(SMALLEST, LARGEST + 1)
+        for k in POWERS
+        if x in numbers or x * 10**k in answers
+    )
+
+
+TASKS = {
+    "stem": Task("stem", question, 1, "x * 10^k via finish (stem)", frozenset(SHOTS)),
+    # Two turns at least: the file read with bash, then the answer; a third is a spare.
+    "lookup": Task(
+        "lookup",
+        lookup_question,
+        3,
+        "the number in a file * 10^k (lookup, bash then finish)",
+        _given_away(LOOKUP_SHOTS),
+    ),
+}
+
+
+def heldout_pairs(
+    n: int, seed: int, skip: frozenset[tuple[int, int]] = frozenset(SHOTS)
+) -> list[tuple[int, int]]:
+    """``n`` distinct (x, k), the held-out set: never sampled for training, none in ``skip``
+    (a worked example)."""
     rng = random.Random(f"heldout-{seed}")
-    pairs = [(x, k) for x in range(SMALLEST, LARGEST + 1) for k in POWERS if (x, k) not in SHOTS]
+    pairs = [(x, k) for x in range(SMALLEST, LARGEST + 1) for k in POWERS if (x, k) not in skip]
     return rng.sample(pairs, n)
 
 
-def training_questions(seed: int, held: set[tuple[int, int]]) -> Iterator[dict[str, Any]]:
-    """Endless training questions, none of them in ``held`` or a worked example.
+def training_questions(
+    seed: int, held: set[tuple[int, int]], task: Task = TASKS["stem"]
+) -> Iterator[dict[str, Any]]:
+    """Endless training questions, none of them in ``held`` or the task's ``skip``.
 
     The powers take turns: a step's few groups then cover them all. Drawn at random, a step's
     groups could all ask for one power, and its update would move every power's answer toward
@@ -126,9 +214,9 @@ def training_questions(seed: int, held: set[tuple[int, int]]) -> Iterator[dict[s
     rng = random.Random(f"train-{seed}")
     for k in itertools.cycle(POWERS):
         x = rng.randint(SMALLEST, LARGEST)
-        while (x, k) in held or (x, k) in SHOTS:
+        while (x, k) in held or (x, k) in task.skip:
             x = rng.randint(SMALLEST, LARGEST)
-        yield question(x, k, "train")
+        yield task.build(x, k, "train")
 
 
 def wilson(passes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -148,29 +236,93 @@ class HeldOut:
     finished: int  # replies that were a finish call, right or wrong
     seconds: float
     by_power: dict[int, tuple[int, int]]  # k: (passes, questions)
+    tool_calls: float = 0.0  # mean calls of tools other than finish, per trajectory
+    solved_tool_calls: float | None = None  # the same over the solved trajectories
+    tricks: int = 0  # solved trajectories that did not come by the answer honestly (see tricks)
+    records: list[dict[str, Any]] = field(default_factory=list)  # each question's trajectory
 
     @property
     def rate(self) -> float:
         return self.passes / self.n
 
 
-async def evaluate(client: RolloutClient, pairs: list[tuple[int, int]], max_tokens: int) -> HeldOut:
+def tool_calls(result: RolloutResult) -> int:
+    """The calls of tools other than finish in a rollout (the bash reads, for lookup)."""
+    turns = result.trajectory.turns
+    return sum(1 for t in turns for c in t.get("tool_calls", []) if c.get("name") != "finish")
+
+
+def trick(task: dict[str, Any], result: RolloutResult) -> str | None:
+    """Why a solved rollout's reward did not come from solving it, or None: the red-team classes
+    that apply here. A finish answer holding more than one number (a hedge the judge should
+    refuse), several finish calls, and, for lookup, an answer given before any observation
+    showed the file's number (a guess, or x found elsewhere)."""
+    if result.reward != 1.0:
+        return None
+    calls = [c for t in result.trajectory.turns for c in t.get("tool_calls", [])]
+    finishes = [c for c in calls if c.get("name") == "finish"]
+    if len(finishes) != 1:
+        return f"{len(finishes)} finish calls"
+    if len(re.findall(r"\d+", str(finishes[0].get("arguments", {}).get("answer", "")))) != 1:
+        return "the finish answer holds more than one number"
+    if task["data_source"] == "lookup":
+        x = _file_number(task)
+        shown = [
+            m.get("content", "")
+            for m in result.trajectory.messages
+            if m.get("role") == "tool" and m.get("name") == "bash"
+        ]
+        if not any(re.search(rf"(?<!\d){x}(?!\d)", text) for text in shown):
+            return "answered before any observation showed the file's number"
+    return None
+
+
+def _file_number(task: dict[str, Any]) -> str:
+    """The number in the file a lookup question names."""
+    name = re.search(r"in (\w+\.txt)", task["question"])
+    assert name is not None, task["question"]
+    return str(task["files"][name.group(1)]).strip()
+
+
+async def evaluate(
+    client: RolloutClient,
+    pairs: list[tuple[int, int]],
+    max_tokens: int,
+    task: Task = TASKS["stem"],
+) -> HeldOut:
     """The held-out questions ``(x, k)``, answered greedily, through raas like the rollouts."""
     started = time.perf_counter()
-    tasks = [question(x, k, "heldout") for x, k in pairs]
-    sampling = {"temperature": 0.0, "max_tokens": max_tokens, "max_turns": 1}
+    tasks = [task.build(x, k, "heldout") for x, k in pairs]
+    sampling = {"temperature": 0.0, "max_tokens": max_tokens, "max_turns": task.max_turns}
     groups = await client.generate_groups(tasks, 1, sampling)
     results = [g.results[0] for g in groups]
     by_power: dict[int, tuple[int, int]] = {}
     for (_, k), r in zip(pairs, results, strict=True):
         passes, n = by_power.get(k, (0, 0))
         by_power[k] = (passes + (r.reward == 1.0), n + 1)
+    calls = [tool_calls(r) for r in results]
+    solved = [c for c, r in zip(calls, results, strict=True) if r.reward == 1.0]
+    found = [trick(t, r) for t, r in zip(tasks, results, strict=True)]
     return HeldOut(
         passes=sum(1 for r in results if r.reward == 1.0),
         n=len(results),
         finished=sum(1 for r in results if r.trajectory.stop_reason == "finish"),
         seconds=time.perf_counter() - started,
         by_power=dict(sorted(by_power.items())),
+        tool_calls=statistics.fmean(calls),
+        solved_tool_calls=statistics.fmean(solved) if solved else None,
+        tricks=sum(1 for f in found if f is not None),
+        records=[
+            {
+                "instance_id": t["instance_id"],
+                "question": t["question"],
+                "answer": t["answer"],
+                "reward": r.reward,
+                "trick": f,
+                "messages": r.trajectory.messages[len(t["prompt"]) :],
+            }
+            for t, r, f in zip(tasks, results, found, strict=True)
+        ],
     )
 
 
@@ -322,6 +474,8 @@ class Trainer:
 
     def __init__(self, args: argparse.Namespace) -> None:
         torch.manual_seed(args.seed)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         self.args = args
         self.model, tokenizer = load_model(args.model)
         self.reference = copy.deepcopy(self.model).eval()
@@ -387,8 +541,24 @@ def write_csv_row(path: Path, row: dict[str, Any] | None) -> None:
             writer.writerow(row)
 
 
+def calls_said(result: HeldOut) -> str:
+    """The held-out pass's tool calls and tricks, where the task has tools beside finish."""
+    if not result.tool_calls:
+        return ""
+    return f", {result.tool_calls:.2f} tool calls a question, {result.tricks} tricks"
+
+
+def write_records(path: Path, result: HeldOut) -> None:
+    """Each held-out question's trajectory after its prompt, a JSON line each: what the tricks
+    audit read, for a person to read too."""
+    with open(path, "w") as f:
+        for record in result.records:
+            f.write(json.dumps(record) + "\n")
+
+
 def heldout_columns(result: HeldOut) -> dict[str, Any]:
     low, high = wilson(result.passes, result.n)
+    solved = result.solved_tool_calls
     return {
         "heldout_n": result.n,
         "heldout_pass": round(result.rate, 4),
@@ -396,6 +566,9 @@ def heldout_columns(result: HeldOut) -> dict[str, Any]:
         "heldout_ci_high": round(high, 4),
         "heldout_finish": round(result.finished / result.n, 4),
         "heldout_by_power": " ".join(f"{k}:{p}/{n}" for k, (p, n) in result.by_power.items()),
+        "heldout_tool_calls": round(result.tool_calls, 3),
+        "heldout_solved_tool_calls": "" if solved is None else round(solved, 3),
+        "heldout_tricks": result.tricks,
         "eval_s": round(result.seconds, 1),
     }
 
@@ -409,6 +582,7 @@ class Run:
     client: RolloutClient
     questions: Iterator[dict[str, Any]]
     pairs: list[tuple[int, int]]
+    task: Task
     csv_path: Path
     t0: float
     push: Callable[[Path], Awaitable[int]]  # loads a weights file; the engine's new version
@@ -442,7 +616,7 @@ async def collect(run: Run, max_lag: int) -> tuple[list[Group], DapoReport, list
         sampling_params={
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
-            "max_turns": 1,
+            "max_turns": run.task.max_turns,
         },
         keep=keep,
         policy_version=lambda: run.version,
@@ -525,10 +699,14 @@ async def finish_step(run: Run, row: dict[str, Any], last: bool) -> None:
             f" on-policy {row['on_policy_frac']}"
         )
     if row["step"] % run.args.eval_every == 0 or last:
-        result = await evaluate(run.client, run.pairs, run.args.max_tokens)
+        result = await evaluate(run.client, run.pairs, run.args.max_tokens, run.task)
+        if last:
+            write_records(run.args.out / "heldout_last.jsonl", result)
         run.eval_s = result.seconds
         row |= heldout_columns(result)
-        line += f"; held-out {result.passes}/{result.n} ({result.seconds:.0f} s)"
+        line += (
+            f"; held-out {result.passes}/{result.n}{calls_said(result)} ({result.seconds:.0f} s)"
+        )
     row["wall_s"] = round(time.perf_counter() - run.t0, 1)
     write_csv_row(run.csv_path, row)
     print(line + f"; wall {row['wall_s'] / 60:.1f} min", flush=True)
@@ -601,7 +779,8 @@ async def train(
 ) -> None:
     csv_path = args.out / "grpo.csv"
     write_csv_row(csv_path, None)
-    pairs = heldout_pairs(args.heldout, args.seed)
+    task = TASKS[args.task]
+    pairs = heldout_pairs(args.heldout, args.seed, task.skip)
     async with (
         RolloutClient([raas_url]) as client,
         httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {engine_key}"}) as http,
@@ -620,25 +799,31 @@ async def train(
             args,
             Trainer(args),
             client,
-            training_questions(args.seed, set(pairs)),
+            training_questions(args.seed, set(pairs), task),
             pairs,
+            task,
             csv_path,
             t0,
             push,
         )
-        result = await evaluate(client, pairs, args.max_tokens)
+        result = await evaluate(client, pairs, args.max_tokens, task)
+        write_records(args.out / "heldout_first.jsonl", result)
         row: dict[str, Any] = {"step": 0, "wall_s": round(time.perf_counter() - t0, 1)}
         row |= heldout_columns(result) | {"weight_version": run.version}
         write_csv_row(csv_path, row)
-        print(f"step 0: held-out {result.passes}/{result.n} ({result.seconds:.0f} s)", flush=True)
+        print(
+            f"step 0: held-out {result.passes}/{result.n}{calls_said(result)}"
+            f" ({result.seconds:.0f} s)",
+            flush=True,
+        )
         run.eval_s = result.seconds
         await (asynchronous_steps if args.async_mode else synchronous_steps)(run)
-    if plot(csv_path, args.out / "heldout.png"):
+    if plot(csv_path, args.out / "heldout.png", task.title):
         print(f"plot: {args.out / 'heldout.png'}")
     print(f"per-step figures: {csv_path}")
 
 
-def plot(csv_path: Path, png_path: Path) -> bool:
+def plot(csv_path: Path, png_path: Path, title: str) -> bool:
     try:
         import matplotlib
 
@@ -673,7 +858,7 @@ def plot(csv_path: Path, png_path: Path) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     minutes = float(rows[-1]["wall_s"]) / 60
-    ax.set_title(f"SmolLM2-135M, x * 10^k via finish (stem), 2 CPU cores, {minutes:.0f} min")
+    ax.set_title(f"SmolLM2-135M, {title}\n2 CPU cores, {minutes:.0f} min", fontsize=10)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     return True
@@ -694,6 +879,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--heldout", type=int, default=150, help="Held-out questions.")
     parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="stem",
+        help="stem: x * 10^k answered through finish, one turn; lookup: x in a file the"
+        " question names, read with bash, then x * 10^k through finish (see README).",
+    )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--raas", help="A running raas server (default: start one).")
@@ -709,6 +901,12 @@ def main(argv: list[str] | None = None) -> None:
         "--max-lag", type=int, default=1, help="Asynchronous: the versions a batch may lag."
     )
     parser.add_argument("--clip", type=float, default=0.2, help="Asynchronous: PPO's clip.")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="Torch threads of the trainer and of the engine started here, each (default:"
+        " torch's, one a core). With --async both work at once: on 2 cores, 1 each.",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     # SIGTERM unwinds like Ctrl-C, so the engine and the server started here are stopped too.
@@ -721,6 +919,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.out / "engine.log",
                 extra_args=["--max-batch", "32"],
                 weight_dirs=[args.out.resolve()],  # where save_weights writes
+                threads=args.threads,
             )
             stack.callback(engine.stop)
             engine.wait_ready(timeout_s=600)

@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from raas.agent.tools import Tool
 from raas.tasks import sources
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.answers import (
@@ -196,7 +197,7 @@ class QuestionTask(AgentTask):
     """A question answered in a few turns, computing with ipython (math, stem): its text is
     under the first of ``text_keys`` that the instance has, or verl-style ``prompt`` messages."""
 
-    tools = ("ipython", "finish", "think")
+    tools: ClassVar[tuple[str | Tool, ...]] = ("ipython", "finish", "think")
     default_max_turns = 6
     text_keys: ClassVar[tuple[str, ...]] = ("question",)
 

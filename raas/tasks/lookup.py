@@ -1,0 +1,124 @@
+"""``lookup``: a question whose facts lie in files of the sandbox, never in the prompt.
+
+Instance: ``question`` (or verl-style ``prompt`` messages), ``files`` ({relative path: text},
+written into the sandbox's working directory before the first turn), ``answer`` (a number,
+matched within ``rel_tol``, default 0: exact; or a text, matched exactly once trimmed).
+
+The model gets ``bash`` and ``finish``: it reads the files with a command, and the observation
+determines its answer, given by calling finish. The finish tool's answer alone is judged, one
+value (a hedge such as ``34 or 35`` scores 0), so a reply in plain text scores 0. A task that
+can be answered from its prompt teaches nothing of the sandbox: the result's metrics say
+``answer_in_prompt`` where the answer stands in the prompt as a whole word (a worked example's
+answer equal to the question's, say), so that a dataset's author finds such rows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import ConfigDict, Field, StrictFloat, StrictStr, StringConstraints, model_validator
+
+from raas.agent.tools import Tool
+from raas.tasks.agentic import AgentContext
+from raas.tasks.answers import check_numeric, final_answer
+from raas.tasks.math import QuestionTask, Scalar
+from raas.tasks.protocol import RewardInfo, TaskInstance, located_error
+from raas.tasks.services import TaskServices
+from raas.tasks.stem import FINITE
+from raas.wire import Trajectory
+
+MAX_FILES = 64
+MAX_FILE_CHARS = 65536
+# A file's path: relative, '/'-separated names of letters, digits, '.', '_' and '-' that do not
+# start with '.' (so never '..'): a pattern the OpenAPI document carries too.
+SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}"
+PATH_PATTERN = rf"^{SEGMENT}(/{SEGMENT}){{0,7}}$"
+FilePath = Annotated[StrictStr, StringConstraints(pattern=PATH_PATTERN)]
+
+
+def _question_and_answer(schema: dict[str, Any]) -> None:
+    """What _has_question_and_answer checks, in the instance's JSON schema."""
+    schema["anyOf"] = [
+        {"required": ["question"], "properties": {"question": {"type": "string", "minLength": 1}}},
+        {"required": ["prompt"], "properties": {"prompt": {"type": "array", "minItems": 1}}},
+    ]
+    # patternProperties alone would let any other name through.
+    schema["properties"]["files"]["propertyNames"] = {"pattern": PATH_PATTERN}
+    schema["properties"]["answer"] = {"anyOf": [FINITE, {"type": "string", "pattern": r"\S"}]}
+
+
+def prompt_text(instance: LookupInstance) -> str:
+    """Every text the model is shown before its first turn, as one string."""
+    if isinstance(instance.prompt, list):
+        return "\n".join(str(m.get("content", "")) for m in instance.prompt)
+    return str(instance.question or "")
+
+
+def in_text(answer: str | int | float, text: str) -> bool:
+    """Whether ``answer`` stands in ``text`` as a whole word or number (347 is not in 3470)."""
+    word = str(answer).strip()
+    return bool(word) and re.search(rf"(?<![\w.]){re.escape(word)}(?![\w]|\.\d)", text) is not None
+
+
+class LookupInstance(TaskInstance):
+    model_config = ConfigDict(json_schema_extra=_question_and_answer)
+
+    question: StrictStr | None = None
+    prompt: list[dict[str, Any]] | None = None
+    files: dict[FilePath, Annotated[StrictStr, Field(max_length=MAX_FILE_CHARS)]] = Field(
+        min_length=1, max_length=MAX_FILES
+    )
+    answer: Scalar
+    rel_tol: StrictFloat = Field(default=0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _has_question_and_answer(self) -> Self:
+        if not (self.question or self.prompt):
+            raise located_error(("question",), "lookup needs the question (question or prompt)")
+        if str(self.answer).strip() == "":
+            raise located_error(("answer",), "lookup needs the answer")
+        return self
+
+
+def _is_number(value: str | int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (ValueError, OverflowError):
+        return False
+
+
+class LookupTask(QuestionTask):
+    name = "lookup"
+    instance_model = LookupInstance
+    tools: ClassVar[tuple[str | Tool, ...]] = ("bash", "finish")
+    system_prompt = (
+        "Answer the question from the files in your working directory: read them with the bash"
+        " tool, then give the answer by calling finish."
+    )
+
+    async def setup(self, ctx: AgentContext) -> None:
+        assert ctx.sandbox is not None
+        parsed = LookupInstance.model_validate(ctx.job.instance)
+        for path, text in parsed.files.items():
+            await ctx.sandbox.write_file(path, text)
+
+    async def artifact(self, ctx: AgentContext, trajectory: Trajectory) -> dict[str, Any]:
+        return {"answer": final_answer(None, ctx.answer)}
+
+    async def judge(
+        self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
+    ) -> RewardInfo:
+        given, truth = artifact.get("answer"), instance["answer"]
+        if _is_number(truth):
+            correct = check_numeric(
+                given, float(truth), rel_tol=float(instance.get("rel_tol", 0.0)), one_value=True
+            )
+        else:
+            correct = given is not None and given.strip() == str(truth).strip()
+        leaked = in_text(truth, prompt_text(LookupInstance.model_validate(instance)))
+        return RewardInfo(
+            1.0 if correct else 0.0,
+            {"correct": correct, "given": given, "answer_in_prompt": leaked},
+        )
