@@ -11,6 +11,10 @@ numeric, exact, ``finish_only``: a reply in plain text scores 0). The answer dep
 numbers (chance is about 0); SmolLM2-135M copies the digits and often gets the zeros wrong, so it
 succeeds sometimes from the start. Two worked examples in the prompt show the tool call.
 
+With ``--task lookup`` the task is multi-turn: "What is the number in blue.txt times 1000?", the
+number being in that file of the sandbox (raas's ``lookup`` task), read with bash, then answered
+with finish; the observation between the two turns is masked out of the loss.
+
 Each step: DAPO dynamic sampling fills B groups of n rollouts whose rewards differ (jobs still
 running when B are in hand are cancelled); one policy-gradient step on the GRPO advantages of the
 tempered policy, with a KL penalty to the initial weights (the guard against collapse); the new
@@ -24,7 +28,8 @@ greedily through raas, like the rollouts: its pass rate, with a 95% Wilson inter
 A running engine (``--engine``) needs its key in RAAS_API_KEY and OUT among its --weights-dir;
 one started here gets a fresh key through its environment and OUT as its weight directory.
 
-Writes ``OUT/grpo.csv`` (one row a step, written as it goes) and ``OUT/heldout.png``.
+Writes ``OUT/grpo.csv`` (one row a step, written as it goes), ``OUT/heldout.png``, and the first
+and last held-out passes' trajectories (``OUT/heldout_first.jsonl``, ``OUT/heldout_last.jsonl``).
 """
 
 from __future__ import annotations
