@@ -59,7 +59,7 @@ def test_lookup_questions_hold_the_number_in_the_named_file_alone(example: Modul
     """x is in the file the question names and in no message: only reading it gives the
     answer; the other files hold other numbers; no worked example gives the answer away."""
     task = example.TASKS["lookup"]
-    pairs = example.heldout_pairs(150, 0, task.skip)
+    pairs = example.heldout_pairs(150, 0, task)
     questions = [task.build(x, k, "heldout") for x, k in pairs]
     questions += list(itertools.islice(example.training_questions(0, set(pairs), task), 500))
     names = set()
@@ -73,6 +73,7 @@ def test_lookup_questions_hold_the_number_in_the_named_file_alone(example: Modul
         text = prompt_text(instance)
         assert not in_text(x, text) and not in_text(instance.answer, text), q["instance_id"]
     assert names == {"red.txt", "green.txt", "blue.txt"}
+    assert {k for _, k in pairs} == set(task.powers) == {1, 2, 3}
     # 580 * 100 is a worked example's answer (58 * 1000): never asked.
     assert (580, 2) in task.skip and (580, 2) not in pairs
 

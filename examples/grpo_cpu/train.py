@@ -94,6 +94,11 @@ SHOTS = ((423, 1), (58, 3))
 LOOKUP_SYSTEM = "Answer from the files: read them with bash, then call finish with the number."
 FILES = ("red", "green", "blue")
 LOOKUP_SHOTS = ((423, 1, "green"), (58, 3, "red"))  # (x, k, the file x is in)
+# Sampled at T = 0.7 with k up to 5, 4% of the lookup rollouts were right (the count of zeros
+# goes wrong for k = 4 and 5 as on the single-turn task, and reading adds its slips): a step
+# needed 184 rollouts for 8 groups with a signal. Up to 3, k = 2 is mostly right and 1 and 3
+# sometimes: what the single-turn task learned first.
+LOOKUP_POWERS = (1, 2, 3)
 
 
 # -- the task ----------------------------------------------------------------------------------
@@ -161,49 +166,53 @@ def lookup_question(x: int, k: int, tag: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Task:
-    """What the run asks: its instances, the turns a rollout may take, and the (x, k) it never
-    asks (a worked example, or one whose answer a worked example gives away)."""
+    """What the run asks: its instances, the turns a rollout may take, the powers k it asks, and
+    the (x, k) it never asks (a worked example, or one whose answer a worked example gives
+    away)."""
 
     name: str
     build: Callable[[int, int, str], dict[str, Any]]
     max_turns: int
     title: str
+    powers: tuple[int, ...]
     skip: frozenset[tuple[int, int]]
 
 
 def _given_away(shots: tuple[tuple[int, int, str], ...]) -> frozenset[tuple[int, int]]:
     """The (x, k) whose x or answer a lookup prompt shows: a worked example's number or answer
     (580 * 100 is 58 * 1000), or a multiplier (10, 100)."""
-    numbers = {a for a, _, _ in shots} | {10**k for k in POWERS}
+    numbers = {a for a, _, _ in shots} | {10**k for k in LOOKUP_POWERS}
     answers = {a * 10**j for a, j, _ in shots}
     return frozenset(
         (x, k)
         for x in range(SMALLEST, LARGEST + 1)
-        for k in POWERS
+        for k in LOOKUP_POWERS
         if x in numbers or x * 10**k in answers
     )
 
 
 TASKS = {
-    "stem": Task("stem", question, 1, "x * 10^k via finish (stem)", frozenset(SHOTS)),
+    "stem": Task("stem", question, 1, "x * 10^k via finish (stem)", POWERS, frozenset(SHOTS)),
     # Two turns at least: the file read with bash, then the answer; a third is a spare.
     "lookup": Task(
         "lookup",
         lookup_question,
         3,
         "the number in a file * 10^k (lookup, bash then finish)",
+        LOOKUP_POWERS,
         _given_away(LOOKUP_SHOTS),
     ),
 }
 
 
-def heldout_pairs(
-    n: int, seed: int, skip: frozenset[tuple[int, int]] = frozenset(SHOTS)
-) -> list[tuple[int, int]]:
-    """``n`` distinct (x, k), the held-out set: never sampled for training, none in ``skip``
-    (a worked example)."""
+def heldout_pairs(n: int, seed: int, task: Task | None = None) -> list[tuple[int, int]]:
+    """``n`` distinct (x, k), the held-out set of ``task`` (default: stem's): never sampled for
+    training, none in its ``skip`` (a worked example)."""
+    task = task or TASKS["stem"]
     rng = random.Random(f"heldout-{seed}")
-    pairs = [(x, k) for x in range(SMALLEST, LARGEST + 1) for k in POWERS if (x, k) not in skip]
+    pairs = [
+        (x, k) for x in range(SMALLEST, LARGEST + 1) for k in task.powers if (x, k) not in task.skip
+    ]
     return rng.sample(pairs, n)
 
 
@@ -217,7 +226,7 @@ def training_questions(
     that one's count of zeros (the held-out rate then swings from one power to another).
     """
     rng = random.Random(f"train-{seed}")
-    for k in itertools.cycle(POWERS):
+    for k in itertools.cycle(task.powers):
         x = rng.randint(SMALLEST, LARGEST)
         while (x, k) in held or (x, k) in task.skip:
             x = rng.randint(SMALLEST, LARGEST)
@@ -785,7 +794,7 @@ async def train(
     csv_path = args.out / "grpo.csv"
     write_csv_row(csv_path, None)
     task = TASKS[args.task]
-    pairs = heldout_pairs(args.heldout, args.seed, task.skip)
+    pairs = heldout_pairs(args.heldout, args.seed, task)
     async with (
         RolloutClient([raas_url]) as client,
         httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {engine_key}"}) as http,
