@@ -8,6 +8,10 @@ import hashlib
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -23,10 +27,12 @@ from raas.api.app import create_app
 from raas.api.auth import COOKIE
 from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
+from raas.helpers import free_port
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest
 from raas.pipeline.job import scoped
 from raas.settings import ServeSettings, load_settings
+from raas.store.sqlite import JobRecord, ResultStore
 from raas.tasks import TaskRegistry
 from raas.tenants import TenantsFileError, load_tenants
 from raas.wire import Branch, Trajectory
@@ -329,3 +335,61 @@ def test_a_tenants_request_names_its_job_group_and_branch_parent_in_its_namespac
     assert (keyed.job_id, keyed.group, keyed.tenant) == ("alice~j", "alice~g", "alice")
     assert keyed.branch is not None and keyed.branch.job_id == "alice~p"
     assert scoped(replace(request, tenant="default")) == replace(request, tenant="default")
+
+
+def test_a_served_file_is_read_again_on_sighup_and_a_bad_one_stops_the_start(
+    tmp_path: Path, tenants_file: Path, server_env: dict[str, str], start_server: Any
+) -> None:
+    server_env["RAAS_API_KEY"] = ADMIN
+    server = start_server(tmp_path / "served.db", "--tenants-file", str(tenants_file))
+    url = f"{server.url}/v1/rollouts"
+    assert httpx.get(url, headers=auth(BOB)).status_code == 200
+    # Bob's entry now holds Carol's key: as long, as old (same size and mtime), so only the
+    # signal tells the server to read it.
+    stamp = tenants_file.stat()
+    tenants_file.write_text(tenants_toml(alice=ALICE, bob=CAROL))
+    os.utime(tenants_file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert tenants_file.stat().st_size == stamp.st_size
+    server.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + WAIT_S  # a safety net: the reload is awaited, not timed
+    while httpx.get(url, headers=auth(BOB)).status_code != 401:
+        assert time.monotonic() < deadline, "SIGHUP did not reload the tenants file"
+        time.sleep(0.05)
+    assert httpx.get(url, headers=auth(CAROL)).status_code == 200
+    assert server.proc.poll() is None  # the signal reloaded; it did not end the server
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[tenants.a]\nkey_sha256 = ["{digest(ALICE)}"]\nweight = "heavy"\n')
+    run = subprocess.run(
+        [sys.executable, "-m", "raas", "serve", "--db", str(tmp_path / "bad.db")]
+        + ["--port", str(free_port()), "--tenants-file", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server_env,
+    )
+    assert run.returncode == 1
+    (line,) = [x for x in run.stderr.splitlines() if "tenants file" in x]
+    assert f"tenants file {bad}: tenants.a.weight: " in line
+
+
+async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(
+    tmp_path: Path, make_pipeline: Any, probe: ProbeTask
+) -> None:
+    db = tmp_path / "crash.db"
+    store = ResultStore(db)
+    await store.open()
+    # What a server that died wrote of Alice's job: its key, its tenant, its request.
+    request = {"instance": probe_instance(run="block"), "sampling_params": {}, "tenant": "alice"}
+    await store.add_jobs([JobRecord("alice~j", "run", "probe", None, request, 1.0, tenant="alice")])
+    await store.close()
+    async with make_pipeline(db, max_attempts=2) as pipeline:
+        await probe.wait_entered("alice~j", "run")
+        revived = pipeline.active("alice~j")
+        assert revived is not None and revived.request.tenant == "alice"
+        probe.release("alice~j", "run")
+        view = await pipeline.wait("alice~j", WAIT_S)
+        assert view is not None and view.state.value == "done"
+        (job,) = (await pipeline.store.finished(tenant="alice")).records
+        assert (job.job_id, job.tenant) == ("alice~j", "alice")
+        assert (await pipeline.store.finished(tenant="bob")).records == []
