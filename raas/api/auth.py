@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from raas.agent.gateway import error_answer
 from raas.api.errors import app_path
-from raas.api.tenants import ADMIN, SCOPE_KEY, Caller
+from raas.api.tenants import ADMIN, NOBODY, SCOPE_KEY, Caller
 from raas.api.ui import login_page
 from raas.helpers import api_keys_given, bearer_token
 from raas.llm.openai_types import OpenAIError
@@ -157,6 +157,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         if path in OPEN_PATHS or self._job(path, scope, token):
+            scope[SCOPE_KEY] = NOBODY
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":

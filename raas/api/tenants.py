@@ -48,6 +48,9 @@ class Caller:
 
 
 ADMIN = Caller()
+# Let in without a key (an open path, a job token on the gateway's): a tenant of no job, so
+# that a route that asked would find nothing.
+NOBODY = Caller("")
 
 
 async def caller(request: Request) -> Caller:
