@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from raas.agent.gateway import Gateway
 from raas.api.app import create_app
 from raas.api.auth import COOKIE
+from raas.api.tenants import NOT_ADMIN
 from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
 from raas.helpers import free_port
@@ -237,6 +238,57 @@ async def test_a_job_token_of_one_tenants_job_opens_nothing_of_the_server(
         gateway.close(session.token)
 
 
+NOWHERE = "http://127.0.0.1:9/v1"  # a backend that never answers (nothing is sent to it here)
+
+
+def server_wide(backend: str) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Every route that changes what all tenants share: the backend pool, and whether jobs are
+    accepted (method, path, body)."""
+    return [
+        ("POST", "/v1/backends", {"url": "http://127.0.0.1:10/v1"}),
+        ("DELETE", f"/v1/backends/{backend}", None),
+        ("POST", "/v1/backends:pause", {"mode": "abort"}),
+        ("POST", "/v1/backends:resume", None),
+        ("POST", "/add_llm_server", {"address": "http://127.0.0.1:10/v1"}),
+        ("POST", "/clear_llm_server", None),
+        ("POST", "/stop", None),
+        ("POST", "/start", None),
+    ]
+
+
+async def test_only_the_admin_changes_what_every_tenant_shares(server: Server) -> None:
+    async with server() as (app, http):
+        svc = app.state.service
+
+        def shared() -> tuple[list[str], bool, bool]:
+            return [b.id for b in svc.llm.backends()], svc.llm.paused, svc.pipeline.accepting
+
+        added = await http.post("/v1/backends", json={"url": NOWHERE}, headers=auth(ADMIN))
+        assert added.status_code == 201, added.text
+        backend = added.json()["id"]
+        for method, path, body in server_wide(backend):
+            r = await http.request(method, path, json=body, headers=auth(ALICE))
+            assert (r.status_code, r.json()) == (403, {"detail": NOT_ADMIN}), path
+        assert shared() == ([backend], False, True)  # nothing paused, drained, added or removed
+        # Nor can a tenant undo what the admin did: a paused pool and a drain stay.
+        assert (await http.post("/v1/backends:pause", json={}, headers=auth(ADMIN))).is_success
+        assert (await http.post("/stop", headers=auth(ADMIN))).is_success
+        for path in ("/v1/backends:resume", "/start"):
+            assert (await http.post(path, headers=auth(BOB))).status_code == 403
+        assert shared() == ([backend], True, False)
+        # Reading the server as a whole is every tenant's (it names no job).
+        for path in ("/v1/status", "/status", "/v1/backends", "/metrics"):
+            assert (await http.get(path, headers=auth(ALICE))).status_code == 200, path
+        for path in ("/v1/backends:resume", "/start"):
+            assert (await http.post(path, headers=auth(ADMIN))).is_success
+        assert shared() == ([backend], False, True)
+        # The admin does each (the last two: a drain, and its end).
+        for method, path, body in server_wide(backend):
+            r = await http.request(method, path, json=body, headers=auth(ADMIN))
+            assert r.is_success, (path, r.text)
+        assert shared() == ([], False, True)
+
+
 async def test_a_changed_file_adds_and_removes_tenants(
     server: Server, tenants_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -322,9 +374,11 @@ async def test_without_a_tenants_file_one_key_sees_everything_as_before(
         assert r.json() == {"job_id": "cd-1", "state": "queued", "created": True}
         assert (await finished(http, ADMIN, "cd-1"))["result"]["job_id"] == "cd-1"
         assert (await http.get("/v1/rollouts", headers=auth(ALICE))).status_code == 401
+        assert (await http.post("/v1/backends:pause", json={}, headers=auth(ADMIN))).is_success
     async with client() as http:  # keyless on loopback
         listed = (await http.get("/v1/rollouts")).json()["results"]
         assert [r["job_id"] for r in listed] == ["cd-1"]
+        assert (await http.post("/stop")).is_success  # the whole server is anyone's, as before
 
 
 def test_a_tenants_request_names_its_job_group_and_branch_parent_in_its_namespace() -> None:

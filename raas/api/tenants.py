@@ -4,7 +4,9 @@ fresh without a restart.
 The auth middleware (raas.api.auth) puts the request's ``Caller`` into its scope; routes take it
 with ``Depends(caller)``. A tenant's job ids are its own namespace: its ids become keys with
 ``Caller.key`` and keys its ids with ``Caller.show``, so a key of another tenant's job can be
-neither named nor shown, and another tenant's job answers as one that does not exist (404).
+neither named nor shown, and another tenant's job answers as one that does not exist (404). A
+route that changes the whole server, which every tenant shares (the backend pool, whether jobs
+are accepted), lets only the admin on (``ADMIN_ONLY``: a tenant gets a 403).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, HTTPException, Request, status
 
 from raas.settings import ServeSettings
 from raas.tenants import DEFAULT_TENANT, TenantsFileError, job_key, load_tenants, own_id
@@ -58,6 +61,22 @@ async def caller(request: Request) -> Caller:
     found = request.scope.get(SCOPE_KEY, ADMIN)
     assert isinstance(found, Caller)
     return found
+
+
+NOT_ADMIN = (
+    "this route acts on the whole server, which every tenant shares: it needs the admin's key"
+    " (the server's API key), not a tenant's"
+)
+
+
+async def admin(who: Annotated[Caller, Depends(caller)]) -> None:
+    """Refuse a tenant (a 403): one tenant must not pause, drain or empty what all share. The
+    admin, and every caller of a server without a tenants file, goes on."""
+    if who.tenant is not None:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail=NOT_ADMIN)
+
+
+ADMIN_ONLY = [Depends(admin)]  # a route's ``dependencies=``
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

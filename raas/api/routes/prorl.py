@@ -5,7 +5,8 @@ raas.api.prorl_compat) and answers a ProRLResult: the fields their code reads, b
 job's RolloutResult. Every /process call is a new rollout, as on ProRL's server: its job_id is
 a name for /cancel (NeMo Gym sends the instance id, the same for every rollout of an instance),
 not an idempotency key as on /v1. The job gets the name itself when no job has it yet, else the
-name plus ``@`` and a unique suffix; the answer says which.
+name plus ``@`` and a unique suffix; the answer says which. ``/start``, ``/stop`` and the LLM
+server routes act on the whole server: with a tenants file they need the admin's key.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from raas.api.routes.rollouts import cancel_job
 from raas.api.routes.submission import shown
 from raas.api.routes.system import service_status
 from raas.api.state import ServiceState, service
-from raas.api.tenants import Caller, caller
+from raas.api.tenants import ADMIN_ONLY, Caller, caller
 from raas.pipeline import JobIdConflict, JobRequest, JobView, Pipeline, RequestRejected
 from raas.wire import (
     Ack,
@@ -110,21 +111,21 @@ async def status(svc: Service) -> ServiceStatus:
     return service_status(svc)
 
 
-@router.post("/start", response_model=Ack, responses=responses(503))
+@router.post("/start", response_model=Ack, responses=responses(503), dependencies=ADMIN_ONLY)
 async def start(svc: Service) -> Ack:
     """Accept new jobs again after /stop (not once the server is shutting down: a 503)."""
     svc.pipeline.resume()
     return Ack(message="accepting jobs")
 
 
-@router.post("/stop", response_model=Ack)
+@router.post("/stop", response_model=Ack, dependencies=ADMIN_ONLY)
 async def stop(svc: Service) -> Ack:
     """Drain: accept no new jobs; jobs in flight go on and finish."""
     svc.pipeline.pause()
     return Ack(message=f"draining: {svc.pipeline.stats()['in_flight']} jobs in flight go on")
 
 
-@router.post("/add_llm_server", response_model=Ack)
+@router.post("/add_llm_server", response_model=Ack, dependencies=ADMIN_ONLY)
 async def add_llm_server(req: LLMServerRequest, svc: Service) -> Ack:
     """Register an inference server in the backend pool (same as POST /v1/backends)."""
     settings = svc.settings
@@ -139,7 +140,7 @@ async def add_llm_server(req: LLMServerRequest, svc: Service) -> Ack:
     return Ack(message=f"{len(svc.llm.backends())} LLM servers registered")
 
 
-@router.post("/clear_llm_server", response_model=Ack)
+@router.post("/clear_llm_server", response_model=Ack, dependencies=ADMIN_ONLY)
 async def clear_llm_server(svc: Service) -> Ack:
     """Remove every backend (e.g. before a weight update); pinned jobs move on their next turn."""
     await svc.llm.clear()
