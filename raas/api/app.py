@@ -25,6 +25,7 @@ from raas.api.openapi import document_api_key, document_form_refusal, document_i
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.series import Series
 from raas.api.state import ServiceState
+from raas.api.tenants import watch_tenants
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig
@@ -65,6 +66,8 @@ async def _report_backends(llm: BackendPool, timeout_s: float = 5.0) -> None:
 def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) -> FastAPI:
     """Build the service. The pipeline starts and drains with the app's lifespan."""
     tasks = registry if registry is not None else TaskRegistry.from_entry_points()
+    # Read now: a tenants file that cannot be used stops the server before it starts.
+    watch = watch_tenants(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -115,13 +118,18 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
             series=series,
+            tenants_watch=watch,
         )
+        if watch is not None:
+            watch.start()
         await pipeline.start()
         await _report_backends(llm)
         log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
         try:
             yield
         finally:
+            if watch is not None:
+                await watch.stop()
             await images.stop()
             await pipeline.stop(grace_s=settings.drain_grace_s)
             await llm.stop()
@@ -146,6 +154,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         api_key=settings.api_key,
         job_path=is_gateway_path,
         job_token=lambda token: _job_token(app, token),
+        tenants=lambda: watch.current if watch is not None else None,
     )
     app.add_middleware(
         BrowserGuardMiddleware,

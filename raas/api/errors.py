@@ -48,7 +48,8 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
         "model": ErrorBody,
         "description": "A server without an API key was named by a Host that is not its own"
         " (DNS rebinding), or a web page on another origin sent a request that changes"
-        " something (see raas.api.browser_guard).",
+        " something (see raas.api.browser_guard), or a tenant's key was sent to a route that"
+        " changes the whole server (the backend pool, /start, /stop), which needs the admin's.",
     },
     404: {"model": ErrorBody, "description": "Nothing with this id."},
     409: {

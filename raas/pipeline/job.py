@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raas.pipeline.groups import Group
 from raas.pipeline.states import JobState, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
+from raas.tenants import DEFAULT_TENANT, job_key
 from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, StageName, Trajectory
 
 
@@ -25,8 +26,26 @@ class JobRequest:
     job_id: str | None = None
     timeout_s: float | None = None
     priority: int = 0
+    tenant: str = "default"
     group: str | None = None  # jobs of one group and instance share INIT (raas.pipeline.groups)
     branch: Branch | None = None  # start from an earlier job's snapshot after a turn
+
+
+def scoped(request: JobRequest) -> JobRequest:
+    """``request`` with its ids (job, group, branch's parent) as the server keys them: in its
+    tenant's namespace, so that two tenants' same ids name two jobs (and two groups)."""
+    tenant = request.tenant
+    if tenant == DEFAULT_TENANT:
+        return request
+    branch = request.branch
+    if branch is not None:  # model_copy: a key is no job id the wire would take
+        branch = branch.model_copy(update={"job_id": job_key(tenant, branch.job_id)})
+    return replace(
+        request,
+        job_id=job_key(tenant, request.job_id) if request.job_id is not None else None,
+        group=job_key(tenant, request.group) if request.group is not None else None,
+        branch=branch,
+    )
 
 
 @dataclass

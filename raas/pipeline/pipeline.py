@@ -26,7 +26,7 @@ from raas.pipeline.errors import (
     StoreUnavailable,
 )
 from raas.pipeline.groups import Groups
-from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
+from raas.pipeline.job import Ending, Job, JobRequest, new_job_id, scoped
 from raas.pipeline.queue import QueueFull, StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.states import JobState, Stage
@@ -43,6 +43,7 @@ from raas.tasks.protocol import (
     validate_request,
 )
 from raas.tasks.registry import TaskRegistry, UnknownTask
+from raas.tenants import DEFAULT_TENANT, job_key, own_id
 from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def _request_dict(request: JobRequest) -> dict[str, Any]:
         "sampling_params": request.sampling_params,
         "timeout_s": request.timeout_s,
         "priority": request.priority,
+        **({"tenant": request.tenant} if request.tenant != DEFAULT_TENANT else {}),
         **({"group": request.group} if request.group is not None else {}),
         **({"branch": _branch_dict(request.branch)} if request.branch is not None else {}),
     }
@@ -205,8 +207,10 @@ class Pipeline:
             rec.job_id,
             req.get("timeout_s"),
             req.get("priority", 0),
-            req.get("group"),
-            Branch.model_validate(req["branch"]) if req.get("branch") else None,
+            tenant=req.get("tenant", DEFAULT_TENANT),
+            group=req.get("group"),
+            # Its ids are keys already (a tenant's, see scoped): not validated as a job id.
+            branch=Branch.model_construct(**req["branch"]) if req.get("branch") else None,
         )
         try:
             task = self.registry.resolve(str(request.instance.get("data_source", "")))
@@ -281,6 +285,8 @@ class Pipeline:
         """
         if not self.accepting:
             raise Draining(self.stopping)
+        # From here on a request's ids are keys: its tenant's namespace (raas.tenants).
+        requests = [scoped(r) for r in requests]
         for i, request in enumerate(requests):
             try:
                 handler = self.registry.get(str(request.instance.get("data_source", "")))
@@ -307,14 +313,14 @@ class Pipeline:
             known = (self._jobs.get(job_id) or fresh.get(job_id)) if job_id else None
             if known is not None:
                 if not _same_request(request, _request_dict(known.request)):
-                    raise JobIdConflict(known.id)
+                    raise JobIdConflict(own_id(known.id))
                 views.append(_view(known))
             elif job_id and job_id in stored:
                 if not _same_request(request, stored[job_id].request):
-                    raise JobIdConflict(job_id)
+                    raise JobIdConflict(own_id(job_id))
                 views.append(_record_view(stored[job_id]))
             else:
-                job_id = job_id or new_job_id()
+                job_id = job_id or job_key(request.tenant, new_job_id())
                 task = self.registry.resolve(str(request.instance.get("data_source", "")))
                 fresh[job_id] = Job(job_id, request, self.registry.get(task), self.services, task)
                 views.append(None)
@@ -346,7 +352,9 @@ class Pipeline:
         if branch.job_id in self._jobs or await self.store.get(branch.job_id) is not None:
             return
         raise InvalidInstance(
-            ("branch", "job_id"), f"no job {branch.job_id} is known to this server", "not_found"
+            ("branch", "job_id"),
+            f"no job {own_id(branch.job_id)} is known to this server",
+            "not_found",
         )
 
     async def _stored(self, requests: Sequence[JobRequest]) -> dict[str, JobRecord]:
@@ -373,6 +381,7 @@ class Pipeline:
                 job.instance_id,
                 _request_dict(job.request),
                 job.timing.submitted_at,
+                tenant=job.request.tenant,
             )
             for job in jobs
         ]
