@@ -25,6 +25,7 @@ from raas.api.openapi import document_api_key, document_form_refusal, document_i
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.series import Series
 from raas.api.state import ServiceState
+from raas.api.usage import UsageLedger
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig
@@ -72,6 +73,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         await store.open()
         metrics = PipelineMetrics()
         series = Series()
+        usage = UsageLedger()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
@@ -95,7 +97,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tasks,
             store,
             PipelineConfig.from_settings(settings),
-            observers=[metrics, series],
+            observers=[metrics, series, usage],
             services=services,
         )
         metrics.watch(pipeline)
@@ -115,6 +117,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
             series=series,
+            usage=usage,
         )
         await pipeline.start()
         await _report_backends(llm)

@@ -12,6 +12,7 @@ from raas.agent.gateway import Gateway
 from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
 from raas.api.series import Series
+from raas.api.usage import UsageLedger
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
 from raas.settings import ServeSettings
@@ -33,6 +34,8 @@ class ServiceState:
     tokenizer: Callable[[], Awaitable[Any]] | None = None
     # What finished over time, for the dashboard's plots (fed as a pipeline observer).
     series: Series = field(default_factory=Series)
+    # Each tenant's use by the minute, for GET /v1/usage (fed as a pipeline observer).
+    usage: UsageLedger = field(default_factory=UsageLedger)
 
 
 async def service(request: Request) -> ServiceState:

@@ -31,13 +31,14 @@ class StageQueue(Generic[J]):
     """Tenants by weighted fair queueing; within a tenant, higher ``priority`` first, first-in
     first-out within a priority.
 
-    Fair share is start-time fair queueing with every job costing one slot: each tenant has a
-    virtual finish tag that grows by ``1 / weight`` for each job it is given, and the backlogged
-    tenant with the smallest next tag is served. With unit costs this is exact WFQ in a few lines
-    (deficit round robin would need a quantum and rounds for the same split). A tenant that was
-    idle starts again from the virtual time now, so it banks no credit while idle, and one with
-    nothing waiting is skipped, so its share goes to the others (work-conserving). ``weight`` is
-    asked at each take, so a new weight applies at once.
+    Fair share is weighted fair queueing by virtual time, every job costing one slot: a backlogged
+    tenant's next job has a start tag, its finish tag is that plus ``1 / weight``, and the tenant
+    with the smallest finish tag is served; its next start tag is that finish. With unit costs
+    this is exact WFQ in a few lines (deficit round robin would need a quantum and rounds for the
+    same split). The virtual time is the start tag served last; a tenant that had nothing waiting
+    starts again from it, so it banks no credit while idle, and one with nothing waiting is
+    skipped, so its share goes to the others (work-conserving). ``weight`` is asked at each take,
+    so a new weight applies at once.
 
     ``may_take(tenant)``, when given, holds a tenant's jobs back while false (at its sandbox
     quota); they wait, and whoever makes it true again calls ``wake``.
@@ -61,7 +62,7 @@ class StageQueue(Generic[J]):
         self._may_take = may_take
         self._heaps: dict[str, list[tuple[int, int, J]]] = {}
         self._waiting: Counter[str] = Counter()  # members per tenant
-        self._finish: dict[str, float] = {}  # each tenant's virtual finish tag
+        self._start: dict[str, float] = {}  # each tenant's next start tag
         self._vtime = 0.0  # the start tag of the job taken last
         self._members: set[str] = set()
         self._reserved = 0
@@ -100,6 +101,8 @@ class StageQueue(Generic[J]):
         heap = self._heaps.setdefault(job.tenant, [])
         heapq.heappush(heap, (-job.priority, next(self._seq), job))
         self._members.add(job.id)
+        if self._waiting[job.tenant] <= 0:  # back from idle: from the virtual time now
+            self._start[job.tenant] = max(self._start.get(job.tenant, 0.0), self._vtime)
         self._waiting[job.tenant] += 1
         self.wake()
 
@@ -125,7 +128,7 @@ class StageQueue(Generic[J]):
         for tenant, n in self._waiting.items():
             if n <= 0 or (self._may_take is not None and not self._may_take(tenant)):
                 continue
-            start = max(self._finish.get(tenant, 0.0), self._vtime)
+            start = self._start[tenant]
             finish = start + 1.0 / self._weight(tenant)
             if best is None or (finish, start, tenant) < best:
                 best = (finish, start, tenant)
@@ -139,7 +142,7 @@ class StageQueue(Generic[J]):
                 break
         self._members.discard(job.id)
         self._waiting[tenant] -= 1
-        self._finish[tenant] = finish
+        self._start[tenant] = finish
         self._vtime = start
         self.wake()
         return job

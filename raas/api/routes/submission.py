@@ -16,9 +16,9 @@ def job_request(req: RolloutRequest) -> JobRequest:
         req.sampling_params,
         req.job_id,
         req.timeout_s,
-        req.priority,
-        req.group,
-        req.branch,
+        priority=req.priority,
+        group=req.group,
+        branch=req.branch,
     )
 
 
