@@ -211,3 +211,36 @@ async def test_over_quota_is_a_429_with_retry_after_naming_it_and_tenants_are_co
     assert default["tenant"] == "default" and default["submitted"] == 2
     assert default["finished"] == {"done": 2} and default["tokens_out"] == 6
     assert default["sandbox_s"] > 0 and set(default["stage_s"]) == {"init", "run", "eval"}
+
+
+def test_raas_usage_prints_a_row_a_tenant_in_80_columns_and_reads_durations() -> None:
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from raas.cli import main
+    from raas.cli.usage import usage_table
+    from raas.wire import TenantUsage, UsageReport
+
+    report = UsageReport(
+        since_s=7200,
+        tenants=[
+            TenantUsage(
+                tenant="team-with-a-very-long-name",
+                submitted=123456,
+                finished={"done": 120000, "failed": 3456},
+                stage_s={"init": 1e5, "run": 2e5, "eval": 3e4},
+                sandbox_s=3.3e5,
+                tokens_in=12_345_678_901,
+                tokens_out=98_765_432,
+            ),
+            TenantUsage(tenant="b", submitted=2, finished={"done": 2}),
+        ],
+    )
+    console = Console(width=80, record=True)
+    console.print(usage_table(report))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    assert "last 2h" in text and "12.3G" in text and "3456" in text and "team-with" in text
+    bad = CliRunner().invoke(main, ["usage", "http://127.0.0.1:1", "--since", "soon"])
+    assert bad.exit_code == 2 and "not a duration" in bad.output

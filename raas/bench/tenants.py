@@ -12,7 +12,9 @@ they finish) while tenant B submits a steady stream (``--rate`` jobs a second). 
 4. weights 2:1: each tenant queues ``--backlog`` jobs at once; of the first ``--backlog``
    jobs each stage ran (both tenants still waiting), the split, which should be 2:1.
 
-Prints B's p50 and p95 latency and their ratios to the floor, and the split; asserts nothing.
+Prints B's p50 and p95 latency (submit to result), the p50 ratio to the floor and the p50 of
+the part spent waiting in stage queues (what fair share decides; the rest is the stages' work,
+slowed by A's jobs sharing the CPU), and the split; asserts nothing.
 """
 
 from __future__ import annotations
@@ -81,15 +83,21 @@ async def _flood(pipeline: Pipeline, tenant: str, backlog: int, stop: asyncio.Ev
         await asyncio.sleep(0.005)
 
 
-async def _stream(pipeline: Pipeline, tenant: str, rate: float, seconds: float) -> list[float]:
-    """Submit one job every ``1 / rate`` s for ``seconds``; each one's latency."""
+async def _stream(
+    pipeline: Pipeline, tenant: str, rate: float, seconds: float
+) -> tuple[list[float], list[float]]:
+    """Submit one job every ``1 / rate`` s for ``seconds``; each one's latency, and the part of
+    it spent waiting in stage queues."""
     latencies: list[float] = []
+    queued: list[float] = []
 
     async def one(i: int) -> None:
         start = time.perf_counter()
         (view,) = await pipeline.submit([_request(tenant, i)])
-        await pipeline.wait(view.job_id, 600)
+        done = await pipeline.wait(view.job_id, 600)
         latencies.append(time.perf_counter() - start)
+        if done is not None and done.result is not None:
+            queued.append(done.result.timing.queue_s)
 
     tasks = []
     begin = time.perf_counter()
@@ -97,7 +105,7 @@ async def _stream(pipeline: Pipeline, tenant: str, rate: float, seconds: float) 
         await asyncio.sleep(max(0.0, begin + i / rate - time.perf_counter()))
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
-    return latencies
+    return latencies, queued
 
 
 async def _pipeline(db: Path, backlog: int, observers: list[StageOrder]) -> Pipeline:
@@ -116,8 +124,9 @@ async def _close(pipeline: Pipeline) -> None:
 
 async def latency_phase(
     db: Path, seconds: float, rate: float, backlog: int, flood: str | None
-) -> list[float]:
-    """B's latencies while ``flood`` (a tenant, or none) keeps ``backlog`` jobs in flight."""
+) -> tuple[list[float], list[float]]:
+    """B's latencies (and their queue waits) while ``flood`` (a tenant, or none) keeps
+    ``backlog`` jobs in flight."""
     pipeline = await _pipeline(db, backlog, [])
     await pipeline.start()
     stop = asyncio.Event()
@@ -171,12 +180,14 @@ def main(argv: list[str]) -> int:
         floor = 0.0
         for i, (name, flood) in enumerate(phases.items()):
             db = tmpdir / f"{i}.db"
-            latencies = asyncio.run(latency_phase(db, args.seconds, args.rate, args.backlog, flood))
+            latencies, queued = asyncio.run(
+                latency_phase(db, args.seconds, args.rate, args.backlog, flood)
+            )
             p50, p95 = _p(latencies, 50), _p(latencies, 95)
             floor = floor or p50
             print(
                 f"  {name:<26} B p50 {1000 * p50:8.1f} ms ({p50 / floor:6.2f}x floor),"
-                f" p95 {1000 * p95:8.1f} ms, {len(latencies)} jobs"
+                f" p95 {1000 * p95:7.1f} ms; queued p50 {1000 * _p(queued, 50):6.1f} ms"
             )
         order = asyncio.run(split_phase(tmpdir / "split.db", args.backlog, {"a": 2.0, "b": 1.0}))
         print(
