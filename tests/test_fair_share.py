@@ -151,7 +151,8 @@ async def test_jobs_in_flight_quota_refuses_whole_and_loses_nothing(
         assert [r["state"] for r in results] == ["done", "done"]
         (again,) = await pipeline.submit([req("a")])  # its jobs finished: a is accepted again
         assert (await finished(pipeline, again.job_id))["state"] == "done"
-        assert pipeline.stats()["tenants"] == {}
+        idle = {"in_flight": 0, "sandboxes": 0}
+        assert pipeline.stats()["tenants"] == {"a": idle, "b": idle}
 
 
 async def test_a_tenant_at_its_sandbox_cap_waits_while_another_goes_ahead(
@@ -244,3 +245,34 @@ def test_raas_usage_prints_a_row_a_tenant_in_80_columns_and_reads_durations() ->
     assert "last 2h" in text and "12.3G" in text and "3456" in text and "team-with" in text
     bad = CliRunner().invoke(main, ["usage", "http://127.0.0.1:1", "--since", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output
+
+
+async def test_a_job_run_again_after_a_restart_keeps_its_tenant(
+    tmp_path: Path, registry: TaskRegistry, probe: ProbeTask
+) -> None:
+    from raas.store.sqlite import ResultStore
+    from tests.conftest import small_config
+
+    db = tmp_path / "crash.db"
+    store = ResultStore(db)
+    await store.open()
+    first = Pipeline(registry, store, small_config(max_attempts=2))
+    await first.start()
+    await first.submit([JobRequest(probe_instance(run="block"), job_id="j", tenant="a")])
+    await probe.wait_entered("j", "run")
+    for task in first._workers:  # the process "dies"
+        task.cancel()
+    await store.close()
+    store2 = ResultStore(db)
+    await store2.open()
+    second = Pipeline(registry, store2, small_config(max_attempts=2))
+    await second.start()
+    try:
+        job = second.active("j")
+        assert job is not None and job.tenant == "a"
+        assert second.stats()["tenants"]["a"]["in_flight"] == 1
+        probe.release("j", "run")
+        assert (await finished(second, "j"))["state"] == "done"
+    finally:
+        await second.stop()
+        await store2.close()

@@ -1,8 +1,9 @@
 """`raas bench tenants`: two tenants share one pipeline; does a flood of one starve the other?
 
 Pipeline level (no HTTP: the scheduler is what is measured), with the scripted ``countdown``
-task, which needs no model. Tenant A keeps a backlog of jobs queued (``--backlog``, topped up as
-they finish) while tenant B submits a steady stream (``--rate`` jobs a second). Phases, each
+task, which needs no model, its INIT made to wait ``--init-s`` as a sandbox's set-up would.
+Tenant A keeps a backlog of jobs queued (``--backlog``, topped up as they finish) while tenant
+B submits a steady stream (``--rate`` jobs a second). Phases, each
 ``--seconds`` long on a fresh pipeline:
 
 1. B alone: B's latency (submit to result) with nothing else to do, the floor.
@@ -40,23 +41,42 @@ from raas.pipeline import (
     policies_from,
 )
 from raas.store.sqlite import ResultStore
-from raas.tasks import TaskRegistry
-from raas.tasks.countdown import CountdownTask, generate_instances
+from raas.tasks import TaskJob, TaskRegistry
+from raas.tasks.countdown import CountdownContext, CountdownTask, generate_instances
 
 INSTANCES = generate_instances(256, seed=7)
 
 
-class StageOrder:
-    """The tenant of each job each stage ran, in order (a PipelineObserver)."""
+class SlotBoundCountdown(CountdownTask):
+    """Countdown whose INIT waits ``init_s`` first, as a sandbox's set-up does: the slots, not
+    this machine's CPU, are then what the tenants share (countdown alone runs in a millisecond,
+    faster than a flood can be submitted, so no backlog would build)."""
 
-    def __init__(self) -> None:
+    def __init__(self, init_s: float) -> None:
+        super().__init__()
+        self.init_s = init_s
+
+    async def init(self, job: TaskJob) -> CountdownContext:
+        await asyncio.sleep(self.init_s)
+        return await super().init(job)
+
+
+class StageOrder:
+    """The tenant of each job each stage ran, in order (a PipelineObserver); ``enough`` is set
+    once EVAL has run ``wanted``."""
+
+    def __init__(self, wanted: int = 0) -> None:
         self.tenants: dict[Stage, list[str]] = {stage: [] for stage in Stage}
+        self.wanted = wanted
+        self.enough = asyncio.Event()
 
     def job_submitted(self, job: Job) -> None:
         pass
 
     def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None:
         self.tenants[stage].append(job.tenant)
+        if len(self.tenants[Stage.EVAL]) >= self.wanted:
+            self.enough.set()
 
     def job_finished(self, job: Job, state: JobState) -> None:
         pass
@@ -108,9 +128,9 @@ async def _stream(
     return latencies, queued
 
 
-async def _pipeline(db: Path, backlog: int, observers: list[StageOrder]) -> Pipeline:
+async def _pipeline(db: Path, backlog: int, init_s: float, observers: list[StageOrder]) -> Pipeline:
     registry = TaskRegistry()
-    registry.register(CountdownTask())
+    registry.register(SlotBoundCountdown(init_s))
     config = PipelineConfig(queue_size={stage: 2 * backlog + 1000 for stage in Stage})
     store = ResultStore(db)
     await store.open()
@@ -123,11 +143,11 @@ async def _close(pipeline: Pipeline) -> None:
 
 
 async def latency_phase(
-    db: Path, seconds: float, rate: float, backlog: int, flood: str | None
+    db: Path, seconds: float, rate: float, backlog: int, init_s: float, flood: str | None
 ) -> tuple[list[float], list[float]]:
     """B's latencies (and their queue waits) while ``flood`` (a tenant, or none) keeps
     ``backlog`` jobs in flight."""
-    pipeline = await _pipeline(db, backlog, [])
+    pipeline = await _pipeline(db, backlog, init_s, [])
     await pipeline.start()
     stop = asyncio.Event()
     flooding = asyncio.create_task(_flood(pipeline, flood, backlog, stop)) if flood else None
@@ -140,16 +160,17 @@ async def latency_phase(
         await _close(pipeline)
 
 
-async def split_phase(db: Path, backlog: int, weights: dict[str, float]) -> StageOrder:
+async def split_phase(
+    db: Path, backlog: int, init_s: float, weights: dict[str, float]
+) -> StageOrder:
     """Each tenant's ``backlog`` jobs are queued at once (one submission, queued before any
     worker takes one), so that each is backlogged until its last job is taken."""
-    order = StageOrder()
-    pipeline = await _pipeline(db, backlog, [order])
+    order = StageOrder(wanted=backlog)
+    pipeline = await _pipeline(db, backlog, init_s, [order])
     pipeline.set_tenants(policies_from({t: TenantPolicy(weight=w) for t, w in weights.items()}))
     await pipeline.start()
-    views = await pipeline.submit([_request(t, i) for t in weights for i in range(backlog)])
-    for view in views:
-        await pipeline.wait(view.job_id, 600)
+    await pipeline.submit([_request(t, i) for t in weights for i in range(backlog)])
+    await order.enough.wait()  # the rest is not counted: cancelled
     await _close(pipeline)
     return order
 
@@ -163,12 +184,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--rate", type=float, default=5.0, help="tenant B's jobs a second")
     parser.add_argument("--backlog", type=int, default=2000, help="tenant A's jobs kept queued")
+    parser.add_argument(
+        "--init-s", type=float, default=0.05, help="seconds each INIT waits (a sandbox's set-up)"
+    )
     args = parser.parse_args(argv)
     # The jobs still queued when a phase ends are cancelled: a warning each, not news here.
     logging.getLogger("raas.pipeline").setLevel(logging.ERROR)
     print(
-        f"pipeline level (no HTTP), countdown task; A keeps {args.backlog} jobs queued, B submits"
-        f" {args.rate:g} jobs/s; {args.seconds:g} s a phase"
+        f"pipeline level (no HTTP), countdown task with INIT {args.init_s:g} s, 8 workers a"
+        f" stage; A keeps {args.backlog} jobs queued, B submits {args.rate:g} jobs/s;"
+        f" {args.seconds:g} s a phase"
     )
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
@@ -181,7 +206,7 @@ def main(argv: list[str]) -> int:
         for i, (name, flood) in enumerate(phases.items()):
             db = tmpdir / f"{i}.db"
             latencies, queued = asyncio.run(
-                latency_phase(db, args.seconds, args.rate, args.backlog, flood)
+                latency_phase(db, args.seconds, args.rate, args.backlog, args.init_s, flood)
             )
             p50, p95 = _p(latencies, 50), _p(latencies, 95)
             floor = floor or p50
@@ -189,7 +214,8 @@ def main(argv: list[str]) -> int:
                 f"  {name:<26} B p50 {1000 * p50:8.1f} ms ({p50 / floor:6.2f}x floor),"
                 f" p95 {1000 * p95:7.1f} ms; queued p50 {1000 * _p(queued, 50):6.1f} ms"
             )
-        order = asyncio.run(split_phase(tmpdir / "split.db", args.backlog, {"a": 2.0, "b": 1.0}))
+        weights = {"a": 2.0, "b": 1.0}
+        order = asyncio.run(split_phase(tmpdir / "split.db", args.backlog, args.init_s, weights))
         print(
             f"  weights a=2, b=1, {args.backlog} jobs each queued at once: of the first"
             f" {args.backlog} jobs each stage ran (both tenants backlogged)"

@@ -97,7 +97,7 @@ def _request_dict(request: JobRequest) -> dict[str, Any]:
         "sampling_params": request.sampling_params,
         "timeout_s": request.timeout_s,
         "priority": request.priority,
-        "tenant": request.tenant,
+        **({"tenant": request.tenant} if request.tenant != DEFAULT_TENANT else {}),
         **({"group": request.group} if request.group is not None else {}),
         **({"branch": _branch_dict(request.branch)} if request.branch is not None else {}),
     }
@@ -827,10 +827,9 @@ class Pipeline:
             "finished": {
                 state.value: self.finished_counts[state] for state in JobState if state.finished
             },
-            "tenants": {
+            "tenants": {  # every tenant that has submitted since the start
                 tenant: {"in_flight": n, "sandboxes": self._sandboxes[tenant]}
-                for tenant, n in self._tenant_jobs.items()
-                if n > 0 or self._sandboxes[tenant] > 0
+                for tenant, n in sorted(self._tenant_jobs.items())
             },
         }
 
