@@ -26,6 +26,7 @@ from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, syste
 from raas.api.series import Series
 from raas.api.state import ServiceState
 from raas.api.tenants import watch_tenants
+from raas.api.usage import UsageLedger
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig
@@ -75,6 +76,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         await store.open()
         metrics = PipelineMetrics()
         series = Series()
+        usage = UsageLedger()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
@@ -98,7 +100,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tasks,
             store,
             PipelineConfig.from_settings(settings),
-            observers=[metrics, series],
+            observers=[metrics, series, usage],
             services=services,
         )
         metrics.watch(pipeline)
@@ -119,6 +121,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tokenizer=services.tokenizer_async,
             series=series,
             tenants_watch=watch,
+            usage=usage,
         )
         if watch is not None:
             watch.start()

@@ -1,5 +1,5 @@
 """Prometheus metrics: jobs by state, errors by kind, stage durations, queue depths, activity, the
-node's image store."""
+node's image store, and each tenant's use (jobs, stage and sandbox seconds, LLM tokens)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ PER_STAGE = (
     ("queued", "raas_queue_depth", "Jobs waiting for a stage."),
     ("active", "raas_stage_active", "Jobs inside a stage."),
     ("workers", "raas_stage_workers", "Worker slots of a stage."),
+)
+
+PER_TENANT = (
+    ("in_flight", "raas_tenant_jobs_in_flight", "Jobs accepted and not finished, by tenant."),
+    ("sandboxes", "raas_tenant_sandboxes", "Sandboxes held now (jobs from INIT to cleanup)."),
 )
 
 
@@ -52,6 +57,25 @@ class PipelineMetrics:
         self.queue_seconds = histogram(
             "raas_job_queue_seconds", "Time a finished job spent waiting in stage queues."
         )
+        self.tenant_submitted = counter(
+            "raas_tenant_jobs_submitted", "Jobs accepted, by tenant.", ["tenant"]
+        )
+        self.tenant_finished = counter(
+            "raas_tenant_jobs_finished", "Jobs finished, by tenant and state.", ["tenant", "state"]
+        )
+        self.tenant_stage_seconds = counter(
+            "raas_tenant_stage_seconds", "Seconds inside stages, by tenant.", ["tenant", "stage"]
+        )
+        self.tenant_sandbox_seconds = counter(
+            "raas_tenant_sandbox_seconds",
+            "Seconds finished jobs held a sandbox (INIT to cleanup, every attempt), by tenant.",
+            ["tenant"],
+        )
+        self.tenant_tokens = counter(
+            "raas_tenant_llm_tokens",
+            "LLM tokens of finished jobs by tenant: in (each call's prompt) and out (generated).",
+            ["tenant", "direction"],
+        )
 
     def watch(self, pipeline: Pipeline) -> None:
         self.registry.register(_PipelineGauges(pipeline))
@@ -61,12 +85,19 @@ class PipelineMetrics:
 
     def job_submitted(self, job: Job) -> None:
         self.submitted.labels(job.data_source).inc()
+        self.tenant_submitted.labels(job.tenant).inc()
 
     def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None:
         self.stage_seconds.labels(stage.value).observe(seconds)
+        self.tenant_stage_seconds.labels(job.tenant, stage.value).inc(seconds)
 
     def job_finished(self, job: Job, state: JobState) -> None:
         self.finished.labels(state.value, job.data_source).inc()
+        self.tenant_finished.labels(job.tenant, state.value).inc()
+        self.tenant_sandbox_seconds.labels(job.tenant).inc(job.sandbox_s)
+        tokens_in, tokens_out = job.llm_tokens()
+        self.tenant_tokens.labels(job.tenant, "in").inc(tokens_in)
+        self.tenant_tokens.labels(job.tenant, "out").inc(tokens_out)
         for error in job.attempt_errors:
             self.errors.labels(error.kind, job.data_source).inc()
         if job.ending is not None:
@@ -96,6 +127,11 @@ class _PipelineGauges(Collector):
         yield GaugeMetricFamily(
             "raas_jobs_in_flight", "Jobs accepted and not finished.", value=stats["in_flight"]
         )
+        for key, name, doc in PER_TENANT:
+            gauge = GaugeMetricFamily(name, doc, labels=["tenant"])
+            for tenant, t in stats["tenants"].items():
+                gauge.add_metric([tenant], t[key])
+            yield gauge
         yield GaugeMetricFamily(
             "raas_accepting", "1 while new jobs are accepted.", value=1 if stats["accepting"] else 0
         )

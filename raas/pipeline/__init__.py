@@ -5,6 +5,7 @@ from raas.pipeline.errors import (
     Draining,
     JobIdConflict,
     Overloaded,
+    QuotaExceeded,
     RequestRejected,
     StoreUnavailable,
     SubmitError,
@@ -12,8 +13,10 @@ from raas.pipeline.errors import (
 from raas.pipeline.job import Job, JobRequest
 from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
 from raas.pipeline.states import JobState, Stage
+from raas.pipeline.tenants import DEFAULT_TENANT, TenantPolicies, TenantPolicy, policies_from
 
 __all__ = [
+    "DEFAULT_TENANT",
     "Draining",
     "Job",
     "JobIdConflict",
@@ -24,8 +27,12 @@ __all__ = [
     "Pipeline",
     "PipelineConfig",
     "PipelineObserver",
+    "QuotaExceeded",
     "RequestRejected",
     "Stage",
     "StoreUnavailable",
     "SubmitError",
+    "TenantPolicies",
+    "TenantPolicy",
+    "policies_from",
 ]

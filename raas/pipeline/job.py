@@ -100,6 +100,7 @@ class Job:
         self.task = task or handler.name
         self.services = services
         self.priority = request.priority
+        self.tenant = request.tenant
         self.state = JobState.QUEUED
         self.stage: Stage | None = None  # the stage it is in, or waits for
         self.timing = Timing()
@@ -122,6 +123,10 @@ class Job:
         self.attempts = 1
         self.group: Group | None = None  # set while the job is in flight in a group
         self.attempt_errors: list[ErrorInfo] = []  # why each earlier attempt was run again
+        # Since when the job holds a sandbox (from INIT's start to its cleanup), for the tenant's
+        # sandbox quota, and the seconds it held one over every attempt.
+        self.sandbox_since: float | None = None
+        self.sandbox_s = 0.0
         self._spent_before = 0.0  # stage time of earlier attempts (each gets the full budget)
         self._waiting_since = time.monotonic()
 
@@ -155,6 +160,12 @@ class Job:
     def instance_id(self) -> str | None:
         value = self.request.instance.get("instance_id")
         return None if value is None else str(value)
+
+    def llm_tokens(self) -> tuple[int, int]:
+        """Tokens in (every LLM call's prompt) and out (its completion), from the turn records,
+        which every agent loop and the gateway write with ``prompt_tokens``/``output_tokens``."""
+        turns = self.partial_trajectory().turns
+        return _count(turns, "prompt_tokens"), _count(turns, "output_tokens")
 
     def start_waiting(self) -> None:
         self._waiting_since = time.monotonic()
@@ -197,3 +208,8 @@ class Job:
             if problem is not None:
                 return f"gateway segment {i} breaks the token invariant: {problem}"
         return None
+
+
+def _count(turns: list[dict[str, Any]], key: str) -> int:
+    counts = (turn.get(key) for turn in turns)
+    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool))

@@ -17,7 +17,7 @@ def job_request(req: RolloutRequest, tenant: str) -> JobRequest:
         req.sampling_params,
         req.job_id,
         req.timeout_s,
-        req.priority,
+        priority=req.priority,
         tenant=tenant,
         group=req.group,
         branch=req.branch,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from raas.api.metrics import CONTENT_TYPE
 from raas.api.state import ServiceState, service
-from raas.wire import NodeImages, ServiceStatus
+from raas.wire import NodeImages, ServiceStatus, UsageReport
 
 router = APIRouter(tags=["system"])
 Service = Annotated[ServiceState, Depends(service)]
@@ -42,3 +42,14 @@ async def get_images(svc: Service) -> NodeImages:
 async def metrics(svc: Service) -> Response:
     """Prometheus text format."""
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/usage", response_model=UsageReport)
+async def get_usage(
+    svc: Service,
+    since_s: Annotated[float, Query(ge=0, description="The period, back from now.")] = 86400.0,
+) -> UsageReport:
+    """Each tenant's jobs (accepted, finished by state), stage and sandbox seconds and LLM tokens
+    over the last ``since_s`` seconds (a day at most: kept by the minute, in memory, since the
+    server started; /metrics counts the same since the start)."""
+    return svc.usage.read(since_s)

@@ -1,0 +1,90 @@
+"""What the pipeline is told of each tenant: its weight in the stage queues and its quotas.
+
+The server's settings say which API key is which tenant (raas.api); the pipeline only asks a
+``TenantPolicies`` callable, by tenant name, each time it decides, so a settings reload that
+hands it a new callable takes effect at the next job taken or submission checked.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_TENANT = "default"
+# A tokens-per-second quota is measured over this window, so that one long turn's tokens do not
+# refuse a tenant for the second after it and a burst is allowed as long as the minute's average
+# holds.
+SECOND_WINDOW_S = 60.0
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    """A tenant's weight (its share of each stage's slots while others wait too) and quotas
+    (None: none)."""
+
+    weight: float = 1.0
+    max_jobs_in_flight: int | None = None
+    # Jobs from INIT to their cleanup at once (each holds its sandbox); more wait in the queue.
+    max_sandboxes: int | None = None
+    llm_tokens_per_s: float | None = None  # averaged over SECOND_WINDOW_S
+    llm_tokens_per_day: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0 or not math.isfinite(self.weight):
+            raise ValueError(f"a tenant's weight must be a positive number, not {self.weight}")
+
+
+TenantPolicies = Callable[[str], TenantPolicy]
+_NO_QUOTAS = TenantPolicy()
+
+
+def every_tenant_alike(tenant: str) -> TenantPolicy:
+    """The default: weight 1 and no quotas, so one tenant runs as if there were none."""
+    return _NO_QUOTAS
+
+
+def policies_from(table: dict[str, TenantPolicy]) -> TenantPolicies:
+    """A ``TenantPolicies`` from a table; a tenant it does not name gets the default."""
+    return lambda tenant: table.get(tenant, _NO_QUOTAS)
+
+
+class TokenMeter:
+    """The LLM tokens of one tenant's finished jobs over the last day, to check its budgets."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._spent: deque[tuple[float, int]] = deque()  # (when, tokens), oldest first
+
+    def add(self, tokens: int) -> None:
+        if tokens > 0:
+            self._spent.append((self._clock(), tokens))
+
+    def over(self, policy: TenantPolicy) -> tuple[str, float] | None:
+        """The budget ``policy`` has spent ("llm_tokens_per_s" or "llm_tokens_per_day") and
+        the seconds until enough of the window frees, or None while both hold."""
+        now = self._clock()
+        while self._spent and self._spent[0][0] <= now - DAY_S:
+            self._spent.popleft()
+        per_s = policy.llm_tokens_per_s
+        per_minute = None if per_s is None else per_s * SECOND_WINDOW_S
+        budgets = (
+            ("llm_tokens_per_s", per_minute, SECOND_WINDOW_S),
+            ("llm_tokens_per_day", policy.llm_tokens_per_day, DAY_S),
+        )
+        for name, limit, window in budgets:
+            if limit is None:
+                continue
+            recent = [(t, n) for t, n in self._spent if t > now - window]
+            used = sum(n for _, n in recent)
+            if used < limit:
+                continue
+            # The window frees once the oldest tokens that put it over have left it.
+            for t, n in recent:
+                used -= n
+                if used < limit:
+                    return name, max(t + window - now, 0.0)
+        return None
