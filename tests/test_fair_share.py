@@ -24,6 +24,7 @@ from raas.pipeline.queue import StageQueue
 from raas.pipeline.tenants import DAY_S, TokenMeter
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
+from raas.tenants import Quotas
 from tests.probe import WAIT_S, ProbeTask, finished, probe_instance, settle
 
 
@@ -112,7 +113,7 @@ async def test_discard_reserve_and_a_held_back_tenant() -> None:
 def test_a_token_budget_refuses_until_its_window_frees() -> None:
     now = [1000.0]
     meter = TokenMeter(clock=lambda: now[0])
-    policy = TenantPolicy(llm_tokens_per_day=100)
+    policy = TenantPolicy(quotas=Quotas(llm_tokens_per_day=100))
     meter.add(60)
     assert meter.over(policy) is None
     now[0] += 10
@@ -122,7 +123,7 @@ def test_a_token_budget_refuses_until_its_window_frees() -> None:
     assert spent[1] == pytest.approx(DAY_S - 10)  # once the first 60 tokens leave the window
     now[0] += DAY_S - 10
     assert meter.over(policy) is None
-    per_s = TenantPolicy(llm_tokens_per_s=1.0)  # 60 a minute
+    per_s = TenantPolicy(quotas=Quotas(llm_tokens_per_s=1.0))  # 60 a minute
     meter.add(60)
     assert meter.over(per_s) is not None and meter.over(TenantPolicy()) is None
 
@@ -134,7 +135,7 @@ def req(tenant: str, **stages: str) -> JobRequest:
 async def test_jobs_in_flight_quota_refuses_whole_and_loses_nothing(
     make_pipeline: Any, probe: ProbeTask
 ) -> None:
-    policies = policies_from({"a": TenantPolicy(max_jobs_in_flight=2)})
+    policies = policies_from({"a": TenantPolicy(quotas=Quotas(max_jobs_in_flight=2))})
     async with make_pipeline(tenants=policies, init_workers=3) as pipeline:
         accepted = await pipeline.submit([req("a", init="block"), req("a", init="block")])
         with pytest.raises(QuotaExceeded) as refused:
@@ -158,7 +159,7 @@ async def test_jobs_in_flight_quota_refuses_whole_and_loses_nothing(
 async def test_a_tenant_at_its_sandbox_cap_waits_while_another_goes_ahead(
     make_pipeline: Any, probe: ProbeTask
 ) -> None:
-    policies = policies_from({"a": TenantPolicy(max_sandboxes=1)})
+    policies = policies_from({"a": TenantPolicy(quotas=Quotas(max_sandboxes=1))})
     async with make_pipeline(tenants=policies) as pipeline:
         a0, a1 = await pipeline.submit([req("a", init="block"), req("a")])
         (b0,) = await pipeline.submit([req("b", init="block")])
@@ -180,7 +181,9 @@ async def test_over_quota_is_a_429_with_retry_after_naming_it_and_tenants_are_co
     app = create_app(ServeSettings(db=tmp_path / "api.db", cancel_grace_s=0.05), registry)
     async with app.router.lifespan_context(app):
         pipeline: Pipeline = app.state.service.pipeline
-        pipeline.set_tenants(policies_from({"default": TenantPolicy(max_jobs_in_flight=1)}))
+        pipeline.set_tenants(
+            policies_from({"default": TenantPolicy(quotas=Quotas(max_jobs_in_flight=1))})
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             body = {"instance": probe_instance(init="block"), "job_id": "first"}
@@ -259,7 +262,8 @@ async def test_a_job_run_again_after_a_restart_keeps_its_tenant(
     first = Pipeline(registry, store, small_config(max_attempts=2))
     await first.start()
     await first.submit([JobRequest(probe_instance(run="block"), job_id="j", tenant="a")])
-    await probe.wait_entered("j", "run")
+    key = "a~j"  # the server's key of tenant a's job j (raas.tenants.job_key)
+    await probe.wait_entered(key, "run")
     for task in first._workers:  # the process "dies"
         task.cancel()
     await store.close()
@@ -268,11 +272,11 @@ async def test_a_job_run_again_after_a_restart_keeps_its_tenant(
     second = Pipeline(registry, store2, small_config(max_attempts=2))
     await second.start()
     try:
-        job = second.active("j")
+        job = second.active(key)
         assert job is not None and job.tenant == "a"
         assert second.stats()["tenants"]["a"]["in_flight"] == 1
-        probe.release("j", "run")
-        assert (await finished(second, "j"))["state"] == "done"
+        probe.release(key, "run")
+        assert (await finished(second, key))["state"] == "done"
     finally:
         await second.stop()
         await store2.close()

@@ -29,7 +29,7 @@ from raas.api.tenants import watch_tenants
 from raas.api.usage import UsageLedger
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
-from raas.pipeline import Pipeline, PipelineConfig
+from raas.pipeline import Pipeline, PipelineConfig, policies_of
 from raas.sandbox import claim_runtime_dir, sandbox_config
 from raas.sandbox.oci import ImageStore
 from raas.settings import ServeSettings
@@ -104,6 +104,9 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             services=services,
         )
         metrics.watch(pipeline)
+        if watch is not None:  # the tenants file's weights and quotas, now and at each reload
+            pipeline.set_tenants(policies_of(watch.current))
+            watch.on_change = lambda tenants: pipeline.set_tenants(policies_of(tenants))
         # What the node's image store holds, for the clients' placement and /metrics: read
         # once before the first request, then kept fresh in the background.
         images = ImageStoreMonitor(ImageStore(services.image_store_dir()))

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -23,7 +24,14 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 
 from raas.settings import ServeSettings
-from raas.tenants import DEFAULT_TENANT, TenantsFileError, job_key, load_tenants, own_id
+from raas.tenants import (
+    DEFAULT_TENANT,
+    Tenants,
+    TenantsFileError,
+    job_key,
+    load_tenants,
+    own_id,
+)
 
 log = logging.getLogger(__name__)
 SCOPE_KEY = "raas.caller"
@@ -105,14 +113,17 @@ def watch_tenants(settings: ServeSettings) -> TenantsWatch | None:
 class TenantsWatch:
     """The tenants of ``path`` as last read well: read again when the file changes (its mtime,
     size or inode, looked at every CHECK_S off the event loop) or on SIGHUP. A file that cannot
-    be used keeps the tenants read before, and says why in one line."""
+    be used keeps the tenants read before, and says why in one line. ``on_change`` is told each
+    new reading, on the event loop (the server hands the weights and quotas to the pipeline)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stamp = _stamp(path)
         self.current = load_tenants(path)  # at start, a bad file is an error (TenantsFileError)
+        self.on_change: Callable[[Tenants], None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._hup = False
+        self._hups: set[asyncio.Task[bool]] = set()  # SIGHUP's readings, held till done
 
     def reload(self) -> bool:
         """Read the file again (blocking: on a thread); whether the tenants were replaced."""
@@ -130,7 +141,14 @@ class TenantsWatch:
         """Read the file again if it changed; whether the tenants were replaced."""
         if await asyncio.to_thread(_stamp, self.path) == self._stamp:
             return False
-        return await asyncio.to_thread(self.reload)
+        return await self.reload_async()
+
+    async def reload_async(self) -> bool:
+        """``reload`` off the event loop, then ``on_change`` told of a new reading on it."""
+        replaced = await asyncio.to_thread(self.reload)
+        if replaced and self.on_change is not None:
+            self.on_change(self.current)
+        return replaced
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="raas-tenants-watch")
@@ -140,7 +158,9 @@ class TenantsWatch:
             self._hup = True
 
     def _on_hup(self) -> None:
-        asyncio.get_running_loop().run_in_executor(None, self.reload)
+        task = asyncio.create_task(self.reload_async())
+        self._hups.add(task)
+        task.add_done_callback(self._hups.discard)
 
     async def stop(self) -> None:
         if self._hup:

@@ -13,10 +13,9 @@ from raas.pipeline.errors import (
 from raas.pipeline.job import Job, JobRequest
 from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
 from raas.pipeline.states import JobState, Stage
-from raas.pipeline.tenants import DEFAULT_TENANT, TenantPolicies, TenantPolicy, policies_from
+from raas.pipeline.tenants import TenantPolicies, TenantPolicy, policies_from, policies_of
 
 __all__ = [
-    "DEFAULT_TENANT",
     "Draining",
     "Job",
     "JobIdConflict",
@@ -35,4 +34,5 @@ __all__ = [
     "TenantPolicies",
     "TenantPolicy",
     "policies_from",
+    "policies_of",
 ]

@@ -26,7 +26,7 @@ class JobRequest:
     job_id: str | None = None
     timeout_s: float | None = None
     priority: int = 0
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT  # whose job it is (raas.tenants)
     group: str | None = None  # jobs of one group and instance share INIT (raas.pipeline.groups)
     branch: Branch | None = None  # start from an earlier job's snapshot after a turn
 

@@ -368,7 +368,7 @@ class Pipeline:
         flight, or it has spent an LLM token budget: the whole submission is refused."""
         for tenant, n in wanted.items():
             policy = self.config.tenants(tenant)
-            cap = policy.max_jobs_in_flight
+            cap = policy.quotas.max_jobs_in_flight
             if cap is not None and self._tenant_jobs[tenant] + n > cap:
                 raise QuotaExceeded(
                     tenant,
@@ -385,7 +385,7 @@ class Pipeline:
                 )
 
     def _may_hold_sandbox(self, tenant: str) -> bool:
-        cap = self.config.tenants(tenant).max_sandboxes
+        cap = self.config.tenants(tenant).quotas.max_sandboxes
         return cap is None or self._sandboxes[tenant] < cap
 
     def _hold_sandbox(self, job: Job) -> None:

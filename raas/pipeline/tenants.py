@@ -1,8 +1,9 @@
 """What the pipeline is told of each tenant: its weight in the stage queues and its quotas.
 
-The server's settings say which API key is which tenant (raas.api); the pipeline only asks a
-``TenantPolicies`` callable, by tenant name, each time it decides, so a settings reload that
-hands it a new callable takes effect at the next job taken or submission checked.
+The tenants file (raas.tenants) says which API key is which tenant and holds each one's weight
+and ``Quotas``; the pipeline only asks a ``TenantPolicies`` callable, by tenant name, each time
+it decides, so a reload of the file that hands it a new one (``policies_of``, through
+``Pipeline.set_tenants``) takes effect at the next job taken or submission checked.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-DEFAULT_TENANT = "default"
+from raas.tenants import Quotas, Tenants
+
 # A tokens-per-second quota is measured over this window, so that one long turn's tokens do not
 # refuse a tenant for the second after it and a burst is allowed as long as the minute's average
 # holds.
@@ -24,14 +26,11 @@ DAY_S = 86400.0
 @dataclass(frozen=True)
 class TenantPolicy:
     """A tenant's weight (its share of each stage's slots while others wait too) and quotas
-    (None: none)."""
+    (the tenants file's: jobs in flight refuse a submission, sandboxes hold jobs back in the
+    INIT queue, LLM tokens per second, averaged over SECOND_WINDOW_S, or per day refuse one)."""
 
     weight: float = 1.0
-    max_jobs_in_flight: int | None = None
-    # Jobs from INIT to their cleanup at once (each holds its sandbox); more wait in the queue.
-    max_sandboxes: int | None = None
-    llm_tokens_per_s: float | None = None  # averaged over SECOND_WINDOW_S
-    llm_tokens_per_day: int | None = None
+    quotas: Quotas = field(default_factory=Quotas)
 
     def __post_init__(self) -> None:
         if not self.weight > 0 or not math.isfinite(self.weight):
@@ -52,6 +51,16 @@ def policies_from(table: dict[str, TenantPolicy]) -> TenantPolicies:
     return lambda tenant: table.get(tenant, _NO_QUOTAS)
 
 
+def policies_of(tenants: Tenants | None) -> TenantPolicies:
+    """The policies of a reading of the tenants file (None: no file, every tenant alike); the
+    admin's own jobs, of no tenant of the file, get the default."""
+    if tenants is None:
+        return every_tenant_alike
+    return policies_from(
+        {t.name: TenantPolicy(t.weight, t.quotas) for t in tenants.by_name.values()}
+    )
+
+
 class TokenMeter:
     """The LLM tokens of one tenant's finished jobs over the last day, to check its budgets."""
 
@@ -69,11 +78,11 @@ class TokenMeter:
         now = self._clock()
         while self._spent and self._spent[0][0] <= now - DAY_S:
             self._spent.popleft()
-        per_s = policy.llm_tokens_per_s
+        per_s = policy.quotas.llm_tokens_per_s
         per_minute = None if per_s is None else per_s * SECOND_WINDOW_S
         budgets = (
             ("llm_tokens_per_s", per_minute, SECOND_WINDOW_S),
-            ("llm_tokens_per_day", policy.llm_tokens_per_day, DAY_S),
+            ("llm_tokens_per_day", policy.quotas.llm_tokens_per_day, DAY_S),
         )
         for name, limit, window in budgets:
             if limit is None:
