@@ -55,8 +55,9 @@ class UsageLedger:
         usage.tokens_in += tokens_in
         usage.tokens_out += tokens_out
 
-    def read(self, since_s: float) -> UsageReport:
-        """Each tenant's use in the buckets that overlap the last ``since_s`` seconds."""
+    def read(self, since_s: float, only: str | None = None) -> UsageReport:
+        """Each tenant's use in the buckets that overlap the last ``since_s`` seconds (``only``:
+        that tenant's alone)."""
         now = self.clock()
         kept = self.keep * self.bucket_s
         since_s = max(0.0, min(since_s, now - self.started, kept))
@@ -66,7 +67,8 @@ class UsageLedger:
             if bucket.index < first:
                 continue
             for tenant, usage in bucket.tenants.items():
-                _add(totals[tenant], usage)
+                if only is None or tenant == only:
+                    _add(totals[tenant], usage)
         tenants = [t.model_copy(update={"tenant": name}) for name, t in sorted(totals.items())]
         return UsageReport(since_s=since_s, tenants=tenants)
 
