@@ -30,12 +30,12 @@ from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
 from raas.helpers import free_port
 from raas.llm.types import SamplingParams
-from raas.pipeline import JobRequest
+from raas.pipeline import JobRequest, TenantPolicy
 from raas.pipeline.job import scoped
 from raas.settings import ServeSettings, load_settings
 from raas.store.sqlite import JobRecord, ResultStore
 from raas.tasks import TaskRegistry
-from raas.tenants import TenantsFileError, load_tenants
+from raas.tenants import Quotas, TenantsFileError, load_tenants
 from raas.wire import Branch, Trajectory
 from tests.probe import WAIT_S, ProbeTask, probe_instance
 
@@ -309,6 +309,65 @@ async def test_a_changed_file_adds_and_removes_tenants(
         assert "tenants.dave.key_sha256" in line and "\n" not in line
         assert (await http.get("/v1/rollouts", headers=auth(CAROL))).status_code == 200
         assert (await http.get("/v1/rollouts", headers=auth(ADMIN))).status_code == 200
+
+
+def quota_toml(alice_jobs: int, alice_weight: float) -> str:
+    """Alice with a cap on jobs in flight and a weight; Bob with neither."""
+    return (
+        f'[tenants.alice]\nkey_sha256 = ["{digest(ALICE)}"]\nweight = {alice_weight}\n'
+        f"[tenants.alice.quotas]\nmax_jobs_in_flight = {alice_jobs}\n"
+        f'[tenants.bob]\nkey_sha256 = ["{digest(BOB)}"]\n'
+    )
+
+
+async def test_a_tenant_over_its_quota_gets_a_429_while_another_is_accepted_and_a_reload_applies(
+    server: Server, tenants_file: Path, probe: ProbeTask
+) -> None:
+    tenants_file.write_text(quota_toml(alice_jobs=2, alice_weight=1))
+    async with server() as (app, http):
+        pipeline = app.state.service.pipeline
+        assert pipeline.config.tenants("alice") == TenantPolicy(1.0, Quotas(max_jobs_in_flight=2))
+        for job_id in ("a0", "a1"):
+            r = await submit(http, ALICE, job_id, probe_instance(init="block"))
+            assert r.status_code == 202
+        over = await submit(http, ALICE, "a2", probe_instance(init="block"))
+        assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+        assert over.json()["quota"] == "max_jobs_in_flight"
+        assert "max_jobs_in_flight" in over.json()["detail"]
+        # Bob is accepted while Alice is at her cap: her quota is hers alone.
+        assert (await submit(http, BOB, "b0", SOLVABLE)).status_code == 202
+        assert (await finished(http, BOB, "b0"))["result"]["state"] == "done"
+        # The file read again reaches the pipeline: a higher cap and weight apply at once.
+        rewrite(tenants_file, quota_toml(alice_jobs=3, alice_weight=3))
+        assert await app.state.service.tenants_watch.check()
+        assert pipeline.config.tenants("alice") == TenantPolicy(3.0, Quotas(max_jobs_in_flight=3))
+        assert pipeline.config.tenants("bob") == TenantPolicy()
+        r = await submit(http, ALICE, "a2", probe_instance(init="block"))
+        assert r.status_code == 202
+        over = await submit(http, ALICE, "a3", probe_instance(init="block"))
+        assert over.status_code == 429 and "at most 3" in over.json()["detail"]
+        # Every job she had accepted runs to its end: a 429 never dropped one.
+        for job_id in ("a0", "a1", "a2"):
+            await probe.wait_entered(f"alice~{job_id}", "init")
+            probe.release(f"alice~{job_id}", "init")
+            assert (await finished(http, ALICE, job_id))["result"]["state"] == "done"
+        # Each tenant reads its own use only; the admin reads everyone's.
+        usage = await http.get("/v1/usage", params={"since_s": 3600}, headers=auth(BOB))
+        assert [t["tenant"] for t in usage.json()["tenants"]] == ["bob"]
+        assert usage.json()["tenants"][0]["finished"] == {"done": 1}
+        assert "alice" not in usage.text
+        usage = await http.get("/v1/usage", params={"since_s": 3600}, headers=auth(ALICE))
+        (alice,) = usage.json()["tenants"]
+        assert alice["tenant"] == "alice" and alice["submitted"] == 3
+        assert alice["finished"] == {"done": 3}
+        usage = await http.get("/v1/usage", params={"since_s": 3600}, headers=auth(ADMIN))
+        assert [t["tenant"] for t in usage.json()["tenants"]] == ["alice", "bob"]
+        # /metrics' per-tenant series are the admin's: a tenant's scrape has none of them.
+        bobs = (await http.get("/metrics", headers=auth(BOB))).text
+        assert "raas_jobs_in_flight" in bobs and "raas_tenant_" not in bobs
+        admins = (await http.get("/metrics", headers=auth(ADMIN))).text
+        assert 'raas_tenant_jobs_finished_total{state="done",tenant="alice"} 3.0' in admins
+        assert 'raas_tenant_jobs_submitted_total{tenant="bob"} 1.0' in admins
 
 
 @pytest.mark.parametrize(
