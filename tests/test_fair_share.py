@@ -248,35 +248,3 @@ def test_raas_usage_prints_a_row_a_tenant_in_80_columns_and_reads_durations() ->
     assert "last 2h" in text and "12.3G" in text and "3456" in text and "team-with" in text
     bad = CliRunner().invoke(main, ["usage", "http://127.0.0.1:1", "--since", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output
-
-
-async def test_a_job_run_again_after_a_restart_keeps_its_tenant(
-    tmp_path: Path, registry: TaskRegistry, probe: ProbeTask
-) -> None:
-    from raas.store.sqlite import ResultStore
-    from tests.conftest import small_config
-
-    db = tmp_path / "crash.db"
-    store = ResultStore(db)
-    await store.open()
-    first = Pipeline(registry, store, small_config(max_attempts=2))
-    await first.start()
-    await first.submit([JobRequest(probe_instance(run="block"), job_id="j", tenant="a")])
-    key = "a~j"  # the server's key of tenant a's job j (raas.tenants.job_key)
-    await probe.wait_entered(key, "run")
-    for task in first._workers:  # the process "dies"
-        task.cancel()
-    await store.close()
-    store2 = ResultStore(db)
-    await store2.open()
-    second = Pipeline(registry, store2, small_config(max_attempts=2))
-    await second.start()
-    try:
-        job = second.active(key)
-        assert job is not None and job.tenant == "a"
-        assert second.stats()["tenants"]["a"]["in_flight"] == 1
-        probe.release(key, "run")
-        assert (await finished(second, key))["state"] == "done"
-    finally:
-        await second.stop()
-        await store2.close()

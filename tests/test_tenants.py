@@ -30,13 +30,14 @@ from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
 from raas.helpers import free_port
 from raas.llm.types import SamplingParams
-from raas.pipeline import JobRequest, TenantPolicy
+from raas.pipeline import JobRequest, Pipeline, TenantPolicy
 from raas.pipeline.job import scoped
 from raas.settings import ServeSettings, load_settings
-from raas.store.sqlite import JobRecord, ResultStore
+from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tenants import Quotas, TenantsFileError, load_tenants
 from raas.wire import Branch, Trajectory
+from tests.conftest import small_config
 from tests.probe import WAIT_S, ProbeTask, probe_instance
 
 ADMIN = "admin-s3cret"
@@ -487,19 +488,24 @@ def test_a_served_file_is_read_again_on_sighup_and_a_bad_one_stops_the_start(
 
 
 async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(
-    tmp_path: Path, make_pipeline: Any, probe: ProbeTask
+    tmp_path: Path, registry: TaskRegistry, make_pipeline: Any, probe: ProbeTask
 ) -> None:
     db = tmp_path / "crash.db"
     store = ResultStore(db)
     await store.open()
-    # What a server that died wrote of Alice's job: its key, its tenant, its request.
-    request = {"instance": probe_instance(run="block"), "sampling_params": {}, "tenant": "alice"}
-    await store.add_jobs([JobRecord("alice~j", "run", "probe", None, request, 1.0, tenant="alice")])
+    first = Pipeline(registry, store, small_config(max_attempts=2))
+    await first.start()
+    await first.submit([JobRequest(probe_instance(run="block"), job_id="j", tenant="alice")])
+    await probe.wait_entered("alice~j", "run")
+    for task in first._workers:  # the server "dies" with Alice's job in RUN
+        task.cancel()
     await store.close()
     async with make_pipeline(db, max_attempts=2) as pipeline:
         await probe.wait_entered("alice~j", "run")
         revived = pipeline.active("alice~j")
-        assert revived is not None and revived.request.tenant == "alice"
+        assert revived is not None and revived.request.tenant == revived.tenant == "alice"
+        # Counted against her quotas again, as her own.
+        assert pipeline.stats()["tenants"]["alice"]["in_flight"] == 1
         probe.release("alice~j", "run")
         view = await pipeline.wait("alice~j", WAIT_S)
         assert view is not None and view.state.value == "done"
