@@ -43,8 +43,9 @@ def usage(url: str, since_s: float, api_key: str | None) -> None:
     GET /v1/usage): jobs accepted, finished done and not done (failed, timed out or cancelled),
     seconds inside the stages (INIT, RUN and EVAL together), seconds holding a sandbox, and LLM
     tokens in (each call's prompt) and out (generated). Finished jobs count in the minute they
-    finished. The same counters, since the server started, are in its /metrics with the label
-    `tenant` (raas_tenant_*)."""
+    finished. A tenant's key prints its own row only, the admin's every tenant's. The same
+    counters, since the server started, are in its /metrics with the label `tenant`
+    (raas_tenant_*, for the admin's key only)."""
     from rich.console import Console
 
     from raas.client import AsyncRolloutClient
