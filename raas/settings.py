@@ -120,6 +120,13 @@ class ServeSettings(BaseSettings):
         default=None,
         description="A file holding the API key (its first line), which keeps it out of ps.",
     )
+    tenants_file: Path | None = Field(
+        default=None,
+        description="A file of tenants (TOML, or JSON as .json): each its API keys' SHA-256"
+        " digests, a weight and quotas. A tenant sees only its own jobs; the API key is the"
+        " admin's, which sees all. Read again when it changes (or on SIGHUP). Needs an API key"
+        " (RAAS_API_KEY), where a deployment's servers have theirs.",
+    )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Names the server is reached by besides localhost, 127.0.0.1, ::1 and --host"

@@ -811,3 +811,29 @@ class ProRLResult(BaseModel):
         description="The task's metrics; `prorl` lists the sampling_params raas did not use"
         " (api keys redacted) and the ones it renamed.",
     )
+
+
+class TenantUsage(BaseModel):
+    """What one tenant used over a period (GET /v1/usage)."""
+
+    tenant: str
+    submitted: int = Field(default=0, description="Jobs accepted.")
+    finished: dict[str, int] = Field(
+        default_factory=dict, description="Jobs finished, by final state."
+    )
+    stage_s: dict[str, float] = Field(
+        default_factory=dict, description="Seconds inside each stage (init, run, eval)."
+    )
+    sandbox_s: float = Field(
+        default=0.0, description="Seconds finished jobs held a sandbox (INIT to cleanup)."
+    )
+    tokens_in: int = Field(default=0, description="LLM prompt tokens of finished jobs.")
+    tokens_out: int = Field(default=0, description="LLM tokens generated in finished jobs.")
+
+
+class UsageReport(BaseModel):
+    since_s: float = Field(
+        description="The period covered, back from now: the one asked, or less where the server"
+        " has not been up (or kept usage) that long."
+    )
+    tenants: list[TenantUsage] = Field(description="Each tenant that used anything, by name.")

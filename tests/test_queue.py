@@ -12,6 +12,7 @@ from raas.pipeline.queue import QueueFull, StageQueue
 class Item:
     id: str
     priority: int = 0
+    tenant: str = "default"
 
 
 async def test_priority_then_fifo() -> None:

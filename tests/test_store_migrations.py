@@ -2,7 +2,8 @@
 
 Each tests/fixtures/store/vN.sql is a database as the raas releases of store version N wrote it:
 their CREATE statements and a few rows (finished, failed with a partial trajectory, queued, in
-flight) with that version's columns and result JSON.
+flight) with that version's columns and result JSON. Version 3 was also written with its
+user_version (3) by the raas that kept it, before version 4 (tenants) came.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ async def test_a_new_database_is_made_at_the_current_version(tmp_path: Path) -> 
     store = ResultStore(tmp_path / "new.db")
     await store.open()
     await store.close()
-    # A version 4 needs a fixture of version 3 as that raas writes it (user_version 3), here.
-    assert user_version(tmp_path / "new.db") == schema.VERSION == len(UNVERSIONED)
+    # A version 5 needs a fixture of version 4 as that raas writes it (user_version 4), here.
+    assert user_version(tmp_path / "new.db") == schema.VERSION == len(UNVERSIONED) + 1
 
 
 @pytest.mark.parametrize(
@@ -71,6 +72,8 @@ async def test_a_new_database_is_made_at_the_current_version(tmp_path: Path) -> 
         # An old raas added columns one commit at a time: one stopped between two of them.
         (1, "ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1;"),
         (2, "ALTER TABLE jobs ADD COLUMN error_type TEXT;"),
+        # Version 3 as the raas that kept user_version wrote it (the same table and rows).
+        (3, "PRAGMA user_version = 3;"),
     ],
 )
 async def test_a_database_from_an_earlier_version_opens_with_every_row(
@@ -93,6 +96,7 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
     assert done.result.trajectory.response_ids == [3, 4, 5]
     assert done.result.trajectory.logprobs == [-0.5, -0.25, 0.0]
     assert (done.attempts, done.attempt_errors) == (1, [])
+    assert done.tenant == "default"  # a job from before tenants is the default tenant's
 
     assert (failed.job_id, failed.state, failed.seq) == ("failed-2", "failed", 2)
     assert failed.request["timeout_s"] == 30.0 and failed.data_source == "probe"
@@ -149,6 +153,8 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
     assert await store.save_result("queued-3", result) == result
     assert (record := await store.get("queued-3")) is not None and record.seq == 3
     await store.add_jobs([JobRecord("new-5", "queued", "probe", None, {}, 200.0)])
+    await store.add_jobs([JobRecord("a~new-5", "queued", "probe", None, {}, 200.0, tenant="a")])
+    assert (record := await store.get("a~new-5")) is not None and record.tenant == "a"
     await store.close()
 
     assert user_version(db) == schema.VERSION

@@ -25,9 +25,11 @@ from raas.api.openapi import document_api_key, document_form_refusal, document_i
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.series import Series
 from raas.api.state import ServiceState
+from raas.api.tenants import watch_tenants
+from raas.api.usage import UsageLedger
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
-from raas.pipeline import Pipeline, PipelineConfig
+from raas.pipeline import Pipeline, PipelineConfig, policies_of
 from raas.sandbox import claim_runtime_dir, sandbox_config
 from raas.sandbox.oci import ImageStore
 from raas.settings import ServeSettings
@@ -65,6 +67,8 @@ async def _report_backends(llm: BackendPool, timeout_s: float = 5.0) -> None:
 def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) -> FastAPI:
     """Build the service. The pipeline starts and drains with the app's lifespan."""
     tasks = registry if registry is not None else TaskRegistry.from_entry_points()
+    # Read now: a tenants file that cannot be used stops the server before it starts.
+    watch = watch_tenants(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +76,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         await store.open()
         metrics = PipelineMetrics()
         series = Series()
+        usage = UsageLedger()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
@@ -95,10 +100,13 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tasks,
             store,
             PipelineConfig.from_settings(settings),
-            observers=[metrics, series],
+            observers=[metrics, series, usage],
             services=services,
         )
         metrics.watch(pipeline)
+        if watch is not None:  # the tenants file's weights and quotas, now and at each reload
+            pipeline.set_tenants(policies_of(watch.current))
+            watch.on_change = lambda tenants: pipeline.set_tenants(policies_of(tenants))
         # What the node's image store holds, for the clients' placement and /metrics: read
         # once before the first request, then kept fresh in the background.
         images = ImageStoreMonitor(ImageStore(services.image_store_dir()))
@@ -115,13 +123,19 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
             series=series,
+            tenants_watch=watch,
+            usage=usage,
         )
+        if watch is not None:
+            watch.start()
         await pipeline.start()
         await _report_backends(llm)
         log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
         try:
             yield
         finally:
+            if watch is not None:
+                await watch.stop()
             await images.stop()
             await pipeline.stop(grace_s=settings.drain_grace_s)
             await llm.stop()
@@ -146,6 +160,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         api_key=settings.api_key,
         job_path=is_gateway_path,
         job_token=lambda token: _job_token(app, token),
+        tenants=lambda: watch.current if watch is not None else None,
     )
     app.add_middleware(
         BrowserGuardMiddleware,

@@ -4,11 +4,17 @@ The gateway's paths (``job_path``) also take a job's own token (what its agent p
 OPENAI_API_KEY), as a bearer token or, as Anthropic's and Google's clients send a key,
 ``x-api-key``, ``x-goog-api-key`` or the query's ``key``; a job token opens no other path.
 
+With a tenants file (raas.tenants) a tenant's key opens the same paths as the API key, and the
+request's ``Caller`` (raas.api.tenants) says which tenant it is, for the routes to show it only
+its own jobs; the API key is the admin's, who sees all.
+
 A browser cannot send the header on a page load, so the dashboard (/ui) has a session cookie:
 given the key once (the login form's POST /ui/login, or ``/ui?key=KEY``), the server sets
 ``raas_ui``, HttpOnly and SameSite=Strict, holding a digest of the key (never the key itself;
-changing the key ends every session). The cookie opens GET and HEAD only, so a page elsewhere
-can make the browser change nothing (and SameSite=Strict keeps it off cross-site requests).
+changing the key ends every session; a tenant's is keyed by the API key too, so that the
+digests in the tenants file, which need not be secret, cannot make one). The cookie opens GET
+and HEAD only, so a page elsewhere can make the browser change nothing (and SameSite=Strict keeps
+it off cross-site requests).
 
 A pure ASGI middleware, so the key is checked before anything else happens: before a body is
 read or parsed, before routing (an unknown path without the key is a 401, not a 404), and on
@@ -29,9 +35,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from raas.agent.gateway import error_answer
 from raas.api.errors import app_path
+from raas.api.tenants import ADMIN, NOBODY, SCOPE_KEY, Caller
 from raas.api.ui import login_page
 from raas.helpers import api_keys_given, bearer_token
 from raas.llm.openai_types import OpenAIError
+from raas.tenants import Tenants, key_digest
 
 UI_PATH = "/ui"
 LOGIN_PATH = "/ui/login"  # checks the key itself (raas.api.routes.dashboard)
@@ -48,6 +56,13 @@ def session_token(api_key: bytes) -> bytes:
     return hmac.new(api_key, b"raas dashboard session v1", hashlib.sha256).hexdigest().encode()
 
 
+def tenant_session_token(api_key: bytes, digest: str) -> bytes:
+    """The dashboard cookie's value for the tenant key of ``digest``: keyed by the server's own
+    key, as the digests are no secret."""
+    message = b"raas dashboard tenant session v1:" + digest.encode()
+    return hmac.new(api_key, message, hashlib.sha256).hexdigest().encode()
+
+
 def cookie_token(scope: Scope) -> bytes | None:
     """The value of the request's ``raas_ui`` cookie."""
     for name, value in scope.get("headers", ()):
@@ -61,18 +76,29 @@ def cookie_token(scope: Scope) -> bytes | None:
     return None
 
 
-def logged_in(api_key: bytes, scope: Scope, root: str) -> Response:
-    """Where a right key given to the dashboard leads: the page, with the session cookie."""
+def logged_in(token: bytes, scope: Scope, root: str) -> Response:
+    """Where a right key given to the dashboard leads: the page, with the session cookie
+    ``token`` (``session_token``'s or ``tenant_session_token``'s)."""
     response = RedirectResponse(root + UI_PATH, status_code=303)
     response.set_cookie(
         COOKIE,
-        session_token(api_key).decode(),
+        token.decode(),
         path=root or "/",
         httponly=True,
         samesite="strict",
         secure=scope.get("scheme") == "https",
     )
     return response
+
+
+def session_cookie(key: bytes, api_key: bytes, tenants: Tenants | None) -> bytes | None:
+    """The dashboard's session cookie for ``key`` (the API key, or a tenant's), or None when
+    the key is nobody's."""
+    if secrets.compare_digest(key, api_key):
+        return session_token(api_key)
+    if tenants is None or tenants.of_key(key) is None:
+        return None
+    return tenant_session_token(api_key, key_digest(key))
 
 
 def _query_key(scope: Scope) -> bytes | None:
@@ -97,6 +123,7 @@ class ApiKeyMiddleware:
         api_key: str | None,
         job_path: Callable[[str], bool] = lambda _: False,
         job_token: Callable[[bytes], bool] | None = None,
+        tenants: Callable[[], Tenants | None] = lambda: None,
     ) -> None:
         self.app = app
         # The gateway's paths also take a job's own token (an agent's OPENAI_API_KEY), and
@@ -107,6 +134,7 @@ class ApiKeyMiddleware:
         # that is not ASCII (a 500 where a 401 is due).
         self.expected = api_key.encode() if api_key else None
         self.session = session_token(self.expected) if self.expected else None
+        self.tenants = tenants  # as last read (the file may change while the server runs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is None or scope["type"] not in ("http", "websocket"):
@@ -116,15 +144,20 @@ class ApiKeyMiddleware:
         root = scope.get("root_path", "")
         token = bearer_token(scope)
         given = _query_key(scope) if path == UI_PATH and scope["type"] == "http" else None
-        if given is not None and secrets.compare_digest(given, self.expected):
-            await logged_in(self.expected, scope, root)(scope, receive, send)
+        tenants = self.tenants()
+        cookie = session_cookie(given, self.expected, tenants) if given is not None else None
+        if cookie is not None:
+            await logged_in(cookie, scope, root)(scope, receive, send)
             return
-        if (
-            path in OPEN_PATHS
-            or (token is not None and secrets.compare_digest(token, self.expected))
-            or self._job(path, scope, token)
-            or self._session(scope)
-        ):
+        who = self._caller(token, tenants) if token is not None else None
+        if who is None:
+            who = self._session(scope, tenants)
+        if who is not None:
+            scope[SCOPE_KEY] = who
+            await self.app(scope, receive, send)
+            return
+        if path in OPEN_PATHS or self._job(path, scope, token):
+            scope[SCOPE_KEY] = NOBODY
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -147,9 +180,26 @@ class ApiKeyMiddleware:
             return False
         return any(t is not None and self.job_token(t) for t in (bearer, *api_keys_given(scope)))
 
-    def _session(self, scope: Scope) -> bool:
-        """Does the request read (GET, HEAD) with the dashboard's session cookie?"""
+    def _caller(self, key: bytes, tenants: Tenants | None) -> Caller | None:
+        """Whose key ``key`` is: the admin's, a tenant's, or nobody's (None)."""
+        assert self.expected is not None
+        if secrets.compare_digest(key, self.expected):
+            return ADMIN
+        tenant = tenants.of_key(key) if tenants is not None else None
+        return Caller(tenant.name) if tenant is not None else None
+
+    def _session(self, scope: Scope, tenants: Tenants | None) -> Caller | None:
+        """Whose dashboard session cookie a reading request (GET, HEAD) carries, if any."""
         if self.session is None or scope.get("method") not in COOKIE_METHODS:
-            return False
+            return None
         cookie = cookie_token(scope)
-        return cookie is not None and secrets.compare_digest(cookie, self.session)
+        if cookie is None:
+            return None
+        if secrets.compare_digest(cookie, self.session):
+            return ADMIN
+        assert self.expected is not None
+        found = None
+        for digest, tenant in tenants.digests() if tenants is not None else ():
+            if hmac.compare_digest(cookie, tenant_session_token(self.expected, digest)):
+                found = Caller(tenant.name)
+        return found

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, compile_path
 from starlette.types import Scope
 
-from raas.pipeline import Draining, JobIdConflict, Overloaded, StoreUnavailable
+from raas.pipeline import Draining, JobIdConflict, Overloaded, QuotaExceeded, StoreUnavailable
 from raas.tasks import InvalidInstance, UnknownTask
 
 
@@ -29,6 +29,14 @@ class ErrorBody(BaseModel):
 
 class ConflictBody(ErrorBody):
     job_id: str = Field(description="The job_id that is known with a different request.")
+
+
+class TooManyBody(ErrorBody):
+    quota: str | None = Field(
+        default=None,
+        description="The tenant's quota the submission would go over (max_jobs_in_flight,"
+        " llm_tokens_per_s, llm_tokens_per_day); absent when the INIT queue is full.",
+    )
 
 
 _RETRY_AFTER = {
@@ -48,7 +56,8 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
         "model": ErrorBody,
         "description": "A server without an API key was named by a Host that is not its own"
         " (DNS rebinding), or a web page on another origin sent a request that changes"
-        " something (see raas.api.browser_guard).",
+        " something (see raas.api.browser_guard), or a tenant's key was sent to a route that"
+        " changes the whole server (the backend pool, /start, /stop), which needs the admin's.",
     },
     404: {"model": ErrorBody, "description": "Nothing with this id."},
     409: {
@@ -57,8 +66,9 @@ ERROR_RESPONSES: dict[int, dict[str, Any]] = {
     },
     413: {"model": ErrorBody, "description": "The body is over the server's `max_body_mb`."},
     429: {
-        "model": ErrorBody,
-        "description": "The INIT queue is full: nothing was accepted; retry after Retry-After.",
+        "model": TooManyBody,
+        "description": "The INIT queue is full, or the submission would take its tenant over a"
+        " quota (named in `quota`): nothing was accepted; retry after Retry-After.",
         "headers": _RETRY_AFTER,
     },
     503: {
@@ -194,6 +204,14 @@ def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
     async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
         return JSONResponse(
             _detail(str(exc)),
+            status_code=429,
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
+
+    @app.exception_handler(QuotaExceeded)
+    async def _over_quota(_: Request, exc: QuotaExceeded) -> JSONResponse:
+        return JSONResponse(
+            _detail(str(exc), quota=exc.quota),
             status_code=429,
             headers={"Retry-After": str(exc.retry_after_s)},
         )

@@ -1,5 +1,9 @@
 """Prometheus metrics: jobs by state, errors by kind, stage durations, queue depths, activity, the
-node's image store."""
+node's image store, and each tenant's use (jobs, stage and sandbox seconds, LLM tokens).
+
+Each tenant's series are kept in a registry of their own and shown to the admin only: a tenant
+must not read another's use (its own is GET /v1/usage), and the server-wide series say nothing
+of who."""
 
 from __future__ import annotations
 
@@ -22,13 +26,20 @@ PER_STAGE = (
     ("workers", "raas_stage_workers", "Worker slots of a stage."),
 )
 
+PER_TENANT = (
+    ("in_flight", "raas_tenant_jobs_in_flight", "Jobs accepted and not finished, by tenant."),
+    ("sandboxes", "raas_tenant_sandboxes", "Sandboxes held now (jobs from INIT to cleanup)."),
+)
+
 
 class PipelineMetrics:
     """A PipelineObserver that counts into its own registry (one per app, so tests can run many)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.tenant_registry = CollectorRegistry()  # the per-tenant series: the admin's only
         counter = partial(Counter, registry=self.registry)
+        tenant_counter = partial(Counter, registry=self.tenant_registry)
         histogram = partial(Histogram, buckets=STAGE_BUCKETS, registry=self.registry)
         self.submitted = counter("raas_jobs_submitted", "Jobs accepted, by task.", ["data_source"])
         self.finished = counter(
@@ -52,21 +63,48 @@ class PipelineMetrics:
         self.queue_seconds = histogram(
             "raas_job_queue_seconds", "Time a finished job spent waiting in stage queues."
         )
+        self.tenant_submitted = tenant_counter(
+            "raas_tenant_jobs_submitted", "Jobs accepted, by tenant.", ["tenant"]
+        )
+        self.tenant_finished = tenant_counter(
+            "raas_tenant_jobs_finished", "Jobs finished, by tenant and state.", ["tenant", "state"]
+        )
+        self.tenant_stage_seconds = tenant_counter(
+            "raas_tenant_stage_seconds", "Seconds inside stages, by tenant.", ["tenant", "stage"]
+        )
+        self.tenant_sandbox_seconds = tenant_counter(
+            "raas_tenant_sandbox_seconds",
+            "Seconds finished jobs held a sandbox (INIT to cleanup, every attempt), by tenant.",
+            ["tenant"],
+        )
+        self.tenant_tokens = tenant_counter(
+            "raas_tenant_llm_tokens",
+            "LLM tokens of finished jobs by tenant: in (each call's prompt) and out (generated).",
+            ["tenant", "direction"],
+        )
 
     def watch(self, pipeline: Pipeline) -> None:
         self.registry.register(_PipelineGauges(pipeline))
+        self.tenant_registry.register(_TenantGauges(pipeline))
 
     def watch_images(self, images: ImageStoreMonitor) -> None:
         self.registry.register(_ImageStoreGauges(images))
 
     def job_submitted(self, job: Job) -> None:
         self.submitted.labels(job.data_source).inc()
+        self.tenant_submitted.labels(job.tenant).inc()
 
     def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None:
         self.stage_seconds.labels(stage.value).observe(seconds)
+        self.tenant_stage_seconds.labels(job.tenant, stage.value).inc(seconds)
 
     def job_finished(self, job: Job, state: JobState) -> None:
         self.finished.labels(state.value, job.data_source).inc()
+        self.tenant_finished.labels(job.tenant, state.value).inc()
+        self.tenant_sandbox_seconds.labels(job.tenant).inc(job.sandbox_s)
+        tokens_in, tokens_out = job.llm_tokens()
+        self.tenant_tokens.labels(job.tenant, "in").inc(tokens_in)
+        self.tenant_tokens.labels(job.tenant, "out").inc(tokens_out)
         for error in job.attempt_errors:
             self.errors.labels(error.kind, job.data_source).inc()
         if job.ending is not None:
@@ -76,8 +114,10 @@ class PipelineMetrics:
             malformed = job.result.trajectory.malformed_tool_calls()
             self.malformed_tool_calls.labels(job.data_source).inc(malformed)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, per_tenant: bool = True) -> bytes:
+        """The exposition; ``per_tenant`` adds each tenant's series (for the admin)."""
+        text = generate_latest(self.registry)
+        return text + generate_latest(self.tenant_registry) if per_tenant else text
 
 
 class _PipelineGauges(Collector):
@@ -114,6 +154,21 @@ class _PipelineGauges(Collector):
             "Rows of the result store found unreadable: quarantined, skipped where listed.",
             value=stats["unreadable_rows"],
         )
+
+
+class _TenantGauges(Collector):
+    """Each tenant's jobs in flight and sandboxes held, read at scrape time."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        tenants = self.pipeline.stats()["tenants"]
+        for key, name, doc in PER_TENANT:
+            gauge = GaugeMetricFamily(name, doc, labels=["tenant"])
+            for tenant, t in tenants.items():
+                gauge.add_metric([tenant], t[key])
+            yield gauge
 
 
 class _ImageStoreGauges(Collector):

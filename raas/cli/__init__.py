@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import raas
-from raas.cli import bench, data, images, jobs, run, serve, slurm
+from raas.cli import bench, data, images, jobs, run, serve, slurm, usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,6 +25,7 @@ for command in (
     jobs.status,
     jobs.jobs,
     jobs.submit,
+    usage.usage,
     data.export,
     run.demo,
     run.run,

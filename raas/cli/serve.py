@@ -75,6 +75,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
     from raas.store.sqlite import DatabaseInUse
+    from raas.tenants import TenantsFileError
 
     if options.get("api_key") is not None:
         click.echo(key_on_command_line("RAAS_API_KEY or in a file (--api-key-file)"), err=True)
@@ -86,7 +87,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     check_tokenizer(settings.tokenizer)
     try:
         run_server(settings)
-    except (PortBusy, NewerDatabase, DatabaseInUse, KeyNeeded) as e:
+    except (PortBusy, NewerDatabase, DatabaseInUse, KeyNeeded, TenantsFileError) as e:
         raise click.ClickException(str(e)) from e
 
 

@@ -22,6 +22,7 @@ from raas.wire import (
     RunningPage,
     ServiceStatus,
     Submitted,
+    UsageReport,
 )
 
 Submission = RolloutRequest | dict[str, Any]
@@ -203,6 +204,11 @@ class AsyncRolloutClient:
     async def images(self) -> NodeImages:
         """The images the image store of the server's node holds."""
         return NodeImages.model_validate(await self._request("GET", "/v1/images"))
+
+    async def usage(self, since_s: float) -> UsageReport:
+        """Each tenant's use of the server over the last ``since_s`` seconds."""
+        data = await self._request("GET", "/v1/usage", params={"since_s": since_s})
+        return UsageReport.model_validate(data)
 
     async def running(self) -> list[RunningJob]:
         """The server's jobs in flight, oldest first."""

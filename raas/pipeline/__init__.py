@@ -5,6 +5,7 @@ from raas.pipeline.errors import (
     Draining,
     JobIdConflict,
     Overloaded,
+    QuotaExceeded,
     RequestRejected,
     StoreUnavailable,
     SubmitError,
@@ -12,6 +13,7 @@ from raas.pipeline.errors import (
 from raas.pipeline.job import Job, JobRequest
 from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
 from raas.pipeline.states import JobState, Stage
+from raas.pipeline.tenants import TenantPolicies, TenantPolicy, policies_from, policies_of
 
 __all__ = [
     "Draining",
@@ -24,8 +26,13 @@ __all__ = [
     "Pipeline",
     "PipelineConfig",
     "PipelineObserver",
+    "QuotaExceeded",
     "RequestRejected",
     "Stage",
     "StoreUnavailable",
     "SubmitError",
+    "TenantPolicies",
+    "TenantPolicy",
+    "policies_from",
+    "policies_of",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raas.pipeline.states import Stage
+from raas.pipeline.tenants import TenantPolicies, every_tenant_alike
 from raas.settings import ServeSettings, defaults
 
 
@@ -33,6 +34,9 @@ class PipelineConfig:
     # While the result store cannot write (a full disk): how often a held result is tried
     # again, and (rounded up) the Retry-After of a submission refused for it.
     store_retry_s: float = 2.0
+    # Each tenant's weight and quotas (raas.pipeline.tenants), asked at each decision; replace it
+    # (Pipeline.set_tenants) when the settings are read again.
+    tenants: TenantPolicies = every_tenant_alike
 
     def __post_init__(self) -> None:
         for stage in Stage:

@@ -15,6 +15,16 @@ class Overloaded(SubmitError):
         self.retry_after_s = retry_after_s
 
 
+class QuotaExceeded(SubmitError):
+    """A tenant's submission would go over one of its quotas: nothing of it was accepted."""
+
+    def __init__(self, tenant: str, quota: str, retry_after_s: int, detail: str) -> None:
+        super().__init__(f"tenant {tenant!r} is over its {quota} quota ({detail}); retry later")
+        self.tenant = tenant
+        self.quota = quota
+        self.retry_after_s = retry_after_s
+
+
 class Draining(SubmitError):
     def __init__(self, shutting_down: bool = False) -> None:
         super().__init__(

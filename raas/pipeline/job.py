@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from raas.pipeline.groups import Group
 from raas.pipeline.states import JobState, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
+from raas.tenants import DEFAULT_TENANT, job_key
 from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, StageName, Trajectory
 
 
@@ -25,8 +26,26 @@ class JobRequest:
     job_id: str | None = None
     timeout_s: float | None = None
     priority: int = 0
+    tenant: str = DEFAULT_TENANT  # whose job it is (raas.tenants)
     group: str | None = None  # jobs of one group and instance share INIT (raas.pipeline.groups)
     branch: Branch | None = None  # start from an earlier job's snapshot after a turn
+
+
+def scoped(request: JobRequest) -> JobRequest:
+    """``request`` with its ids (job, group, branch's parent) as the server keys them: in its
+    tenant's namespace, so that two tenants' same ids name two jobs (and two groups)."""
+    tenant = request.tenant
+    if tenant == DEFAULT_TENANT:
+        return request
+    branch = request.branch
+    if branch is not None:  # model_copy: a key is no job id the wire would take
+        branch = branch.model_copy(update={"job_id": job_key(tenant, branch.job_id)})
+    return replace(
+        request,
+        job_id=job_key(tenant, request.job_id) if request.job_id is not None else None,
+        group=job_key(tenant, request.group) if request.group is not None else None,
+        branch=branch,
+    )
 
 
 @dataclass
@@ -81,6 +100,7 @@ class Job:
         self.task = task or handler.name
         self.services = services
         self.priority = request.priority
+        self.tenant = request.tenant
         self.state = JobState.QUEUED
         self.stage: Stage | None = None  # the stage it is in, or waits for
         self.timing = Timing()
@@ -103,6 +123,10 @@ class Job:
         self.attempts = 1
         self.group: Group | None = None  # set while the job is in flight in a group
         self.attempt_errors: list[ErrorInfo] = []  # why each earlier attempt was run again
+        # Since when the job holds a sandbox (from INIT's start to its cleanup), for the tenant's
+        # sandbox quota, and the seconds it held one over every attempt.
+        self.sandbox_since: float | None = None
+        self.sandbox_s = 0.0
         self._spent_before = 0.0  # stage time of earlier attempts (each gets the full budget)
         self._waiting_since = time.monotonic()
 
@@ -136,6 +160,12 @@ class Job:
     def instance_id(self) -> str | None:
         value = self.request.instance.get("instance_id")
         return None if value is None else str(value)
+
+    def llm_tokens(self) -> tuple[int, int]:
+        """Tokens in (every LLM call's prompt) and out (its completion), from the turn records,
+        which every agent loop and the gateway write with ``prompt_tokens``/``output_tokens``."""
+        turns = self.partial_trajectory().turns
+        return _count(turns, "prompt_tokens"), _count(turns, "output_tokens")
 
     def start_waiting(self) -> None:
         self._waiting_since = time.monotonic()
@@ -178,3 +208,8 @@ class Job:
             if problem is not None:
                 return f"gateway segment {i} breaks the token invariant: {problem}"
         return None
+
+
+def _count(turns: list[dict[str, Any]], key: str) -> int:
+    counts = (turn.get(key) for turn in turns)
+    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool))

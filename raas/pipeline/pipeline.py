@@ -22,14 +22,16 @@ from raas.pipeline.errors import (
     Draining,
     JobIdConflict,
     Overloaded,
+    QuotaExceeded,
     RequestRejected,
     StoreUnavailable,
 )
 from raas.pipeline.groups import Groups
-from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
+from raas.pipeline.job import Ending, Job, JobRequest, new_job_id, scoped
 from raas.pipeline.queue import QueueFull, StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.states import JobState, Stage
+from raas.pipeline.tenants import TenantPolicies, TokenMeter
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, StoreWriteError
 from raas.tasks.protocol import (
@@ -43,6 +45,7 @@ from raas.tasks.protocol import (
     validate_request,
 )
 from raas.tasks.registry import TaskRegistry, UnknownTask
+from raas.tenants import DEFAULT_TENANT, job_key, own_id
 from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,7 @@ def _request_dict(request: JobRequest) -> dict[str, Any]:
         "sampling_params": request.sampling_params,
         "timeout_s": request.timeout_s,
         "priority": request.priority,
+        **({"tenant": request.tenant} if request.tenant != DEFAULT_TENANT else {}),
         **({"group": request.group} if request.group is not None else {}),
         **({"branch": _branch_dict(request.branch)} if request.branch is not None else {}),
     }
@@ -120,8 +124,18 @@ class Pipeline:
         self.finished_counts: Counter[JobState] = Counter()
         self._jobs: dict[str, Job] = {}
         self._queues: dict[Stage, StageQueue[Job]] = {
-            stage: StageQueue(self.config.queue_size[stage]) for stage in Stage
+            stage: StageQueue(
+                self.config.queue_size[stage],
+                weight=lambda tenant: self.config.tenants(tenant).weight,
+                may_take=self._may_hold_sandbox if stage is Stage.INIT else None,
+            )
+            for stage in Stage
         }
+        # Per tenant: jobs accepted and not finished (or being recorded), sandboxes held, and
+        # the LLM tokens of its finished jobs, for its quotas.
+        self._tenant_jobs: Counter[str] = Counter()
+        self._sandboxes: Counter[str] = Counter()
+        self._tokens: dict[str, TokenMeter] = {}
         self._busy: dict[Stage, int] = {stage: 0 for stage in Stage}
         self._workers: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -191,6 +205,7 @@ class Pipeline:
                 continue
             self.store.note_attempt(job.id, job.attempts, job.attempt_errors)
             self._jobs[job.id] = job
+            self._tenant_jobs[job.tenant] += 1
             self._idle.clear()
             self._spawn(self._enqueue(job))
             rerun += 1
@@ -204,9 +219,11 @@ class Pipeline:
             req.get("sampling_params", {}),
             rec.job_id,
             req.get("timeout_s"),
-            req.get("priority", 0),
-            req.get("group"),
-            Branch.model_validate(req["branch"]) if req.get("branch") else None,
+            priority=req.get("priority", 0),
+            tenant=req.get("tenant", DEFAULT_TENANT),
+            group=req.get("group"),
+            # Its ids are keys already (a tenant's, see scoped): not validated as a job id.
+            branch=Branch.model_construct(**req["branch"]) if req.get("branch") else None,
         )
         try:
             task = self.registry.resolve(str(request.instance.get("data_source", "")))
@@ -257,6 +274,12 @@ class Pipeline:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
 
+    def set_tenants(self, policies: TenantPolicies) -> None:
+        """Use ``policies`` from now on (the settings were read again): weights apply at the
+        next job a stage takes, quotas at the next submission."""
+        self.config.tenants = policies
+        self._queues[Stage.INIT].wake()  # a raised sandbox quota lets waiting jobs go
+
     def pause(self) -> None:
         """Stop accepting new jobs; jobs in flight go on (ProRL's ``/stop``)."""
         self.accepting = False
@@ -275,12 +298,15 @@ class Pipeline:
 
         A request whose ``job_id`` is already known (in flight or finished, even before a
         restart) returns that job instead of a new one. Raises InvalidInstance / UnknownTask for
-        bad input (nothing accepted), Overloaded when the INIT queue lacks room, Draining, and
+        bad input (nothing accepted), Overloaded when the INIT queue lacks room, QuotaExceeded
+        when a tenant would go over its jobs in flight or has spent its LLM tokens, Draining, and
         StoreUnavailable when the jobs cannot be recorded: a job is queued only once its record
         is written, so one that is turned away never runs.
         """
         if not self.accepting:
             raise Draining(self.stopping)
+        # From here on a request's ids are keys: its tenant's namespace (raas.tenants).
+        requests = [scoped(r) for r in requests]
         for i, request in enumerate(requests):
             try:
                 handler = self.registry.get(str(request.instance.get("data_source", "")))
@@ -307,23 +333,26 @@ class Pipeline:
             known = (self._jobs.get(job_id) or fresh.get(job_id)) if job_id else None
             if known is not None:
                 if not _same_request(request, _request_dict(known.request)):
-                    raise JobIdConflict(known.id)
+                    raise JobIdConflict(own_id(known.id))
                 views.append(_view(known))
             elif job_id and job_id in stored:
                 if not _same_request(request, stored[job_id].request):
-                    raise JobIdConflict(job_id)
+                    raise JobIdConflict(own_id(job_id))
                 views.append(_record_view(stored[job_id]))
             else:
-                job_id = job_id or new_job_id()
+                job_id = job_id or job_key(request.tenant, new_job_id())
                 task = self.registry.resolve(str(request.instance.get("data_source", "")))
                 fresh[job_id] = Job(job_id, request, self.registry.get(task), self.services, task)
                 views.append(None)
         if fresh:
+            tenants = Counter(job.tenant for job in fresh.values())
+            self._check_quotas(tenants)
             queue = self._queues[Stage.INIT]
             try:
                 queue.reserve(len(fresh))
             except QueueFull:
                 raise Overloaded(self.config.retry_after_s, queue.free, len(fresh)) from None
+            self._tenant_jobs.update(tenants)  # counted from here: a submission meanwhile sees
             # Said before the first await: a submission of the same job_id meanwhile waits.
             written = asyncio.get_running_loop().create_future()
             for job_id in fresh:
@@ -333,6 +362,43 @@ class Pipeline:
             admitted = await asyncio.shield(self._admit(list(fresh.values()), written))
         fresh_views = iter(admitted if fresh else [])
         return [v if v is not None else next(fresh_views) for v in views]
+
+    def _check_quotas(self, wanted: Counter[str]) -> None:
+        """QuotaExceeded when a tenant's ``wanted`` new jobs would take it over its jobs in
+        flight, or it has spent an LLM token budget: the whole submission is refused."""
+        for tenant, n in wanted.items():
+            policy = self.config.tenants(tenant)
+            cap = policy.quotas.max_jobs_in_flight
+            if cap is not None and self._tenant_jobs[tenant] + n > cap:
+                raise QuotaExceeded(
+                    tenant,
+                    "max_jobs_in_flight",
+                    self.config.retry_after_s,
+                    f"{self._tenant_jobs[tenant]} in flight, {n} more asked, at most {cap}",
+                )
+            meter = self._tokens.get(tenant)
+            spent = meter.over(policy) if meter is not None else None
+            if spent is not None:
+                quota, wait_s = spent
+                raise QuotaExceeded(
+                    tenant, quota, max(1, math.ceil(wait_s)), f"its window frees in {wait_s:.0f} s"
+                )
+
+    def _may_hold_sandbox(self, tenant: str) -> bool:
+        cap = self.config.tenants(tenant).quotas.max_sandboxes
+        return cap is None or self._sandboxes[tenant] < cap
+
+    def _hold_sandbox(self, job: Job) -> None:
+        job.sandbox_since = time.monotonic()
+        self._sandboxes[job.tenant] += 1
+
+    def _release_sandbox(self, job: Job) -> None:
+        if job.sandbox_since is None:
+            return
+        job.sandbox_s += time.monotonic() - job.sandbox_since
+        job.sandbox_since = None
+        self._sandboxes[job.tenant] -= 1
+        self._queues[Stage.INIT].wake()  # a job of the tenant held back at its cap may go
 
     def _checked_job(self, request: JobRequest) -> TaskJob:
         """What a handler's ``validate`` is given of a request: a branch's with the services,
@@ -346,7 +412,9 @@ class Pipeline:
         if branch.job_id in self._jobs or await self.store.get(branch.job_id) is not None:
             return
         raise InvalidInstance(
-            ("branch", "job_id"), f"no job {branch.job_id} is known to this server", "not_found"
+            ("branch", "job_id"),
+            f"no job {own_id(branch.job_id)} is known to this server",
+            "not_found",
         )
 
     async def _stored(self, requests: Sequence[JobRequest]) -> dict[str, JobRecord]:
@@ -373,6 +441,7 @@ class Pipeline:
                 job.instance_id,
                 _request_dict(job.request),
                 job.timing.submitted_at,
+                tenant=job.request.tenant,
             )
             for job in jobs
         ]
@@ -380,6 +449,7 @@ class Pipeline:
             await self.store.add_jobs(records)
         except BaseException as e:
             queue.unreserve(len(jobs))
+            self._tenant_jobs.subtract(job.tenant for job in jobs)
             if isinstance(e, StoreWriteError):
                 raise StoreUnavailable(self._store_retry_after(), str(e)) from e
             raise
@@ -462,6 +532,8 @@ class Pipeline:
             job = await queue.get()
             job.owned = True
             job.stop_waiting()
+            if stage is Stage.INIT:
+                self._hold_sandbox(job)
             try:
                 await self._process(job, stage)
             except Exception as e:  # a bug of ours: fail the job, keep the worker
@@ -582,6 +654,7 @@ class Pipeline:
         """Release what init acquired: exactly once per context, whatever else happened."""
         context: TaskContext | None = job.context
         if context is None or job.cleaned_up:
+            self._release_sandbox(job)
             return
         job.cleaned_up = True
         try:
@@ -591,6 +664,7 @@ class Pipeline:
         except Exception as e:
             log.exception("job %s: cleanup failed", job.id)
             job.cleanup_error = f"{type(e).__name__}: {e}"
+        self._release_sandbox(job)
 
     def _may_retry(self, job: Job) -> bool:
         ending = job.ending
@@ -663,6 +737,7 @@ class Pipeline:
         job.state = state
         job.result = result
         job.done.set()
+        self._tokens.setdefault(job.tenant, TokenMeter()).add(sum(job.llm_tokens()))
         self._forget(job)
         self.finished_counts[state] += 1
         for obs in self.observers:
@@ -711,7 +786,8 @@ class Pipeline:
             log.exception("%s: the cleanup of a group's template failed", handler.name)
 
     def _forget(self, job: Job) -> None:
-        self._jobs.pop(job.id, None)
+        if self._jobs.pop(job.id, None) is not None:
+            self._tenant_jobs[job.tenant] -= 1
         if job.group is not None:
             self._groups.leave(job.group)
             job.group = None
@@ -757,6 +833,10 @@ class Pipeline:
             },
             "finished": {
                 state.value: self.finished_counts[state] for state in JobState if state.finished
+            },
+            "tenants": {  # every tenant that has submitted since the start
+                tenant: {"in_flight": n, "sandboxes": self._sandboxes[tenant]}
+                for tenant, n in sorted(self._tenant_jobs.items())
             },
         }
 

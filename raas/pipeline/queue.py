@@ -1,10 +1,11 @@
-"""A bounded priority queue of jobs waiting for one stage."""
+"""A bounded queue of jobs waiting for one stage, shared by tenants in weighted fair shares."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
@@ -12,6 +13,7 @@ from typing import Generic, Protocol, TypeVar
 class Queued(Protocol):
     id: str
     priority: int
+    tenant: str
 
 
 J = TypeVar("J", bound=Queued)
@@ -21,8 +23,25 @@ class QueueFull(Exception):
     pass
 
 
+def _alike(tenant: str) -> float:
+    return 1.0
+
+
 class StageQueue(Generic[J]):
-    """Higher ``priority`` first, first-in first-out within a priority.
+    """Tenants by weighted fair queueing; within a tenant, higher ``priority`` first, first-in
+    first-out within a priority.
+
+    Fair share is weighted fair queueing by virtual time, every job costing one slot: a backlogged
+    tenant's next job has a start tag, its finish tag is that plus ``1 / weight``, and the tenant
+    with the smallest finish tag is served; its next start tag is that finish. With unit costs
+    this is exact WFQ in a few lines (deficit round robin would need a quantum and rounds for the
+    same split). The virtual time is the start tag served last; a tenant that had nothing waiting
+    starts again from it, so it banks no credit while idle, and one with nothing waiting is
+    skipped, so its share goes to the others (work-conserving). ``weight`` is asked at each take,
+    so a new weight applies at once.
+
+    ``may_take(tenant)``, when given, holds a tenant's jobs back while false (at its sandbox
+    quota); they wait, and whoever makes it true again calls ``wake``.
 
     A job can be taken out again (``discard``) when it is cancelled while it waits, which frees its
     place at once. Places can be reserved (``reserve``) for jobs that are put later, so that
@@ -30,11 +49,21 @@ class StageQueue(Generic[J]):
     (a cancel) can wake them without holding a lock.
     """
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(
+        self,
+        maxsize: int,
+        weight: Callable[[str], float] = _alike,
+        may_take: Callable[[str], bool] | None = None,
+    ) -> None:
         if maxsize < 1:
             raise ValueError("a stage queue holds at least one job")
         self.maxsize = maxsize
-        self._heap: list[tuple[int, int, J]] = []
+        self._weight = weight
+        self._may_take = may_take
+        self._heaps: dict[str, list[tuple[int, int, J]]] = {}
+        self._waiting: Counter[str] = Counter()  # members per tenant
+        self._start: dict[str, float] = {}  # each tenant's next start tag
+        self._vtime = 0.0  # the start tag of the job taken last
         self._members: set[str] = set()
         self._reserved = 0
         self._seq = itertools.count()
@@ -49,6 +78,9 @@ class StageQueue(Generic[J]):
     @property
     def free(self) -> int:
         return self.maxsize - len(self._members) - self._reserved
+
+    def waiting(self, tenant: str) -> int:
+        return self._waiting[tenant]
 
     def reserve(self, n: int) -> None:
         """Hold ``n`` places for jobs put later with ``put_nowait(job, reserved=True)``."""
@@ -66,8 +98,12 @@ class StageQueue(Generic[J]):
             self._reserved -= 1
         elif self.free <= 0:
             raise QueueFull
-        heapq.heappush(self._heap, (-job.priority, next(self._seq), job))
+        heap = self._heaps.setdefault(job.tenant, [])
+        heapq.heappush(heap, (-job.priority, next(self._seq), job))
         self._members.add(job.id)
+        if self._waiting[job.tenant] <= 0:  # back from idle: from the virtual time now
+            self._start[job.tenant] = max(self._start.get(job.tenant, 0.0), self._vtime)
+        self._waiting[job.tenant] += 1
         self.wake()
 
     async def put(self, job: J, give_up: Callable[[], bool]) -> bool:
@@ -82,20 +118,41 @@ class StageQueue(Generic[J]):
         return True
 
     async def get(self) -> J:
-        while True:
-            while self._heap:
-                _, _, job = heapq.heappop(self._heap)
-                if job.id in self._members:
-                    self._members.discard(job.id)
-                    self.wake()
-                    return job
+        while (job := self.take()) is None:
             await self._wait()
+        return job
+
+    def take(self) -> J | None:
+        """The next job by fair share, or None when no tenant may be served now."""
+        best: tuple[float, float, str] | None = None
+        for tenant, n in self._waiting.items():
+            if n <= 0 or (self._may_take is not None and not self._may_take(tenant)):
+                continue
+            start = self._start[tenant]
+            finish = start + 1.0 / self._weight(tenant)
+            if best is None or (finish, start, tenant) < best:
+                best = (finish, start, tenant)
+        if best is None:
+            return None
+        finish, start, tenant = best
+        heap = self._heaps[tenant]
+        while True:  # a discarded job's entry stays in its heap until it comes up
+            _, _, job = heapq.heappop(heap)
+            if job.id in self._members:
+                break
+        self._members.discard(job.id)
+        self._waiting[tenant] -= 1
+        self._start[tenant] = finish
+        self._vtime = start
+        self.wake()
+        return job
 
     def discard(self, job: J) -> bool:
         """Take ``job`` out of the queue; True if it was waiting here."""
         if job.id not in self._members:
             return False
         self._members.discard(job.id)
+        self._waiting[job.tenant] -= 1
         self.wake()
         return True
 

@@ -55,10 +55,12 @@ class JobFilter:
     error_type: str | None = None
     min_reward: float | None = None
     max_reward: float | None = None
+    tenant: str | None = None  # None: every tenant's (the admin's view)
 
     def where(self) -> tuple[str, list[Any]]:
         clauses, args = ["seq IS NOT NULL"], []
         for sql, value in (
+            ("tenant = ?", self.tenant),
             ("state = ?", self.state),
             ("data_source = ?", self.data_source),
             ("error_type = ?", self.error_type),
@@ -101,26 +103,32 @@ class Tally:
     passed: int = 0
 
     @classmethod
-    def count(cls, conn: sqlite3.Connection) -> Tally:
+    def count(cls, conn: sqlite3.Connection, tenant: str | None = None) -> Tally:
+        """The whole table's (once a start), or one tenant's (on each of its polls)."""
         # Each count from an index alone (jobs_state_seq, jobs_errors): the rows are large.
         tally = cls()
+        of, args = _of_tenant(tenant)
         tally.states.update(
-            dict(conn.execute("SELECT state, COUNT(*) FROM jobs WHERE seq IS NOT NULL GROUP BY 1"))
+            dict(
+                conn.execute(
+                    f"SELECT state, COUNT(*) FROM jobs WHERE seq IS NOT NULL{of} GROUP BY 1", args
+                )
+            )
         )
         errors = conn.execute(
             "SELECT error_type, error_kind, COUNT(*) FROM jobs WHERE error_type IS NOT NULL"
-            " GROUP BY 1, 2"
+            f"{of} GROUP BY 1, 2",
+            args,
         )
         tally.errors.update({(t, k or "infra"): n for t, k, n in errors})
-        tally.sources.update(
-            s for (s,) in conn.execute("SELECT DISTINCT data_source FROM jobs") if s is not None
-        )
+        sources = conn.execute(f"SELECT DISTINCT data_source FROM jobs WHERE 1{of}", args)
+        tally.sources.update(s for (s,) in sources if s is not None)
         # Once a start, over the table (no index holds rewards): the rows' large results lie
         # on overflow pages that this does not read.
         rewarded, total, passed = conn.execute(
             "SELECT COUNT(reward), TOTAL(reward), COUNT(CASE WHEN reward >= ? THEN 1 END)"
-            " FROM jobs WHERE seq IS NOT NULL",
-            (PASS_REWARD,),
+            f" FROM jobs WHERE seq IS NOT NULL{of}",
+            (PASS_REWARD, *args),
         ).fetchone()
         tally.rewarded, tally.reward_sum, tally.passed = rewarded, total, passed
         return tally
@@ -143,8 +151,16 @@ class Tally:
             self.passed += n if reward >= PASS_REWARD else 0
 
 
-def stats(conn: sqlite3.Connection, tally: Tally, now: float | None = None) -> DashboardStats:
+def _of_tenant(tenant: str | None) -> tuple[str, list[Any]]:
+    """The SQL that keeps a query to ``tenant``'s jobs (nothing for None), and its argument."""
+    return ("", []) if tenant is None else (" AND tenant = ?", [tenant])
+
+
+def stats(
+    conn: sqlite3.Connection, tally: Tally, now: float | None = None, tenant: str | None = None
+) -> DashboardStats:
     now = time.time() if now is None else now
+    of, args = _of_tenant(tenant)
     most_first = sorted((-n, t, k) for (t, k), n in tally.errors.items() if n > 0)
     failures = [
         FailureCount.model_validate({"type": t, "kind": k, "count": -n}) for n, t, k in most_first
@@ -152,8 +168,9 @@ def stats(conn: sqlite3.Connection, tally: Tally, now: float | None = None) -> D
     throughput = []
     for window in WINDOWS_S:
         n, tokens = conn.execute(
-            "SELECT COUNT(*), COALESCE(SUM(response_tokens), 0) FROM jobs WHERE finished_at >= ?",
-            (now - window,),
+            "SELECT COUNT(*), COALESCE(SUM(response_tokens), 0) FROM jobs"
+            f" WHERE finished_at >= ?{of}",
+            (now - window, *args),
         ).fetchone()
         throughput.append(Throughput(window_s=window, finished=n, response_tokens=tokens))
     return DashboardStats(

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from raas.tenants import DEFAULT_TENANT, tenant_of
 from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ NO_TIMING = Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0)
 
 COLUMNS = (
     "job_id, state, data_source, instance_id, request, created_at, seq, result,"
-    " attempts, attempt_errors"
+    " attempts, attempt_errors, tenant"
 )
 ERRORS = TypeAdapter(list[ErrorInfo])
 
@@ -48,6 +49,7 @@ class JobRecord:
     result: RolloutResult | None = None
     attempts: int = 1
     attempt_errors: list[ErrorInfo] = field(default_factory=list)
+    tenant: str = DEFAULT_TENANT  # whose job it is (raas.tenants); job_id is its key
 
 
 Row = sqlite3.Row | tuple[Any, ...]
@@ -55,7 +57,7 @@ Row = sqlite3.Row | tuple[Any, ...]
 
 def record(row: Row) -> JobRecord:
     """The record of a row of COLUMNS; a ValueError or TypeError when it cannot be read."""
-    job_id, state, data_source, instance_id, request, created_at, seq, result, n, errors = row
+    job_id, state, data_source, instance_id, request, created_at, seq, result, n, errors = row[:10]
     return JobRecord(
         job_id=job_id,
         state=state,
@@ -67,6 +69,7 @@ def record(row: Row) -> JobRecord:
         result=RolloutResult.model_validate_json(result) if result else None,
         attempts=n,
         attempt_errors=ERRORS.validate_json(errors) if errors else [],
+        tenant=str(row[10]),
     )
 
 
@@ -242,4 +245,5 @@ def _unreadable(row: Row) -> JobRecord:
         created_at=created_at if isinstance(created_at, float | int) else 0.0,
         seq=seq,
         result=result,
+        tenant=tenant_of(str(job_id)),
     )

@@ -5,7 +5,8 @@ A database keeps its version in SQLite's ``PRAGMA user_version``. The versions r
 1. the first store: a job's request, its state, and its result as JSON;
 2. ``attempts`` and ``attempt_errors``: infra failures run a job again, and each attempt is kept;
 3. ``error_type``, ``error_kind`` and ``response_tokens`` copied out of the result, with indexes,
-   so that the dashboard counts and filters without parsing every result.
+   so that the dashboard counts and filters without parsing every result;
+4. ``tenant``: whose job it is (raas.tenants); a job written before is the ``default`` tenant's.
 
 The raas releases that wrote versions 1 to 3 left ``user_version`` at 0; such a database is placed
 by its columns. A new database is made at the current version directly; an older one is migrated
@@ -36,7 +37,8 @@ CREATE_TABLE = """CREATE TABLE jobs (
     -- Copied out of the result, so that the dashboard counts and filters without parsing it.
     error_type  TEXT,
     error_kind  TEXT,
-    response_tokens INTEGER
+    response_tokens INTEGER,
+    tenant      TEXT NOT NULL DEFAULT 'default'  -- whose job; job_id is its key (raas.tenants)
 )"""
 # The dashboard's filters and counts (version 3); version 1 had jobs_state_seq alone.
 DASHBOARD_INDEXES = (
@@ -44,11 +46,19 @@ DASHBOARD_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_source_seq ON jobs(data_source, seq)",
     "CREATE INDEX IF NOT EXISTS jobs_finished_at ON jobs(finished_at)",
 )
-CREATE = (CREATE_TABLE, "CREATE INDEX jobs_state_seq ON jobs(state, seq)", *DASHBOARD_INDEXES)
+# A tenant's pages of results (version 4).
+TENANT_INDEX = "CREATE INDEX IF NOT EXISTS jobs_tenant_seq ON jobs(tenant, seq)"
+CREATE = (
+    CREATE_TABLE,
+    "CREATE INDEX jobs_state_seq ON jobs(state, seq)",
+    *DASHBOARD_INDEXES,
+    TENANT_INDEX,
+)
 # The columns each version added to the jobs table.
 ADDED_COLUMNS = {
     2: {"attempts": "INTEGER NOT NULL DEFAULT 1", "attempt_errors": "TEXT"},
     3: {"error_type": "TEXT", "error_kind": "TEXT", "response_tokens": "INTEGER"},
+    4: {"tenant": "TEXT NOT NULL DEFAULT 'default'"},
 }
 
 
@@ -90,8 +100,19 @@ def _add_error_columns(conn: sqlite3.Connection) -> None:
         conn.execute(index)
 
 
+def _add_tenant(conn: sqlite3.Connection) -> None:
+    """3 -> 4: whose job each is; every job written before is the default tenant's (a server
+    without tenants), whose keys are its ids as they were."""
+    _add_columns(conn, ADDED_COLUMNS[4])
+    conn.execute(TENANT_INDEX)
+
+
 # MIGRATIONS[v - 1] takes a database from version v to v + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_add_attempts, _add_error_columns]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _add_attempts,
+    _add_error_columns,
+    _add_tenant,
+]
 VERSION = len(MIGRATIONS) + 1
 
 

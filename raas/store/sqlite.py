@@ -270,6 +270,7 @@ class ResultStore:
                 r.instance_id,
                 json.dumps(r.request),
                 r.created_at,
+                r.tenant,
             )
             for r in records
         ]
@@ -279,7 +280,7 @@ class ResultStore:
                 conn.execute("BEGIN")
                 conn.executemany(
                     "INSERT INTO jobs (job_id, state, data_source, instance_id, request,"
-                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    " created_at, tenant) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
             self._tally.sources.update(r.data_source for r in records)
@@ -377,14 +378,18 @@ class ResultStore:
 
         return await self._call(_unfinished)
 
-    async def finished(self, state: str | None = None, since: int = 0, limit: int = 100) -> Page:
-        """Finished jobs in finish order, after the cursor ``since``; a row that cannot be read
-        is skipped (and counted), and the cursor goes past it."""
+    async def finished(
+        self, state: str | None = None, since: int = 0, limit: int = 100, tenant: str | None = None
+    ) -> Page:
+        """Finished jobs in finish order, after the cursor ``since`` (only ``tenant``'s, where
+        one is named); a row that cannot be read is skipped (and counted), and the cursor goes
+        past it."""
 
         def _page(conn: sqlite3.Connection) -> Page:
             records: list[JobRecord] = []
             last = since
-            for seq, found in _iter_finished(conn, self._quarantine, state, since, limit):
+            rows = _iter_finished(conn, self._quarantine, state, since, limit, tenant)
+            for seq, found in rows:
                 last = seq
                 if found is not None:
                     records.append(found)
@@ -398,9 +403,15 @@ class ResultStore:
         """Finished jobs newest first (the dashboard's list), and the next page's cursor."""
         return await self._call(lambda conn: dashboard.summaries(conn, where, before, limit))
 
-    async def stats(self) -> DashboardStats:
-        """Counts over every finished job: by state, by error, in recent windows."""
-        return await self._call(lambda conn: dashboard.stats(conn, self._tally))
+    async def stats(self, tenant: str | None = None) -> DashboardStats:
+        """Counts over every finished job (or only ``tenant``'s): by state, by error, in recent
+        windows."""
+        if tenant is None:
+            return await self._call(lambda conn: dashboard.stats(conn, self._tally))
+        # A tenant's are counted on each call (the kept tally is the whole table's).
+        return await self._call(
+            lambda conn: dashboard.stats(conn, Tally.count(conn, tenant), tenant=tenant)
+        )
 
 
 def _deliver(answers: list[_Answer]) -> None:
@@ -419,10 +430,14 @@ def _iter_finished(
     state: str | None,
     since: int,
     limit: int | None,
+    tenant: str | None = None,
 ) -> Iterator[tuple[int, JobRecord | None]]:
     """(seq, record) of each finished job in finish order; None for a row that cannot be read."""
     sql = f"SELECT {COLUMNS} FROM jobs WHERE seq > ?"
     args: list[Any] = [since]
+    if tenant is not None:
+        sql += " AND tenant = ?"
+        args.append(tenant)
     if state is not None:
         sql += " AND state = ?"
         args.append(state)

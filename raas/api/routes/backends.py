@@ -1,5 +1,6 @@
 """/v1/backends: register, list and remove inference servers at run time, and pause and resume
-them all around a weight sync."""
+them all around a weight sync. Listing is anyone's; the rest acts on the pool every tenant shares,
+so with a tenants file it needs the admin's key (raas.api.tenants.ADMIN_ONLY)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, status
 
 from raas.api.errors import FieldError, responses
 from raas.api.state import ServiceState, service
+from raas.api.tenants import ADMIN_ONLY
 from raas.llm.pool import Backend
 from raas.wire import Ack, BackendIn, BackendOut, PauseIn, PauseOut
 
@@ -34,7 +36,12 @@ def backend_out(b: Backend) -> BackendOut:
     )
 
 
-@router.post("/backends", status_code=status.HTTP_201_CREATED, response_model=BackendOut)
+@router.post(
+    "/backends",
+    status_code=status.HTTP_201_CREATED,
+    response_model=BackendOut,
+    dependencies=ADMIN_ONLY,
+)
 async def add_backend(req: BackendIn, svc: Service) -> BackendOut:
     """Register an inference server; the same URL again returns the one registered."""
     try:
@@ -50,14 +57,19 @@ async def list_backends(svc: Service) -> list[BackendOut]:
 
 
 @router.delete(
-    "/backends/{backend_id}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(404)
+    "/backends/{backend_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=responses(404),
+    dependencies=ADMIN_ONLY,
 )
 async def remove_backend(backend_id: str, svc: Service) -> None:
     if not await svc.llm.remove(backend_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no backend {backend_id!r}")
 
 
-@router.post("/backends:pause", response_model=PauseOut, responses=responses(504))
+@router.post(
+    "/backends:pause", response_model=PauseOut, responses=responses(504), dependencies=ADMIN_ONLY
+)
 async def pause_backends(req: PauseIn, svc: Service) -> PauseOut:
     """Pause the pool for a weight sync: no generation starts until ``/v1/backends:resume``;
     each backend is paused through its own route (vLLM's ``/pause``, SGLang's
@@ -70,7 +82,7 @@ async def pause_backends(req: PauseIn, svc: Service) -> PauseOut:
     return PauseOut.model_validate({"backends": paused})
 
 
-@router.post("/backends:resume", response_model=Ack)
+@router.post("/backends:resume", response_model=Ack, dependencies=ADMIN_ONLY)
 async def resume_backends(svc: Service) -> Ack:
     """End a pause: the backends resume and generations start again (those a backend aborted
     go on from the tokens they had)."""

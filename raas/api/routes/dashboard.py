@@ -10,17 +10,17 @@ and a trajectory's tokens decoded with the server's tokenizer.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from typing import Annotated, Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 
-from raas.api.auth import logged_in
+from raas.api.auth import logged_in, session_cookie
 from raas.api.errors import responses
-from raas.api.routes.rollouts import Cursor, FinalStateName
+from raas.api.routes.rollouts import Cursor, FinalStateName, no_job
 from raas.api.state import ServiceState, service
+from raas.api.tenants import Caller, caller
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
 from raas.store.dashboard import JobFilter
@@ -28,6 +28,7 @@ from raas.wire import DashboardSeries, DashboardStats, JobSummaryPage, TokenView
 
 router = APIRouter(tags=["dashboard"])
 Service = Annotated[ServiceState, Depends(service)]
+Who = Annotated[Caller, Depends(caller)]
 HTML = {"text/html": {"schema": {"type": "string"}}}
 LOGIN_MAX_BYTES = 4096
 VALIDATION_ERROR = "#/components/schemas/HTTPValidationError"  # FastAPI's 422 body
@@ -100,9 +101,11 @@ async def login(request: Request, svc: Service) -> Response:
         raise RequestValidationError([missing])
     if not expected:  # nothing to sign in to
         return _to_page(root)
-    if not secrets.compare_digest(keys[0].encode(), expected.encode()):  # as auth._query_key
+    # As auth._query_key: the key's UTF-8 bytes.
+    cookie = session_cookie(keys[0].encode(), expected.encode(), svc.tenants())
+    if cookie is None:
         return login_page(wrong=True)
-    return logged_in(expected.encode(), request.scope, root)
+    return logged_in(cookie, request.scope, root)
 
 
 def _to_page(root: str) -> Response:
@@ -126,10 +129,10 @@ async def ui_asset(name: str) -> Response:
 
 
 @router.get("/v1/dashboard/stats", response_model=DashboardStats)
-async def dashboard_stats(svc: Service) -> DashboardStats:
-    """Every finished job in the database (before restarts too): by state, by error type, and
-    how many finished in the last minute and 10 minutes."""
-    return await svc.pipeline.store.stats()
+async def dashboard_stats(svc: Service, who: Who) -> DashboardStats:
+    """Every finished job in the database (before restarts too; a tenant's own): by state, by
+    error type, and how many finished in the last minute and 10 minutes."""
+    return await svc.pipeline.store.stats(tenant=who.tenant)
 
 
 @router.get("/v1/dashboard/series", response_model=DashboardSeries)
@@ -143,6 +146,7 @@ async def dashboard_series(svc: Service) -> DashboardSeries:
 @router.get("/v1/dashboard/jobs", response_model=JobSummaryPage)
 async def dashboard_jobs(
     svc: Service,
+    who: Who,
     state: FinalStateName | None = None,
     data_source: str | None = None,
     error_type: Annotated[str | None, Query(description="Only jobs that failed so.")] = None,
@@ -155,23 +159,24 @@ async def dashboard_jobs(
 ) -> JobSummaryPage:
     """Finished jobs newest first, without their trajectories (GET /v1/rollouts/{id} has one);
     /v1/rollouts:running lists the jobs in flight."""
-    where = JobFilter(state, data_source, error_type, min_reward, max_reward)
+    where = JobFilter(state, data_source, error_type, min_reward, max_reward, who.tenant)
     jobs, next_before = await svc.pipeline.store.summaries(where, before, limit)
+    jobs = [j.model_copy(update={"job_id": who.show(j.job_id)}) for j in jobs]
     return JobSummaryPage(jobs=jobs, next_before=next_before)
 
 
 @router.get(
     "/v1/dashboard/jobs/{job_id}/tokens", response_model=TokenView, responses=responses(404)
 )
-async def dashboard_tokens(job_id: str, svc: Service) -> TokenView:
+async def dashboard_tokens(job_id: str, svc: Service, who: Who) -> TokenView:
     """A job's trajectory token by token, with each token's text (a running job's so far)."""
-    view = await svc.pipeline.lookup(job_id)
+    view = await svc.pipeline.lookup(who.key(job_id))
     if view is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
+        raise no_job(job_id)
     if view.result is not None:
         traj = view.result.trajectory
     else:
-        job = svc.pipeline.active(job_id)
+        job = svc.pipeline.active(view.job_id)
         traj = job.partial_trajectory() if job is not None else Trajectory()
     # Copies: a running job's lists grow while the texts are decoded off the event loop.
     prompt, response = list(traj.prompt_ids), list(traj.response_ids)

@@ -11,8 +11,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from pydantic import Field
 
 from raas.api.errors import ErrorBody, responses
-from raas.api.routes.submission import status_of, submit
+from raas.api.routes.submission import shown, status_of, submit
 from raas.api.state import ServiceState, service
+from raas.api.tenants import Caller, caller
 from raas.wire import (
     FINAL_STATES,
     BatchRequest,
@@ -27,6 +28,7 @@ from raas.wire import (
 
 router = APIRouter(prefix="/v1", tags=["rollouts"])
 Service = Annotated[ServiceState, Depends(service)]
+Who = Annotated[Caller, Depends(caller)]
 MAX_WAIT_S = 300.0
 # Every cursor or row id a query takes is compared with an SQLite INTEGER (signed 64-bit): a
 # larger one would overflow there (a 500), so it is a 422 here, and the document says the bound.
@@ -55,12 +57,14 @@ NO_PARENT = {
         **responses(409, 429, 503),
     },
 )
-async def submit_rollout(req: RolloutRequest, svc: Service, response: Response) -> Submitted:
+async def submit_rollout(
+    req: RolloutRequest, svc: Service, who: Who, response: Response
+) -> Submitted:
     """Submit one job; resubmitting a known ``job_id`` returns that job (200, created false)."""
-    (view,) = await submit(svc.pipeline, [req], batch=False)
+    (view,) = await submit(svc.pipeline, [req], batch=False, who=who)
     if not view.created:
         response.status_code = status.HTTP_200_OK
-    return Submitted(job_id=view.job_id, state=view.state.value, created=view.created)
+    return Submitted(job_id=who.show(view.job_id), state=view.state.value, created=view.created)
 
 
 @router.post(
@@ -69,11 +73,14 @@ async def submit_rollout(req: RolloutRequest, svc: Service, response: Response) 
     response_model=BatchSubmitted,
     responses={404: NO_PARENT, **responses(409, 429, 503)},
 )
-async def submit_batch(req: BatchRequest, svc: Service) -> BatchSubmitted:
+async def submit_batch(req: BatchRequest, svc: Service, who: Who) -> BatchSubmitted:
     """Submit many jobs: all are accepted, or none (429 when the INIT queue lacks room)."""
-    views = await submit(svc.pipeline, req.jobs, batch=True)
+    views = await submit(svc.pipeline, req.jobs, batch=True, who=who)
     return BatchSubmitted(
-        jobs=[Submitted(job_id=v.job_id, state=v.state.value, created=v.created) for v in views]
+        jobs=[
+            Submitted(job_id=who.show(v.job_id), state=v.state.value, created=v.created)
+            for v in views
+        ]
     )
 
 
@@ -81,6 +88,7 @@ async def submit_batch(req: BatchRequest, svc: Service) -> BatchSubmitted:
 async def get_rollout(
     job_id: str,
     svc: Service,
+    who: Who,
     wait: Annotated[
         float,
         Query(
@@ -91,42 +99,49 @@ async def get_rollout(
         ),
     ] = 0.0,
 ) -> JobStatus:
-    view = await svc.pipeline.wait(job_id, wait)
+    view = await svc.pipeline.wait(who.key(job_id), wait)
     if view is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
-    return status_of(view)
+        raise no_job(job_id)
+    return status_of(view, who)
+
+
+def no_job(job_id: str) -> HTTPException:
+    """The answer for a job the caller does not know (another tenant's too: 404, not 403)."""
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
 
 
 @router.post("/rollouts/{job_id}/cancel", response_model=JobStatus, responses=responses(404))
-async def cancel_rollout(job_id: str, svc: Service) -> JobStatus:
+async def cancel_rollout(job_id: str, svc: Service, who: Who) -> JobStatus:
     """Cancel a job; answers once its cleanup has run (or with its state so far, if slow)."""
-    return await cancel_job(svc, job_id)
+    return await cancel_job(svc, who.key(job_id), who)
 
 
-async def cancel_job(svc: ServiceState, job_id: str) -> JobStatus:
-    job = svc.pipeline.cancel(job_id)
+async def cancel_job(svc: ServiceState, key: str, who: Caller) -> JobStatus:
+    """Cancel the job of ``key`` (``who``'s: ``who.key`` made it)."""
+    job = svc.pipeline.cancel(key)
     if job is not None:
         settle_s = svc.settings.cancel_grace_s + 5.0
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(job.done.wait(), timeout=settle_s)
-    view = await svc.pipeline.lookup(job_id)
+    view = await svc.pipeline.lookup(key)
     if view is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with job_id {job_id!r}")
-    return status_of(view)
+        raise no_job(who.show(key))
+    return status_of(view, who)
 
 
 @router.get("/rollouts:running", response_model=RunningPage)
 async def list_running(
-    svc: Service, limit: Annotated[int, Query(ge=1, le=10000)] = 1000
+    svc: Service, who: Who, limit: Annotated[int, Query(ge=1, le=10000)] = 1000
 ) -> RunningPage:
     """Jobs in flight, oldest first: their stage, turns and tokens so far, time since submission."""
     now = time.time()
     jobs = []
-    for job in svc.pipeline.in_flight()[:limit]:
+    mine = [j for j in svc.pipeline.in_flight() if who.tenant in (None, j.request.tenant)]
+    for job in mine[:limit]:
         prompt, response = job.tokens_so_far()
         jobs.append(
             RunningJob(
-                job_id=job.id,
+                job_id=who.show(job.id),
                 data_source=job.data_source,
                 instance_id=job.instance_id,
                 task=job.task,
@@ -145,6 +160,7 @@ async def list_running(
 @router.get("/rollouts", response_model=ResultPage)
 async def list_results(
     svc: Service,
+    who: Who,
     state: Annotated[
         FinalStateName | None,
         Query(
@@ -155,6 +171,6 @@ async def list_results(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ResultPage:
     """Finished results in the order they finished, including those from before a restart."""
-    page = await svc.pipeline.store.finished(state, since, limit)
-    results = [r.result for r in page.records if r.result is not None]
+    page = await svc.pipeline.store.finished(state, since, limit, tenant=who.tenant)
+    results = [shown(r.result, who) for r in page.records if r.result is not None]
     return ResultPage(results=results, next_since=page.next_since)

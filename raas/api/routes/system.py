@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from raas.api.metrics import CONTENT_TYPE
 from raas.api.state import ServiceState, service
-from raas.wire import NodeImages, ServiceStatus
+from raas.api.tenants import Caller, caller
+from raas.wire import NodeImages, ServiceStatus, UsageReport
 
 router = APIRouter(tags=["system"])
 Service = Annotated[ServiceState, Depends(service)]
+Who = Annotated[Caller, Depends(caller)]
 
 
 def service_status(svc: ServiceState) -> ServiceStatus:
@@ -39,6 +41,20 @@ async def get_images(svc: Service) -> NodeImages:
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(svc: Service) -> Response:
-    """Prometheus text format."""
-    return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
+async def metrics(svc: Service, who: Who) -> Response:
+    """Prometheus text format. The per-tenant series (``raas_tenant_*``) are the admin's only:
+    a tenant reads its own use at GET /v1/usage."""
+    return Response(svc.metrics.render(per_tenant=who.tenant is None), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/usage", response_model=UsageReport)
+async def get_usage(
+    svc: Service,
+    who: Who,
+    since_s: Annotated[float, Query(ge=0, description="The period, back from now.")] = 86400.0,
+) -> UsageReport:
+    """Each tenant's jobs (accepted, finished by state), stage and sandbox seconds and LLM tokens
+    over the last ``since_s`` seconds (a day at most: kept by the minute, in memory, since the
+    server started; /metrics counts the same since the start). A tenant sees its own row only,
+    the admin every tenant's."""
+    return svc.usage.read(since_s, only=who.tenant)
