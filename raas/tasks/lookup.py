@@ -18,7 +18,7 @@ import math
 import re
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import ConfigDict, Field, StrictFloat, StrictStr, StringConstraints, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, StrictFloat, StrictStr, model_validator
 
 from raas.agent.tools import Tool
 from raas.tasks.agentic import AgentContext
@@ -35,7 +35,19 @@ MAX_FILE_CHARS = 65536
 # start with '.' (so never '..'): a pattern the OpenAPI document carries too.
 SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}"
 PATH_PATTERN = rf"^{SEGMENT}(/{SEGMENT}){{0,7}}$"
-FilePath = Annotated[StrictStr, StringConstraints(pattern=PATH_PATTERN)]
+
+
+def _relative_path(path: str) -> str:
+    # The pattern in words: pydantic's own message would print the regular expression.
+    if not re.fullmatch(PATH_PATTERN, path):
+        raise ValueError(
+            "a file's path must be relative: up to 8 '/'-separated names of letters, digits,"
+            " '.', '_' and '-', none starting with '.' (so no '..'), each at most 100 long"
+        )
+    return path
+
+
+FilePath = Annotated[StrictStr, AfterValidator(_relative_path)]  # the schema says it too, below
 
 
 def _question_and_answer(schema: dict[str, Any]) -> None:
@@ -44,7 +56,6 @@ def _question_and_answer(schema: dict[str, Any]) -> None:
         {"required": ["question"], "properties": {"question": {"type": "string", "minLength": 1}}},
         {"required": ["prompt"], "properties": {"prompt": {"type": "array", "minItems": 1}}},
     ]
-    # patternProperties alone would let any other name through.
     schema["properties"]["files"]["propertyNames"] = {"pattern": PATH_PATTERN}
     schema["properties"]["answer"] = {"anyOf": [FINITE, {"type": "string", "pattern": r"\S"}]}
 
