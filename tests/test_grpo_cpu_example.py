@@ -55,9 +55,10 @@ def test_the_trainer_never_samples_a_heldout_question(example: ModuleType) -> No
     assert len(seen) > 1000 and not seen & held and not (seen | held) & shots
 
 
-def test_lookup_questions_hold_the_number_in_the_named_file_alone(example: ModuleType) -> None:
-    """x is in the file the question names and in no message: only reading it gives the
-    answer; the other files hold other numbers; no worked example gives the answer away."""
+def test_lookup_questions_hold_the_product_in_the_named_file_alone(example: ModuleType) -> None:
+    """x * 10^k is written in the file the question names and neither factor nor the answer is
+    in any message: only reading it gives the answer; the other files hold other products; no
+    worked example gives the answer away."""
     task = example.TASKS["lookup"]
     pairs = example.heldout_pairs(150, 0, task)
     questions = [task.build(x, k, "heldout") for x, k in pairs]
@@ -65,15 +66,18 @@ def test_lookup_questions_hold_the_number_in_the_named_file_alone(example: Modul
     names = set()
     for q in questions:
         instance = LookupInstance.model_validate(q)
-        name = q["question"].split("number in ")[1].split(" ")[0]
+        name = q["question"].split("written in ")[1].rstrip("?")
         names.add(name)
-        x = int(instance.files[name])
-        assert instance.answer == x * 10 ** (len(q["question"].split("times ")[1]) - 2)
-        assert all(int(v) != x for f, v in instance.files.items() if f != name)
+        x, multiplier = (int(v) for v in instance.files[name].split(" * "))
+        assert instance.answer == x * multiplier and multiplier in (10, 100, 1000, 10000)
+        for f, v in instance.files.items():
+            if f != name:
+                a, m = (int(n) for n in v.split(" * "))
+                assert a != x and a * m != instance.answer
         text = prompt_text(instance)
         assert not in_text(x, text) and not in_text(instance.answer, text), q["instance_id"]
     assert names == {"red.txt", "green.txt", "blue.txt"}
-    assert {k for _, k in pairs} == set(task.powers) == {1, 2, 3}
+    assert {k for _, k in pairs} == set(task.powers) == {1, 2, 3, 4}
     # 580 * 100 is a worked example's answer (58 * 1000): never asked.
     assert (580, 2) in task.skip and (580, 2) not in pairs
 
@@ -93,11 +97,11 @@ def result_of(messages: list[dict[str, Any]], calls: list[dict[str, Any]], rewar
 
 def test_the_tricks_audit_flags_an_answer_not_read_from_the_file(example: ModuleType) -> None:
     task = example.lookup_question(347, 2, "t")
-    name = task["question"].split("number in ")[1].split(" ")[0]
+    name = task["question"].split("written in ")[1].rstrip("?")
     read = {"name": "bash", "arguments": {"command": f"cat {name}"}}
     finish = {"name": "finish", "arguments": {"answer": "34700"}}
-    shown = {"role": "tool", "name": "bash", "content": "347\n[exit code 0]"}
-    other = {"role": "tool", "name": "bash", "content": "512\n[exit code 0]"}
+    shown = {"role": "tool", "name": "bash", "content": "347 * 100\n[exit code 0]"}
+    other = {"role": "tool", "name": "bash", "content": "347 * 10\n[exit code 0]"}
     honest = result_of([shown], [read, finish], 1.0)
     assert example.trick(task, honest) is None and example.tool_calls(honest) == 1
     assert example.trick(task, result_of([], [finish], 1.0)) is not None  # never read

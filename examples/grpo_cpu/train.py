@@ -11,8 +11,8 @@ numeric, exact, ``finish_only``: a reply in plain text scores 0). The answer dep
 numbers (chance is about 0); SmolLM2-135M copies the digits and often gets the zeros wrong, so it
 succeeds sometimes from the start. Two worked examples in the prompt show the tool call.
 
-With ``--task lookup`` the task is multi-turn: "What is the number in blue.txt times 1000?", the
-number being in that file of the sandbox (raas's ``lookup`` task), read with bash, then answered
+With ``--task lookup`` the task is multi-turn: "What is the product written in blue.txt?", that
+file of the sandbox holding "347 * 1000" (raas's ``lookup`` task), read with bash, then answered
 with finish; the observation between the two turns is masked out of the loss.
 
 Each step: DAPO dynamic sampling fills B groups of n rollouts whose rewards differ (jobs still
@@ -90,15 +90,17 @@ POWERS = (1, 2, 3, 4, 5)  # the second factor is 10 ** k
 # The worked examples, (x, k): with general products instead (23 * 47, 512 * 38) the base model
 # answers 0 of 48 held-out questions; with these, about a fifth.
 SHOTS = ((423, 1), (58, 3))
-# The lookup task: x is in one of three files, and the question names which.
+# The lookup task: three files each hold a product "x * 10^k", and the question names one.
 LOOKUP_SYSTEM = "Answer from the files: read them with bash, then call finish with the number."
 FILES = ("red", "green", "blue")
-LOOKUP_SHOTS = ((423, 1, "green"), (58, 3, "red"))  # (x, k, the file x is in)
-# Sampled at T = 0.7 with k up to 5, 4% of the lookup rollouts were right (the count of zeros
-# goes wrong for k = 4 and 5 as on the single-turn task, and reading adds its slips): a step
-# needed 184 rollouts for 8 groups with a signal. Up to 3, k = 2 is mostly right and 1 and 3
-# sometimes: what the single-turn task learned first.
-LOOKUP_POWERS = (1, 2, 3)
+LOOKUP_SHOTS = ((423, 1, "green"), (58, 3, "red"))  # (x, k, the file "x * 10^k" is in)
+# With the multiplier in the question and the number alone in the file, the count of zeros is
+# decided three messages away from the number; trained on k = 1 to 3 that way, the policy moved
+# every power to one count of zeros (two, then one) instead of learning which count goes with
+# which k. With both factors in the file, the answer follows the observation that shows them, as
+# on the single-turn task, which does learn it. Probe of the base model (40 questions, greedy):
+# 8/40, k = 2 5/5 and k = 3 3/11; 12% of T = 0.7 samples right, 8 of 20 groups of 4 mixed.
+LOOKUP_POWERS = (1, 2, 3, 4)
 
 
 # -- the task ----------------------------------------------------------------------------------
@@ -135,31 +137,41 @@ def question(x: int, k: int, tag: str) -> dict[str, Any]:
     }
 
 
+def product_text(x: int, k: int) -> str:
+    return f"{x} * {10**k}"
+
+
 def lookup_question(x: int, k: int, tag: str) -> dict[str, Any]:
-    """One ``lookup`` instance: "What is the number in blue.txt times 10**k?", x being in that
-    file of the sandbox and other numbers in the other two; the worked examples read a file with
-    bash and answer with finish. x is in no message: only a tool call shows it."""
-    rng = random.Random(f"{tag}-{x}-{k}")  # the file named and the others' numbers
+    """One ``lookup`` instance: "What is the product written in blue.txt?", that file of the
+    sandbox holding "x * 10^k" and the other two other products; the worked examples read a file
+    with bash and answer with finish. Neither x nor k is in any message: only a tool call shows
+    them."""
+    rng = random.Random(f"{tag}-{x}-{k}")  # the file named and the others' products
     name = rng.choice(FILES)
-    numbers = {f: rng.choice([n for n in range(SMALLEST, LARGEST + 1) if n != x]) for f in FILES}
-    numbers[name] = x
+    texts = {}
+    for f in FILES:
+        a, j = x, k
+        while a == x or a * 10**j == x * 10**k:
+            a, j = rng.randint(SMALLEST, LARGEST), rng.choice(LOOKUP_POWERS)
+        texts[f] = product_text(a, j)
+    texts[name] = product_text(x, k)
     messages: list[dict[str, Any]] = [{"role": "system", "content": LOOKUP_SYSTEM}]
     for a, j, f in LOOKUP_SHOTS:
         messages += [
-            {"role": "user", "content": f"What is the number in {f}.txt times {10**j}?"},
+            {"role": "user", "content": f"What is the product written in {f}.txt?"},
             {"role": "assistant", "content": tool_call("bash", command=f"cat {f}.txt")},
-            {"role": "tool", "content": f"{a}\n[exit code 0]"},
+            {"role": "tool", "content": f"{product_text(a, j)}\n[exit code 0]"},
             {"role": "assistant", "content": finish_call(a * 10**j)},
             {"role": "tool", "content": "finished"},
         ]
-    text = f"What is the number in {name}.txt times {10**k}?"
+    text = f"What is the product written in {name}.txt?"
     messages.append({"role": "user", "content": text})
     return {
         "data_source": "lookup",
         "instance_id": f"{tag}-{len(messages)}-{rng.getrandbits(32):08x}",  # says nothing of x
         "question": text,
         "prompt": messages,
-        "files": {f"{f}.txt": f"{n}\n" for f, n in numbers.items()},
+        "files": {f"{f}.txt": f"{t}\n" for f, t in texts.items()},
         "answer": x * 10**k,
     }
 
@@ -179,9 +191,9 @@ class Task:
 
 
 def _given_away(shots: tuple[tuple[int, int, str], ...]) -> frozenset[tuple[int, int]]:
-    """The (x, k) whose x or answer a lookup prompt shows: a worked example's number or answer
-    (580 * 100 is 58 * 1000), or a multiplier (10, 100)."""
-    numbers = {a for a, _, _ in shots} | {10**k for k in LOOKUP_POWERS}
+    """The (x, k) whose x or answer a lookup prompt shows: a worked example's number, multiplier
+    or answer (580 * 100 is 58 * 1000)."""
+    numbers = {a for a, _, _ in shots} | {10**j for _, j, _ in shots}
     answers = {a * 10**j for a, j, _ in shots}
     return frozenset(
         (x, k)
@@ -198,7 +210,7 @@ TASKS = {
         "lookup",
         lookup_question,
         3,
-        "the number in a file * 10^k (lookup, bash then finish)",
+        "the product written in a file (lookup, bash then finish)",
         LOOKUP_POWERS,
         _given_away(LOOKUP_SHOTS),
     ),
@@ -270,7 +282,7 @@ def trick(task: dict[str, Any], result: RolloutResult) -> str | None:
     """Why a solved rollout's reward did not come from solving it, or None: the red-team classes
     that apply here. A finish answer holding more than one number (a hedge the judge should
     refuse), several finish calls, and, for lookup, an answer given before any observation
-    showed the file's number (a guess, or x found elsewhere)."""
+    showed the named file's product (a guess, or the factors found elsewhere)."""
     if result.reward != 1.0:
         return None
     calls = [c for t in result.trajectory.turns for c in t.get("tool_calls", [])]
@@ -280,19 +292,19 @@ def trick(task: dict[str, Any], result: RolloutResult) -> str | None:
     if len(re.findall(r"\d+", str(finishes[0].get("arguments", {}).get("answer", "")))) != 1:
         return "the finish answer holds more than one number"
     if task["data_source"] == "lookup":
-        x = _file_number(task)
+        product = re.escape(_file_text(task))
         shown = [
             m.get("content", "")
             for m in result.trajectory.messages
             if m.get("role") == "tool" and m.get("name") == "bash"
         ]
-        if not any(re.search(rf"(?<!\d){x}(?!\d)", text) for text in shown):
-            return "answered before any observation showed the file's number"
+        if not any(re.search(rf"(?<!\d){product}(?!\d)", text) for text in shown):
+            return "answered before any observation showed the file's product"
     return None
 
 
-def _file_number(task: dict[str, Any]) -> str:
-    """The number in the file a lookup question names."""
+def _file_text(task: dict[str, Any]) -> str:
+    """The product written in the file a lookup question names."""
     name = re.search(r"in (\w+\.txt)", task["question"])
     assert name is not None, task["question"]
     return str(task["files"][name.group(1)]).strip()
@@ -897,8 +909,8 @@ def main(argv: list[str] | None = None) -> None:
         "--task",
         choices=sorted(TASKS),
         default="stem",
-        help="stem: x * 10^k answered through finish, one turn; lookup: x in a file the"
-        " question names, read with bash, then x * 10^k through finish (see README).",
+        help="stem: x * 10^k answered through finish, one turn; lookup: x * 10^k written in a"
+        " file the question names, read with bash, then answered through finish (see README).",
     )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--seed", type=int, default=0)
