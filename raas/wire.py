@@ -457,6 +457,17 @@ class RolloutResult(BaseModel):
     )
 
 
+class ExportedResult(RolloutResult):
+    """A row of an export (``GET /v1/rollouts:export``, ``raas export``): the result under the id
+    its own tenant knows the job by, and that tenant named beside it."""
+
+    tenant: str | None = Field(
+        default=None,
+        description="The tenant whose job it is; null for the admin's own jobs (tenant `default`),"
+        " so for every job of a server without tenants. With `job_id`, it names the job.",
+    )
+
+
 class JobStatus(BaseModel):
     job_id: str
     state: JobStateName

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
-from raas.store.export import columns, flat_row, parquet_schema
+from raas.store import export
+from raas.store.export import columns, flat_row, parquet_schema, stream_jsonl, write_parquet
+from raas.store.records import JobRecord
+from raas.store.sqlite import ResultStore
+from raas.tenants import tenant_of
 from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 
 # The columns exports have always had; a new wire field adds one, none may vanish.
@@ -41,6 +48,7 @@ COLUMNS = {
     "policy_version_max",
     "policy_version_span",
     "token_policy_versions",
+    "tenant",  # whose job (null: the admin's own, every job of a server without tenants)
 }
 
 
@@ -109,3 +117,52 @@ def test_a_row_fits_the_parquet_schema() -> None:
     aligned.trajectory.turns = [{"output_tokens": 1, "policy_version": 5}]
     table = pa.Table.from_pylist([flat_row(aligned)], schema=parquet_schema(pa))
     assert table.column("token_policy_versions").to_pylist() == [[5, None]]
+
+
+async def finish(store: ResultStore, *keys: str) -> None:
+    """Record and finish the jobs of ``keys`` (``alice~cd-7``: Alice's cd-7), in that order."""
+    await store.add_jobs(
+        [JobRecord(k, "queued", "openai/gsm8k", "i", {}, 0.0, tenant=tenant_of(k)) for k in keys]
+    )
+    for key in keys:
+        await store.save_result(key, result().model_copy(update={"job_id": key}))
+
+
+async def test_a_streamed_export_pages_through_one_tenants_jobs_and_ends_where_it_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "STREAM_PAGE", 1)  # a page a row: every row another store call
+    store = ResultStore(tmp_path / "s.db")
+    await store.open()
+    try:
+        await finish(store, "alice~cd-7", "bob~cd-7", "cd-7", "alice~cd-8")
+        alices = stream_jsonl(store, tenant="alice")
+        chunks = [await anext(alices)]
+        await finish(store, "alice~late")  # finished after the export began: not in it
+        chunks += [chunk async for chunk in alices]
+        rows = [json.loads(line) for chunk in chunks for line in chunk.decode().splitlines()]
+        assert [(r["tenant"], r["job_id"]) for r in rows] == [("alice", "cd-7"), ("alice", "cd-8")]
+        assert RolloutResult.model_validate(rows[0]).trajectory.response_ids == [3, 4]
+        admins = b"".join([chunk async for chunk in stream_jsonl(store)]).decode()
+        assert [(r["tenant"], r["job_id"]) for r in map(json.loads, admins.splitlines())] == [
+            ("alice", "cd-7"),
+            ("bob", "cd-7"),
+            (None, "cd-7"),  # the admin's own
+            ("alice", "cd-8"),
+            ("alice", "late"),
+        ]
+    finally:
+        await store.close()
+
+
+def test_parquet_is_written_a_row_group_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "PARQUET_ROWS", 2)
+    out = tmp_path / "r.parquet"
+    rows = [result().model_copy(update={"job_id": f"j{i}"}) for i in range(5)]
+    assert write_parquet(iter(rows), out) == 5
+    assert pq.ParquetFile(out).metadata.num_row_groups == 3
+    assert pq.read_table(out).column("job_id").to_pylist() == [f"j{i}" for i in range(5)]
+    assert write_parquet(iter([]), out) == 0
+    assert pq.read_table(out).schema == parquet_schema(pa)

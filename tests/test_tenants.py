@@ -19,13 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 from fastapi import FastAPI
 
 from raas.agent.gateway import Gateway
 from raas.api.app import create_app
 from raas.api.auth import COOKIE
 from raas.api.tenants import NOT_ADMIN
+from raas.cli import main
 from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
 from raas.helpers import free_port
@@ -485,6 +488,80 @@ def test_a_served_file_is_read_again_on_sighup_and_a_bad_one_stops_the_start(
     assert run.returncode == 1
     (line,) = [x for x in run.stderr.splitlines() if "tenants file" in x]
     assert f"tenants file {bad}: tenants.a.weight: " in line
+
+
+def exported_rows(text: str) -> list[tuple[str | None, str, float | None]]:
+    """(tenant, job_id, reward) of each row of an export's JSON lines, in its order."""
+    rows = [json.loads(line) for line in text.splitlines()]
+    return [(r["tenant"], r["job_id"], r["reward"]) for r in rows]
+
+
+def test_each_exports_its_own_jobs_under_its_ids_and_the_admin_every_tenants(
+    tmp_path: Path, tenants_file: Path, server_env: dict[str, str], start_server: Any
+) -> None:
+    server_env["RAAS_API_KEY"] = ADMIN
+    db = tmp_path / "export.db"
+    server = start_server(db, "--tenants-file", str(tenants_file))
+    for key, instance in ((ALICE, SOLVABLE), (BOB, UNSOLVABLE), (ADMIN, SOLVABLE)):
+        body = {"instance": instance, "job_id": "cd-7"}
+        assert httpx.post(f"{server.url}/v1/rollouts", json=body, headers=auth(key)).is_success
+        done = httpx.get(
+            f"{server.url}/v1/rollouts/cd-7", params={"wait": WAIT_S}, headers=auth(key)
+        )
+        assert done.json()["result"] is not None, done.text
+
+    def export(key: str, **params: str) -> httpx.Response:
+        url = f"{server.url}/v1/rollouts:export"
+        return httpx.get(url, params=params, headers=auth(key), timeout=WAIT_S)
+
+    bobs = export(BOB)
+    assert bobs.headers["content-type"] == "application/x-ndjson"
+    # Bob's holds his cd-7 only: none of Alice's, though hers is a cd-7 too.
+    assert exported_rows(bobs.text) == [("bob", "cd-7", 0.0)]
+    assert exported_rows(export(ALICE, format="jsonl", state="done").text) == [
+        ("alice", "cd-7", 1.0)
+    ]
+    everyone = [("alice", "cd-7", 1.0), ("bob", "cd-7", 0.0), (None, "cd-7", 1.0)]
+    assert exported_rows(export(ADMIN).text) == everyone
+    assert export(ALICE, state="failed").text == ""
+    for field, bad in (("format", "parquet"), ("state", "queued")):
+        refused = export(ALICE, **{field: bad})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"][0]["loc"] == ["query", field]
+    assert export("nobody's").status_code == 401
+
+    # raas export --server: the same rows, the key from RAAS_API_KEY; Parquet written here.
+    runner = CliRunner()
+    out = tmp_path / "bob.jsonl"
+    cli = runner.invoke(
+        main, ["export", "--server", server.url, "--out", str(out)], env={"RAAS_API_KEY": BOB}
+    )
+    assert cli.exit_code == 0, cli.output
+    assert exported_rows(out.read_text()) == [("bob", "cd-7", 0.0)]
+    parquet = tmp_path / "all.parquet"
+    args = ["export", "--server", server.url, "--out", str(parquet)]
+    cli = runner.invoke(main, args, env={"RAAS_API_KEY": ADMIN})
+    assert cli.exit_code == 0 and "wrote 3 results" in cli.output, cli.output
+    table = pq.read_table(parquet)
+    assert table.column("tenant").to_pylist() == ["alice", "bob", None]
+    assert table.column("job_id").to_pylist() == ["cd-7"] * 3
+    refused = runner.invoke(main, args, env={"RAAS_API_KEY": "nobody's"})
+    assert refused.exit_code == 1 and "raas answered 401" in refused.output
+    assert not (tmp_path / "all.parquet.part").exists()
+    both = runner.invoke(main, [*args, "--tenant", "alice"], env={"RAAS_API_KEY": ADMIN})
+    assert both.exit_code == 2 and "without --db and --tenant" in both.output
+    assert server.stop() == 0
+
+    # raas export --db reads the file itself: --tenant picks one tenant's jobs, ids as its own.
+    def from_db(*args: str) -> list[tuple[str | None, str, float | None]]:
+        out = tmp_path / "db.jsonl"
+        cli = runner.invoke(main, ["export", "--db", str(db), "--out", str(out), *args])
+        assert cli.exit_code == 0, cli.output
+        return exported_rows(out.read_text())
+
+    assert from_db("--tenant", "alice") == [("alice", "cd-7", 1.0)]
+    assert from_db("--tenant", "default") == [(None, "cd-7", 1.0)]
+    assert from_db() == everyone
 
 
 async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(

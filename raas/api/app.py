@@ -21,7 +21,12 @@ from raas.api.browser_guard import UNSAFE_METHODS, BrowserGuardMiddleware, guard
 from raas.api.errors import PathMethods, install_error_handlers, responses
 from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
-from raas.api.openapi import document_api_key, document_form_refusal, document_instances
+from raas.api.openapi import (
+    document_api_key,
+    document_form_refusal,
+    document_instances,
+    document_streams,
+)
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.series import Series
 from raas.api.state import ServiceState
@@ -192,6 +197,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             document = generate()  # FastAPI keeps it as app.openapi_schema
             document_instances(document, tasks)
             document_form_refusal(document, UNSAFE_METHODS, form_paths={LOGIN_PATH})
+            document_streams(document, rollouts.JsonLines.media_type)
             if settings.api_key:
                 document_api_key(document)
         return app.openapi_schema or {}

@@ -166,3 +166,19 @@ def document_form_refusal(
         for method, operation in operations.items():
             if method.upper() in methods:
                 operation.setdefault("responses", {}).setdefault("415", refusal)
+
+
+def document_streams(document: dict[str, Any], media_type: str) -> None:
+    """The routes that stream ``media_type`` (JSON lines): FastAPI writes their error answers
+    under that type, and a string type beside the model of a line; their errors are JSON, and
+    each line is an object of the model."""
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            for code, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if media_type not in content:
+                    continue
+                if code.startswith("2"):
+                    content[media_type].get("schema", {}).pop("type", None)
+                else:
+                    content["application/json"] = content.pop(media_type)

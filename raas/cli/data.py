@@ -1,15 +1,23 @@
-"""Data in and out: `raas export` (results from a database) and `raas datasets` (bundled task
-sets)."""
+"""Data in and out: `raas export` (results from a database or a server) and `raas datasets`
+(bundled task sets)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from raas.cli.output import api_key_option, run_client
 from raas.store.export import FORMATS
+
+if TYPE_CHECKING:
+    from raas.wire import ExportedResult, RolloutResult
 
 
 def format_of(out: Path, fmt: str | None) -> str:
@@ -24,14 +32,25 @@ def format_of(out: Path, fmt: str | None) -> str:
     return fmt or str(named)
 
 
-@click.command()
+@click.command(short_help="Finished trajectories for offline use, from a database or a server.")
 @click.option(
     "--db",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default="raas.db",
-    show_default=True,
-    help="The server's SQLite file.",
+    help="The server's SQLite file, read directly (raas.db when neither --db nor --server is"
+    " given).",
 )
+@click.option(
+    "--tenant",
+    metavar="NAME",
+    help="With --db: only this tenant's jobs (`default`: the admin's own).",
+)
+@click.option(
+    "--server",
+    metavar="URL",
+    help="Read from the raas server at URL instead (GET /v1/rollouts:export): what its key may"
+    " see, a tenant's key its own jobs, the admin's every job.",
+)
+@api_key_option("With --server: the server's API key, a tenant's or the admin's")
 @click.option(
     "--format",
     "fmt",
@@ -49,16 +68,83 @@ def format_of(out: Path, fmt: str | None) -> str:
     type=click.Choice(["done", "failed", "timeout", "cancelled"]),
     help="Only results in this state.",
 )
-def export(db: Path, fmt: str | None, out: Path, state: str | None) -> None:
-    """Write finished trajectories from a database for offline use."""
-    from raas.store.export import export as do_export
+def export(
+    db: Path | None,
+    tenant: str | None,
+    server: str | None,
+    api_key: str | None,
+    fmt: str | None,
+    out: Path,
+    state: str | None,
+) -> None:
+    """Write finished trajectories for offline use, from a database (--db) or from a running
+    server (--server URL), in the order the jobs finished.
+
+    Each row is a result under the id its tenant knows the job by (`cd-7`), with the tenant in
+    `tenant`: null for the admin's own jobs, so for every job of a server without tenants. JSONL
+    holds a result a line (as RolloutResult reads it back); Parquet a column a field. From a
+    server the rows come as JSON lines and Parquet is written here. The --out file appears only
+    once it is whole: an export that breaks off leaves none."""
+    from raas.store.export import WRITERS
+    from raas.store.export import export as from_db
 
     fmt = format_of(out, fmt)
+    if server is not None and (db is not None or tenant is not None):
+        raise click.UsageError(
+            "--server exports what its key may see: give it without --db and --tenant (a"
+            " tenant's key gets its own jobs)"
+        )
+    part = out.with_name(out.name + ".part")  # renamed to OUT once every row is in
     try:
-        n = do_export(db, fmt, out, state)
-    except RuntimeError as e:
+        if server is not None:
+            n = run_client(_from_server(server, api_key, state, WRITERS[fmt], part))
+        else:
+            n = from_db(db or _default_db(), fmt, part, state, tenant)
+    except RuntimeError as e:  # Parquet without pyarrow, a database from a newer raas
+        part.unlink(missing_ok=True)
         raise click.ClickException(str(e)) from e
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, out)
     click.echo(f"wrote {n} results to {out}")
+
+
+def _default_db() -> Path:
+    db = Path("raas.db")
+    if not db.is_file():
+        raise click.BadParameter(
+            f"no {db} here: give the server's database (--db FILE) or its URL (--server URL)",
+            param_hint="'--db'",
+        )
+    return db
+
+
+async def _from_server(
+    url: str,
+    api_key: str | None,
+    state: str | None,
+    write: Callable[[Iterable[RolloutResult], Path], int],
+    out: Path,
+) -> int:
+    """Write the rows the server at ``url`` streams with ``write`` (a file writer of
+    raas.store.export), on a thread, as they come."""
+    from raas.client import AsyncRolloutClient
+
+    async with (
+        AsyncRolloutClient(url, api_key=api_key) as client,
+        contextlib.aclosing(client.export(state)) as rows,
+    ):
+        loop = asyncio.get_running_loop()
+
+        def pulled() -> Iterator[ExportedResult]:  # on the writer's thread
+            while True:
+                row = asyncio.run_coroutine_threadsafe(anext(rows, None), loop).result()
+                if row is None:
+                    return
+                yield row
+
+        return await asyncio.to_thread(write, pulled(), out)
 
 
 @click.group()

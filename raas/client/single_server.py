@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import httpx
@@ -14,6 +14,7 @@ from raas.wire import (
     FINAL_STATES,
     BackendOut,
     BatchSubmitted,
+    ExportedResult,
     JobStatus,
     NodeImages,
     RolloutRequest,
@@ -154,13 +155,18 @@ class AsyncRolloutClient:
             reraise=True,
         )
         response: httpx.Response = await retrying(self._send, method, path, **kwargs)
-        if response.is_error:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise RaasHTTPError(response.status_code, detail, self.url)
+        self._raise_for(response)
         return response.json()
+
+    def _raise_for(self, response: httpx.Response) -> None:
+        """An error answer (its body read) as RaasHTTPError with the server's explanation."""
+        if not response.is_error:
+            return
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise RaasHTTPError(response.status_code, detail, self.url)
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._http.request(method, path, **kwargs)
@@ -209,6 +215,19 @@ class AsyncRolloutClient:
         """Each tenant's use of the server over the last ``since_s`` seconds."""
         data = await self._request("GET", "/v1/usage", params={"since_s": since_s})
         return UsageReport.model_validate(data)
+
+    async def export(self, state: str | None = None) -> AsyncGenerator[ExportedResult, None]:
+        """Every result that had finished on the server when asked (a tenant's key: its own;
+        the admin's: every job's), in finish order, read as the server streams them. Not
+        retried: a connection lost midway raises (httpx.TransportError)."""
+        params = {"format": "jsonl", **({"state": state} if state is not None else {})}
+        async with self._http.stream("GET", "/v1/rollouts:export", params=params) as response:
+            if response.is_error:
+                await response.aread()
+                self._raise_for(response)
+            async for line in response.aiter_lines():
+                if line:
+                    yield ExportedResult.model_validate_json(line)
 
     async def running(self) -> list[RunningJob]:
         """The server's jobs in flight, oldest first."""

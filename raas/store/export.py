@@ -10,13 +10,20 @@ said nothing of its weights), ``policy_version_span`` (max - min: how many weigh
 while it was generated, the staleness of its oldest token against its newest) and
 ``token_policy_versions`` (one a response token: the version that generated it, null on
 inserted tokens; null as a whole where the turn records do not account for the tokens).
+
+A row is an ``ExportedResult``: the result under the id its own tenant knows the job by
+(``cd-7``, not the server's key ``alice~cd-7``) and the tenant named in ``tenant`` (null for the
+admin's own jobs, so for every job of a server without tenants). A database is read as its
+owner reads it (``export``, ``results``); a server streams the rows a caller may see
+(``stream_jsonl``, for ``GET /v1/rollouts:export``) a page of the store at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -25,12 +32,18 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from raas.helpers import without_none
-from raas.store.sqlite import iter_finished
-from raas.wire import RolloutResult
+from raas.store.records import JobRecord
+from raas.store.sqlite import ResultStore, iter_finished
+from raas.tenants import DEFAULT_TENANT, own_id
+from raas.wire import ExportedResult, RolloutResult
 
 FORMATS = ("jsonl", "parquet")
 # Narrower Parquet types where the values allow it (a mask is 0/1; logprobs need no float64).
 NARROW = {"loss_mask": "int8", "logprobs": "float32"}
+# Rows held at once: a Parquet row group; the results a server reads from its store per page of
+# a streamed export (a long trajectory's JSON is a few MB).
+PARQUET_ROWS = 1000
+STREAM_PAGE = 64
 
 Kind = Literal["text", "float", "int", "bool", "ints", "floats", "json"]
 
@@ -89,7 +102,7 @@ DERIVED: dict[str, tuple[Kind, Callable[[RolloutResult], Any]]] = {
 @cache
 def columns() -> tuple[Column, ...]:
     derived = (Column(name, (), kind) for name, (kind, _) in DERIVED.items())
-    return (*_columns(RolloutResult), *derived)
+    return (*_columns(ExportedResult), *derived)
 
 
 def _value(data: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -113,30 +126,87 @@ def flat_row(result: RolloutResult) -> dict[str, Any]:
     return row
 
 
-def results(db: Path, state: str | None = None) -> Iterator[RolloutResult]:
-    for record in iter_finished(db, state):
-        if record.result is not None:
-            yield record.result
+def exported(record: JobRecord) -> ExportedResult | None:
+    """The export's row of a finished job (None: it has no result): under its own tenant's id,
+    that tenant named (null: the admin's own)."""
+    if record.result is None:
+        return None
+    tenant = None if record.tenant == DEFAULT_TENANT else record.tenant
+    # The result was validated as it was read: its fields are taken as they are.
+    fields = {**dict(record.result), "job_id": own_id(record.job_id), "tenant": tenant}
+    return ExportedResult.model_construct(**fields)
+
+
+def results(
+    db: Path, state: str | None = None, tenant: str | None = None
+) -> Iterator[ExportedResult]:
+    """The rows of every finished job in ``db`` (only ``tenant``'s, where one is named)."""
+    for record in iter_finished(db, state, tenant):
+        if (row := exported(record)) is not None:
+            yield row
+
+
+def line(row: RolloutResult) -> str:
+    """A row as a line of JSONL (a RolloutResult reads it back: it ignores ``tenant``)."""
+    return row.model_dump_json() + "\n"
+
+
+async def stream_jsonl(
+    store: ResultStore, state: str | None = None, tenant: str | None = None
+) -> AsyncIterator[bytes]:
+    """The rows of the jobs that had finished when it started (only ``tenant``'s, where one is
+    named) as JSON lines, a page at a time: each read on the store's thread and written on
+    another, so neither the event loop waits nor is the whole export ever in memory."""
+    until = store.last_seq  # a fixed end: results that finish meanwhile cannot prolong it
+    since = 0
+    while since < until:
+        page = await store.finished(state, since, STREAM_PAGE, tenant=tenant)
+        if page.next_since == since:
+            return
+        since = page.next_since
+        rows = [
+            row
+            for record in page.records
+            if record.seq is not None and record.seq <= until
+            if (row := exported(record)) is not None
+        ]
+        if rows:
+            yield (await asyncio.to_thread(_lines, rows)).encode()
+
+
+def _lines(rows: list[ExportedResult]) -> str:
+    return "".join(map(line, rows))
 
 
 def write_jsonl(rows: Iterable[RolloutResult], out: Path) -> int:
     n = 0
     with open(out, "w") as f:
         for row in rows:
-            f.write(row.model_dump_json() + "\n")
+            f.write(line(row))
             n += 1
     return n
 
 
 def write_parquet(rows: Iterable[RolloutResult], out: Path) -> int:
+    """``rows`` as a Parquet file, PARQUET_ROWS at a time (a row group each)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as e:
         raise RuntimeError("Parquet export needs pyarrow: pip install 'raas[parquet]'") from e
-    table = pa.Table.from_pylist([flat_row(r) for r in rows], schema=parquet_schema(pa))
-    pq.write_table(table, out)
-    return int(table.num_rows)
+    schema = parquet_schema(pa)
+    n = 0
+    batch: list[dict[str, Any]] = []
+    with pq.ParquetWriter(out, schema) as writer:
+        for row in rows:
+            batch.append(flat_row(row))
+            if len(batch) == PARQUET_ROWS:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                n, batch = n + len(batch), []
+        if batch or n == 0:  # an empty export is a file of the columns and no rows
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+        n += len(batch)
+    return n
 
 
 def parquet_schema(pa: Any) -> Any:
@@ -163,8 +233,10 @@ WRITERS: dict[str, Callable[[Iterable[RolloutResult], Path], int]] = {
 }
 
 
-def export(db: Path, fmt: str, out: Path, state: str | None = None) -> int:
-    """Write every finished result (optionally of one state); returns how many."""
+def export(
+    db: Path, fmt: str, out: Path, state: str | None = None, tenant: str | None = None
+) -> int:
+    """Write every finished result (optionally of one state, of one tenant); returns how many."""
     if fmt not in WRITERS:
         raise ValueError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
-    return WRITERS[fmt](results(db, state), out)
+    return WRITERS[fmt](results(db, state, tenant), out)

@@ -241,6 +241,11 @@ class ResultStore:
         return f"cannot write to {self.path} for {time.time() - since:.0f} s: {reason}"
 
     @property
+    def last_seq(self) -> int:
+        """The number of the last result written (results are numbered in finish order)."""
+        return self._seq
+
+    @property
     def unreadable_rows(self) -> int:
         """How many rows were found unreadable (and skipped) since the store opened."""
         return len(self._quarantine.job_ids)
@@ -449,14 +454,16 @@ def _iter_finished(
         yield row[6], quarantine.read(row)
 
 
-def iter_finished(path: str | Path, state: str | None = None) -> Iterator[JobRecord]:
-    """Every finished job in a database, in finish order (for export; blocking). A row that
-    cannot be read is skipped, and said in the log."""
+def iter_finished(
+    path: str | Path, state: str | None = None, tenant: str | None = None
+) -> Iterator[JobRecord]:
+    """Every finished job in a database (only ``tenant``'s, where one is named), in finish order
+    (for export; blocking). A row that cannot be read is skipped, and said in the log."""
     if not Path(path).exists():
         raise FileNotFoundError(f"no raas database at {path}")
     conn = connect(path)
     try:
-        for _, found in _iter_finished(conn, Quarantine(str(path)), state, 0, None):
+        for _, found in _iter_finished(conn, Quarantine(str(path)), state, 0, None, tenant):
             if found is not None:
                 yield found
     finally:

@@ -1,4 +1,4 @@
-"""/v1/rollouts: submit, look up, long-poll, cancel and page through jobs."""
+"""/v1/rollouts: submit, look up, long-poll, cancel, page through and export jobs."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import time
 from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from raas.api.errors import ErrorBody, responses
 from raas.api.routes.submission import shown, status_of, submit
 from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
+from raas.store.export import stream_jsonl
 from raas.wire import (
     FINAL_STATES,
     BatchRequest,
     BatchSubmitted,
+    ExportedResult,
     JobStatus,
     ResultPage,
     RolloutRequest,
@@ -174,3 +177,40 @@ async def list_results(
     page = await svc.pipeline.store.finished(state, since, limit, tenant=who.tenant)
     results = [shown(r.result, who) for r in page.records if r.result is not None]
     return ResultPage(results=results, next_since=page.next_since)
+
+
+class JsonLines(StreamingResponse):
+    media_type = "application/x-ndjson"
+
+
+# Formats a server streams. Parquet is written where the rows arrive (`raas export --server`):
+# its footer comes last, so a Parquet stream could not be read until it was whole.
+ExportFormat = Literal["jsonl"]
+
+
+@router.get(
+    "/rollouts:export",
+    response_class=JsonLines,
+    responses={
+        200: {
+            "model": ExportedResult,
+            "description": "A result a line (JSON lines), in the order the jobs finished.",
+        }
+    },
+)
+async def export_results(
+    svc: Service,
+    who: Who,
+    # One format so far: taken (and checked) so that a client names what it reads.
+    fmt: Annotated[
+        ExportFormat, Query(alias="format", description="The rows' format: `jsonl`.")
+    ] = "jsonl",
+    state: Annotated[
+        FinalStateName | None, Query(description="Only results in this state.")
+    ] = None,
+) -> JsonLines:
+    """Every result that had finished when the request came (those from before a restart too),
+    streamed: a tenant's key gets its own jobs', the admin's every job's. Each row is under the
+    id its tenant knows the job by, with that tenant named in ``tenant`` (null for the admin's
+    own jobs, so for every job of a server without tenants): ``raas export --server URL``."""
+    return JsonLines(stream_jsonl(svc.pipeline.store, state, tenant=who.tenant))
