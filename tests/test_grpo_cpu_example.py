@@ -69,7 +69,7 @@ def test_lookup_questions_hold_the_product_in_the_named_file_alone(example: Modu
         name = q["question"].split("written in ")[1].rstrip("?")
         names.add(name)
         x, multiplier = (int(v) for v in instance.files[name].split(" * "))
-        assert instance.answer == x * multiplier and multiplier in (10, 100, 1000, 10000)
+        assert instance.answer == x * multiplier and multiplier in (10, 100, 1000)
         for f, v in instance.files.items():
             if f != name:
                 a, m = (int(n) for n in v.split(" * "))
@@ -77,7 +77,7 @@ def test_lookup_questions_hold_the_product_in_the_named_file_alone(example: Modu
         text = prompt_text(instance)
         assert not in_text(x, text) and not in_text(instance.answer, text), q["instance_id"]
     assert names == {"red.txt", "green.txt", "blue.txt"}
-    assert {k for _, k in pairs} == set(task.powers) == {1, 2, 3, 4}
+    assert {k for _, k in pairs} == set(task.powers) == {1, 2, 3}
     # 580 * 100 is a worked example's answer (58 * 1000): never asked.
     assert (580, 2) in task.skip and (580, 2) not in pairs
 

@@ -98,9 +98,11 @@ LOOKUP_SHOTS = ((423, 1, "green"), (58, 3, "red"))  # (x, k, the file "x * 10^k"
 # decided three messages away from the number; trained on k = 1 to 3 that way, the policy moved
 # every power to one count of zeros (two, then one) instead of learning which count goes with
 # which k. With both factors in the file, the answer follows the observation that shows them, as
-# on the single-turn task, which does learn it. Probe of the base model (40 questions, greedy):
-# 8/40, k = 2 5/5 and k = 3 3/11; 12% of T = 0.7 samples right, 8 of 20 groups of 4 mixed.
-LOOKUP_POWERS = (1, 2, 3, 4)
+# on the single-turn task, which does learn it. Probe of the base model with k = 1 to 4 (40
+# questions, greedy): 8/40, k = 2 5/5, k = 3 3/11, k = 1 and 4 none. Trained with k up to 4,
+# 6% of the first step's T = 0.7 rollouts were right: 132 rollouts (9.5 minutes) for 8 groups with
+# a signal. Up to 3, k = 2 is mostly right and 3 sometimes.
+LOOKUP_POWERS = (1, 2, 3)
 
 
 # -- the task ----------------------------------------------------------------------------------
