@@ -1,12 +1,13 @@
 """`raas bench tenants`: two tenants share one `raas serve`; does a flood of one starve the other?
 
-End to end over HTTP. Each phase starts a real `raas serve` (a child process, 8 workers a stage
-as by default) with a tenants file of its own (a key a tenant, named by its SHA-256 digest) and
-the admin's key. The jobs are the shipped ``math`` task: a sandbox set up in INIT, raas's agent
-loop in RUN, math-verify in EVAL, against a fake model speaking vLLM's protocol in a process of
-its own (``raas bench scale``'s): ``--turns`` calls a job (``think``, then ``finish`` with the
-answer), each answered after ``--llm-latency-ms``, as a GPU server's batch would be. A job holds
-a RUN slot for about turns x latency: the slots are what the tenants share.
+End to end over HTTP. Each phase starts a real `raas serve` (a child process, its default
+workers: 8 a stage) with a tenants file of its own (a key a tenant, named by its SHA-256
+digest) and the admin's key. The jobs are the shipped ``math`` task: a sandbox set up in INIT,
+raas's agent loop in RUN, math-verify in EVAL, against a fake model speaking vLLM's protocol in
+a process of its own (``raas bench scale``'s): ``--turns`` calls a job (``think``, then
+``finish`` with the answer), each answered after ``--llm-latency-ms``, as a GPU server's batch
+would be. A job holds a RUN slot for about turns x latency: the slots are what the tenants
+share.
 
 Tenant A floods ``--flood`` jobs at once (``POST /v1/rollouts:batch`` with its key); then
 tenant B submits a steady ``--rate`` jobs a second for ``--seconds`` with its key, long-polling
@@ -51,6 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from raas.bench.forked import ForkedServer
 from raas.bench.scale import _serve_fake_llm
 from raas.launch import ServerProcess
+from raas.settings import defaults
 from raas.tenants import key_digest
 
 WIDTH = 80
@@ -398,8 +400,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    d = defaults()
+    workers = f"{d.init_workers}/{d.run_workers}/{d.eval_workers} INIT/RUN/EVAL workers"
     intro = (
-        f"raas bench tenants: raas serve (8 workers a stage) running math jobs of {args.turns}"
+        f"raas bench tenants: raas serve ({workers}) running math jobs of {args.turns}"
         f" model calls, a fake vLLM-protocol model answering each in {args.llm_latency_ms:g} ms,"
         f" {args.sandbox} sandboxes; A floods {args.flood} jobs, B submits {args.rate:g} jobs/s"
         f" for {args.seconds:g} s a phase; the server, the model and this client share the"
