@@ -71,8 +71,10 @@ class ServerProcess(ChildServer):
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         port: int | None = None,
+        tied: bool = False,
     ) -> None:
-        super().__init__(["serve", "--db", str(db), *(extra_args or [])], log, env, port)
+        args = ["serve", "--db", str(db), *(extra_args or [])]
+        super().__init__(args, log, env, port, tied)
 
 
 class EngineProcess(ChildServer):

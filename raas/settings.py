@@ -80,8 +80,15 @@ class ServeSettings(BaseSettings):
     init_queue: int = Field(
         default=1024, ge=1, description="Jobs that may wait for INIT; beyond it a submit is 429."
     )
-    run_queue: int = Field(default=64, ge=1, description="Jobs that may wait for RUN.")
-    eval_queue: int = Field(default=64, ge=1, description="Jobs that may wait for EVAL.")
+    run_queue: int = Field(
+        default=64,
+        ge=1,
+        description="Jobs that may wait for RUN, those in INIT counted (INIT takes a job only"
+        " with a place here).",
+    )
+    eval_queue: int = Field(
+        default=64, ge=1, description="Jobs that may wait for EVAL, those in RUN counted."
+    )
     timeout_s: float | None = Field(
         default=1800.0,
         gt=0,

@@ -175,6 +175,24 @@ async def test_a_tenant_at_its_sandbox_cap_waits_while_another_goes_ahead(
             assert (await finished(pipeline, view.job_id))["state"] == "done"
 
 
+async def test_a_tenant_never_waits_behind_anothers_jobs_held_before_a_full_queue(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline(init_workers=2, run_workers=1, run_queue=1) as pipeline:
+        (a0,) = await pipeline.submit([req("a", run="block")])
+        await probe.wait_entered(a0.job_id, "run")
+        flood = await pipeline.submit([req("a") for _ in range(4)])
+        await settle(lambda: pipeline.stats()["stages"]["run"]["queued"] == 1)
+        (b0,) = await pipeline.submit([req("b")])  # the RUN queue is full of a's jobs
+        probe.release(a0.job_id, "run")
+        for view in (a0, *flood, b0):
+            assert (await finished(pipeline, view.job_id))["state"] == "done"
+    ran = [job_id for job_id, stage in probe.order if stage == "run"]
+    # b's job goes next into the place the RUN queue frees, ahead of a's jobs that came first:
+    # none of them had gone through INIT to wait for that place.
+    assert ran == [a0.job_id, flood[0].job_id, b0.job_id, *(v.job_id for v in flood[1:])]
+
+
 async def test_over_quota_is_a_429_with_retry_after_naming_it_and_tenants_are_counted(
     tmp_path: Path, registry: TaskRegistry, probe: ProbeTask
 ) -> None:

@@ -189,32 +189,27 @@ async def test_cancel_while_waiting_for_run_cleans_up_once(
     assert probe.opened[waiting] == 1 and probe.closed[waiting] == 1
 
 
-async def test_backpressure_and_cancel_of_a_job_waiting_to_hand_on(
+async def test_backpressure_holds_jobs_in_the_queue_before_a_full_one(
     make_pipeline: Any, probe: ProbeTask
 ) -> None:
     async with make_pipeline(init_workers=1, run_workers=1, run_queue=1) as pipeline:
         running = await submit_one(pipeline, probe_instance(run="block"))
         await probe.wait_entered(running, "run")
         in_queue = await submit_one(pipeline, probe_instance())
-        await probe.wait_entered(in_queue, "init")
-        handing_on = await submit_one(pipeline, probe_instance())
-        await probe.wait_entered(handing_on, "init")
-        behind = await submit_one(pipeline, probe_instance(init="block"))
+        held = await submit_one(pipeline, probe_instance())
+        behind = await submit_one(pipeline, probe_instance())
         await settle(lambda: pipeline.stats()["stages"]["run"]["queued"] == 1)
-        handing = pipeline.active(handing_on)
-        await settle(lambda: handing is not None and handing.state is JobState.RUN)
-        # The RUN queue is full, so the INIT worker holds `handing_on` and `behind` waits.
-        assert (behind, "init") not in probe.order
-        assert pipeline.stats()["stages"]["run"]["queued"] == 1
-        pipeline.cancel(handing_on)
-        result = await finished(pipeline, handing_on)
-        await probe.wait_entered(behind, "init")  # the INIT slot is free again
-        probe.release(behind, "init")
+        # The RUN queue is full, so no INIT worker takes another job: `held` waits in the INIT
+        # queue, holding no INIT slot and no sandbox, where a cancel ends it at once.
+        stats = pipeline.stats()["stages"]
+        assert stats["init"]["active"] == 0 and stats["init"]["queued"] == 2
+        pipeline.cancel(held)
+        result = await finished(pipeline, held)
         probe.release(running, "run")
         for job_id in (running, in_queue, behind):
             assert (await finished(pipeline, job_id))["state"] == "done"
-    assert result["state"] == "cancelled" and result["stage_failed"] == "run"
-    assert probe.opened[handing_on] == 1 and probe.closed[handing_on] == 1
+    assert result["state"] == "cancelled" and result["stage_failed"] is None
+    assert probe.opened[held] == 0 and (held, "init") not in probe.order
 
 
 async def test_a_long_eval_does_not_hold_a_run_slot(make_pipeline: Any, probe: ProbeTask) -> None:

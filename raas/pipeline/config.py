@@ -18,8 +18,9 @@ def _per_stage(settings: ServeSettings, suffix: str) -> dict[Stage, int]:
 class PipelineConfig:
     workers: dict[Stage, int] = field(default_factory=lambda: _per_stage(defaults(), "workers"))
     # How many jobs may wait for each stage. A full INIT queue turns submissions away (429); a
-    # full RUN or EVAL queue makes the stage before it wait (backpressure), so a slow EVAL cannot
-    # pile up unbounded jobs, each holding a sandbox.
+    # full RUN or EVAL queue makes the stage before it take no more jobs (backpressure: a job is
+    # taken with its place in the next queue reserved), so a slow EVAL cannot pile up unbounded
+    # jobs, each holding a sandbox.
     queue_size: dict[Stage, int] = field(default_factory=lambda: _per_stage(defaults(), "queue"))
     # Budget of stage time per job (queue waits do not count); a request may set its own.
     job_timeout_s: float | None = field(default_factory=lambda: defaults().timeout_s)

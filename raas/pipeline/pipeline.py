@@ -1,8 +1,10 @@
 """Jobs through three stage pools: INIT (set up), RUN (the agent loop), EVAL (the reward).
 
 Each stage has its own workers and its own bounded queue. A worker holds a job only while the
-stage's work runs (or, under backpressure, while the next queue has no room), so a slow test
-suite in EVAL never holds a RUN slot, and RUN never waits for a sandbox to be created.
+stage's work runs, so a slow test suite in EVAL never holds a RUN slot, and RUN never waits for
+a sandbox to be created. A worker takes a job only when the next stage's queue has room for it
+(backpressure: the place is reserved as it takes it), so a full queue holds jobs back in the
+queue before it, where fair share orders the tenants.
 """
 
 from __future__ import annotations
@@ -123,14 +125,14 @@ class Pipeline:
         self.started_at = time.time()
         self.finished_counts: Counter[JobState] = Counter()
         self._jobs: dict[str, Job] = {}
-        self._queues: dict[Stage, StageQueue[Job]] = {
-            stage: StageQueue(
+        self._queues: dict[Stage, StageQueue[Job]] = {}
+        for stage in reversed(Stage):  # each hands on to the next stage's, made first
+            self._queues[stage] = StageQueue(
                 self.config.queue_size[stage],
                 weight=lambda tenant: self.config.tenants(tenant).weight,
                 may_take=self._may_hold_sandbox if stage is Stage.INIT else None,
+                hands_to=self._queues[stage.next] if stage.next is not None else None,
             )
-            for stage in Stage
-        }
         # Per tenant: jobs accepted and not finished (or being recorded), sandboxes held, and
         # the LLM tokens of its finished jobs, for its quotas.
         self._tenant_jobs: Counter[str] = Counter()
@@ -522,7 +524,7 @@ class Pipeline:
             job.stop_waiting()
             self._spawn(self._finish(job))
         elif job.stage is not None:
-            self._queues[job.stage].wake()  # the worker waits for room there; let it give up
+            self._queues[job.stage].wake()  # a job run again waits for room there; let it give up
 
     # -- the stage workers ---------------------------------------------------------------------
 
@@ -543,17 +545,24 @@ class Pipeline:
                 self._spawn(self._finish(job))
 
     async def _process(self, job: Job, stage: Stage) -> None:
-        if job.ending is None:
-            await self._run_stage(job, stage)
+        """Run ``stage`` of ``job``, then hand it on into the place the next queue reserved for
+        it when it was taken; a job that ends here gives the place back and finishes."""
         nxt = stage.next
-        if job.ending is None and nxt is not None:
-            job.stage = nxt
-            job.state = JobState(nxt.value)
-            job.start_waiting()
-            if await self._queues[nxt].put(job, give_up=lambda: job.ending is not None):
+        handed_on = False
+        try:
+            if job.ending is None:
+                await self._run_stage(job, stage)
+            if job.ending is None and nxt is not None:
+                job.stage = nxt
+                job.state = JobState(nxt.value)
+                job.start_waiting()
+                self._queues[nxt].put_nowait(job, reserved=True)
+                handed_on = True
                 job.owned = False
                 return
-            job.stop_waiting()
+        finally:
+            if nxt is not None and not handed_on:
+                self._queues[nxt].unreserve(1)
         self._spawn(self._finish(job))
 
     async def _run_stage(self, job: Job, stage: Stage) -> None:

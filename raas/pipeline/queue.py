@@ -43,6 +43,13 @@ class StageQueue(Generic[J]):
     ``may_take(tenant)``, when given, holds a tenant's jobs back while false (at its sandbox
     quota); they wait, and whoever makes it true again calls ``wake``.
 
+    ``hands_to``, the queue of the next stage: a job is taken only with a place reserved for it
+    there (``put_nowait(job, reserved=True)`` once its stage is over, ``unreserve(1)`` if it
+    ends instead). So a full next queue holds jobs back here, in fair-share order, rather than
+    after their stage in the order their workers wake: a tenant never waits behind another's
+    jobs that are already through this stage, and no worker holds a job (nor its sandbox) while
+    it waits for room. A place freed there wakes this queue's waiters.
+
     A job can be taken out again (``discard``) when it is cancelled while it waits, which frees its
     place at once. Places can be reserved (``reserve``) for jobs that are put later, so that
     nothing takes them meanwhile. Waiters are woken through a replaceable event so that sync code
@@ -54,12 +61,17 @@ class StageQueue(Generic[J]):
         maxsize: int,
         weight: Callable[[str], float] = _alike,
         may_take: Callable[[str], bool] | None = None,
+        hands_to: StageQueue[J] | None = None,
     ) -> None:
         if maxsize < 1:
             raise ValueError("a stage queue holds at least one job")
         self.maxsize = maxsize
         self._weight = weight
         self._may_take = may_take
+        self._next = hands_to
+        self._previous: StageQueue[J] | None = None
+        if hands_to is not None:
+            hands_to._previous = self
         self._heaps: dict[str, list[tuple[int, int, J]]] = {}
         self._waiting: Counter[str] = Counter()  # members per tenant
         self._start: dict[str, float] = {}  # each tenant's next start tag
@@ -91,7 +103,7 @@ class StageQueue(Generic[J]):
     def unreserve(self, n: int) -> None:
         """Give back ``n`` reserved places that will not be used."""
         self._reserved -= n
-        self.wake()
+        self._freed()
 
     def put_nowait(self, job: J, reserved: bool = False) -> None:
         if reserved:
@@ -123,7 +135,10 @@ class StageQueue(Generic[J]):
         return job
 
     def take(self) -> J | None:
-        """The next job by fair share, or None when no tenant may be served now."""
+        """The next job by fair share (with its place in the next queue reserved), or None when
+        no tenant may be served now or the next queue has no room."""
+        if self._next is not None and self._next.free <= 0:
+            return None
         best: tuple[float, float, str] | None = None
         for tenant, n in self._waiting.items():
             if n <= 0 or (self._may_take is not None and not self._may_take(tenant)):
@@ -144,7 +159,9 @@ class StageQueue(Generic[J]):
         self._waiting[tenant] -= 1
         self._start[tenant] = finish
         self._vtime = start
-        self.wake()
+        if self._next is not None:
+            self._next.reserve(1)
+        self._freed()
         return job
 
     def discard(self, job: J) -> bool:
@@ -153,13 +170,20 @@ class StageQueue(Generic[J]):
             return False
         self._members.discard(job.id)
         self._waiting[job.tenant] -= 1
-        self.wake()
+        self._freed()
         return True
 
     def wake(self) -> None:
         """Wake every waiter to re-check its condition."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _freed(self) -> None:
+        """A place freed: this queue's waiters, and the previous stage's (which takes a job
+        only when this queue has room for it), check again."""
+        self.wake()
+        if self._previous is not None:
+            self._previous.wake()
 
     async def _wait(self) -> None:
         await self._changed.wait()
