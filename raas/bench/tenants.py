@@ -54,10 +54,10 @@ from raas.bench.scale import _serve_fake_llm
 from raas.launch import ServerProcess
 from raas.settings import defaults
 from raas.tenants import key_digest
+from raas.wire import FINAL_STATES
 
 WIDTH = 80
 INSTANCE = {"data_source": "math", "question": "What is 6 * 7?", "answer": "42"}
-FINAL_STATES = {"done", "failed", "timeout", "cancelled"}
 BATCH = 500  # jobs a request of a flood
 PROGRESS_S = 5.0
 STAGES = ("init", "run", "eval")
