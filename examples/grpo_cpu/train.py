@@ -846,12 +846,13 @@ async def train(
         )
         run.eval_s = result.seconds
         await (asynchronous_steps if args.async_mode else synchronous_steps)(run)
-    if plot(csv_path, args.out / "heldout.png", task.title):
+    mode = "asynchronous" if args.async_mode else "synchronous"
+    if plot(csv_path, args.out / "heldout.png", task.title, mode):
         print(f"plot: {args.out / 'heldout.png'}")
     print(f"per-step figures: {csv_path}")
 
 
-def plot(csv_path: Path, png_path: Path, title: str) -> bool:
+def plot(csv_path: Path, png_path: Path, title: str, mode: str) -> bool:
     try:
         import matplotlib
 
@@ -886,7 +887,7 @@ def plot(csv_path: Path, png_path: Path, title: str) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     minutes = float(rows[-1]["wall_s"]) / 60
-    ax.set_title(f"SmolLM2-135M, {title}\n2 CPU cores, {minutes:.0f} min", fontsize=10)
+    ax.set_title(f"SmolLM2-135M, {title}\n{mode}, 2 CPU cores, {minutes:.0f} min", fontsize=10)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     return True
