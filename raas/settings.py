@@ -78,7 +78,10 @@ class ServeSettings(BaseSettings):
     )
     eval_workers: int = Field(default=8, ge=1, description="Concurrent EVAL stages (reward).")
     init_queue: int = Field(
-        default=1024, ge=1, description="Jobs that may wait for INIT; beyond it a submit is 429."
+        default=1024,
+        ge=1,
+        description="Jobs that may wait for INIT; beyond it a submit is 429 (with tenants, a"
+        " tenant under its weighted share of these places is not refused: docs/api.md).",
     )
     run_queue: int = Field(
         default=64,

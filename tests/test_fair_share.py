@@ -15,12 +15,14 @@ from raas.api.app import create_app
 from raas.pipeline import (
     JobRequest,
     JobState,
+    Overloaded,
     Pipeline,
     QuotaExceeded,
     TenantPolicy,
     policies_from,
 )
-from raas.pipeline.queue import StageQueue
+from raas.pipeline.queue import QueueFull, StageQueue
+from raas.pipeline.slots import StageSlots
 from raas.pipeline.tenants import DAY_S, TokenMeter
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
@@ -98,7 +100,7 @@ async def test_discard_reserve_and_a_held_back_tenant() -> None:
     held = {"a"}
     q: StageQueue[Item] = StageQueue(4, may_take=lambda tenant: tenant not in held)
     a0, a1 = backlog(q, "a", 2)
-    q.reserve(1)
+    q.reserve("b")
     (b0,) = backlog(q, "b", 1)
     assert q.free == 0
     assert q.discard(a0) and not q.discard(a0) and q.waiting("a") == 1
@@ -156,6 +158,69 @@ async def test_jobs_in_flight_quota_refuses_whole_and_loses_nothing(
         assert pipeline.stats()["tenants"] == {"a": idle, "b": idle}
 
 
+def test_a_tenant_arriving_at_a_queue_another_filled_gets_its_weighted_share_of_places() -> None:
+    q: StageQueue[Item] = StageQueue(4, weight=weights({"a": 1.0, "b": 3.0}))
+    backlog(q, "a", 4)
+    with pytest.raises(QueueFull):
+        q.put_nowait(Item("a-4", "a"))  # the control: full for the tenant that filled it
+    backlog(q, "b", 3)  # b's share: 3 of the 4 places
+    with pytest.raises(QueueFull):
+        q.put_nowait(Item("b-3", "b"))
+    assert q.room("a") == 0 and q.room("b") == 0 and len(q) == 7  # under twice its size
+    assert [item.tenant for item in taken(q, 2)] == ["b", "b"]  # by weight
+    assert q.room("a") == 0 and q.room("b") == 2  # 5 of 4 held: the places freed are b's
+    assert [item.tenant for item in taken(q, 3)] == ["a", "b", "a"]  # a tie: a started first
+    assert q.room("a") == 2 and q.room("b") == 3  # a holds 2: the free ones, or b's share
+
+
+def test_a_tenant_alone_fills_the_queue_and_no_more() -> None:
+    q: StageQueue[Item] = StageQueue(3)
+    backlog(q, "a", 2)
+    q.reserve("a")
+    assert q.room("a") == 0
+    with pytest.raises(QueueFull):
+        q.reserve("a")
+
+
+def test_a_full_next_queue_holds_back_only_the_tenant_that_filled_it() -> None:
+    after: StageQueue[Item] = StageQueue(2)
+    before: StageQueue[Item] = StageQueue(10, hands_to=after)
+    backlog(after, "a", 2)
+    backlog(before, "a", 2)
+    assert before.take() is None  # the control: a's next queue is full
+    (b0,) = backlog(before, "b", 1)
+    assert before.take() is b0  # b holds nothing there: its place is reserved beyond the size
+    assert before.take() is None and after.room("b") == 0
+    after.put_nowait(b0, reserved=True)
+    assert len(after) == 3
+
+
+def test_a_slot_is_kept_for_a_tenant_under_its_share_with_a_job_on_its_way() -> None:
+    table = weights({"a": 1.0, "b": 1.0})
+    init = StageSlots(2, table)
+    run = StageSlots(4, table, before=init)
+    for _ in range(3):
+        run.take("a")
+    assert run.may_take("a")  # the control: nothing of b's on its way, the last slot is a's
+    init.take("b")  # b's job in INIT: the one free RUN slot is kept for it
+    assert not run.may_take("a") and run.may_take("b")
+    init.give_back("b")  # it ended in INIT (failed, cancelled): nothing is on its way
+    assert run.may_take("a")
+
+
+def test_slots_are_kept_by_weight_and_only_up_to_the_jobs_on_their_way() -> None:
+    table = weights({"a": 3.0, "b": 1.0})
+    init = StageSlots(8, table)
+    run = StageSlots(8, table, before=init)
+    for tenant in ["a"] * 5 + ["b"] * 3:
+        (run if tenant == "a" else init).take(tenant)  # b: three jobs on their way
+    assert run.may_take("a")  # a is under its share of 6
+    run.take("a")
+    assert not run.may_take("a")  # 2 free: both kept for b, its share of 8 (not three)
+    run.take("a")  # were a to take one anyway (a share shrunk by a reload)...
+    assert not run.may_take("a") and run.may_take("b")  # ...one is still b's
+
+
 async def test_a_tenant_at_its_sandbox_cap_waits_while_another_goes_ahead(
     make_pipeline: Any, probe: ProbeTask
 ) -> None:
@@ -175,6 +240,24 @@ async def test_a_tenant_at_its_sandbox_cap_waits_while_another_goes_ahead(
             assert (await finished(pipeline, view.job_id))["state"] == "done"
 
 
+async def test_a_full_init_queue_refuses_the_tenant_that_filled_it_not_another(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline(init_workers=1, init_queue=2) as pipeline:
+        (a0,) = await pipeline.submit([req("a", init="block")])
+        await probe.wait_entered(a0.job_id, "init")
+        flood = await pipeline.submit([req("a"), req("a")])
+        with pytest.raises(Overloaded) as refused:
+            await pipeline.submit([req("a")])  # the control: a filled it
+        assert "0 places left to this tenant" in str(refused.value)
+        (b0,) = await pipeline.submit([req("b")])  # b's share of the places, a's backlog aside
+        with pytest.raises(Overloaded):
+            await pipeline.submit([req("b")])  # and no more: its share of 2 is 1
+        probe.release(a0.job_id, "init")
+        for view in (a0, *flood, b0):
+            assert (await finished(pipeline, view.job_id))["state"] == "done"
+
+
 async def test_a_tenant_never_waits_behind_anothers_jobs_held_before_a_full_queue(
     make_pipeline: Any, probe: ProbeTask
 ) -> None:
@@ -188,9 +271,32 @@ async def test_a_tenant_never_waits_behind_anothers_jobs_held_before_a_full_queu
         for view in (a0, *flood, b0):
             assert (await finished(pipeline, view.job_id))["state"] == "done"
     ran = [job_id for job_id, stage in probe.order if stage == "run"]
-    # b's job goes next into the place the RUN queue frees, ahead of a's jobs that came first:
-    # none of them had gone through INIT to wait for that place.
-    assert ran == [a0.job_id, flood[0].job_id, b0.job_id, *(v.job_id for v in flood[1:])]
+    # b's job went through INIT though a's filled the RUN queue (b held no place there), and
+    # runs next, ahead of a's jobs that came first, the one already through INIT included.
+    assert ran == [a0.job_id, b0.job_id, *(v.job_id for v in flood)]
+
+
+async def test_a_run_slot_freed_waits_for_a_tenants_job_in_init_not_anothers_backlog(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline(init_workers=2, run_workers=2) as pipeline:
+        a0, a1 = await pipeline.submit([req("a", run="block"), req("a", run="block")])
+        await probe.wait_entered(a0.job_id, "run")
+        await probe.wait_entered(a1.job_id, "run")  # a holds both RUN slots
+        (a2,) = await pipeline.submit([req("a")])
+        await settle(lambda: pipeline.stats()["stages"]["run"]["queued"] == 1)  # a2, through INIT
+        (b0,) = await pipeline.submit([req("b", init="block")])
+        await probe.wait_entered(b0.job_id, "init")
+        probe.release(a0.job_id, "run")
+        assert (await finished(pipeline, a0.job_id))["state"] == "done"
+        probe.release(b0.job_id, "init")
+        probe.release(a1.job_id, "run")
+        for view in (a1, a2, b0):
+            assert (await finished(pipeline, view.job_id))["state"] == "done"
+    ran = [job_id for job_id, stage in probe.order if stage == "run"]
+    # The slot a0 freed was kept for b0, then in INIT, though a2 was waiting for it already;
+    # without it kept, a2 would have taken it at once and b0 waited for a1 to end.
+    assert ran == [a0.job_id, a1.job_id, b0.job_id, a2.job_id]
 
 
 async def test_over_quota_is_a_429_with_retry_after_naming_it_and_tenants_are_counted(

@@ -8,9 +8,10 @@ class SubmitError(Exception):
 
 
 class Overloaded(SubmitError):
-    def __init__(self, retry_after_s: int, free: int, wanted: int) -> None:
+    def __init__(self, retry_after_s: int, room: int, wanted: int) -> None:
         super().__init__(
-            f"the INIT queue is full ({free} places free, {wanted} wanted); retry later"
+            f"the INIT queue is full ({room} places left to this tenant, {wanted} wanted);"
+            " retry later"
         )
         self.retry_after_s = retry_after_s
 

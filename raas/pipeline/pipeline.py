@@ -30,8 +30,9 @@ from raas.pipeline.errors import (
 )
 from raas.pipeline.groups import Groups
 from raas.pipeline.job import Ending, Job, JobRequest, new_job_id, scoped
-from raas.pipeline.queue import QueueFull, StageQueue
+from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
+from raas.pipeline.slots import StageSlots
 from raas.pipeline.states import JobState, Stage
 from raas.pipeline.tenants import TenantPolicies, TokenMeter
 from raas.store.records import JobRecord
@@ -125,12 +126,18 @@ class Pipeline:
         self.started_at = time.time()
         self.finished_counts: Counter[JobState] = Counter()
         self._jobs: dict[str, Job] = {}
+        self._slots: dict[Stage, StageSlots] = {}
+        for stage in Stage:  # each keeps slots for the jobs in the stage before, made first
+            before = None if stage.previous is None else self._slots[stage.previous]
+            self._slots[stage] = StageSlots(self.config.workers[stage], self._weight, before)
         self._queues: dict[Stage, StageQueue[Job]] = {}
         for stage in reversed(Stage):  # each hands on to the next stage's, made first
             self._queues[stage] = StageQueue(
                 self.config.queue_size[stage],
-                weight=lambda tenant: self.config.tenants(tenant).weight,
-                may_take=self._may_hold_sandbox if stage is Stage.INIT else None,
+                weight=self._weight,
+                may_take=self._may_take_init
+                if stage is Stage.INIT
+                else self._slots[stage].may_take,
                 hands_to=self._queues[stage.next] if stage.next is not None else None,
             )
         # Per tenant: jobs accepted and not finished (or being recorded), sandboxes held, and
@@ -350,10 +357,11 @@ class Pipeline:
             tenants = Counter(job.tenant for job in fresh.values())
             self._check_quotas(tenants)
             queue = self._queues[Stage.INIT]
-            try:
-                queue.reserve(len(fresh))
-            except QueueFull:
-                raise Overloaded(self.config.retry_after_s, queue.free, len(fresh)) from None
+            for tenant, n in tenants.items():
+                if not queue.has_room(tenant, n):
+                    raise Overloaded(self.config.retry_after_s, queue.room(tenant), n)
+            for tenant, n in tenants.items():
+                queue.reserve(tenant, n)
             self._tenant_jobs.update(tenants)  # counted from here: a submission meanwhile sees
             # Said before the first await: a submission of the same job_id meanwhile waits.
             written = asyncio.get_running_loop().create_future()
@@ -386,9 +394,13 @@ class Pipeline:
                     tenant, quota, max(1, math.ceil(wait_s)), f"its window frees in {wait_s:.0f} s"
                 )
 
-    def _may_hold_sandbox(self, tenant: str) -> bool:
+    def _weight(self, tenant: str) -> float:
+        return self.config.tenants(tenant).weight
+
+    def _may_take_init(self, tenant: str) -> bool:
         cap = self.config.tenants(tenant).quotas.max_sandboxes
-        return cap is None or self._sandboxes[tenant] < cap
+        under_cap = cap is None or self._sandboxes[tenant] < cap
+        return under_cap and self._slots[Stage.INIT].may_take(tenant)
 
     def _hold_sandbox(self, job: Job) -> None:
         job.sandbox_since = time.monotonic()
@@ -450,7 +462,8 @@ class Pipeline:
         try:
             await self.store.add_jobs(records)
         except BaseException as e:
-            queue.unreserve(len(jobs))
+            for tenant, n in Counter(job.tenant for job in jobs).items():
+                queue.unreserve(tenant, n)
             self._tenant_jobs.subtract(job.tenant for job in jobs)
             if isinstance(e, StoreWriteError):
                 raise StoreUnavailable(self._store_retry_after(), str(e)) from e
@@ -530,10 +543,12 @@ class Pipeline:
 
     async def _worker(self, stage: Stage) -> None:
         queue = self._queues[stage]
+        slots = self._slots[stage]
         while True:
             job = await queue.get()
             job.owned = True
             job.stop_waiting()
+            slots.take(job.tenant)
             if stage is Stage.INIT:
                 self._hold_sandbox(job)
             try:
@@ -543,6 +558,12 @@ class Pipeline:
                 if job.ending is None:
                     job.ending = Ending(JobState.FAILED, stage, "internal_error", repr(e), "infra")
                 self._spawn(self._finish(job))
+            finally:
+                slots.give_back(job.tenant)
+                # A slot freed here, and one the next stage kept for this job no longer kept.
+                queue.wake()
+                if stage.next is not None:
+                    self._queues[stage.next].wake()
 
     async def _process(self, job: Job, stage: Stage) -> None:
         """Run ``stage`` of ``job``, then hand it on into the place the next queue reserved for
@@ -562,7 +583,7 @@ class Pipeline:
                 return
         finally:
             if nxt is not None and not handed_on:
-                self._queues[nxt].unreserve(1)
+                self._queues[nxt].unreserve(job.tenant)
         self._spawn(self._finish(job))
 
     async def _run_stage(self, job: Job, stage: Stage) -> None:

@@ -40,6 +40,13 @@ class StageQueue(Generic[J]):
     skipped, so its share goes to the others (work-conserving). ``weight`` is asked at each take,
     so a new weight applies at once.
 
+    Places are shared too: a tenant holding fewer places than its weighted share of the queue's
+    size (among the tenants holding places in it) may take one even when the queue is full. A
+    tenant that filled the queue while alone then cannot shut out one that arrives: the newcomer
+    is never refused a submission, nor held before a full next queue, by another's backlog. So
+    the size bounds each tenant's holding to its share once the queue is full, and the whole
+    queue to twice its size at most (one tenant's full queue, the others' shares beyond it).
+
     ``may_take(tenant)``, when given, holds a tenant's jobs back while false (at its sandbox
     quota); they wait, and whoever makes it true again calls ``wake``.
 
@@ -47,7 +54,8 @@ class StageQueue(Generic[J]):
     there (``put_nowait(job, reserved=True)`` once its stage is over, ``unreserve(1)`` if it
     ends instead). So a full next queue holds jobs back here, in fair-share order, rather than
     after their stage in the order their workers wake: a tenant never waits behind another's
-    jobs that are already through this stage, and no worker holds a job (nor its sandbox) while
+    jobs that are already through this stage, nor (by the shares above) behind another's full
+    next queue, and no worker holds a job (nor its sandbox) while
     it waits for room. A place freed there wakes this queue's waiters.
 
     A job can be taken out again (``discard``) when it is cancelled while it waits, which frees its
@@ -78,6 +86,7 @@ class StageQueue(Generic[J]):
         self._vtime = 0.0  # the start tag of the job taken last
         self._members: set[str] = set()
         self._reserved = 0
+        self._held: Counter[str] = Counter()  # places per tenant: members and reserved
         self._seq = itertools.count()
         self._changed = asyncio.Event()
 
@@ -94,22 +103,41 @@ class StageQueue(Generic[J]):
     def waiting(self, tenant: str) -> int:
         return self._waiting[tenant]
 
-    def reserve(self, n: int) -> None:
-        """Hold ``n`` places for jobs put later with ``put_nowait(job, reserved=True)``."""
-        if n > self.free:
+    def share(self, tenant: str) -> int:
+        """The places ``tenant`` may hold in a full queue: its weighted share of the size among
+        the tenants holding places here, it included (at least one)."""
+        weight = self._weight(tenant)
+        others = sum(self._weight(t) for t, n in self._held.items() if n > 0 and t != tenant)
+        return max(1, int(self.maxsize * weight / (weight + others)))
+
+    def room(self, tenant: str) -> int:
+        """The places ``tenant`` may have now: the free ones, or what its share leaves it."""
+        return max(0, self.free, self.share(tenant) - self._held[tenant])
+
+    def has_room(self, tenant: str, n: int = 1) -> bool:
+        return n <= self.room(tenant)
+
+    def reserve(self, tenant: str, n: int = 1) -> None:
+        """Hold ``n`` places of ``tenant`` for its jobs put later with ``put_nowait(job,
+        reserved=True)``."""
+        if not self.has_room(tenant, n):
             raise QueueFull
         self._reserved += n
+        self._held[tenant] += n
 
-    def unreserve(self, n: int) -> None:
-        """Give back ``n`` reserved places that will not be used."""
+    def unreserve(self, tenant: str, n: int = 1) -> None:
+        """Give back ``n`` reserved places of ``tenant`` that will not be used."""
         self._reserved -= n
+        self._held[tenant] -= n
         self._freed()
 
     def put_nowait(self, job: J, reserved: bool = False) -> None:
         if reserved:
             self._reserved -= 1
-        elif self.free <= 0:
+        elif not self.has_room(job.tenant):
             raise QueueFull
+        else:
+            self._held[job.tenant] += 1
         heap = self._heaps.setdefault(job.tenant, [])
         heapq.heappush(heap, (-job.priority, next(self._seq), job))
         self._members.add(job.id)
@@ -120,7 +148,7 @@ class StageQueue(Generic[J]):
 
     async def put(self, job: J, give_up: Callable[[], bool]) -> bool:
         """Wait for room, then enqueue; False if ``give_up()`` turned true while waiting."""
-        while self.free <= 0:
+        while not self.has_room(job.tenant):
             if give_up():
                 return False
             await self._wait()
@@ -136,12 +164,12 @@ class StageQueue(Generic[J]):
 
     def take(self) -> J | None:
         """The next job by fair share (with its place in the next queue reserved), or None when
-        no tenant may be served now or the next queue has no room."""
-        if self._next is not None and self._next.free <= 0:
-            return None
+        no tenant may be served now (held back, or no room for it in the next queue)."""
         best: tuple[float, float, str] | None = None
         for tenant, n in self._waiting.items():
             if n <= 0 or (self._may_take is not None and not self._may_take(tenant)):
+                continue
+            if self._next is not None and not self._next.has_room(tenant):
                 continue
             start = self._start[tenant]
             finish = start + 1.0 / self._weight(tenant)
@@ -157,10 +185,11 @@ class StageQueue(Generic[J]):
                 break
         self._members.discard(job.id)
         self._waiting[tenant] -= 1
+        self._held[tenant] -= 1
         self._start[tenant] = finish
         self._vtime = start
         if self._next is not None:
-            self._next.reserve(1)
+            self._next.reserve(tenant)
         self._freed()
         return job
 
@@ -170,6 +199,7 @@ class StageQueue(Generic[J]):
             return False
         self._members.discard(job.id)
         self._waiting[job.tenant] -= 1
+        self._held[job.tenant] -= 1
         self._freed()
         return True
 

@@ -16,6 +16,12 @@ class Stage(StrEnum):
         i = order.index(self)
         return order[i + 1] if i + 1 < len(order) else None
 
+    @property
+    def previous(self) -> Stage | None:
+        order = list(Stage)
+        i = order.index(self)
+        return order[i - 1] if i > 0 else None
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
