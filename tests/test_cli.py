@@ -82,6 +82,13 @@ def test_export_writes_the_format_its_file_names(tmp_path: Path) -> None:
     assert clash.exit_code == 2 and "is a .parquet file but --format is jsonl" in clash.output
     by_suffix = runner.invoke(main, ["export", "--db", str(db), "--out", str(tmp_path / "r.jsonl")])
     assert by_suffix.exit_code == 0 and "wrote 0 results" in by_suffix.output
+    # A key typed with --db would pick nothing (the file is read whole): said, not ignored; a
+    # key in RAAS_API_KEY, as a shell keeps it for --server, is not typed.
+    out = ["--out", str(tmp_path / "k.jsonl")]
+    typed = runner.invoke(main, ["export", "--db", str(db), "--api-key", "k", *out])
+    assert typed.exit_code == 2 and "--api-key is for --server" in typed.output
+    kept = runner.invoke(main, ["export", "--db", str(db), *out], env={"RAAS_API_KEY": "k"})
+    assert kept.exit_code == 0
 
 
 def test_replay_alone_says_why_it_needs_the_tasks(tmp_path: Path) -> None:
@@ -100,6 +107,32 @@ def test_a_wrong_server_address_is_one_line_that_says_what_to_do() -> None:
     assert "raas serve --port PORT" in down.output and len(down.output.splitlines()) == 1
     bare = CliRunner().invoke(main, ["status", f"127.0.0.1:{port}"])
     assert bare.exit_code == 1 and "give it as http://HOST:PORT" in bare.output
+
+
+def test_a_server_that_breaks_off_its_answer_is_not_called_absent() -> None:
+    import socket
+    import threading
+
+    def answer_half(listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        threading.Thread(target=answer_half, args=(listener,), daemon=True).start()
+        port = listener.getsockname()[1]
+        result = CliRunner().invoke(main, ["status", f"http://127.0.0.1:{port}"])
+    assert result.exit_code == 1 and len(result.output.splitlines()) == 1
+    assert result.output.startswith(
+        f"Error: the server at http://127.0.0.1:{port}/ closed the connection mid-answer"
+    )
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,7 @@ def tool_call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def _serve_fake_llm(port: int, turns: int, latency_s: float) -> None:
+def serve_thinking_llm(port: int, turns: int, latency_s: float) -> None:
     """vLLM's /v1/completions: ``think`` until turns - 1 turns are taken, then ``finish``.
 
     raas sends back the exact token ids of the conversation, so the assistant headers in the
@@ -236,7 +236,7 @@ def main(argv: list[str]) -> int:
     with (
         tempfile.TemporaryDirectory() as tmp,
         ForkedServer(
-            _serve_fake_llm, args.turns, args.llm_latency_ms / 1000, health="/health"
+            serve_thinking_llm, args.turns, args.llm_latency_ms / 1000, health="/health"
         ) as llm,
     ):
         cpu_cost(args, Path(tmp), llm.url)

@@ -34,7 +34,7 @@ import httpx
 
 from raas.api.app import runtime_key
 from raas.bench.forked import ForkedServer, serve_raas
-from raas.bench.scale import ThinkTask, _serve_fake_llm, think_settings
+from raas.bench.scale import ThinkTask, serve_thinking_llm, think_settings
 from raas.sandbox import procs
 from raas.sandbox.runtime import runtime_dir_of
 
@@ -68,7 +68,9 @@ class Soak:
         self.args = args
         self.db = tmp / "soak.db"
         self.llms = [
-            ForkedServer(_serve_fake_llm, args.turns, args.llm_latency_ms / 1000, health="/health")
+            ForkedServer(
+                serve_thinking_llm, args.turns, args.llm_latency_ms / 1000, health="/health"
+            )
             for _ in range(2)
         ]
         for llm in self.llms:
@@ -128,7 +130,7 @@ class Soak:
 
     def _restart_llm(self, port: int) -> ForkedServer:
         llm = ForkedServer(
-            _serve_fake_llm,
+            serve_thinking_llm,
             self.args.turns,
             self.args.llm_latency_ms / 1000,
             health="/health",

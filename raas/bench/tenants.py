@@ -50,7 +50,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from raas.bench.forked import ForkedServer
-from raas.bench.scale import _serve_fake_llm
+from raas.bench.scale import serve_thinking_llm
 from raas.launch import ServerProcess
 from raas.settings import defaults
 from raas.tenants import key_digest
@@ -416,7 +416,7 @@ def main(argv: list[str]) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="raas-bench-tenants-") as tmp,
         ForkedServer(
-            _serve_fake_llm, args.turns, args.llm_latency_ms / 1000, health="/health"
+            serve_thinking_llm, args.turns, args.llm_latency_ms / 1000, health="/health"
         ) as llm,
     ):
         for index, phase in enumerate(LATENCY_PHASES):

@@ -94,6 +94,12 @@ def export(
             "--server exports what its key may see: give it without --db and --tenant (a"
             " tenant's key gets its own jobs)"
         )
+    typed = click.get_current_context().get_parameter_source("api_key")
+    if server is None and typed is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError(
+            "--api-key is for --server; --db reads the file itself (--tenant NAME picks a"
+            " tenant's jobs)"
+        )
     part = out.with_name(out.name + ".part")  # renamed to OUT once every row is in
     try:
         if server is not None:

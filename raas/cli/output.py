@@ -72,6 +72,11 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
         raise click.ClickException(
             f"{plain(e)} (start one with `raas serve --port PORT`, or check the URL and port)"
         ) from e
+    except httpx.RemoteProtocolError as e:  # it answered, then broke off (a stop, a restart)
+        raise click.ClickException(
+            f"the server{_url_of(e)} closed the connection mid-answer: {plain(e)} (stopped or"
+            " restarted? run this again once it answers)"
+        ) from e
     except (httpx.TransportError, OSError) as e:
         where = _url_of(e)
         raise click.ClickException(
