@@ -173,6 +173,17 @@ def test_a_tenant_arriving_at_a_queue_another_filled_gets_its_weighted_share_of_
     assert q.room("a") == 2 and q.room("b") == 3  # a holds 2: the free ones, or b's share
 
 
+def test_newcomers_shares_beyond_a_full_queue_stop_at_twice_its_size() -> None:
+    q: StageQueue[Item] = StageQueue(4)
+    backlog(q, "a", 4)
+    for tenant, share in [("b", 2), ("c", 1), ("d", 1)]:  # 4 / 2, 4 / 3, 4 / 4 of the places
+        assert q.room(tenant) == share
+        backlog(q, tenant, share)
+    assert len(q) == 8 and q.room("e") == 0  # e's share is a place, but 8 is twice the size
+    with pytest.raises(QueueFull):
+        q.put_nowait(Item("e-0", "e"))
+
+
 def test_a_tenant_alone_fills_the_queue_and_no_more() -> None:
     q: StageQueue[Item] = StageQueue(3)
     backlog(q, "a", 2)

@@ -45,18 +45,18 @@ class StageQueue(Generic[J]):
     tenant that filled the queue while alone then cannot shut out one that arrives: the newcomer
     is never refused a submission, nor held before a full next queue, by another's backlog. So
     the size bounds each tenant's holding to its share once the queue is full, and the whole
-    queue to twice its size at most (one tenant's full queue, the others' shares beyond it).
+    queue holds twice its size at most (one tenant's full queue, the others' shares beyond it).
 
     ``may_take(tenant)``, when given, holds a tenant's jobs back while false (at its sandbox
     quota); they wait, and whoever makes it true again calls ``wake``.
 
     ``hands_to``, the queue of the next stage: a job is taken only with a place reserved for it
-    there (``put_nowait(job, reserved=True)`` once its stage is over, ``unreserve(1)`` if it
-    ends instead). So a full next queue holds jobs back here, in fair-share order, rather than
+    there (``put_nowait(job, reserved=True)`` once its stage is over, ``unreserve(tenant)`` if
+    it ends instead). So a full next queue holds jobs back here, in fair-share order, rather than
     after their stage in the order their workers wake: a tenant never waits behind another's
     jobs that are already through this stage, nor (by the shares above) behind another's full
-    next queue, and no worker holds a job (nor its sandbox) while
-    it waits for room. A place freed there wakes this queue's waiters.
+    next queue, and no worker holds a job (nor its sandbox) while it waits for room. A place
+    freed there wakes this queue's waiters.
 
     A job can be taken out again (``discard``) when it is cancelled while it waits, which frees its
     place at once. Places can be reserved (``reserve``) for jobs that are put later, so that
@@ -111,8 +111,10 @@ class StageQueue(Generic[J]):
         return max(1, int(self.maxsize * weight / (weight + others)))
 
     def room(self, tenant: str) -> int:
-        """The places ``tenant`` may have now: the free ones, or what its share leaves it."""
-        return max(0, self.free, self.share(tenant) - self._held[tenant])
+        """The places ``tenant`` may have now: the free ones, or what its share leaves it (up to
+        twice the size in all)."""
+        beyond = min(self.share(tenant) - self._held[tenant], self.maxsize + self.free)
+        return max(0, self.free, beyond)
 
     def has_room(self, tenant: str, n: int = 1) -> bool:
         return n <= self.room(tenant)
