@@ -472,6 +472,12 @@ async def test_the_document_says_what_an_instance_needs(client: Client) -> None:
         }
         suffix = ".prorl" if request == "ProcessRequest" else ""
         assert pairs["Instance.countdown"] == "Params.countdown" + suffix
+    # A task that cannot branch takes no branch: a request the document allows is one it takes.
+    by_task = {
+        part["properties"]["instance"]["$ref"].rsplit("/", 1)[1]: part["properties"]
+        for part in schemas["RolloutRequest"]["oneOf"]
+    }
+    assert by_task["Instance.countdown"]["branch"] == {"type": "null"}
     # /process takes ProRL's names too: no discriminator.
     assert "discriminator" not in schemas["ProcessRequest"]["properties"]["instance"]
     rollout = schemas["RolloutRequest"]["properties"]["instance"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from raas.api.openapi import document_instances
 from raas.client import to_batch
 from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
@@ -425,6 +426,23 @@ async def test_mini_swe_agent_without_an_agents_environment_fails_saying_what_to
     with pytest.raises(InvalidInstance) as err:
         HarnessTask().validate(TaskJob("j", {**instance, "agent": "no-such-agent"}, {}))
     assert err.value.loc[:2] == ("instance", "agent")
+
+
+def test_the_harness_task_refuses_snapshots_and_its_document_says_so() -> None:
+    # An agent program runs its own loop: no turn to branch from. The document says so (a fuzzer
+    # found a schema-valid request refused when only the task knew).
+    math = {"data_source": "harness", "judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
+    HarnessTask().validate(TaskJob("j", math, {"keep_snapshots": 0}))  # the control
+    with pytest.raises(InvalidInstance) as err:
+        HarnessTask().validate(TaskJob("j", math, {"keep_snapshots": 2}))
+    assert err.value.loc == ("sampling_params", "keep_snapshots")
+    assert "keeps no snapshots" in err.value.message
+    document: dict[str, Any] = {"components": {"schemas": {"RolloutRequest": {}}}}
+    document_instances(document, TaskRegistry.from_entry_points())
+    params = document["components"]["schemas"]["Params.harness"]["properties"]
+    assert params["keep_snapshots"]["anyOf"][0]["maximum"] == 0
+    agentic = document["components"]["schemas"]["Params.swe"]["properties"]["keep_snapshots"]
+    assert agentic["anyOf"][0]["maximum"] > 0
 
 
 OWN_AGENT = """\

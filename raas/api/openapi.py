@@ -98,6 +98,7 @@ def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None
     components: dict[str, Any] = document.setdefault("components", {}).setdefault("schemas", {})
     mapping: dict[str, str] = {}
     pairs: dict[str, str] = {}  # instance component -> params component
+    unbranched: set[str] = set()  # instance components of the tasks that cannot branch
     for name in registry.names():
         key = "Instance." + _component_name(name)
         aliases = registry.aliases(name)
@@ -105,6 +106,8 @@ def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None
         pairs[key] = "Params." + _component_name(name)
         components[pairs[key]] = params_schema(name, registry.get(name), components)
         components[pairs[key] + ".prorl"] = prorl_params_schema(components[pairs[key]])
+        if not getattr(registry.get(name), "can_branch", False):
+            unbranched.add(key)
         for source in (name, *(a for a in aliases if not a.endswith("*"))):
             mapping[source] = REF + key
     if not mapping:
@@ -113,6 +116,8 @@ def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None
     if default in components:  # /process: a row without a data_source is ProRL's default's
         components[default + ".default"] = _without_data_source(components[default])
         pairs[default + ".default"] = pairs[default]
+        if default in unbranched:
+            unbranched.add(default + ".default")
     for model, schema in list(components.items()):
         field = schema.get("properties", {}).get("instance") if REQUESTS.match(model) else None
         if field is None:
@@ -131,14 +136,20 @@ def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None
             }
         suffix = ".prorl" if prorl else ""
         schema["oneOf"] = [
-            {
-                "properties": {
-                    "instance": {"$ref": REF + key},
-                    "sampling_params": {"$ref": REF + pairs[key] + suffix},
-                }
-            }
-            for key in instances
+            _pair(key, pairs[key] + suffix, key in unbranched and not prorl) for key in instances
         ]
+
+
+def _pair(instance: str, params: str, unbranched: bool) -> dict[str, Any]:
+    """One task's part of a request's oneOf: its instance and its sampling_params, and no
+    ``branch`` where the task cannot branch (its validate refuses one)."""
+    properties: dict[str, Any] = {
+        "instance": {"$ref": REF + instance},
+        "sampling_params": {"$ref": REF + params},
+    }
+    if unbranched:
+        properties["branch"] = {"type": "null"}
+    return {"properties": properties}
 
 
 def document_api_key(document: dict[str, Any]) -> None:

@@ -37,10 +37,12 @@ import shlex
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 
+from raas.agent.loop import LoopParams
+from raas.llm.types import WHOLE
 from raas.sandbox import (
     ApptainerConfig,
     BwrapConfig,
@@ -55,7 +57,6 @@ from raas.tasks.code import CodeTask
 from raas.tasks.harness_node import NODE_AGENTS, NodeEnvironment, node_environment
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import (
-    InvalidInstance,
     PolicyError,
     RewardInfo,
     TaskContext,
@@ -146,9 +147,31 @@ class HarnessContext(AgentContext):
     gateway_metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def _no_snapshots(keep: int) -> int:
+    if keep:
+        raise ValueError(
+            "the harness task keeps no snapshots: the agent program runs its own loop, so there"
+            " is no turn to branch from (leave keep_snapshots out, or 0)"
+        )
+    return keep
+
+
+class HarnessParams(LoopParams):
+    """The agent loop's sampling_params, but no snapshots: the document says so (a maximum of
+    0), so a request the document allows is one the task takes."""
+
+    keep_snapshots: Annotated[
+        int,
+        Field(strict=True, ge=0, json_schema_extra={"maximum": 0}),
+        WHOLE,
+        AfterValidator(_no_snapshots),
+    ] = 0
+
+
 class HarnessTask(AgentTask):
     name = "harness"
     instance_model = HarnessInstance
+    params_model = HarnessParams
     tools = ()
     judges: ClassVar[dict[str, AgentTask]] = {
         "code": CodeTask(),
@@ -164,10 +187,7 @@ class HarnessTask(AgentTask):
     def validate(self, job: TaskJob) -> None:
         parse_instance(HarnessInstance, job.instance)
         parse_instance(self.wrapped(job.instance).instance_model, job.instance)
-        if self.loop_config(job).keep_snapshots:
-            raise InvalidInstance(
-                ("sampling_params", "keep_snapshots"), "the harness task keeps no snapshots"
-            )
+        self.loop_config(job)  # sampling_params: HarnessParams says which
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         return self.wrapped(instance).messages(instance)
