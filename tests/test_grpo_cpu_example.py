@@ -122,6 +122,30 @@ def test_training_questions_take_the_powers_in_turn(example: ModuleType) -> None
         assert sorted(powers[start : start + len(example.POWERS)]) == sorted(example.POWERS)
 
 
+def test_the_power_cap_keeps_two_powers_a_step_until_its_budget_is_spent(
+    example: ModuleType,
+) -> None:
+    """At most half a step's groups of one power (B = 4: 2), so a third informative group of
+    k = 3 is dropped; once the budget's rollouts are seen it is kept. Each question's recorded
+    power is the one its named file holds."""
+    task = example.TASKS["lookup"]
+    powers: dict[str, int] = {}
+    stream = example.training_questions(0, set(), task, powers)
+    questions = list(itertools.islice(stream, 12))
+    for q in questions:
+        named = q["question"].rsplit(" ", 1)[1].rstrip("?")
+        assert q["files"][named].split(" * ")[1].strip() == str(10 ** powers[q["instance_id"]])
+    by_power = {k: [q for q in questions if powers[q["instance_id"]] == k] for k in (1, 2, 3)}
+    cap = example.PowerCap(powers, cap=2, budget=40)
+    groups = [Group(task=q) for q in by_power[3]]
+    assert [cap.admits(g, seen=8) for g in groups[:3]] == [True, True, False]
+    assert cap.admits(Group(task=by_power[1][0]), seen=12)  # another power: kept
+    assert (cap.said(), cap.capped) == ("1:1 3:2", 1)
+    assert cap.admits(groups[3], seen=40)  # the budget spent: the cap lifts
+    uncapped = example.PowerCap(powers, cap=None, budget=0)
+    assert all(uncapped.admits(g, seen=0) for g in groups)  # the default: no cap
+
+
 def test_wilson_interval(example: ModuleType) -> None:
     assert example.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     low, high = example.wilson(30, 150)

@@ -231,9 +231,13 @@ def heldout_pairs(n: int, seed: int, task: Task | None = None) -> list[tuple[int
 
 
 def training_questions(
-    seed: int, held: set[tuple[int, int]], task: Task = TASKS["stem"]
+    seed: int,
+    held: set[tuple[int, int]],
+    task: Task = TASKS["stem"],
+    powers: dict[str, int] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Endless training questions, none of them in ``held`` or the task's ``skip``.
+    """Endless training questions, none of them in ``held`` or the task's ``skip``; each one's
+    power k goes to ``powers`` under its instance_id (which says nothing of it).
 
     The powers take turns: a step's few groups then cover them all. Drawn at random, a step's
     groups could all ask for one power, and its update would move every power's answer toward
@@ -244,7 +248,36 @@ def training_questions(
         x = rng.randint(SMALLEST, LARGEST)
         while (x, k) in held or (x, k) in task.skip:
             x = rng.randint(SMALLEST, LARGEST)
-        yield task.build(x, k, "train")
+        built = task.build(x, k, "train")
+        if powers is not None:
+            powers[built["instance_id"]] = k
+        yield built
+
+
+@dataclass
+class PowerCap:
+    """At most ``cap`` of a step's groups ask one power, so a step holds groups of two powers
+    at least and its update contrasts their counts of zeros; trained on one power alone, a step
+    moves every power's count toward that one's. Once ``budget`` rollouts are seen without a
+    full batch, the cap lifts: a policy with one power left to learn still gets its steps."""
+
+    powers: dict[str, int]  # instance_id -> k
+    cap: int | None  # None: no cap
+    budget: int
+    kept: dict[int, int] = field(default_factory=dict)  # power -> groups kept this step
+    capped: int = 0  # informative groups dropped for the cap
+
+    def admits(self, group: Group, seen: int) -> bool:
+        k = self.powers.get(str(group.task.get("instance_id")), -1)
+        if self.cap is not None and self.kept.get(k, 0) >= self.cap and seen < self.budget:
+            self.capped += 1
+            return False
+        self.kept[k] = self.kept.get(k, 0) + 1
+        return True
+
+    def said(self) -> str:
+        """The groups kept per power, as "k:groups" pairs ("1:3 2:1 3:4")."""
+        return " ".join(f"{k}:{n}" for k, n in sorted(self.kept.items()))
 
 
 def wilson(passes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -609,6 +642,7 @@ class Run:
     trainer: Trainer
     client: RolloutClient
     questions: Iterator[dict[str, Any]]
+    powers: dict[str, int]  # a training question's instance_id -> its power k
     pairs: list[tuple[int, int]]
     task: Task
     csv_path: Path
@@ -624,17 +658,24 @@ class Run:
         return elapsed + self.slowest_step + self.eval_s > float(self.args.max_minutes) * 60
 
 
-async def collect(run: Run, max_lag: int) -> tuple[list[Group], DapoReport, list[float]]:
-    """A step's groups (DAPO dynamic sampling), what it took, and the rewards of every finished
-    group (the step's true mean reward). ``max_lag``: the versions a group's submission, and with
-    a lag above 0 its oldest token, may be behind the policy when the group is judged."""
+async def collect(run: Run, max_lag: int) -> tuple[list[Group], DapoReport, list[float], PowerCap]:
+    """A step's groups (DAPO dynamic sampling, at most --max-power-share of them of one power),
+    what it took, the rewards of every finished group (the step's true mean reward), and the
+    groups kept per power. ``max_lag``: the versions a group's submission, and with a lag above
+    0 its oldest token, may be behind the policy when the group is judged."""
     seen: list[float] = []
+    args = run.args
+    share = float(args.max_power_share)
+    cap = PowerCap(
+        run.powers,
+        math.ceil(share * args.groups) if share < 1 else None,
+        budget=args.cap_budget * args.groups * args.n,
+    )
 
     def keep(group: Group) -> bool:
         seen.extend(group.rewards)
-        return reward_varies(group)
+        return reward_varies(group) and cap.admits(group, len(seen))
 
-    args = run.args
     groups, report = await collect_groups(
         run.client,
         run.questions,
@@ -651,7 +692,7 @@ async def collect(run: Run, max_lag: int) -> tuple[list[Group], DapoReport, list
         max_staleness=max_lag,
         max_token_staleness=max_lag or None,
     )
-    return groups, report, seen
+    return groups, report, seen, cap
 
 
 @dataclass
@@ -685,6 +726,7 @@ def step_row(
     groups: list[Group],
     trained: Trained,
     run: Run,
+    cap: PowerCap,
 ) -> dict[str, Any]:
     """A step's CSV columns but the held-out ones and the wall time. The lags are the batch's
     when it trained: each rollout's oldest token's, and each group's submission's, behind the
@@ -699,6 +741,8 @@ def step_row(
         "rollouts": len(seen),
         "groups_kept": report.groups_kept,
         "groups_dropped": report.groups_dropped,
+        "groups_by_power": cap.said(),
+        "groups_capped": cap.capped,
         "entropy": round(stats.entropy, 4),
         "kl": round(stats.kl, 5),
         "loss": round(stats.loss, 5),
@@ -750,11 +794,11 @@ async def synchronous_steps(run: Run) -> None:
             break
         step += 1
         step_started = time.perf_counter()
-        groups, report, seen = await collect(run, max_lag=0)
+        groups, report, seen, cap = await collect(run, max_lag=0)
         trained = await train_and_push(run, groups, in_thread=False)
         run.slowest_step = max(run.slowest_step, time.perf_counter() - step_started)
         last = step == run.args.steps or run.over_budget()
-        await finish_step(run, step_row(step, seen, report, groups, trained, run), last)
+        await finish_step(run, step_row(step, seen, report, groups, trained, run, cap), last)
 
 
 async def asynchronous_steps(run: Run) -> None:
@@ -763,20 +807,20 @@ async def asynchronous_steps(run: Run) -> None:
     load, so none is lost). A batch thus lags at most one version (``--max-lag``, 1): a group
     submitted, or a rollout whose oldest token was sampled, further back is dropped."""
     max_lag = run.args.max_lag
-    collecting: asyncio.Task[tuple[list[Group], DapoReport, list[float]]] | None
+    collecting: asyncio.Task[tuple[list[Group], DapoReport, list[float], PowerCap]] | None
     collecting = asyncio.create_task(collect(run, max_lag))
     step, step_ended = 0, time.perf_counter()
     try:
         while collecting is not None:
             step += 1
-            groups, report, seen = await collecting
+            groups, report, seen, cap = await collecting
             last = step == run.args.steps or run.over_budget()
             collecting = None if last else asyncio.create_task(collect(run, max_lag))
             trained = await train_and_push(run, groups, in_thread=True)
             # A step: from the last one's end to this one's update, its held-out pass apart
             # (over_budget counts that on its own).
             run.slowest_step = max(run.slowest_step, time.perf_counter() - step_ended)
-            await finish_step(run, step_row(step, seen, report, groups, trained, run), last)
+            await finish_step(run, step_row(step, seen, report, groups, trained, run, cap), last)
             step_ended = time.perf_counter()
     finally:
         if collecting is not None:  # its own cleanup cancels its jobs on the server
@@ -823,11 +867,13 @@ async def train(
             reply.raise_for_status()
             return int(reply.json()["weight_version"])
 
+        powers: dict[str, int] = {}
         run = Run(
             args,
             Trainer(args),
             client,
-            training_questions(args.seed, set(pairs), task),
+            training_questions(args.seed, set(pairs), task, powers),
+            powers,
             pairs,
             task,
             csv_path,
@@ -914,6 +960,20 @@ def main(argv: list[str] | None = None) -> None:
         default="stem",
         help="stem: x * 10^k answered through finish, one turn; lookup: x * 10^k written in a"
         " file the question names, read with bash, then answered through finish (see README).",
+    )
+    parser.add_argument(
+        "--max-power-share",
+        type=float,
+        default=1.0,
+        help="At most this share of a step's groups ask one power k (0.5: two powers at least a"
+        " step); 1 (the default): no cap. See README: the training step.",
+    )
+    parser.add_argument(
+        "--cap-budget",
+        type=int,
+        default=6,
+        help="With --max-power-share: the cap lifts once a step has seen this many times B * n"
+        " rollouts without a full batch.",
     )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--seed", type=int, default=0)
