@@ -398,9 +398,9 @@ class Pipeline:
         return self.config.tenants(tenant).weight
 
     def _may_take_init(self, tenant: str) -> bool:
+        # INIT's slots keep none (no stage comes before it): the sandbox quota alone decides.
         cap = self.config.tenants(tenant).quotas.max_sandboxes
-        under_cap = cap is None or self._sandboxes[tenant] < cap
-        return under_cap and self._slots[Stage.INIT].may_take(tenant)
+        return cap is None or self._sandboxes[tenant] < cap
 
     def _hold_sandbox(self, job: Job) -> None:
         job.sandbox_since = time.monotonic()
