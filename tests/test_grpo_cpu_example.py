@@ -205,7 +205,7 @@ def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
             ["--model", "tiny", "--async", "--task", "lookup", "--steps", "2", "--groups", "2"]
             + ["--n", "2"]
             + ["--heldout", "2", "--eval-every", "2", "--max-tokens", "6", "--train-layers", "1"]
-            + ["--max-minutes", "5", "--out", str(tmp_path)]
+            + ["--max-minutes", "5", "--max-power-share", "0.5", "--out", str(tmp_path)]
         )
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
@@ -217,6 +217,10 @@ def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
     for row in steps:
         assert row["staleness_known"] == "1.0" and int(row["staleness_max"]) <= 1
         assert int(row["groups_kept"]) == 2
+        # One group a power at most (B = 2, a share of 0.5): the questions take the powers in
+        # turn, so the first two groups are of two powers unless the cap held one back.
+        kept = dict(pair.split(":") for pair in row["groups_by_power"].split())
+        assert sorted(kept.values()) == ["1", "1"], row["groups_by_power"]
     assert steps[-1]["heldout_n"] == "2"
     # The multi-turn task's held-out columns and trajectories (the tiny model calls no tool).
     assert steps[-1]["heldout_tool_calls"] == "0.0" and steps[-1]["heldout_tricks"] == "0"

@@ -77,7 +77,8 @@ from raas.llm.models import load_model
 
 CSV_FIELDS = [
     "step", "wall_s", "train_reward", "rollouts", "groups_kept", "groups_dropped",
-    "heldout_n", "heldout_pass", "heldout_ci_low", "heldout_ci_high", "heldout_finish",
+    "groups_by_power", "groups_capped", "heldout_n", "heldout_pass", "heldout_ci_low",
+    "heldout_ci_high", "heldout_finish",
     "heldout_by_power", "heldout_tool_calls", "heldout_solved_tool_calls", "heldout_tricks",
     "entropy", "kl", "loss", "rollout_s", "train_s", "eval_s", "weight_version",
     "submit_lag_max", "staleness_known", "staleness_mean", "staleness_max", "on_policy_frac",
