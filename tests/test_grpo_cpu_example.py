@@ -304,3 +304,46 @@ def test_with_the_same_weights_one_version_back_the_asynchronous_loss_is_the_syn
     assert async_loss == pytest.approx(sync_loss, abs=1e-6)
     for a, b in zip(async_grads, sync_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_a_long_rollout_trains_in_a_micro_batch_of_its_own_cut_to_its_length(
+    example: ModuleType,
+) -> None:
+    """A rollout that explored (a long observation) would make every row of its micro-batch pay
+    for its length: it goes into one of its own, each micro-batch is cut to its longest row, and
+    the loss and gradients are those of one row at a time."""
+    model, _ = load_model("tiny")
+    model.float()
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    prompt = torch.randint(5, 1000, (4,)).tolist()
+    rows = [prompt + torch.randint(5, 1000, (n,)).tolist() for n in (3, 4, 5, 30)]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        loss_mask[i, 4 : len(row)] = 1
+    batch = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "prompt_lengths": torch.full((len(rows),), 4),
+        "token_advantages": loss_mask * torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]),
+        "loss_weights": loss_mask / loss_mask.sum(),
+    }
+    parts = example.micro_batches(batch, 16, example.shared_prefix(batch))
+    assert [p["attention_mask"].sum(dim=1).tolist() for p in parts] == [[7, 8, 9], [34]]
+    assert [p["input_ids"].shape[1] for p in parts] == [9, 34]
+
+    def run(micro_batch: int) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        stats = example.grpo_loss(model, reference, batch, 0.7, 0.02, micro_batch)
+        return stats.loss, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    together_loss, together_grads = run(16)
+    alone_loss, alone_grads = run(1)
+    assert together_loss == pytest.approx(alone_loss, abs=1e-6)
+    for a, b in zip(together_grads, alone_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
