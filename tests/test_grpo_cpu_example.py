@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import itertools
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -347,3 +348,15 @@ def test_a_long_rollout_trains_in_a_micro_batch_of_its_own_cut_to_its_length(
     assert together_loss == pytest.approx(alone_loss, abs=1e-6)
     for a, b in zip(together_grads, alone_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_asynchronous_with_the_engine_here_splits_the_cores_between_trainer_and_engine(
+    example: ModuleType,
+) -> None:
+    """Both work at once, so each gets half the cores; a given --threads wins, and where they
+    take turns (synchronous) or the engine is elsewhere, torch keeps its own default."""
+    half = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert example.torch_threads(None, True, engine_here=True) == half
+    assert example.torch_threads(3, True, engine_here=True) == 3
+    assert example.torch_threads(None, False, engine_here=True) is None
+    assert example.torch_threads(None, True, engine_here=False) is None
