@@ -268,6 +268,25 @@ def test_stale_tokens_are_those_sampled_before_the_trainer_s_version(example: Mo
     assert batch.staleness.tolist() == [1, 0]
 
 
+def padded_rows(rows: list[list[int]], advantages: list[float]) -> dict[str, torch.Tensor]:
+    """The trainer's batch tensors for ``rows`` right-padded: a prompt of 4 tokens, the rest
+    generated, each row's advantage on its generated tokens."""
+    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    attention, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        attention[i, : len(row)] = 1
+        loss_mask[i, 4 : len(row)] = 1
+    return {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "loss_mask": loss_mask,
+        "prompt_lengths": torch.full((len(rows),), 4),
+        "token_advantages": loss_mask * torch.tensor(advantages)[:, None],
+        "loss_weights": loss_mask / loss_mask.sum(),
+    }
+
+
 def test_with_the_same_weights_one_version_back_the_asynchronous_loss_is_the_synchronous_one(
     example: ModuleType,
 ) -> None:
@@ -278,22 +297,8 @@ def test_with_the_same_weights_one_version_back_the_asynchronous_loss_is_the_syn
     reference = copy.deepcopy(model)
     torch.manual_seed(0)
     rows = [torch.randint(5, 1000, (n,)).tolist() for n in (9, 7)]
-    width = max(map(len, rows))
-    ids = torch.zeros(2, width, dtype=torch.long)
-    attention, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        attention[i, : len(row)] = 1
-        loss_mask[i, 4 : len(row)] = 1
-    batch = {
-        "input_ids": ids,
-        "attention_mask": attention,
-        "loss_mask": loss_mask,
-        "prompt_lengths": torch.full((2,), 4),
-        "token_advantages": loss_mask * torch.tensor([[1.0], [-1.0]]),
-        "loss_weights": loss_mask / loss_mask.sum(),
-        "stale_tokens": loss_mask.bool(),
-    }
+    batch = padded_rows(rows, [1.0, -1.0])
+    batch["stale_tokens"] = batch["loss_mask"].bool()
 
     def run(previous: Any) -> tuple[float, list[torch.Tensor]]:
         model.zero_grad()
@@ -319,21 +324,7 @@ def test_a_long_rollout_trains_in_a_micro_batch_of_its_own_cut_to_its_length(
     torch.manual_seed(0)
     prompt = torch.randint(5, 1000, (4,)).tolist()
     rows = [prompt + torch.randint(5, 1000, (n,)).tolist() for n in (3, 4, 5, 30)]
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    attention, loss_mask = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        attention[i, : len(row)] = 1
-        loss_mask[i, 4 : len(row)] = 1
-    batch = {
-        "input_ids": ids,
-        "attention_mask": attention,
-        "loss_mask": loss_mask,
-        "prompt_lengths": torch.full((len(rows),), 4),
-        "token_advantages": loss_mask * torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]),
-        "loss_weights": loss_mask / loss_mask.sum(),
-    }
+    batch = padded_rows(rows, [1.0, -1.0, 0.5, -0.5])
     parts = example.micro_batches(batch, 16, example.shared_prefix(batch))
     assert [p["attention_mask"].sum(dim=1).tolist() for p in parts] == [[7, 8, 9], [34]]
     assert [p["input_ids"].shape[1] for p in parts] == [9, 34]
