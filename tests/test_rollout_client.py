@@ -161,6 +161,44 @@ async def test_dapo_stops_at_b_informative_groups_and_cancels_the_rest(coin_serv
     assert len(listed["results"]) == report.jobs_cancelled
 
 
+async def in_flight(url: str) -> int:
+    return int((await asyncio.to_thread(httpx.get, f"{url}/v1/status")).json()["in_flight"])
+
+
+async def test_dapo_cancels_its_jobs_when_every_task_is_cancelled_at_once(coin_server: str) -> None:
+    # As asyncio.run does when an exception (SystemExit from a signal handler) leaves its loop:
+    # the submitter is cancelled with the collection, and the jobs in flight must still be.
+    async with RolloutClient(coin_server) as client:
+        collecting = asyncio.create_task(
+            collect_groups(client, [coin(block=True)] * 2, n=3, batch_size=1, max_in_flight=6)
+        )
+        async with asyncio.timeout(30):  # until all 6 run on the server
+            while await in_flight(coin_server) < 6:  # noqa: ASYNC110 - another process's state
+                await asyncio.sleep(0.05)
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await collecting
+    listed = httpx.get(f"{coin_server}/v1/rollouts", params={"state": "cancelled"}).json()
+    assert len(listed["results"]) == 6
+
+
+async def test_cancelled_groups_cancel_their_jobs_on_the_server(coin_server: str) -> None:
+    """A held-out pass stopped by Ctrl-C: its jobs would otherwise run on for nobody (and a
+    server stopping after it would wait for them)."""
+    async with RolloutClient(coin_server) as client:
+        answering = asyncio.create_task(client.generate_groups([coin(1), coin(block=True)], n=2))
+        async with asyncio.timeout(30):  # until the blocked task's two run on the server
+            while await in_flight(coin_server) < 2:  # noqa: ASYNC110 - another process's state
+                await asyncio.sleep(0.05)
+        answering.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await answering
+    listed = httpx.get(f"{coin_server}/v1/rollouts", params={"limit": 100}).json()["results"]
+    assert sorted(r["state"] for r in listed) == ["cancelled", "cancelled", "done", "done"]
+
+
 async def test_dapo_drops_stale_groups(coin_server: str) -> None:
     calls = [0]
 

@@ -68,7 +68,7 @@ class VersionedJobs:
         reward, version = self.requests[job_id].instance["samples"][k]
         return result(job_id, reward, {"policy_version": version})
 
-    async def cancel(self, job_id: str) -> None:
+    async def cancel_all(self, job_ids: list[str], timeout_s: float = 30.0) -> None:
         pass
 
 

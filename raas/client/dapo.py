@@ -11,7 +11,6 @@ frees its sandbox and LLM slot at once).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import time
 import uuid
@@ -188,13 +187,15 @@ async def collect_groups(
         # server that nobody cancels); the submitter stops once the batch is full.
         stopping = True
         slots_freed.set()
-        with contextlib.suppress(Exception):
-            await feeding
+        # Waited, not awaited: when every task is cancelled at once (asyncio.run leaving on an
+        # exception), the submitter's CancelledError must not skip the cancels below.
+        await asyncio.wait([feeding])
+        if not feeding.cancelled():
+            feeding.exception()  # retrieved; a failed submission was raised above
         leftover = list(owner)
         for task in waiters.values():
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*(client.cancel(j) for j in leftover))
+        await client.cancel_all(leftover)
         report.jobs_cancelled = len(leftover)
         report.wall_s = time.perf_counter() - start
     return kept[:batch_size], report

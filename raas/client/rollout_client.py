@@ -341,6 +341,20 @@ class RolloutClient:
             with contextlib.suppress(httpx.TransportError, RaasHTTPError):
                 await where.client.cancel(job_id)
 
+    async def cancel_all(self, job_ids: Sequence[str], timeout_s: float = 30.0) -> None:
+        """Cancel the jobs on their servers, all at once, for ``timeout_s`` at most: every
+        cancel is sent (its task started) and awaited or, past the deadline, stopped and
+        awaited."""
+        if not job_ids:
+            return
+        cancels = [asyncio.ensure_future(self.cancel(j)) for j in job_ids]
+        try:
+            await asyncio.wait(cancels, timeout=timeout_s)
+        finally:
+            for task in cancels:
+                task.cancel()
+            await asyncio.gather(*cancels, return_exceptions=True)
+
     async def as_completed(self, job_ids: Sequence[str]) -> AsyncIterator[RolloutResult]:
         """Results in the order they finish."""
         queue: asyncio.Queue[RolloutResult | BaseException] = asyncio.Queue()
@@ -382,7 +396,20 @@ class RolloutClient:
                 owners.append(t)
         ids = await self.submit_batch(requests)
         groups = [Group(task=dict(task)) for task in tasks]
-        results = await asyncio.gather(*(self.wait(j) for j in ids))
+        waits = [asyncio.ensure_future(self.wait(j)) for j in ids]
+        try:
+            results = await asyncio.gather(*waits)
+        except BaseException:
+            # Cancelled (Ctrl-C) or failed: the jobs not finished would run on for nobody.
+            for wait in waits:
+                wait.cancel()
+            unfinished = [
+                job_id
+                for job_id, wait in zip(ids, waits, strict=True)
+                if not wait.done() or wait.cancelled() or wait.exception() is not None
+            ]
+            await self.cancel_all(unfinished)
+            raise
         for owner, result in zip(owners, results, strict=True):
             groups[owner].results.append(result)
         return groups

@@ -184,7 +184,7 @@ async def run_requests(
         if unfinished:
             if on_interrupt is not None:
                 on_interrupt(len(unfinished))
-            await cancel_all(client, unfinished, cancel_timeout_s)
+            await client.cancel_all(unfinished, cancel_timeout_s)
         raise
     finally:
         for task in collectors:
@@ -207,20 +207,6 @@ def located(error: RaasHTTPError, names: Sequence[str]) -> RaasHTTPError:
     more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
     text = f"{names[loc[2]]}: {field}: {first.get('msg', '')}{more}"
     return RaasHTTPError(error.status_code, text, error.server)
-
-
-async def cancel_all(client: RolloutClient, job_ids: list[str], timeout_s: float) -> None:
-    """Cancel the jobs on their servers, all at once, for ``timeout_s`` at most: every cancel
-    is sent (its task started) and awaited or, past the deadline, stopped and awaited."""
-    if not job_ids:
-        return
-    cancels = [asyncio.ensure_future(client.cancel(j)) for j in job_ids]
-    try:
-        await asyncio.wait(cancels, timeout=timeout_s)
-    finally:
-        for task in cancels:
-            task.cancel()
-        await asyncio.gather(*cancels, return_exceptions=True)
 
 
 def keeping(
