@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import csv
 import importlib.util
@@ -10,6 +11,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import types
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -339,6 +342,67 @@ def test_a_long_rollout_trains_in_a_micro_batch_of_its_own_cut_to_its_length(
     assert together_loss == pytest.approx(alone_loss, abs=1e-6)
     for a, b in zip(together_grads, alone_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_a_stopped_step_gives_up_before_its_next_micro_batch(example: ModuleType) -> None:
+    model, _ = load_model("tiny")
+    model.float()
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    prompt = torch.randint(5, 1000, (4,)).tolist()
+    batch = padded_rows([prompt + [7, 8], prompt + [9]], [1.0, -1.0])
+    stop = threading.Event()
+    assert example.grpo_loss(model, reference, batch, 0.7, 0.02, 16, stop=stop).loss != 0
+    model.zero_grad(set_to_none=True)
+    stop.set()
+    with pytest.raises(example.StepAbandoned):
+        example.grpo_loss(model, reference, batch, 0.7, 0.02, 16, stop=stop)
+    assert all(p.grad is None for p in model.parameters())  # no backward ran
+
+
+async def test_cancelling_a_step_in_a_thread_tells_the_thread_to_stop(example: ModuleType) -> None:
+    """Ctrl-C while a step trains in a worker thread: torch cannot be interrupted, and the
+    interpreter waits for the thread before it exits, so the step is told to give up."""
+
+    class Trainer:
+        stop = threading.Event()
+
+        def step(self, groups: list[Group], version: int) -> None:
+            assert self.stop.wait(timeout=60), "the thread was never told to stop"
+            raise example.StepAbandoned
+
+    run = types.SimpleNamespace(trainer=Trainer(), version=0)
+    training = asyncio.create_task(example.train_and_push(run, [Group(task={})], in_thread=True))
+    await asyncio.sleep(0)  # it runs up to its wait on the thread
+    training.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await training
+    assert run.trainer.stop.is_set()
+
+
+def test_sigterm_in_the_loop_cancels_the_run_alone_so_its_cleanup_runs(
+    example: ModuleType,
+) -> None:
+    """kill or scancel: the run's task is cancelled, and the awaits of its cleanup (cancelling
+    its jobs on the server, in tasks of their own) still run; then it unwinds like Ctrl-C."""
+    cleaned: list[str] = []
+
+    async def run() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append(await asyncio.create_task(asyncio.sleep(0, "jobs cancelled")))
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(example.stopped_by_sigterm(run()))
+        assert cleaned == ["jobs cancelled"] and example.TERMINATED.is_set()
+        assert signal.getsignal(signal.SIGTERM) is example.raise_interrupt  # after the loop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        example.TERMINATED.clear()
 
 
 def test_asynchronous_with_the_engine_here_splits_the_cores_between_trainer_and_engine(

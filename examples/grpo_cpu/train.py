@@ -48,6 +48,7 @@ import re
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
@@ -475,6 +476,7 @@ def grpo_loss(
     micro_batch: int,
     previous: Any = None,
     clip: float = 0.2,
+    stop: threading.Event | None = None,
 ) -> StepStats:
     """The GRPO loss over the batch (backward in micro-batches) and its entropy and KL.
 
@@ -487,10 +489,13 @@ def grpo_loss(
     it), and PPO's clip bounds it; the other tokens' ratio is 1 as above.
     The KL term is Schulman's k3 estimator of KL(policy || reference) at the sampled tokens. The
     loss weights of ``to_batch`` sum to one over the batch, so micro-batch terms add up.
+    ``stop``, once set, abandons the step before its next micro-batch (:class:`StepAbandoned`).
     """
     stats = StepStats()
     prefix = shared_prefix(rows)
     for part in micro_batches(rows, micro_batch, prefix):
+        if stop is not None and stop.is_set():
+            raise StepAbandoned
         logits, targets = response_logits(model, part, prefix)
         logprobs_all = torch.log_softmax(logits / temperature, -1)
         logprobs = logprobs_all.gather(-1, targets[:, None]).squeeze(-1)
@@ -561,6 +566,10 @@ def save_weights(model: Any, out: Path) -> Path:
     return path
 
 
+class StepAbandoned(Exception):
+    """The run is stopping: a step in a worker thread gave up before its next micro-batch."""
+
+
 class Trainer:
     """The policy in torch: only the top layers train (a backward pass through all 30 layers of
     SmolLM2-135M costs more than the rollouts); the reference is a frozen copy of the start.
@@ -584,6 +593,9 @@ class Trainer:
             p.requires_grad_(True)
         self.optimizer = torch.optim.AdamW(self.trainable, lr=args.lr, weight_decay=0.0)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # Set when a step in a worker thread is abandoned (Ctrl-C): torch cannot be interrupted,
+        # and the interpreter would wait for the thread's whole step before it exits.
+        self.stop = threading.Event()
 
     def step(self, groups: list[Group], version: int) -> tuple[StepStats, Batch, Path]:
         """One GRPO step on the groups, the policy being at ``version``; returns its figures, the
@@ -608,6 +620,7 @@ class Trainer:
             self.args.micro_batch,
             self.previous,
             self.args.clip,
+            self.stop,
         )
         torch.nn.utils.clip_grad_norm_(self.trainable, 1.0)
         if self.previous is not None:  # the weights of this version: the next batch's behaviour
@@ -756,7 +769,11 @@ async def train_and_push(run: Run, groups: list[Group], in_thread: bool) -> Trai
         return Trained(StepStats(float("nan"), float("nan"), float("nan")), version=run.version)
     started, version = time.perf_counter(), run.version
     if in_thread:
-        stats, batch, path = await asyncio.to_thread(run.trainer.step, groups, version)
+        try:
+            stats, batch, path = await asyncio.to_thread(run.trainer.step, groups, version)
+        except asyncio.CancelledError:
+            run.trainer.stop.set()
+            raise
     else:
         stats, batch, path = run.trainer.step(groups, version)
     run.version = await run.push(path)
@@ -1044,8 +1061,50 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.threads = torch_threads(args.threads, args.async_mode, engine_here=args.engine is None)
     args.out.mkdir(parents=True, exist_ok=True)
-    # SIGTERM unwinds like Ctrl-C, so the engine and the server started here are stopped too.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM (kill, Slurm's scancel) stops the run as Ctrl-C does; see stopped_by_sigterm.
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        run_with_servers(args, t0)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        name = "SIGTERM" if TERMINATED.is_set() else "Ctrl-C"
+        print(f"stopped by {name}: what the run wrote is in {args.out}", flush=True)
+        sys.exit(128 + (signal.SIGTERM if TERMINATED.is_set() else signal.SIGINT))
+
+
+TERMINATED = threading.Event()  # set by SIGTERM
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM outside the event loop: unwinds like Ctrl-C (the servers started here stop)."""
+    TERMINATED.set()
+    raise KeyboardInterrupt
+
+
+async def stopped_by_sigterm(work: Awaitable[None]) -> None:
+    """Awaits ``work``; in the event loop, SIGTERM cancels this task alone, as asyncio.run does
+    on Ctrl-C, so the cleanup of ``work`` (collect's, which cancels its jobs on the server)
+    runs. A KeyboardInterrupt raised in the loop would make asyncio.run cancel every task at
+    once, that cleanup's own included, and the server would drain the jobs for its grace
+    period. Not by way of SIGINT: a process a script starts in the background ignores it."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+
+    def cancel() -> None:
+        TERMINATED.set()
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, cancel)
+    try:
+        await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, raise_interrupt)
+
+
+def run_with_servers(args: argparse.Namespace, t0: float) -> None:
+    """Trains against --engine and --raas, or against an engine and a server started here (in
+    sessions of their own, so a Ctrl-C at the terminal reaches this process alone, which stops
+    them once its jobs are cancelled)."""
     with ExitStack() as stack:
         engine_url, engine_key = args.engine, os.environ.get("RAAS_API_KEY", "")
         if engine_url is None:
@@ -1055,6 +1114,7 @@ def main(argv: list[str] | None = None) -> None:
                 extra_args=["--max-batch", "32"],
                 weight_dirs=[args.out.resolve()],  # where save_weights writes
                 threads=args.threads,
+                tied=True,
             )
             stack.callback(engine.stop)
             engine.wait_ready(timeout_s=600)
@@ -1068,6 +1128,7 @@ def main(argv: list[str] | None = None) -> None:
                 ["--llm", engine_url, "--llm-capacity", "32", "--run-workers", "32"]
                 + ["--init-workers", "16", "--warm-sandboxes", "8", "--tokenizer", args.model],
                 env=dict(os.environ),
+                tied=True,
             )
             stack.callback(server.stop)
             server.wait_ready()
@@ -1082,7 +1143,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(
                     f"{flag} {url}: nothing answers GET {health} (start it, or leave {flag} out)"
                 )
-        asyncio.run(train(args, raas_url, engine_url, engine_key, t0))
+        asyncio.run(stopped_by_sigterm(train(args, raas_url, engine_url, engine_key, t0)))
 
 
 if __name__ == "__main__":
