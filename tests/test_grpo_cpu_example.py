@@ -372,7 +372,7 @@ async def test_cancelling_a_step_in_a_thread_tells_the_thread_to_stop(example: M
             raise example.StepAbandoned
 
     run = types.SimpleNamespace(trainer=Trainer(), version=0)
-    training = asyncio.create_task(example.train_and_push(run, [Group(task={})], in_thread=True))
+    training = asyncio.create_task(example.train_and_push(run, [Group(task={})]))
     await asyncio.sleep(0)  # it runs up to its wait on the thread
     training.cancel()
     with pytest.raises(asyncio.CancelledError):

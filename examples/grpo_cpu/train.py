@@ -762,20 +762,18 @@ class Trained:
     seconds: float = 0.0
 
 
-async def train_and_push(run: Run, groups: list[Group], in_thread: bool) -> Trained:
+async def train_and_push(run: Run, groups: list[Group]) -> Trained:
     """One GRPO step on ``groups`` and the new weights loaded into the engine (none without
-    groups). ``in_thread``: the update runs off the event loop, so the rollouts in flight go on."""
+    groups). The update runs in a worker thread: off the event loop, so the rollouts in flight
+    go on (asynchronous), and so a stop need not wait for the whole step (either mode)."""
     if not groups:
         return Trained(StepStats(float("nan"), float("nan"), float("nan")), version=run.version)
     started, version = time.perf_counter(), run.version
-    if in_thread:
-        try:
-            stats, batch, path = await asyncio.to_thread(run.trainer.step, groups, version)
-        except asyncio.CancelledError:
-            run.trainer.stop.set()
-            raise
-    else:
-        stats, batch, path = run.trainer.step(groups, version)
+    try:
+        stats, batch, path = await asyncio.to_thread(run.trainer.step, groups, version)
+    except asyncio.CancelledError:
+        run.trainer.stop.set()
+        raise
     run.version = await run.push(path)
     return Trained(stats, batch, version, time.perf_counter() - started)
 
@@ -856,7 +854,7 @@ async def synchronous_steps(run: Run) -> None:
         step += 1
         step_started = time.perf_counter()
         groups, report, seen, cap = await collect(run, max_lag=0)
-        trained = await train_and_push(run, groups, in_thread=False)
+        trained = await train_and_push(run, groups)
         run.slowest_step = max(run.slowest_step, time.perf_counter() - step_started)
         last = step == run.args.steps or run.over_budget()
         await finish_step(run, step_row(step, seen, report, groups, trained, run, cap), last)
@@ -877,7 +875,7 @@ async def asynchronous_steps(run: Run) -> None:
             groups, report, seen, cap = await collecting
             last = step == run.args.steps or run.over_budget()
             collecting = None if last else asyncio.create_task(collect(run, max_lag))
-            trained = await train_and_push(run, groups, in_thread=True)
+            trained = await train_and_push(run, groups)
             # A step: from the last one's end to this one's update, its held-out pass apart
             # (over_budget counts that on its own).
             run.slowest_step = max(run.slowest_step, time.perf_counter() - step_ended)
