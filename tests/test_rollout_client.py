@@ -165,6 +165,11 @@ async def in_flight(url: str) -> int:
     return int((await asyncio.to_thread(httpx.get, f"{url}/v1/status")).json()["in_flight"])
 
 
+async def finished(url: str, state: str) -> int:
+    reply = await asyncio.to_thread(httpx.get, f"{url}/v1/rollouts", params={"state": state})
+    return len(reply.json()["results"])
+
+
 async def test_dapo_cancels_its_jobs_when_every_task_is_cancelled_at_once(coin_server: str) -> None:
     # As asyncio.run does when an exception (SystemExit from a signal handler) leaves its loop:
     # the submitter is cancelled with the collection, and the jobs in flight must still be.
@@ -189,8 +194,8 @@ async def test_cancelled_groups_cancel_their_jobs_on_the_server(coin_server: str
     server stopping after it would wait for them)."""
     async with RolloutClient(coin_server) as client:
         answering = asyncio.create_task(client.generate_groups([coin(1), coin(block=True)], n=2))
-        async with asyncio.timeout(30):  # until the blocked task's two run on the server
-            while await in_flight(coin_server) < 2:  # noqa: ASYNC110 - another process's state
+        async with asyncio.timeout(30):  # until the first task's two are done on the server
+            while await finished(coin_server, "done") < 2:  # noqa: ASYNC110 - another process's
                 await asyncio.sleep(0.05)
         answering.cancel()
         with pytest.raises(asyncio.CancelledError):
