@@ -63,6 +63,38 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
     assert extract_boxed(text) == expected
 
 
+def _box_by_definition(text: str) -> str | None:
+    """extract_boxed as TeX reads it, box by box: from each box's brace, the first point where
+    the braces balance (escaped ones aside); the last box that closes."""
+    found = None
+    for m in re.finditer(r"\\(?:boxed|fbox)(?![A-Za-z])[ \t]*\{", text):
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            if text[i] == "\\":
+                i += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                found = text[m.end() : i].strip()
+                break
+            i += 1
+    return found
+
+
+def test_extract_boxed_agrees_with_the_definition_on_random_replies() -> None:
+    pieces = ["{", "}", "\\", "\\boxed{", "\\fbox", " ", "a", "\\{", "\\}", "\\\\", "\t"]
+    rng = random.Random(7)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        if not re.search(r"\\boxed[ \t]*[^ \t{]", text):  # `\boxed 5` is another rule
+            assert extract_boxed(text) == _box_by_definition(text), text
+
+
+def test_a_reply_of_unclosed_boxes_still_gives_its_closed_one() -> None:
+    """Each unclosed box once scanned to the reply's end: 20,000 of them took 74 s."""
+    assert extract_boxed("\\boxed{" * 20_000 + "\\boxed{42}") == "42"
+
+
 def test_final_answer() -> None:
     assert final_answer(r"work \boxed{3}", None) == "3"
     assert final_answer(r"work \boxed{3}", "5") == "5"  # the finish tool wins

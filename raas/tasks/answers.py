@@ -100,36 +100,39 @@ NO_TIMEOUT_MAX_CHARS = 300
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
-def _braced(text: str, start: int) -> tuple[str, int] | None:
-    """The content of the balanced ``{...}`` opening at ``text[start]``, and the index after it."""
-    depth = 0
-    i = start
+def _closing_braces(text: str) -> dict[int, int]:
+    """Where each ``{`` of ``text`` closes: the index of its balancing ``}``, for those that do.
+    One pass, so a reply of many unclosed boxes costs its length, not its length squared."""
+    closes: dict[int, int] = {}
+    opened: list[int] = []
+    i = 0
     while i < len(text):
         c = text[i]
         if c == "\\":
             i += 2  # an escaped character (\{, \}, \\) never opens or closes a group
             continue
         if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
+            opened.append(i)
+        elif c == "}" and opened:
+            closes[opened.pop()] = i
         i += 1
-    return None
+    return closes
 
 
 def _boxes(text: str) -> list[tuple[int, int, str]]:
     """Every complete box in ``text``: (start, end, content)."""
     found: list[tuple[int, int, str]] = []
+    closes: dict[int, int] | None = None
     for m in _BOX_RE.finditer(text):
         i = m.end()
         while i < len(text) and text[i] in " \t":
             i += 1
         if i < len(text) and text[i] == "{":
-            got = _braced(text, i)
-            if got is not None:
-                found.append((m.start(), got[1], got[0]))
+            # The brace follows a letter or a blank, never a backslash, so the one pass from
+            # the start pairs the escapes after it as a scan from the brace would.
+            closes = _closing_braces(text) if closes is None else closes
+            if i in closes:
+                found.append((m.start(), closes[i] + 1, text[i + 1 : closes[i]]))
         elif m.group().startswith("\\boxed") and i > m.end():
             # ``\boxed 5``: TeX takes the next token as the argument.
             token = re.match(r"[^\s$]+", text[i:])
