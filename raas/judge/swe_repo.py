@@ -35,6 +35,7 @@ REPO = "/workspace/repo"
 TREE = "/workspace/tree"  # where the agent's files are put to be compared with the snapshot
 BASE_DIR = "/workspace/base"  # the snapshot's .git for that comparison
 MAX_TREE_BYTES = 64 * 1024 * 1024  # the agent's files, .git aside
+NOT_TREE = [".git", "__pycache__", "*.pyc", "*.pyo"]  # names a tree's snapshot leaves out
 MAX_PATCH_BYTES = 32 * 1024 * 1024
 GIT_TIMEOUT_S = 120.0
 # Python's bytecode is never part of a patch (as a repository's .gitignore would say): an agent
@@ -99,7 +100,9 @@ async def materialise(sandbox: Sandbox, files: dict[str, str], at: str = REPO) -
 async def read_tree(agents: Sandbox, at: str = REPO) -> str:
     """The regular files of the tree at ``at`` in the sandbox ``agents``, as a tar (base64),
     read by the action server: nothing the agent wrote runs."""
-    listing = await agents.call("download", path=at)
+    # What _regular_files drops is left out in the sandbox too: an image's /testbed carries the
+    # repository's whole history, hundreds of MB to pack, send and decode for nothing.
+    listing = await agents.call("download", path=at, skip=NOT_TREE, max_bytes=MAX_TREE_BYTES)
     return await asyncio.to_thread(_regular_files, str(listing["tar_b64"]))
 
 

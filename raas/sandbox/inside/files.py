@@ -74,12 +74,33 @@ def upload(dest: str, tar_b64: str) -> dict[str, Any]:
     return {"files": len(members), "bytes": len(data)}
 
 
-def download(path: str) -> dict[str, Any]:
+def download(
+    path: str, skip: list[str] | None = None, max_bytes: int | None = None
+) -> dict[str, Any]:
+    """``path`` as a gzipped tar (base64). Entries whose name matches a pattern of ``skip``
+    (``.git``, ``*.pyc``) are left out, a directory with all it holds; more than ``max_bytes``
+    of files is refused before any is sent (a tree's git history is most of its bytes, and an
+    agent may leave gigabytes where only its edits are wanted)."""
     if not os.path.exists(path):
         raise ToolError(f"{path} does not exist")
+    import fnmatch  # here, as tarfile: only trees moving need them
     import tarfile
+
+    patterns = skip or []
+    total = 0
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        nonlocal total
+        name = os.path.basename(info.name)
+        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            return None
+        if info.isfile():
+            total += info.size
+            if max_bytes is not None and total > max_bytes:
+                raise ToolError(f"{path} holds more than {max_bytes} bytes of files")
+        return info
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")
+        tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".", filter=keep)
     return {"tar_b64": base64.b64encode(buf.getvalue()).decode()}

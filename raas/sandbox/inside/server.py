@@ -160,7 +160,13 @@ class ActionServer:
         )
 
     async def download(self, args: dict[str, Any]) -> Any:
-        return await self._in_thread(download, self.path(args.get("path")))
+        skip = args.get("skip") or []
+        if not isinstance(skip, list) or not all(isinstance(p, str) for p in skip):
+            raise BadRequest("skip must be a list of name patterns")
+        limit = args.get("max_bytes")
+        return await self._in_thread(
+            download, self.path(args.get("path")), skip, None if limit is None else int(limit)
+        )
 
     async def expose_gateway(self, args: dict[str, Any], send: Send | None = None) -> Any:
         if send is None:
