@@ -137,7 +137,8 @@ class NamespacedSandbox(Sandbox):
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
-            await process.wait()
+            if not await reap(process, EXIT_WAIT_S):  # the gate, unless stuck in the kernel
+                log.error("sandbox %s: process %d outlived SIGKILL", self.id, process.pid)
             raise
         process.stdin.write(b"go\n")
         process.stdin.close()

@@ -236,6 +236,7 @@ class HarnessTask(AgentTask):
             await _check_python(sandbox, ctx.agent_site)
         config = self.loop_config(job)  # the job's sampling and its cap of tokens a call
         params = config.sampling.model_copy(update={"max_tokens": config.max_tokens})
+        await services.tokenizer_async()  # the first job loads it off the loop; open() reuses it
         session = gateway.open(job.job_id, params, ctx.trajectory)
         ctx.segments = session.segments  # the list itself: complete whenever the job ends
         timeout_s = instance.agent_timeout_s or DEFAULT_AGENT_TIMEOUT_S
