@@ -16,6 +16,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import httpx
@@ -304,6 +305,26 @@ def test_the_agent_loop_registers_verls_own_servers_with_raas(
         (engine_url, "vllm", 256)  # rollout.name and rollout.max_num_seqs
     ]
     assert states == ["done"] * 4
+
+
+async def test_a_load_balancer_that_never_answers_fails_the_registration_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """register_servers asks verl's load balancer, a Ray actor: one alive but stuck must not
+    hold the worker's rollouts for ever."""
+    from raas.client.integrations import verl as integration
+
+    class Stuck:
+        def remote(self) -> asyncio.Future[list[str]]:
+            return asyncio.get_running_loop().create_future()  # never resolved
+
+    loop = SimpleNamespace(
+        server_manager=SimpleNamespace(_load_balancer=SimpleNamespace(get_all_servers=Stuck())),
+        urls=("http://127.0.0.1:1",),
+    )
+    monkeypatch.setattr(integration, "REGISTER_ASK_S", 0.05)
+    with pytest.raises(RuntimeError, match="did not list its rollout servers within 0 s"):
+        await integration.RaasAgentLoop.register_backends(loop)  # type: ignore[arg-type]
 
 
 # -- a gateway job of several segments -------------------------------------------------------

@@ -120,6 +120,7 @@ _register_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lo
     weakref.WeakKeyDictionary()
 )
 REGISTER_EVERY_S = 60.0  # how often a worker checks verl's server list again
+REGISTER_ASK_S = 60.0  # how long verl's load balancer may take to list its servers
 
 
 def _import(path: str) -> Callable[..., Any]:
@@ -267,7 +268,14 @@ class RaasAgentLoop(AgentLoopBase):  # type: ignore[misc]  # verl is untyped (An
             )
         lock = _register_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
         async with lock:
-            addresses = tuple(sorted(await balancer.get_all_servers.remote()))
+            try:  # an actor alive but stuck would hold every rollout of this worker here
+                listed = await asyncio.wait_for(balancer.get_all_servers.remote(), REGISTER_ASK_S)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"register_servers: verl's load balancer did not list its rollout servers"
+                    f" within {REGISTER_ASK_S:.0f} s"
+                ) from None
+            addresses = tuple(sorted(listed))
             key = (self.urls, addresses)
             when = _registered.get(key)
             if when is not None and time.monotonic() - when < REGISTER_EVERY_S:
