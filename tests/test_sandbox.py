@@ -268,7 +268,7 @@ async def test_files_upload_download(sandbox: Sandbox, tmp_path: Path) -> None:
     assert await sandbox.read_file("/workspace/repo/sub/data.bin") == bytes(range(256))
 
 
-async def test_a_download_leaves_out_what_it_skips_and_refuses_more_than_its_bytes(
+async def test_a_download_or_a_read_leaves_out_what_it_skips_and_refuses_more_than_its_bytes(
     sandbox: Sandbox,
 ) -> None:
     """A SWE image's /testbed carries its whole git history: the judge asks for the files alone,
@@ -290,6 +290,10 @@ async def test_a_download_leaves_out_what_it_skips_and_refuses_more_than_its_byt
         await sandbox.call("download", path="/workspace/t", skip=skip, max_bytes=5)
     with pytest.raises(ToolError, match="skip must be a list"):
         await sandbox.call("download", path="/workspace/t", skip=".git")
+    # A file likewise: the judges read an agent's answer or solution with a cap of their own.
+    assert await sandbox.read_file("/workspace/t/pkg/mod.py", max_bytes=6) == b"a = 1\n"
+    with pytest.raises(ToolError, match="6 bytes, more than the limit of 5"):
+        await sandbox.read_file("/workspace/t/pkg/mod.py", max_bytes=5)
 
 
 async def test_ipython_keeps_state_and_reports_tracebacks(sandbox: Sandbox) -> None:

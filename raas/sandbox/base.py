@@ -290,8 +290,10 @@ class Sandbox(ABC):
         result = await self.call("editor", command=command, path=path, **args)
         return str(result["output"])
 
-    async def read_file(self, path: str) -> bytes:
-        result = await self.call("read_file", path=path)
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes; ToolError if it holds more than ``max_bytes`` (default: the action
+        server's limit on a file, 64 MiB)."""
+        result = await self.call("read_file", path=path, max_bytes=max_bytes)
         if result["encoding"] == "base64":
             return base64.b64decode(result["content"])
         return str(result["content"]).encode()

@@ -34,6 +34,7 @@ from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
 SOLUTION = "/workspace/solution.py"
+MAX_SOLUTION_BYTES = 1024 * 1024  # a solution beyond it is none (and not read)
 TEST_TIMEOUT_S = 30.0
 CASE_TIMEOUT_S = 6.0  # one contest test case
 CONTEST_TIMEOUT_S = 120.0  # all of them
@@ -250,7 +251,9 @@ class CodeTask(AgentTask):
         if ctx.sandbox is None:
             return {"solution": None}
         try:
-            code = (await ctx.sandbox.read_file(SOLUTION)).decode(errors="replace")
+            code = (await ctx.sandbox.read_file(SOLUTION, MAX_SOLUTION_BYTES)).decode(
+                errors="replace"
+            )
         except (ToolError, SandboxError):
             code = None
         return {"solution": code}

@@ -73,6 +73,7 @@ AGENTS_INSIDE = "/.raas/agents"
 AGENT_PY_INSIDE = "/.raas/agent-py"  # an agents environment's site-packages
 AGENT_FILES_INSIDE = "/.raas/agent-files"  # the service's agent_files ($RAAS_AGENT_DIR)
 IO_DIR = "/tmp/raas-harness"
+MAX_ANSWER_BYTES = 1024 * 1024  # an answer.txt beyond it is no answer (and not read)
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 LAST_LINE_CHARS = 200  # of a crashed agent's output, in its error message
 AgentName = Literal[
@@ -292,7 +293,8 @@ class HarnessTask(AgentTask):
             ctx.trajectory.stop_reason = ctx.stop_reason
             raise crashed(result.exit_code, ctx.agent_output)
         try:
-            ctx.answer = (await sandbox.read_file(f"{IO_DIR}/answer.txt")).decode(errors="replace")
+            answer = await sandbox.read_file(f"{IO_DIR}/answer.txt", max_bytes=MAX_ANSWER_BYTES)
+            ctx.answer = answer.decode(errors="replace")
         except (ToolError, SandboxError):
             ctx.answer = None
         if ctx.trajectory.stop_reason is None:
