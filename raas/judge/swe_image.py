@@ -108,7 +108,7 @@ async def judge_swe_image(
     """Whether ``patch`` on the repository at ``repo`` in ``sandbox`` (fresh, from the row's
     image) resolves the row by SWE-bench's rules: every FAIL_TO_PASS test passes, every
     PASS_TO_PASS test still does."""
-    _require_swebench()
+    await asyncio.to_thread(_require_swebench)  # its first import takes a second
     await install(sandbox)
     tracked = await _tracked(sandbox, repo, base_commit)
     where = await modules_around(sandbox, repo, plan.env)

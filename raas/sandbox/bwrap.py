@@ -259,7 +259,7 @@ class BwrapSandbox(NamespacedSandbox):
         self.share_holds(child)
         try:
             await child.start()
-            child_init = await asyncio.to_thread(namespace_init, child.host_pids())
+            child_init = await asyncio.to_thread(lambda: namespace_init(child.host_pids()))
             if child_init is None:
                 raise SandboxError(f"sandbox {child.id}: its namespace was not found")
             uid = child._host_uid()
