@@ -126,16 +126,30 @@ def wait_until_answers(
 def exited(
     proc: subprocess.Popen[Any], log: Path | None = None, name: str | None = None
 ) -> Callable[[], str | None]:
-    """For ``wait_until_answers(gone=...)``: the child's exit code and the tail of its log."""
+    """For ``wait_until_answers(gone=...)``: the child's exit code, the last line of its log
+    (its error, not the traceback above it) and where the log is, on one line."""
 
     def reason() -> str | None:
         if proc.poll() is None:
             return None
-        tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
         who = name or repr(proc.args)
-        return f"{who} exited with {proc.returncode}" + (f":\n{tail}" if tail else "")
+        said = f"{who} exited with {proc.returncode}"
+        if log is None:
+            return said
+        last = last_line(log.read_text(errors="replace")[-4000:])
+        return said + (f": {last}" if last else "") + f" (its log: {log})"
 
     return reason
+
+
+def last_line(text: str, limit: int = 300) -> str:
+    """The last line of ``text`` that says something, without click's ``Error:``, cut at
+    ``limit`` characters (transformers' errors list every model type it knows)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1].removeprefix("Error: ")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # -- child processes --------------------------------------------------------------------------

@@ -449,6 +449,25 @@ def test_raas_run_refuses_a_model_it_cannot_start_in_one_line() -> None:
     assert bad.exit_code == 2 and "--sampling-params" in bad.output and "JSON" in bad.output
 
 
+def test_an_engine_that_cannot_load_its_model_is_one_line_naming_its_error(
+    tmp_path: Path,
+) -> None:
+    """A model directory transformers cannot read: the engine's last word and its log, not the
+    traceback above it."""
+    model = tmp_path / "mine"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = str(tmp_path / "run" / "results.jsonl")
+    result = CliRunner().invoke(
+        main, ["run", "--bundled", "math", "--limit", "1", "--model", str(model), "--out", out]
+    )
+    assert result.exit_code != 0, result.output
+    said = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(said) == 1 and "Traceback" not in result.output, result.output
+    assert re.search(r"raas engine exited with 1: ValueError: Unrecognized model", said[0])
+    assert re.search(r"\(its log: .*engine\.log\)$", said[0]), said[0]
+
+
 def test_a_verl_code_row_runs_alike_through_run_submit_and_the_api(tmp_path: Path) -> None:
     """A verl-format contest row (chat prompt, tests in reward_model.ground_truth), as JSONL
     and as Parquet: `raas run` and `raas submit` send it as POST /v1/rollouts takes it, so all
