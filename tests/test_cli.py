@@ -109,6 +109,20 @@ def test_a_wrong_server_address_is_one_line_that_says_what_to_do() -> None:
     assert bare.exit_code == 1 and "give it as http://HOST:PORT" in bare.output
 
 
+def test_submit_to_no_server_says_so_without_a_progress_line_after(tmp_path: Path) -> None:
+    """The job count, then the error; no "0/1 finished" between them, as if it had run."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"data_source": "math", "problem": "1+1?", "answer": "2"}) + "\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    out = str(tmp_path / "results.jsonl")
+    result = CliRunner().invoke(main, ["submit", url, str(tasks), "--out", out])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "tasks.jsonl: 1 job", result.output
+    assert lines[-1].startswith(f"Error: no raas server is answering: {url}"), result.output
+    assert not any("finished" in line for line in lines), result.output
+
+
 def test_a_server_that_breaks_off_its_answer_is_not_called_absent() -> None:
     import socket
     import threading

@@ -273,18 +273,20 @@ class Counting:
         if self._bar is not None:
             self._bar.__enter__()
             return self
-        self.console.print(f"{markup(self.label)}: {self.total} jobs")
+        self.console.print(
+            f"{markup(self.label)}: {self.total} job{'' if self.total == 1 else 's'}"
+        )
         with contextlib.suppress(RuntimeError):  # no running loop: lines come with results
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
-        elif self.done < self.total:
-            self._say()
+        elif self.done < self.total and (kind is None or not issubclass(kind, Exception)):
+            self._say()  # where a run stopped; an error says so itself, in its one line
 
     async def _tick(self) -> None:
         while True:  # a line even when nothing finishes for a long while
