@@ -72,6 +72,7 @@ def test_datasets_cli(tmp_path: Path) -> None:
     runner = CliRunner()
     listing = runner.invoke(main, ["datasets", "list"])
     assert listing.exit_code == 0 and "humaneval   164" in listing.output
+    assert max(map(len, listing.output.splitlines())) <= 80, listing.output  # swe's was 92
     out = tmp_path / "he.parquet"
     export = runner.invoke(main, ["datasets", "export", "humaneval", "--out", str(out)])
     assert export.exit_code == 0, export.output

@@ -206,6 +206,7 @@ def test_the_key_stays_out_of_the_log_and_the_command_line(
     assert key.encode() not in cmdline
     assert key not in log and "another-servers-key" not in log, log
     assert log.count("key=(redacted)") == 4 and "GET /v1/rollouts/(redacted)" in log, log
+    assert f"the dashboard: {server.url}/ui" in log, log  # where a person finds the page
 
 
 def test_submit_reports_a_bad_line(tmp_path: Path) -> None:

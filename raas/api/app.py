@@ -136,6 +136,8 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         await pipeline.start()
         await _report_backends(llm)
         log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
+        # uvicorn names the address alone; the page a person opens is said here.
+        log.info("the dashboard: http://%s:%d/ui", settings.host, settings.port)
         try:
             yield
         finally:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import textwrap
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,7 +165,10 @@ def datasets_list() -> None:
     from raas.tasks.datasets import BUNDLED
 
     for s in BUNDLED.values():
-        click.echo(f"{s.name:<10} {len(s.load()):>4}  {s.description}")
+        name = f"{s.name:<10} {len(s.load()):>4}  "
+        click.echo(
+            textwrap.fill(s.description, 80, initial_indent=name, subsequent_indent=" " * 17)
+        )
 
 
 @datasets.command("export")
