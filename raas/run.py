@@ -253,8 +253,8 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
     wall_s = max(wall_s, 1e-9)  # an empty task file finishes at once
     return (
         f"{len(results)} rollouts in {wall_s:.1f} s ({60 * len(results) / wall_s:.1f} per minute,"
-        f" {tokens / wall_s:.1f} generated tokens/s): mean reward {mean:.3f}, pass rate"
-        f" {passed}/{len(rewards)}; "
+        f" {tokens / wall_s:.1f} generated tokens/s):\n"  # two lines, each within 80 columns
+        f"mean reward {mean:.3f}, pass rate {passed}/{len(rewards)}; "
         + ", ".join(f"{markup(k)} {v}" for k, v in sorted(states.items()))
         + (f" ({infra} of them for infra reasons)" if (infra := len(infra_errors(results))) else "")
     )
