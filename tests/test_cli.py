@@ -459,6 +459,8 @@ def test_raas_run_refuses_a_model_it_cannot_start_in_one_line() -> None:
     result = CliRunner().invoke(main, ["run", "--bundled", "math", "--model", "orcle"])
     assert result.exit_code == 2, result.output
     assert "'orcle' is not a model: smollm2, tiny, oracle" in " ".join(result.output.split())
+    demo = CliRunner().invoke(main, ["demo", "--model", "orcle"])  # before a run dir is made
+    assert demo.exit_code == 2 and "'orcle' is not a model" in demo.output, demo.output
     bad = CliRunner().invoke(main, ["run", "--bundled", "math", "--sampling-params", "t=1"])
     assert bad.exit_code == 2 and "--sampling-params" in bad.output and "JSON" in bad.output
 

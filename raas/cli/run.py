@@ -20,6 +20,17 @@ SABOTAGE = click.option(
 )
 
 
+def check_model(model: str) -> None:
+    """A --model the engine cannot start is a usage error, before anything starts."""
+    from raas.llm.models import is_model
+
+    if not is_model(model):
+        raise click.BadParameter(
+            f"{model!r} is not a model: smollm2, tiny, oracle, or a directory with config.json",
+            param_hint="--model",
+        )
+
+
 def engine_args(model: str, sabotage: float | None) -> list[str]:
     if sabotage is None:
         return []
@@ -46,6 +57,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     from raas.wire import RolloutResult
 
     model = "oracle" if oracle else model
+    check_model(model)
     plan = Demo.of(model, engine_args=engine_args(model, sabotage))
     finished: list[RolloutResult] = []
     results, wall = run_keeping(plan.run(finished), finished, plan.out)
@@ -135,17 +147,13 @@ def run(
 
     from raas.client.task_files import as_requests, markup, read_tasks, write_results
     from raas.helpers import new_run_dir
-    from raas.llm.models import is_model
     from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled
     from raas.wire import RolloutResult
 
-    if url is None and not llm and not is_model(model):
-        raise click.BadParameter(
-            f"{model!r} is not a model: smollm2, tiny, oracle, or a directory with config.json",
-            param_hint="--model",
-        )
+    if url is None and not llm:
+        check_model(model)
     if sabotage is not None and (url or llm):
         raise click.UsageError("--sabotage is for the oracle started here (not with --url/--llm)")
     if (tasks is None) == (bundled_name is None):
