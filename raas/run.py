@@ -44,7 +44,7 @@ from raas.wire import PASS_REWARD, RolloutRequest, RolloutResult
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
 # tasks' defaults, 512 tokens a turn and 8 turns, kept a first run silent for minutes).
 CPU_SAMPLING: dict[str, Any] = {"max_tokens": 256, "max_turns": 4}
-# The engine stops within a decode step of SIGTERM; SIGKILL after this.
+# The engine stops within a decode step or one prefill of SIGTERM; SIGKILL after this.
 ENGINE_STOP_S = 15.0
 
 

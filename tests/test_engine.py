@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from raas.launch import EngineProcess
 from raas.llm.clients import VLLMClient
 from raas.llm.engine import Engine, GenerationParams, engine_app
+from raas.llm.engine.generator import EngineStopped
 from raas.llm.engine.prefix_cache import PrefixCache, common_prefix_len
 from raas.llm.models import load_model
 from raas.llm.types import SamplingParams
@@ -861,6 +862,32 @@ async def test_the_engine_generation_is_aborted_when_its_task_is_cancelled(tiny:
         assert engine.snapshot()["requests"] == 0
     finally:
         engine.shutdown()
+
+
+def test_a_stop_waits_for_the_prefill_under_way_not_every_one_admitted(tiny: Tiny) -> None:
+    """Requests admitted together were prefilled one after another before the worker looked at
+    a stop: long prompts on a busy CPU kept a stopped engine alive for tens of seconds."""
+    engine = Engine(*tiny, max_batch=4)
+    prefilled: list[int] = []
+    prefill = engine._prefill
+
+    def stop_during_the_first(request: Any) -> Any:
+        prefilled.append(len(request.prompt))
+        if len(prefilled) == 1:
+            engine.stop()  # as SIGTERM's shutdown does, from another thread
+        return prefill(request)
+
+    engine._prefill = stop_during_the_first  # type: ignore[method-assign]
+    params = GenerationParams(max_tokens=4, temperature=0)
+    try:
+        with engine._cond:  # the worker admits all three at once, once this lets go
+            futures = [engine.submit(prompt_of(n), params) for n in (2, 3, 4)]
+        for future in futures:
+            with pytest.raises(EngineStopped):
+                future.result(timeout=60)
+    finally:
+        engine.shutdown()
+    assert len(prefilled) == 1
 
 
 async def test_sigterm_stops_the_generations_in_flight(tmp_path: Path) -> None:

@@ -566,6 +566,9 @@ class Engine:
         self.stats.batches += 1
         joining: list[tuple[_Request, KV]] = []
         for request in requests:
+            if self._stopping:  # a stop waits for one prefill, not for each one admitted
+                _fail(request.future, EngineStopped("the engine shut down"))
+                continue
             try:
                 kv = self._prefill(request)
             except Exception as e:
