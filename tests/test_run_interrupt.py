@@ -84,11 +84,19 @@ class Terminal:
             os.killpg(self.proc.pid, signal.SIGINT)
         else:
             self.proc.send_signal(signal.SIGINT)
+        return self._exit_status("SIGINT")
+
+    def stop(self, sig: int) -> int:
+        """``sig`` to the process alone (`kill`, scancel), once; its exit status."""
+        self.proc.send_signal(sig)
+        return self._exit_status(signal.Signals(sig).name)
+
+    def _exit_status(self, sent: str) -> int:
         try:
             code = self.proc.wait(timeout=DEADLINE_S)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"did not stop on one SIGINT:\n{self.tail}") from None
+            raise AssertionError(f"did not stop on one {sent}:\n{self.tail}") from None
         self._reader.join(DEADLINE_S)
         return code
 
@@ -151,10 +159,15 @@ def said_nothing_wrong(output: str) -> None:
         assert bad not in output, output[-3000:]
 
 
-@pytest.mark.parametrize("command", ["run", "submit"])
+@pytest.mark.parametrize(
+    ("command", "sig"),
+    [("run", signal.SIGINT), ("submit", signal.SIGINT), ("run", signal.SIGTERM)],
+    ids=["run", "submit", "run-sigterm"],
+)
 def test_ctrl_c_against_a_server_cancels_the_unfinished_and_keeps_the_finished(
-    command: str, start_server: Any, server_env: dict[str, str], tmp_path: Path
+    command: str, sig: int, start_server: Any, server_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """SIGTERM (kill, scancel, timeout) as Ctrl-C: it killed the run, which wrote nothing."""
     server = start_server(tmp_path / "interrupt.db")
     tasks, out = gated_tasks(tmp_path), tmp_path / "results.jsonl"
     argv = {
@@ -164,12 +177,14 @@ def test_ctrl_c_against_a_server_cancels_the_unfinished_and_keeps_the_finished(
     term = Terminal([sys.executable, "-m", "raas", *argv, "--out", str(out)], server_env)
     try:
         term.wait_for(r"\b50%")  # the progress bar: `quick`'s result is in
-        code = term.ctrl_c()
+        code = term.ctrl_c() if sig == signal.SIGINT else term.stop(sig)
     finally:
         term.kill()
-    assert code == 130, term.tail
+    assert code == 128 + sig, term.tail
     assert "cancelling this run's 1 unfinished jobs on the server" in term.output
-    assert f"the 1 results that had finished are in {out}" in " ".join(term.output.split())
+    how = "interrupted" if sig == signal.SIGINT else "stopped by SIGTERM"
+    said = f"{how}: the 1 results that had finished are in {out}"
+    assert said in " ".join(term.output.split()), term.tail
     said_nothing_wrong(term.output)
     assert stored(out) == {"quick": "done"}
     (result,) = httpx.get(f"{server.url}/v1/rollouts", params={"state": "cancelled"}).json()[
