@@ -8,6 +8,7 @@ the LLM and sandbox libraries and the server can all use them.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import email.utils
 import errno
@@ -22,14 +23,16 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import httpx
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
+
+T = TypeVar("T")
 
 # -- ports ------------------------------------------------------------------------------------
 
@@ -150,6 +153,43 @@ def last_line(text: str, limit: int = 300) -> str:
         return ""
     line = lines[-1].removeprefix("Error: ")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class Terminated(Exception):
+    """SIGTERM (kill, Slurm's scancel, timeout) stopped a run, as a Ctrl-C would have."""
+
+
+async def stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """Awaits ``coro``; SIGTERM cancels it, as asyncio.run does on Ctrl-C, so that its cleanup
+    runs (its jobs cancelled on the server, the servers it started stopped); then Terminated.
+
+    Only this task is cancelled: a KeyboardInterrupt raised in the loop would make asyncio.run
+    cancel every task at once, the cleanup's own awaits included. Not by way of SIGINT, which a
+    process a script starts in the background ignores. Outside the main thread SIGTERM is not
+    this coroutine's to take, and it only awaits. The handler before is put back after."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    before = signal.getsignal(signal.SIGTERM)
+    signalled: list[bool] = []
+
+    def cancel() -> None:
+        signalled.append(True)
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, cancel)
+    except (ValueError, RuntimeError):  # not the main thread
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if signalled:
+            raise Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 # -- child processes --------------------------------------------------------------------------

@@ -380,31 +380,6 @@ async def test_cancelling_a_step_in_a_thread_tells_the_thread_to_stop(example: M
     assert run.trainer.stop.is_set()
 
 
-def test_sigterm_in_the_loop_cancels_the_run_alone_so_its_cleanup_runs(
-    example: ModuleType,
-) -> None:
-    """kill or scancel: the run's task is cancelled, and the awaits of its cleanup (cancelling
-    its jobs on the server, in tasks of their own) still run; then it unwinds like Ctrl-C."""
-    cleaned: list[str] = []
-
-    async def run() -> None:
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            await asyncio.sleep(60)
-        finally:
-            cleaned.append(await asyncio.create_task(asyncio.sleep(0, "jobs cancelled")))
-
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(asyncio.CancelledError):
-            asyncio.run(example.stopped_by_sigterm(run()))
-        assert cleaned == ["jobs cancelled"] and example.TERMINATED.is_set()
-        assert signal.getsignal(signal.SIGTERM) is example.raise_interrupt  # after the loop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        example.TERMINATED.clear()
-
-
 def test_asynchronous_with_the_engine_here_splits_the_cores_between_trainer_and_engine(
     example: ModuleType,
 ) -> None:

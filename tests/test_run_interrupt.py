@@ -5,6 +5,7 @@ and leaves no child of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from raas.helpers import Terminated, stopped_by_sigterm
 from raas.store.sqlite import iter_finished
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -157,6 +159,32 @@ def stored(out: Path) -> dict[str, str]:
 def said_nothing_wrong(output: str) -> None:
     for bad in ("Traceback", "never awaited", "Aborted!"):
         assert bad not in output, output[-3000:]
+
+
+def test_sigterm_in_the_loop_cancels_the_run_alone_so_its_cleanup_runs() -> None:
+    """kill or scancel: the run's task is cancelled, and the awaits of its cleanup (cancelling
+    its jobs on the server, in tasks of their own) still run; then Terminated, and the handler
+    from before is back (the example's, for the time outside the loop)."""
+    cleaned: list[str] = []
+
+    async def run() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append(await asyncio.create_task(asyncio.sleep(0, "jobs cancelled")))
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("the loop's handler takes SIGTERM while it runs")
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with pytest.raises(Terminated):
+            asyncio.run(stopped_by_sigterm(run()))
+        assert cleaned == ["jobs cancelled"]
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.mark.parametrize(

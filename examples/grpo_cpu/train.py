@@ -72,7 +72,7 @@ from raas.client import (
 from raas.client.backends_paused import backends_paused
 from raas.client.rollout_client import Group
 from raas.client.staleness import staleness_metrics
-from raas.helpers import NotReady, wait_until_answers
+from raas.helpers import NotReady, Terminated, stopped_by_sigterm, wait_until_answers
 from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
 
@@ -1059,14 +1059,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.threads = torch_threads(args.threads, args.async_mode, engine_here=args.engine is None)
     args.out.mkdir(parents=True, exist_ok=True)
-    # SIGTERM (kill, Slurm's scancel) stops the run as Ctrl-C does; see stopped_by_sigterm.
+    # SIGTERM (kill, Slurm's scancel) stops the run as Ctrl-C does: in the event loop through
+    # raas's stopped_by_sigterm (the run's task alone is cancelled, so its cleanup runs),
+    # outside it (starting the servers) by raise_interrupt.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         run_with_servers(args, t0)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        name = "SIGTERM" if TERMINATED.is_set() else "Ctrl-C"
+    except (KeyboardInterrupt, asyncio.CancelledError, Terminated) as e:
+        by_term = isinstance(e, Terminated) or TERMINATED.is_set()
+        name = "SIGTERM" if by_term else "Ctrl-C"
         print(f"stopped by {name}: what the run wrote is in {args.out}", flush=True)
-        sys.exit(128 + (signal.SIGTERM if TERMINATED.is_set() else signal.SIGINT))
+        sys.exit(128 + (signal.SIGTERM if by_term else signal.SIGINT))
 
 
 TERMINATED = threading.Event()  # set by SIGTERM
@@ -1076,27 +1079,6 @@ def raise_interrupt(signum: int, frame: object) -> None:
     """SIGTERM outside the event loop: unwinds like Ctrl-C (the servers started here stop)."""
     TERMINATED.set()
     raise KeyboardInterrupt
-
-
-async def stopped_by_sigterm(work: Awaitable[None]) -> None:
-    """Awaits ``work``; in the event loop, SIGTERM cancels this task alone, as asyncio.run does
-    on Ctrl-C, so the cleanup of ``work`` (collect's, which cancels its jobs on the server)
-    runs. A KeyboardInterrupt raised in the loop would make asyncio.run cancel every task at
-    once, that cleanup's own included, and the server would drain the jobs for its grace
-    period. Not by way of SIGINT: a process a script starts in the background ignores it."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    assert task is not None
-
-    def cancel() -> None:
-        TERMINATED.set()
-        task.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, cancel)
-    try:
-        await work
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, raise_interrupt)
 
 
 def run_with_servers(args: argparse.Namespace, t0: float) -> None:

@@ -86,46 +86,16 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
         ) from e
 
 
-class Terminated(Exception):
-    """SIGTERM (kill, Slurm's scancel, timeout) stopped a run, as a Ctrl-C would have."""
-
-
-async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
-    """Awaits ``coro``; SIGTERM cancels it as asyncio.run does on Ctrl-C, so its cleanup runs
-    (its unfinished jobs cancelled, the engine it started stopped), then raises Terminated.
-    Without this the process died at once: no results file, no message. Not by way of SIGINT,
-    which a process started in the background by a script ignores."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    assert task is not None
-    signalled: list[bool] = []
-
-    def cancel() -> None:
-        signalled.append(True)
-        task.cancel()
-
-    try:
-        loop.add_signal_handler(signal.SIGTERM, cancel)
-    except (ValueError, RuntimeError):  # not the main thread: SIGTERM is not ours to take
-        return await coro
-    try:
-        return await coro
-    except asyncio.CancelledError:
-        if signalled:
-            raise Terminated from None
-        raise
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def run_keeping(coro: Coroutine[Any, Any, T], finished: list[Any], out: Path) -> T:
     """``run_client`` for a run of jobs that appends each result to ``finished`` as it comes:
     on Ctrl-C or SIGTERM (once the run has cancelled its unfinished jobs) those results go to
     ``out`` and the exit status is a shell's for the signal (130, 143), with one line instead
     of ``Aborted!``."""
     from raas.client.task_files import write_results
+    from raas.helpers import Terminated, stopped_by_sigterm
 
     try:
-        return run_client(_stopped_by_sigterm(coro))
+        return run_client(stopped_by_sigterm(coro))
     except (KeyboardInterrupt, Terminated) as e:
         write_results(finished, out)
         how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
