@@ -25,6 +25,11 @@ OUTPUT_FLOOR = 64 * 1024  # bytes a case's program may print beyond twice what i
 class Verdict:
     passed: bool
     metrics: dict[str, Any] = field(default_factory=dict)
+    # Of a test-running judge: the deciding tests the run says passed (trusted or not: a twin
+    # that passed in a forged record passed), and their files as the run had them (twins are
+    # made from these).
+    passing: frozenset[str] = frozenset()
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,14 @@ from __future__ import annotations
 import json
 import secrets
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from raas.judge.code import Verdict
 from raas.judge.programs import JUDGE_DIR, install, python
 from raas.judge.swe_paths import Change, parse_raw, review, test_modules
 from raas.judge.swe_repo import REPO, git, materialise
+from raas.judge.twins import UNITTEST, candidate_paths
 from raas.sandbox import ExecResult, Sandbox, SandboxError
 
 TEST_TIMEOUT_S = 120.0
@@ -63,9 +65,11 @@ async def judge_swe(
     fail_to_pass: list[str],
     pass_to_pass: list[str],
     timeout_s: float = TEST_TIMEOUT_S,
+    twins: dict[str, str] | None = None,
 ) -> Verdict:
     """Whether ``patch`` on the snapshot ``files`` makes every listed test pass, in ``sandbox``
-    (fresh)."""
+    (fresh); with ``twins`` (path -> text, raas.judge.twins), those test files replaced by their
+    twins once the patch is in."""
     ids = list(dict.fromkeys(fail_to_pass + pass_to_pass))
     await install(sandbox)
     await materialise(sandbox, files)
@@ -82,23 +86,60 @@ async def judge_swe(
         if found.restore:
             await _restore(sandbox, files, found.restore)
             metrics["dropped"] = found.restore
+    tests = {**files, **(twins or {})}
+    for path, text in (twins or {}).items():
+        await sandbox.write_file(f"{REPO}/{path}", text)
+    await hide_history(sandbox, REPO)
     specs = _canaries()
     request = {
         "mark": secrets.token_hex(16),
         "ids": ids,
         "roots": [f"{REPO}/{r}".rstrip("/") for r in where["roots"]],
-        "sources": {m: [f"{REPO}/{p}", files[p]] for m, p in test_modules(ids, set(files)).items()},
+        "sources": {m: [f"{REPO}/{p}", tests[p]] for m, p in test_modules(ids, set(files)).items()},
         "canaries": [{k: s[k] for k in ("name", "kind", "a", "b")} for s in specs],
         "seed": secrets.randbits(32),
     }
-    run = await sandbox.exec(
+    run = await run_tests(
+        sandbox,
         python("swe_tests.py", "run"),
         json.dumps(request),
         cwd=REPO,
         timeout_s=timeout_s,
-        max_output=RUN_OUTPUT,
     )
-    return _verdict(run, request, specs, fail_to_pass, pass_to_pass, metrics)
+    if isinstance(run, Verdict):
+        return Verdict(False, {**metrics, **run.metrics})
+    verdict = _verdict(run, request, specs, fail_to_pass, pass_to_pass, metrics)
+    wanted = set(candidate_paths(fail_to_pass, UNITTEST))
+    return replace(verdict, sources={p: tests[p] for p in wanted if p in tests})
+
+
+async def hide_history(sandbox: Sandbox, repo: str) -> None:
+    """Remove ``repo``'s .git before the tests run: it holds the tests as the task has them,
+    which would tell a twin from the real test (the judge is done with git by then)."""
+    removed = await sandbox.exec(["rm", "-rf", "--", f"{repo}/.git"])
+    if removed.exit_code != 0:
+        raise SandboxError(f"could not remove {repo}/.git: {removed.stderr[-500:]}")
+
+
+async def run_tests(
+    sandbox: Sandbox,
+    argv: list[str],
+    stdin: str,
+    *,
+    cwd: str,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> ExecResult | Verdict:
+    """The test run: the one command of a judge in which the candidate's code runs. If the
+    sandbox dies under it (its action server killed, its processes gone), the candidate's code
+    did that: a policy outcome, reward 0, not an infra failure to retry."""
+    try:
+        return await sandbox.exec(
+            argv, stdin, cwd=cwd, env=env, timeout_s=timeout_s, max_output=RUN_OUTPUT
+        )
+    except SandboxError as e:
+        why = f"the sandbox ended while the candidate's code ran: {e}"[:OUTPUT_CHARS]
+        return Verdict(False, {"resolved": False, "policy_failure": why})
 
 
 async def modules_around(
@@ -176,13 +217,14 @@ def _verdict(
     untrusted += [f"{t} ran {counts[t]} times" for t in request["ids"] if counts[t] > 1]
     untrusted += _canary_problems(specs, request["ids"], counts, said)
     passed = all(s == "ok" for s in [*f2p.values(), *p2p.values()])
+    passing = frozenset(t for t, s in f2p.items() if s == "ok")
     resolved = passed and not untrusted
     metrics = {**metrics, "resolved": resolved, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}
     if untrusted:
         metrics["untrusted"] = untrusted[:20]
     if not resolved:
         metrics["test_output"] = _output(run, record, request["ids"])
-    return Verdict(resolved, metrics)
+    return Verdict(resolved, metrics, passing)
 
 
 def read_record(run: ExecResult, mark: str) -> tuple[dict[str, Any], list[str]]:

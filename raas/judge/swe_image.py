@@ -55,20 +55,31 @@ import json
 import re
 import secrets
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from raas.judge.code import Verdict
 from raas.judge.programs import JUDGE_DIR, install, python
-from raas.judge.swe import OUTPUT_CHARS, RUN_OUTPUT, apply_patch, modules_around, read_record
+from raas.judge.swe import (
+    OUTPUT_CHARS,
+    RUN_OUTPUT,
+    apply_patch,
+    hide_history,
+    modules_around,
+    read_record,
+    run_tests,
+)
 from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
 from raas.judge.swe_repo import git
 from raas.judge.swe_specs import DJANGO, SYMPY, RunPlan
-from raas.sandbox import ExecResult, Sandbox, SandboxError
+from raas.judge.twins import candidate_paths
+from raas.sandbox import ExecResult, Sandbox, SandboxError, ToolError
 
 TESTBED = "/testbed"
 TEST_TIMEOUT_S = 1800.0  # real suites in real images are slower than the bundled ones
 TEST_PATCH_FILE = f"{JUDGE_DIR}/test.patch"
+SOURCE_BYTES = 4 * 1024 * 1024  # a test file twins are made of
 # pytest's configuration: which tests run, with which plugins and options.
 RUNNER_FILES = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
 METADATA = (".egg-info", ".dist-info", ".egg-link")
@@ -104,10 +115,12 @@ async def judge_swe_image(
     base_commit: str | None = None,
     repo: str = TESTBED,
     timeout_s: float = TEST_TIMEOUT_S,
+    twins: dict[str, str] | None = None,
 ) -> Verdict:
     """Whether ``patch`` on the repository at ``repo`` in ``sandbox`` (fresh, from the row's
     image) resolves the row by SWE-bench's rules: every FAIL_TO_PASS test passes, every
-    PASS_TO_PASS test still does."""
+    PASS_TO_PASS test still does. With ``twins`` (path -> text, raas.judge.twins), those test
+    files are replaced by their twins once the test patch is in."""
     await asyncio.to_thread(_require_swebench)  # its first import takes a second
     await install(sandbox)
     tracked = await _tracked(sandbox, repo, base_commit)
@@ -140,6 +153,12 @@ async def judge_swe_image(
         failed = await apply_patch(sandbox, test_patch, repo, TEST_PATCH_FILE)
         if failed is not None:
             return Verdict(False, {**metrics, "resolved": False, "test_patch_output": failed})
+    # The test patch's text would tell a twin from the real tests: it goes before they run.
+    await sandbox.exec(["rm", "-f", "--", TEST_PATCH_FILE])
+    sources = await _test_sources(sandbox, repo, fail_to_pass, plan)
+    for path, text in (twins or {}).items():
+        await sandbox.write_file(f"{repo}/{path}", text)
+    await hide_history(sandbox, repo)
     specs = _canaries()
     request = {
         "mark": secrets.token_hex(16),
@@ -148,15 +167,37 @@ async def judge_swe_image(
         "canaries": specs,
         "seed": secrets.randbits(32),
     }
-    run = await sandbox.exec(
+    run = await run_tests(
+        sandbox,
         python(RUNNERS[plan.runner], "run"),
         json.dumps(request),
         cwd=repo,
         env=plan.env,
         timeout_s=timeout_s,
-        max_output=RUN_OUTPUT,
     )
-    return await _verdict(run, request, fail_to_pass, pass_to_pass, plan, metrics)
+    if isinstance(run, Verdict):
+        return Verdict(False, {**metrics, **run.metrics})
+    verdict = await _verdict(run, request, fail_to_pass, pass_to_pass, plan, metrics)
+    return replace(verdict, sources=sources)
+
+
+async def _test_sources(
+    sandbox: Sandbox, repo: str, deciding: list[str], plan: RunPlan
+) -> dict[str, str]:
+    """The files that may hold the deciding tests, as the run has them (twins are made of
+    them): the files their ids name, a SymPy row's test files."""
+    paths = candidate_paths(deciding, plan.runner)
+    if plan.runner == SYMPY:
+        paths += [a for a in plan.args if a.endswith(".py")]
+    found = {}
+    for path in dict.fromkeys(paths):
+        if path.startswith("/") or ".." in path.split("/"):
+            continue
+        try:
+            found[path] = (await sandbox.read_file(f"{repo}/{path}", SOURCE_BYTES)).decode()
+        except (ToolError, UnicodeDecodeError):
+            continue  # not there, or not a test file
+    return found
 
 
 def _require_swebench() -> None:
@@ -337,8 +378,9 @@ async def _verdict(
     gold = {FAIL_TO_PASS: fail_to_pass, PASS_TO_PASS: pass_to_pass}
     eval_type = EvalType(plan.eval_type)
     report = get_eval_tests_report(logged, gold, eval_type=eval_type)
+    recorded_report = get_eval_tests_report(recorded, gold, eval_type=eval_type)
     if record:
-        differ = _differences(report, get_eval_tests_report(recorded, gold, eval_type=eval_type))
+        differ = _differences(report, recorded_report)
         untrusted += [f"the log and the record disagree on {t}" for t in differ[:10]]
         untrusted += _canary_problems(request["canaries"], record, recorded, logged)
     resolution = get_resolution_status(report) if readable else ResolvedStatus.NO.value
@@ -350,13 +392,19 @@ async def _verdict(
         "FAIL_TO_PASS": report[FAIL_TO_PASS],
         "PASS_TO_PASS": report[PASS_TO_PASS],
     }
+    passing = frozenset(_succeeded(report) | _succeeded(recorded_report)) & set(fail_to_pass)
     if not readable:
         metrics["log"] = "SWE-bench's rules found no test results in the log it can trust"
     if untrusted:
         metrics["untrusted"] = untrusted[:20]
     if not resolved:
         metrics["test_output"] = run.stderr[-OUTPUT_CHARS:]
-    return Verdict(resolved, metrics)
+    return Verdict(resolved, metrics, passing)
+
+
+def _succeeded(report: dict[str, Any]) -> set[str]:
+    """The tests a report has passing (either kind)."""
+    return {t for kind in report.values() for t in kind.get("success", [])}
 
 
 def _read_log(

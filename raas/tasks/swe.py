@@ -44,6 +44,7 @@ from pydantic import (
 )
 
 from raas.image_refs import IMAGE_FIELDS, image_of
+from raas.judge.code import Verdict
 from raas.judge.swe import judge_swe
 from raas.judge.swe_image import TESTBED, judge_swe_image
 from raas.judge.swe_repo import (
@@ -56,6 +57,7 @@ from raas.judge.swe_repo import (
 )
 from raas.judge.swe_repo import REPO as REPO
 from raas.judge.swe_specs import DJANGO, SYMPY, RunPlan, UnsupportedTests, plan
+from raas.judge.twins import UNITTEST, task_key, with_twins
 from raas.sandbox import Sandbox, SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, TaskJob, Text, located_error
@@ -261,17 +263,19 @@ class SweTask(AgentTask):
     ) -> RewardInfo:
         parsed = SweInstance.model_validate(instance)
         patch = str(artifact.get("patch") or "")
-        async with _fresh(services, instance, parsed.image_ref) as sandbox:
-            if parsed.snapshot is not None:
-                verdict = await judge_swe(
-                    sandbox,
-                    files=dict(parsed.snapshot.files),
-                    patch=patch,
-                    fail_to_pass=list(parsed.FAIL_TO_PASS),
-                    pass_to_pass=list(parsed.PASS_TO_PASS),
-                )
-            else:
-                verdict = await judge_swe_image(
+
+        async def run(patch: str, twins: dict[str, str] | None) -> Verdict:
+            async with _fresh(services, instance, parsed.image_ref) as sandbox:
+                if parsed.snapshot is not None:
+                    return await judge_swe(
+                        sandbox,
+                        files=dict(parsed.snapshot.files),
+                        patch=patch,
+                        fail_to_pass=list(parsed.FAIL_TO_PASS),
+                        pass_to_pass=list(parsed.PASS_TO_PASS),
+                        twins=twins,
+                    )
+                return await judge_swe_image(
                     sandbox,
                     patch=patch,
                     fail_to_pass=list(parsed.FAIL_TO_PASS),
@@ -280,8 +284,25 @@ class SweTask(AgentTask):
                     test_patch=parsed.test_patch,
                     base_commit=parsed.base_commit,
                     repo=self.testbed,
+                    twins=twins,
                 )
+
+        verdict = await with_twins(
+            run,
+            patch,
+            deciding=list(parsed.FAIL_TO_PASS),
+            runner=UNITTEST if parsed.snapshot is not None else parsed.plan().runner,
+            key=task_key(instance),
+            gold=gold_patch(instance),
+        )
         return RewardInfo(1.0 if verdict.passed else 0.0, verdict.metrics)
+
+
+def gold_patch(instance: dict[str, Any]) -> str | None:
+    """The row's gold patch, which calibrates the twins: the bundled rows' ``gold_patch``,
+    SWE-bench's ``patch``."""
+    gold = instance.get("gold_patch") or instance.get("patch")
+    return gold if isinstance(gold, str) and gold.strip() else None
 
 
 def _named(instance: dict[str, Any]) -> str:
