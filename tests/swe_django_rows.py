@@ -209,6 +209,8 @@ PROJECT = Project(
         TESTS: "from django.test import SimpleTestCase\n",
         "tests/runtests.py": "import sys\n\nsys.exit(0)\n",
     },
+    unfixed=unfixed,
+    function='capfirst',
     forged_ok=lambda: unfixed() + FORGED_OK,
     always_pass=lambda: unfixed() + ALWAYS_PASS,
     source=SOURCE,

@@ -30,6 +30,8 @@ class Project:
     # under test unfixed with code appended that forges the failing test's "ok" line, and with
     # code that makes its runner report every test as passed.
     edited: Mapping[str, str]
+    unfixed: Callable[[], str]  # the module under test as the base commit has it
+    function: str  # the function under test, in that module
     forged_ok: Callable[[], str]
     always_pass: Callable[[], str]
     source: str  # the module under test

@@ -277,3 +277,17 @@ async def test_a_candidate_that_kills_the_sandbox_is_a_policy_zero_not_infra(
     info = await judged(services, patch_of({SOLUTION: killer}))
     assert info.reward == 0.0
     assert "sandbox ended while the candidate's code ran" in info.metrics["policy_failure"]
+
+
+def test_none_and_empty_displays_are_expectations_too() -> None:
+    source = (
+        "def test_a():\n    assert f() == []\n\n"
+        "def test_b():\n    self.assertEqual(f(), None)\n\n"
+        "def test_c():\n    assert f() == {}\n"
+    )
+    text, made = twinned(source, "test_a", "test_b", "test_c")
+    assert made == {"test_a": True, "test_b": True, "test_c": True}
+    lines = text.splitlines()
+    assert lines[1].startswith("    assert f() == [") and lines[1] != "    assert f() == []"
+    assert lines[4] == "    self.assertEqual(f(), 0)"
+    assert ast.literal_eval(lines[7].split("== ")[1]) != {}

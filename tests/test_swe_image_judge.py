@@ -26,6 +26,7 @@ from raas.judge.swe_specs import (
     django_labels,
     plan,
 )
+from raas.judge.twins import with_twins
 from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
 from tests import tiers
 from tests.swe_image_rows import (
@@ -42,6 +43,7 @@ from tests.swe_image_rows import (
     patch_of,
     write_repo,
 )
+from tests.twin_tricks import TRICKS
 
 REPO = "/workspace/testbed"
 IDS = FAIL_TO_PASS + PASS_TO_PASS
@@ -428,3 +430,46 @@ async def test_a_patch_that_does_not_apply_scores_zero(sandbox: Sandbox, patch: 
     verdict = await judged(sandbox, patch)
     assert not verdict.passed and verdict.metrics["patch_applied"] is False
     assert verdict.metrics["apply_output"]
+
+
+# --- twins: tricks that pass the real tests -----------------------------------------------------
+
+
+async def judged_with_twins(tmp_path: Path, patch: str) -> Verdict:
+    """``patch`` through raas.judge.twins: each run (the real one, gold's twin run, the twin
+    run) in a fresh sandbox of its own, as the task's judge runs them."""
+    write_repo(tmp_path / "testbed")
+
+    async def run(patch: str, twins: dict[str, str] | None) -> Verdict:
+        box = create_sandbox(BwrapConfig(), base_image())
+        await box.start()
+        try:
+            await box.upload(tmp_path / "testbed", "/workspace")
+            return await judged(box, patch, twins=twins)
+        finally:
+            await box.close()
+
+    key = f"image-pytest-row-{tmp_path}"
+    return await with_twins(
+        run, patch, deciding=FAIL_TO_PASS, runner="pytest", key=key, gold=GOLD_PATCH
+    )
+
+
+@rootfs
+async def test_gold_scores_one_with_twins_on(tmp_path: Path) -> None:
+    verdict = await judged_with_twins(tmp_path, GOLD_PATCH)
+    assert verdict.passed, verdict.metrics
+    assert verdict.metrics["twins"] == {"made": 2, "counted": 2, "passed": []}
+
+
+@rootfs
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+async def test_a_trick_that_passes_the_real_tests_scores_zero_because_a_twin_passed(
+    tmp_path: Path, trick: str
+) -> None:
+    verdict = await judged_with_twins(tmp_path, with_source(TRICKS[trick].format(name="mean")))
+    assert not verdict.passed
+    # The real run: every test passed by SWE-bench's rules and the record agreed.
+    assert verdict.metrics["FAIL_TO_PASS"] == {"success": FAIL_TO_PASS, "failure": []}
+    assert "untrusted" not in verdict.metrics, verdict.metrics
+    assert verdict.metrics["tamper"].startswith("2 twin(s) passed")

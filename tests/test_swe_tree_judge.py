@@ -22,11 +22,14 @@ import pytest
 
 from raas.judge.code import Verdict
 from raas.judge.swe_image import judge_swe_image
+from raas.judge.swe_specs import SYMPY
+from raas.judge.twins import with_twins
 from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
 from raas.tasks.swe import SweInstance
 from tests import swe_django_rows, swe_sympy_rows, tiers
 from tests.swe_image_rows import ROOTFS, base_image
 from tests.swe_tree_judge import Project
+from tests.twin_tricks import TRICKS, tricked
 
 REPO = "/workspace/testbed"
 DEPS = "/workspace/deps"
@@ -62,7 +65,9 @@ async def sandbox(tree: Any) -> AsyncIterator[Sandbox]:
         await box.close()
 
 
-async def judged(sandbox: Sandbox, tree: Any, patch: str) -> Verdict:
+async def judged(
+    sandbox: Sandbox, tree: Any, patch: str, twins: dict[str, str] | None = None
+) -> Verdict:
     """``patch`` on the project's row, with the plan the task makes of it."""
     project, _, base = tree
     instance = SweInstance.model_validate(project.row(base))
@@ -77,6 +82,7 @@ async def judged(sandbox: Sandbox, tree: Any, patch: str) -> Verdict:
         test_patch=instance.test_patch,
         base_commit=base,
         repo=REPO,
+        twins=twins,
     )
 
 
@@ -123,3 +129,53 @@ async def test_a_runner_made_to_pass_everything_is_caught_by_the_canaries(
     verdict = await judged(sandbox, tree, project.patch({project.source: project.always_pass()}))
     assert not verdict.passed
     assert any("a canary that must fail" in u for u in verdict.metrics["untrusted"])
+
+
+# --- twins: tricks that pass the real tests -----------------------------------------------------
+
+
+async def judged_with_twins(tree: Any, patch: str) -> Verdict:
+    """``patch`` through raas.judge.twins: each run (the real one, gold's twin run, the twin
+    run) in a fresh sandbox of its own, as the task's judge runs them."""
+    project, root, base = tree
+
+    async def run(patch: str, twins: dict[str, str] | None) -> Verdict:
+        box = create_sandbox(BwrapConfig(), base_image())
+        await box.start()
+        try:
+            await box.upload(root / "testbed", "/workspace")
+            await box.upload(root / "deps", "/workspace")
+            return await judged(box, tree, patch, twins)
+        finally:
+            await box.close()
+
+    return await with_twins(
+        run,
+        patch,
+        deciding=project.fail_to_pass,
+        runner=project.runner,
+        key=f"{project.name}-{root}",
+        gold=project.gold_patch(),
+    )
+
+
+async def test_gold_scores_one_with_twins_on(tree: Any) -> None:
+    verdict = await judged_with_twins(tree, tree[0].gold_patch())
+    assert verdict.passed, verdict.metrics
+    assert verdict.metrics["twins"] == {"made": 1, "counted": 1, "passed": []}
+
+
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+async def test_a_trick_that_passes_the_real_tests_scores_zero_because_a_twin_passed(
+    tree: Any, trick: str
+) -> None:
+    project = tree[0]
+    if trick == "forged_record" and project.runner == SYMPY:
+        pytest.skip("SymPy's runner has no result object of unittest's or pytest's to forge")
+    source = tricked(project.unfixed(), trick, project.function)
+    verdict = await judged_with_twins(tree, project.patch({project.source: source}))
+    assert not verdict.passed
+    # The real run: every test passed by SWE-bench's rules and the record agreed.
+    assert verdict.metrics["FAIL_TO_PASS"]["failure"] == [], verdict.metrics
+    assert "untrusted" not in verdict.metrics, verdict.metrics
+    assert verdict.metrics["tamper"].startswith("1 twin(s) passed")

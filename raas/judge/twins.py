@@ -73,6 +73,7 @@ SWAP = {
     "IndexError": "KeyError", "AttributeError": "TypeError", "ZeroDivisionError": "ValueError",
     "NotImplementedError": "TypeError", "RuntimeError": "ValueError", "Exception": "KeyError",
 }  # fmt: skip
+CONSTANTS = (bool, int, float, str, bytes, type(None))  # the kinds of constant a twin changes
 UNITTEST = "unittest"  # the bundled rows' runner (the image rows': swe_specs' names)
 CACHED_TASKS = 4096
 _SECRET = secrets.token_bytes(32)  # this process's twins: a candidate never sees the same ones
@@ -200,22 +201,38 @@ def _changed(value: Any, text: str, rng: random.Random) -> str | None:
     return text[:end] + _other("", rng) + text[end:]
 
 
-def _constants(node: ast.AST) -> list[ast.Constant]:
-    """The constants an expression is made of, f-strings' parts aside."""
-    out: list[ast.Constant] = []
+def _constants(node: ast.AST) -> list[ast.expr]:
+    """What an expression expects that a twin can change: its constants (None too, f-strings'
+    parts aside) and its empty displays (``[]``, ``()``, ``{}``), which hold none."""
+    out: list[ast.expr] = []
     stack = [node]
     while stack:
         current = stack.pop()
         if isinstance(current, ast.JoinedStr):
             continue
-        if isinstance(current, ast.Constant) and _changeable(current.value):
+        if isinstance(current, ast.Constant) and isinstance(current.value, CONSTANTS):
+            out.append(current)
+        elif isinstance(current, ast.List | ast.Tuple | ast.Dict) and not _children(current):
             out.append(current)
         stack.extend(ast.iter_child_nodes(current))
     return out
 
 
-def _changeable(value: Any) -> bool:
-    return isinstance(value, bool | int | float | str | bytes)
+def _children(node: ast.AST) -> list[ast.AST]:
+    return [n for n in ast.iter_child_nodes(node) if not isinstance(n, ast.expr_context)]
+
+
+def _changed_node(node: ast.expr, text: str, rng: random.Random) -> str | None:
+    """``node``'s source changed: a constant by ``_changed``, None as 0, an empty display
+    given one element."""
+    if isinstance(node, ast.Constant):
+        return "0" if node.value is None else _changed(node.value, text, rng)
+    inside = str(rng.randint(0, 9))
+    if isinstance(node, ast.List):
+        return f"[{inside}]"
+    if isinstance(node, ast.Tuple):
+        return f"({inside},)"
+    return f"{{{inside}: {inside}}}"
 
 
 def _has_call(node: ast.AST) -> bool:
@@ -261,7 +278,7 @@ class _Twinner:
                 nodes += _constants(self.bindings[name.id])
         changed = 0
         for node in nodes:
-            new = _changed(node.value, ast.get_source_segment(self.text, node) or "", self.rng)
+            new = _changed_node(node, ast.get_source_segment(self.text, node) or "", self.rng)
             if new is not None:
                 self.edits.replace(node, new)
                 changed += 1
