@@ -137,7 +137,7 @@ async def test_a_runner_made_to_pass_everything_is_caught_by_the_canaries(
 async def judged_with_twins(tree: Any, patch: str) -> Verdict:
     """``patch`` through raas.judge.twins: each run (the real one, gold's twin run, the twin
     run) in a fresh sandbox of its own, as the task's judge runs them."""
-    project, root, base = tree
+    project, root, _ = tree
 
     async def run(patch: str, twins: dict[str, str] | None) -> Verdict:
         box = create_sandbox(BwrapConfig(), base_image())

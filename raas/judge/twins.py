@@ -210,9 +210,9 @@ def _constants(node: ast.AST) -> list[ast.expr]:
         current = stack.pop()
         if isinstance(current, ast.JoinedStr):
             continue
-        if isinstance(current, ast.Constant) and isinstance(current.value, CONSTANTS):
-            out.append(current)
-        elif isinstance(current, ast.List | ast.Tuple | ast.Dict) and not _children(current):
+        constant = isinstance(current, ast.Constant) and isinstance(current.value, CONSTANTS)
+        empty = isinstance(current, ast.List | ast.Tuple | ast.Dict) and not _children(current)
+        if constant or empty:
             out.append(current)
         stack.extend(ast.iter_child_nodes(current))
     return out
