@@ -281,6 +281,9 @@ async def test_a_fix_with_harmless_extras_scores_one(sandbox: Sandbox) -> None:
         ({"pytest.py": "def main(*a, **k):\n    return 0\n"}, "shadow the module pytest"),
         ({"stats.egg-info/entry_points.txt": "[pytest11]\nx = stats\n"}, "package metadata"),
         ({"sitecustomize.py": "import os\n"}, "Python runs at its start"),
+        # importlib.metadata matches a metadata directory's name in any case.
+        ({"stats.EGG-INFO/entry_points.txt": "[pytest11]\nx = stats\n"}, "package metadata"),
+        ({"Stats-1.0.Dist-Info/entry_points.txt": "[pytest11]\nx = stats\n"}, "metadata"),
     ],
 )
 async def test_patches_that_change_how_tests_run_are_refused(
@@ -473,3 +476,17 @@ async def test_a_trick_that_passes_the_real_tests_scores_zero_because_a_twin_pas
     assert verdict.metrics["FAIL_TO_PASS"] == {"success": FAIL_TO_PASS, "failure": []}
     assert "untrusted" not in verdict.metrics, verdict.metrics
     assert verdict.metrics["tamper"].startswith("2 twin(s) passed")
+
+
+@rootfs
+@pytest.mark.parametrize("name", ["pytest.toml", ".pytest.toml", "sub/pytest.ini"])
+async def test_pytest_configuration_in_any_of_its_names_is_put_back(
+    sandbox: Sandbox, name: str
+) -> None:
+    """pytest 9 reads pytest.toml and .pytest.toml: a configuration that deselects the failing
+    tests beside the unfixed code is put back (removed), and the tests fail."""
+    config = '[pytest]\naddopts = ["-k", "not mean"]\n'
+    verdict = await judged(sandbox, patch_of({name: config}))
+    assert not verdict.passed
+    assert verdict.metrics["dropped"] == [name]
+    assert verdict.metrics["FAIL_TO_PASS"]["failure"] == FAIL_TO_PASS

@@ -80,9 +80,6 @@ TESTBED = "/testbed"
 TEST_TIMEOUT_S = 1800.0  # real suites in real images are slower than the bundled ones
 TEST_PATCH_FILE = f"{JUDGE_DIR}/test.patch"
 SOURCE_BYTES = 4 * 1024 * 1024  # a test file twins are made of
-# pytest's configuration: which tests run, with which plugins and options.
-RUNNER_FILES = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
-METADATA = (".egg-info", ".dist-info", ".egg-link")
 KIND_MODES = {"file": "100644", "exec": "100755", "link": SYMLINK}
 # The order of -rA's short summary (passed, skipped, xfailed, xpassed, error, failed): a test
 # with several outcomes (a pass, then an error in its teardown) is read by its last line.
@@ -141,9 +138,8 @@ async def judge_swe_image(
         by_file = plan.runner == "pytest"
         ids = _module_ids(fail_to_pass + pass_to_pass) if by_file else []
         found = review(changes, set(tracked), ids, where["names"], where["roots"])
-        refused = found.refused or _metadata(changes)
-        if refused is not None:
-            return Verdict(False, {**metrics, "resolved": False, "refused": refused})
+        if found.refused is not None:
+            return Verdict(False, {**metrics, "resolved": False, "refused": found.refused})
         runner = [c.path for c in changes if _runner_file(c.path, plan.runner)]
         restore = sorted({*found.restore, *runner})
         if restore:
@@ -304,20 +300,12 @@ def _around_django_tests(where: dict[str, Any], tracked: dict[str, str]) -> dict
     return {"roots": roots, "names": where["names"] | {a for a in apps if a.isidentifier()}}
 
 
-def _metadata(changes: list[Change]) -> str | None:
-    for change in changes:
-        if any(part.endswith(METADATA) for part in change.path.split("/")):
-            why = "a patch may not write package metadata (pytest loads plugins from it)"
-            return f"{change.path}: {why}"
-    return None
-
-
 def _runner_file(path: str, runner: str) -> bool:
-    """A test, or a file of how the tests are found and run (pytest's configuration; SymPy's
+    """A test, or a file of how the tests are found and run (swe_paths' RUNNER_FILES; SymPy's
     bin/test and its runner module): a patch's change to it is put back."""
     if runner == SYMPY and path.startswith(SYMPY_RUNNER):
         return True
-    return path.rsplit("/", 1)[-1] in RUNNER_FILES or is_test_path(path, set())
+    return is_test_path(path, set())
 
 
 async def _restore(sandbox: Sandbox, repo: str, paths: list[str], tracked: dict[str, str]) -> None:

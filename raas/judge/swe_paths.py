@@ -8,14 +8,20 @@ change how the tests are found or run rather than what they test:
   ``unittest/`` or ``typing.py``), or a test module or its package (``tests/test_x/__init__.py``
   beside ``tests/test_x.py``: a package wins over a module), from any directory of the repository
   that is on ``sys.path``;
-- ``sitecustomize`` or ``usercustomize`` modules and ``.pth`` files (run when Python starts);
+- ``sitecustomize`` or ``usercustomize`` modules and ``.pth`` files (run when Python starts),
+  package metadata (``*.egg-info``, ``*.dist-info``, ``*.egg-link``: the entry points pytest loads
+  plugins from), each in any case (``importlib.metadata`` matches a metadata directory's name
+  case-insensitively);
 - Python bytecode (an unchecked-hash .pyc is loaded without a look at its source);
 - a symbolic link (a test file made a link to the patch's own file).
 
 Every path the patch changed under the tests (a ``tests`` directory at any depth, a top-level
 ``test`` or ``testing``, ``test_*.py``, ``*_test.py``, ``tests.py``, ``conftest.py``, and the
 directories of the tests the task runs) is put back as the snapshot has it, and what the patch
-added there is removed: the agent does not pass by editing or adding tests.
+added there is removed: the agent does not pass by editing or adding tests. So is every file a
+test runner reads when it starts (``RUNNER_FILES``: pytest's configuration in each of its
+names, tox's, setuptools'), one list for every runner: a patch fixes code, it does not choose
+which tests run or how.
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ from dataclasses import dataclass, field
 
 IMPORTABLE = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
 STARTUP_MODULES = {"sitecustomize", "usercustomize"}
+# Read by a test runner when it starts, wherever they are: which tests run, with which plugins
+# and options (pytest 9 reads pytest.toml and .pytest.toml too).
+RUNNER_FILES = {
+    "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
+    "pyproject.toml", "conftest.py",
+}  # fmt: skip
+METADATA = (".egg-info", ".dist-info", ".egg-link")
 TEST_FILE = re.compile(r"^(test_.*\.py|.*_test\.py|tests\.py|conftest\.py)$")
 SYMLINK, GITLINK = "120000", "160000"
 
@@ -71,7 +84,10 @@ def test_modules(test_ids: list[str], files: set[str]) -> dict[str, str]:
 
 
 def is_test_path(path: str, test_dirs: set[str]) -> bool:
+    """A test file, a file of the tests' directories, or a file the runner reads at start."""
     parts = path.split("/")
+    if parts[-1] in RUNNER_FILES:
+        return True
     if "tests" in parts or parts[0] in {"test", "testing"} or TEST_FILE.match(parts[-1]):
         return True
     return any(path.startswith(d + "/") for d in test_dirs)
@@ -131,8 +147,11 @@ def _refusal(
         return "a patch may not add symbolic links or submodules"
     if "__pycache__" in parts or path.endswith((".pyc", ".pyo")):
         return "a patch may not hold Python bytecode"
-    if path.endswith(".pth") or parts[-1].split(".")[0] in STARTUP_MODULES:
+    lowered = [part.lower() for part in parts]
+    if lowered[-1].endswith(".pth") or lowered[-1].split(".")[0] in STARTUP_MODULES:
         return "a patch may not add code that Python runs at its start"
+    if any(part.endswith(METADATA) for part in lowered):
+        return "a patch may not write package metadata (pytest loads plugins from it)"
     for name, provider in providers(path, roots):
         if (name, provider) in had:
             continue
