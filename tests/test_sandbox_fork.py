@@ -160,10 +160,12 @@ async def test_a_local_sandbox_cannot_fork() -> None:
 
 
 def test_the_shell_state_is_read_back_as_it_was_written() -> None:
-    state = ShellState.parse('/a dir/x\r\ndeclare -x A="1"\r\ndeclare -x B="it\'s"\r\n')
+    # Records between the nonce's markers: the directory, then NAME=VALUE, NUL-separated.
+    output = "noise\nraas-shell-ab-begin\0/a dir/x\n\0A=1\0B=it's\0raas-shell-ab-end\0"
+    state = ShellState.parse(output, "ab")
     assert state.cwd == "/a dir/x"
-    assert state.exports == 'declare -x A="1"\ndeclare -x B="it\'s"'
-    assert state.restore_command().endswith("cd -- '/a dir/x'")
+    assert state.env == (("A", "1"), ("B", "it's"))
+    assert "\n\\builtin cd -- '/a dir/x' 2>/dev/null" in state.restore_command()
 
 
 async def test_a_fork_holds_what_its_parent_holds_until_the_last_closes(parent: Sandbox) -> None:

@@ -205,10 +205,10 @@ def _constants(node: ast.AST) -> list[ast.expr]:
     """What an expression expects that a twin can change: its constants (None too, f-strings'
     parts aside) and its empty displays (``[]``, ``()``, ``{}``), which hold none."""
     out: list[ast.expr] = []
-    stack = [node]
+    stack: list[ast.AST] = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, ast.JoinedStr):
+        if isinstance(current, ast.JoinedStr) or not isinstance(current, ast.expr):
             continue
         constant = isinstance(current, ast.Constant) and isinstance(current.value, CONSTANTS)
         empty = isinstance(current, ast.List | ast.Tuple | ast.Dict) and not _children(current)

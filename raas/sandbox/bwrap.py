@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,7 +32,6 @@ from raas.sandbox.base import INSIDE_DIR, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig, SandboxLimits
 from raas.sandbox.fork import (
-    READ_SHELL,
     SCRATCH_OWN,
     SHELL_OUTPUT_BYTES,
     ShellState,
@@ -40,6 +40,7 @@ from raas.sandbox.fork import (
     fork_note,
     namespace_init,
     not_carried,
+    read_shell_command,
 )
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
 from raas.sandbox.oci.image import StoredImage
@@ -238,10 +239,12 @@ class BwrapSandbox(NamespacedSandbox):
         return None if self._slot is None else self.config.uid_base + self._slot
 
     async def fork(self, limits: SandboxLimits | None = None) -> BwrapSandbox:
-        shell = await self.call("bash", command=READ_SHELL, max_output=SHELL_OUTPUT_BYTES)
-        if shell["exit_code"] != 0 or shell["output_cut_bytes"]:
-            raise SandboxError(f"sandbox {self.id}: cannot read its shell's state to fork it")
-        state = ShellState.parse(str(shell["output"]))
+        # The agent's shell prints its state: data for the host to check, never code to replay.
+        nonce = secrets.token_hex(8)
+        shell = await self.call(
+            "bash", command=read_shell_command(nonce), max_output=SHELL_OUTPUT_BYTES
+        )
+        state = ShellState.parse(str(shell["output"]), nonce, not shell["output_cut_bytes"])
         pids = await asyncio.to_thread(self.host_pids)
         lost = await asyncio.to_thread(not_carried, pids)
         init = await asyncio.to_thread(namespace_init, pids)
@@ -275,7 +278,8 @@ class BwrapSandbox(NamespacedSandbox):
         except BaseException:
             await child.close()
             raise
-        child.note = fork_note(self.id, lost)
+        shell_lost = [*state.dropped, *state.not_restored(restored.output)]
+        child.note = fork_note(self.id, lost, shell_lost)
         return child
 
     def _data(self) -> dict[str, bytes]:

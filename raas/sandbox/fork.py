@@ -5,17 +5,44 @@ A sandbox's writable state lives in tmpfs mounts of its own mount namespaces (th
 ``/tmp``; with an image, the overlay's upper directory, or the whole root in the copy
 fallback), never on the host's disk. The host reaches them through ``/proc/PID/root`` of a
 process in that namespace and copies them (``cp -a``: modes, links, xattrs such as overlayfs'
-opaque marks, and whiteouts kept). The shell's working directory and exported variables are
-read by one command in the parent's shell and set again by one in the child's. Processes are
-not carried (no CRIU): the child starts with a fresh action server, shell and, on first use,
-IPython kernel; what ran in the parent besides those is named in the child's note.
+opaque marks, and whiteouts kept). Processes are not carried (no CRIU): the child starts with a
+fresh action server, shell and, on first use, IPython kernel; what ran in the parent besides
+those is named in the child's note.
+
+The shell's working directory and exported variables are carried as data, never as code. The
+parent's shell is the agent's: it may define functions or aliases named ``export``,
+``printf``, ``builtin``..., traps, ``set -x``, and whatever it prints is the agent's to shape,
+so what the host reads there is untrusted text, and only ever becomes NAME=VALUE pairs and a
+path. ``read_shell_command`` runs in a subshell (nothing of the parent's state changes): POSIX
+mode for one command so that the special builtin ``unset`` removes a function named
+``builtin``, then traps and tracing off; every command word is quoted (``\builtin``: neither
+an alias nor a function shapes it), and the one loop is parsed by ``eval`` after ``unalias
+-a`` (an alias of ``while`` would otherwise be expanded). It prints, NUL-separated between
+markers with a nonce of the host, ``pwd`` and each exported variable as NAME=VALUE
+(``compgen -e`` and indirect expansion: no program is run, so an environment too large to
+``exec`` is still read). ``ShellState.parse`` keeps a variable only if its name is an
+identifier, it is not one of the shell's own or read by the child's shell as code or settings
+(``NOT_CARRIED``: ``PROMPT_COMMAND``, ``PS1``, ``BASH_ENV``, ``IFS``, ``SHELLOPTS``,
+``BASH_*``...), and its value is at most ``VALUE_BYTES`` (Linux passes no longer one to a
+program; bash prints at most one byte more); at most ``MAX_VARIABLES``, and none when the whole
+is over ``SHELL_OUTPUT_BYTES`` or its end marker is missing (the child keeps its own
+environment then). ``ShellState.restore_command`` is made on the host: the child's exported
+variables unset (but for those not carried), each of the parent's set again as ``\builtin
+export NAME=VALUE`` with the value quoted by ``shlex.quote``, then ``\builtin cd -- DIR``; a
+directory the child lacks leaves it in its own. Functions, aliases, traps and shell options are
+never carried. What was dropped is said in the child's note. A shell that hides its state
+(builtins disabled, say) gives nothing readable: the child then starts in its own directory and
+environment, and the note says so; what a background job writes to the terminal meanwhile
+can spoil a value, never add code.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,36 +50,139 @@ from raas.sandbox import procs
 from raas.sandbox.client import SandboxError
 from raas.sandbox.rootfs import TOOLS_PATH
 
-# One line of the working directory, then bash's ``declare -x`` lines (quoted for re-reading).
-READ_SHELL = 'printf "%s\\n" "$PWD"; export -p'
-SHELL_OUTPUT_BYTES = 1 << 20
+# The most the reading command may print: over it, the parent's variables are not carried.
+SHELL_OUTPUT_BYTES = 4 << 20
+# The longest value carried (Linux's MAX_ARG_STRLEN: no program could be given a longer one).
+VALUE_BYTES = 128 << 10
+MAX_VARIABLES = 4096
+MAX_PATH_BYTES = 4096
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Exported by every bash itself (the child's shell has its own): never carried, never noted.
+SHELL_EXPORTS = frozenset({"_", "PWD", "OLDPWD", "SHLVL"})
+# The shell's own (read-only, or special when assigned), or read by the child's shell as code
+# (prompts, PROMPT_COMMAND, BASH_ENV) or as settings that change how it runs the host's
+# commands (IFS, POSIX mode, TMOUT...): the parent's are not carried, the child keeps its own.
+NOT_CARRIED = SHELL_EXPORTS | frozenset(
+    {
+        *("BASH", "BASHOPTS", "SHELLOPTS", "PPID", "UID", "EUID", "GROUPS", "HISTCMD"),
+        *("LINENO", "RANDOM", "SRANDOM", "SECONDS", "EPOCHREALTIME", "EPOCHSECONDS"),
+        *("DIRSTACK", "FUNCNAME", "PIPESTATUS", "OPTIND", "OPTERR", "COLUMNS", "LINES"),
+        *("PROMPT_COMMAND", "PS0", "PS1", "PS2", "PS3", "PS4", "BASH_ENV", "ENV", "IFS"),
+        *("POSIXLY_CORRECT", "TMOUT", "GLOBIGNORE", "CDPATH", "EXECIGNORE", "FUNCNEST"),
+        *("HISTFILE", "INPUTRC", "MAIL", "MAILCHECK", "MAILPATH"),
+    }
+)
+NOT_CARRIED_PREFIXES = ("BASH_", "COMP_")
+# The child's shell prints this where the parent's directory is not in the child.
+NO_DIRECTORY = "raas-fork: no such directory"
 # The action server's own files in its scratch directory (its command scripts): the child's
 # server has its own.
 SCRATCH_OWN = ".raas-"
 COPY_TIMEOUT_S = 600.0
 
 
+def _markers(nonce: str) -> tuple[str, str]:
+    return f"raas-shell-{nonce}-begin", f"raas-shell-{nonce}-end"
+
+
+def read_shell_command(nonce: str) -> str:
+    """The command for the parent's shell that prints its state (see the module's docstring):
+    ``nonce`` (``[0-9a-f]+``, the host's) marks where it begins and ends. Only simple commands
+    with quoted command words outside the ``eval``, which runs after ``unalias -a``."""
+    if not re.fullmatch("[0-9a-f]+", nonce):
+        raise ValueError("the nonce must be hexadecimal")
+    begin, end = _markers(nonce)
+    loop = (
+        "while (($#)); do [[ -z ${!1+x} ]]"
+        f' || \\builtin printf "%s=%.*s\\0" "$1" {VALUE_BYTES + 1} "${{!1}}"; \\builtin shift; done'
+    )
+    return (
+        "(POSIXLY_CORRECT=1; \\unset -f builtin; \\builtin unset -v POSIXLY_CORRECT IFS\n"
+        "\\builtin unalias -a; \\builtin trap - DEBUG ERR RETURN; \\builtin set +euxvTE\n"
+        f"\\builtin printf '%s\\0' {begin}; \\builtin pwd; \\builtin printf '\\0'\n"
+        "\\builtin set -- $(\\builtin compgen -e)\n"
+        f"\\builtin eval '{loop}'\n"
+        f"\\builtin printf '%s\\0' {end}) 2>/dev/null"
+    )
+
+
+def _not_carried(name: str) -> bool:
+    return name in NOT_CARRIED or name.startswith(NOT_CARRIED_PREFIXES)
+
+
 @dataclass(frozen=True)
 class ShellState:
-    """The parent shell's working directory and ``export -p`` lines."""
+    """The parent shell's working directory and exported variables, as read and checked on the
+    host; None where they could not be read (the child keeps its own). ``dropped``: what of
+    them is not carried, in words for the child's note."""
 
-    cwd: str
-    exports: str
+    cwd: str | None
+    env: tuple[tuple[str, str], ...] | None
+    dropped: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, output: str) -> ShellState:
-        lines = output.replace("\r\n", "\n").split("\n")
-        return cls(lines[0], "\n".join(line for line in lines[1:] if line.strip()))
+    def parse(cls, output: str, nonce: str, complete: bool = True) -> ShellState:
+        """The state in ``output`` of ``read_shell_command(nonce)``; ``complete``: False where
+        the output was cut (too large: the variables are not carried)."""
+        begin, end = _markers(nonce)
+        start = output.find(begin + "\0")
+        if start < 0:
+            return cls(None, None, ("its directory and exported variables (not readable)",))
+        records = output[start + len(begin) + 1 :].split("\0")
+        dropped: list[str] = []
+        path = records[0].removesuffix("\n")
+        cwd: str | None = path
+        if not path.startswith("/") or len(path.encode()) > MAX_PATH_BYTES or len(records) < 2:
+            cwd = None
+            dropped.append("its directory (not readable)")
+        if not complete:
+            dropped.append(f"its exported variables (over {SHELL_OUTPUT_BYTES} bytes in all)")
+            return cls(cwd, None, tuple(dropped))
+        if end not in records[1:]:
+            dropped.append("its exported variables (not readable)")
+            return cls(cwd, None, tuple(dropped))
+        env: dict[str, str] = {}
+        for record in records[1 : records.index(end, 1)]:
+            name, equals, value = record.partition("=")
+            if not equals or not NAME.fullmatch(name):
+                dropped.append(f"a variable named {name[:64]!r}")
+            elif _not_carried(name):
+                if name not in SHELL_EXPORTS:
+                    dropped.append(f"{name} (read by the shell itself)")
+            elif len(value.encode()) > VALUE_BYTES:
+                dropped.append(f"{name} (its value is over {VALUE_BYTES} bytes)")
+            elif len(env) >= MAX_VARIABLES and name not in env:
+                dropped.append(f"{name} (over {MAX_VARIABLES} variables)")
+            else:
+                env[name] = value
+        return cls(cwd, tuple(env.items()), tuple(dropped))
 
     def restore_command(self) -> str:
-        """The child shell's command that makes its environment the parent's: every exported
-        variable unset, the parent's exported again (read-only ones stay as they are), then
-        ``cd`` to the parent's directory."""
-        return (
-            '{ for _v in $(compgen -e); do unset "$_v"; done; unset _v\n'
-            f"{self.exports}\n"
-            f"}} 2>/dev/null; cd -- {shlex.quote(self.cwd)}"
-        )
+        """The child shell's command that makes its directory and exported variables the
+        parent's: its own exported variables unset (but for those not carried), the parent's
+        exported, then ``cd``; only builtins (``\\builtin``), every value and the path quoted.
+        Prints NO_DIRECTORY where the directory is not in the child."""
+        lines = ["\\builtin unalias -a; \\builtin trap - DEBUG ERR RETURN"]
+        if self.env is not None:
+            keep = "|".join([*sorted(NOT_CARRIED), *(f"{p}*" for p in NOT_CARRIED_PREFIXES)])
+            loop = (
+                "for _raas_v in $(\\builtin compgen -e); do"
+                f' case $_raas_v in ({keep}) ;; (*) \\builtin unset -v "$_raas_v" ;; esac; done'
+            )
+            lines += [f"\\builtin eval '{loop}' 2>/dev/null", "\\builtin unset -v _raas_v"]
+            lines += [f"\\builtin export {name}={shlex.quote(value)}" for name, value in self.env]
+        if self.cwd is not None:
+            lines.append(
+                f"\\builtin cd -- {shlex.quote(self.cwd)} 2>/dev/null"
+                f" || \\builtin printf '%s\\n' {shlex.quote(NO_DIRECTORY)}"
+            )
+        return "\n".join(lines)
+
+    def not_restored(self, output: str) -> list[str]:
+        """What the child's ``restore_command`` (its ``output``) could not set, in words."""
+        if self.cwd is not None and NO_DIRECTORY in output:
+            return [f"its directory {self.cwd!r} (not in this fork)"]
+        return []
 
 
 def copy_entries(
@@ -144,15 +274,20 @@ def not_carried(pids: set[int]) -> list[str]:
     return found
 
 
-def fork_note(parent_id: str, lost: list[str]) -> str | None:
-    """The child's first observation's note, where something was not carried over."""
-    if not lost:
+def fork_note(parent_id: str, lost: list[str], shell: Sequence[str] = ()) -> str | None:
+    """The child's first observation's note, where something was not carried over: ``lost``,
+    processes; ``shell``, parts of the shell's directory and variables."""
+    if not lost and not shell:
         return None
-    return (
+    note = (
         f"this sandbox is a fork of sandbox {parent_id}: its files and the shell's directory"
-        f" and exported variables were carried over, but not its running processes: "
-        + ", ".join(lost)
+        " and exported variables were carried over"
     )
+    if lost:
+        note += ", but not its running processes: " + ", ".join(lost)
+    if shell:
+        note += "; not carried from the shell: " + ", ".join(shell)
+    return note
 
 
 def _status(pid: int) -> dict[str, str]:
