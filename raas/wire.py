@@ -560,6 +560,11 @@ class JobSummary(BaseModel):
     error_message: str | None = Field(default=None, description="Cut at 300 characters.")
     stage_failed: StageName | None = None
     stop_reason: str | None = None
+    tamper: str | None = Field(
+        default=None,
+        description="Why the judge scored the job 0 as tampering (a twin of a deciding test"
+        " passed), cut at 300 characters; null where it did not.",
+    )
     turns: int
     response_tokens: int
     total_s: float | None = Field(default=None, description="Seconds from submission to result.")

@@ -101,7 +101,10 @@ class ProbeTask:
     async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
         await self._behave(context.job, "eval")
         reward = float(context.job.instance.get("reward", 0.5))
-        return RewardInfo(reward, {"turns": len(trajectory.turns)})
+        metrics: dict[str, Any] = {"turns": len(trajectory.turns)}
+        if context.job.instance.get("tamper"):  # as a judge whose twin passed says it
+            metrics["tamper"] = str(context.job.instance["tamper"])
+        return RewardInfo(reward, metrics)
 
     async def cleanup(self, context: TaskContext) -> None:
         self._close(context.job.job_id)

@@ -235,11 +235,15 @@ async def test_status_metrics_health_and_openapi(client: Client, probe: ProbeTas
             job = {"instance": probe_instance(eval=how), "job_id": how}
             await http.post("/v1/rollouts", json=job)
             await result_of(http, how)
+        tampered = {**probe_instance(), "reward": 0.0, "tamper": "1 twin(s) passed: t"}
+        await http.post("/v1/rollouts", json={"instance": tampered, "job_id": "tampered"})
+        await result_of(http, "tampered")
         metrics = (await http.get("/metrics")).text
         health = await http.get("/healthz")
         spec = (await http.get("/openapi.json")).json()
-    assert 'raas_jobs_finished_total{data_source="probe",state="done"} 1.0' in metrics
-    assert 'raas_stage_duration_seconds_count{stage="run"} 3.0' in metrics
+    assert 'raas_jobs_finished_total{data_source="probe",state="done"} 2.0' in metrics
+    assert 'raas_judge_tamper_total{data_source="probe"} 1.0' in metrics
+    assert 'raas_stage_duration_seconds_count{stage="run"} 4.0' in metrics
     assert 'raas_job_errors_total{data_source="probe",kind="policy"} 1.0' in metrics
     assert 'raas_job_errors_total{data_source="probe",kind="infra"} 1.0' in metrics
     assert 'raas_queue_depth{stage="init"} 0.0' in metrics

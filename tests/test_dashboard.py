@@ -15,6 +15,7 @@ from raas.api.auth import COOKIE, session_token
 from raas.llm.chat import encode, token_texts
 from raas.llm.models import load_tokenizer
 from raas.pipeline import Stage
+from raas.store.dashboard import JobFilter
 from raas.store.sqlite import JobRecord, ResultStore
 from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 from tests.probe import WAIT_S, ProbeTask, probe_instance
@@ -359,3 +360,26 @@ def test_the_series_ring_keeps_the_last_buckets_and_fills_the_gaps() -> None:
     now[0] = 1100.0  # long after: only the last `keep` buckets, the old ones out of sight
     later = series.read()
     assert later.t == [1080.0, 1090.0, 1100.0] and later.stage_s["run"] == [None] * 3
+
+
+async def test_a_job_scored_zero_for_tampering_says_so_in_its_summary(tmp_path: Path) -> None:
+    def result(job_id: str, metrics: dict[str, Any]) -> RolloutResult:
+        return RolloutResult(
+            job_id=job_id,
+            state="done",
+            data_source="swe",
+            reward=0.0,
+            metrics=metrics,
+            trajectory=Trajectory(),
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+        )
+
+    store = ResultStore(tmp_path / "tamper.db")
+    await store.open()
+    await store.add_jobs([JobRecord(j, "queued", "swe", None, {}, 0.0) for j in ("t", "h")])
+    await store.save_result("t", result("t", {"tamper": "1 twin(s) passed: t.T.test_x"}))
+    await store.save_result("h", result("h", {"resolved": False}))
+    jobs, _ = await store.summaries(JobFilter(), None, 10)
+    tamper = {job.job_id: job.tamper for job in jobs}
+    assert tamper == {"t": "1 twin(s) passed: t.T.test_x", "h": None}
+    await store.close()

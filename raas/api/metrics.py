@@ -60,6 +60,11 @@ class PipelineMetrics:
             "Tool calls the model wrote that the parser could not read, in finished jobs, by task.",
             ["data_source"],
         )
+        self.tamper = counter(
+            "raas_judge_tamper",
+            "Finished jobs a judge scored 0 because a twin of a deciding test passed, by task.",
+            ["data_source"],
+        )
         self.queue_seconds = histogram(
             "raas_job_queue_seconds", "Time a finished job spent waiting in stage queues."
         )
@@ -113,6 +118,8 @@ class PipelineMetrics:
         if job.result is not None:
             malformed = job.result.trajectory.malformed_tool_calls()
             self.malformed_tool_calls.labels(job.data_source).inc(malformed)
+            if job.result.metrics.get("tamper"):
+                self.tamper.labels(job.data_source).inc()
 
     def render(self, per_tenant: bool = True) -> bytes:
         """The exposition; ``per_tenant`` adds each tenant's series (for the admin)."""

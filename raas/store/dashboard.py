@@ -37,6 +37,7 @@ _FIELDS = {
     "error_message": f"substr(json_extract({_RESULT}, '$.error.message'), 1, {MESSAGE_CHARS})",
     "stage_failed": f"json_extract({_RESULT}, '$.stage_failed')",
     "stop_reason": f"json_extract({_RESULT}, '$.trajectory.stop_reason')",
+    "tamper": f"substr(json_extract({_RESULT}, '$.metrics.tamper'), 1, {MESSAGE_CHARS})",
     "turns": f"COALESCE(json_array_length({_RESULT}, '$.trajectory.turns'), 0)",
     "response_tokens": "COALESCE(response_tokens, 0)",
     "total_s": f"json_extract({_RESULT}, '$.timing.total_s')",

@@ -322,8 +322,9 @@ function finishedRows(page) {
     h("td", {}, badge(j.state)),
     sourceCell(j),
     h("td", { class: "num" }, reward(j.reward)),
-    h("td", { class: "err", title: j.error_message || "" },
+    h("td", { class: "err", title: j.error_message || j.tamper || "" },
       j.error_type ? h("span", {}, h("b", {}, j.error_type), h("span", { class: `kind ${j.error_kind}` }, j.error_kind), " ", j.error_message || "")
+        : j.tamper ? h("span", { class: "tamper" }, h("b", {}, "tamper"), " ", j.tamper)
         : h("span", { class: "muted" }, j.stop_reason || "")),
     h("td", { class: "num" }, String(j.turns)),
     h("td", { class: "num" }, String(j.response_tokens)),
