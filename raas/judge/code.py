@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.judge.programs import install, python
+from raas.judge.programs import CandidateEnded, ended, install, python, run_candidate
 from raas.judge.values import Unsupported, decode, encode
 from raas.sandbox import ExecResult, Sandbox
 
@@ -81,9 +81,12 @@ async def judge_code(
     """``solution``, written at ``path`` in ``sandbox`` (fresh), against ``tests``."""
     await install(sandbox)
     await sandbox.write_file(path, solution)
-    if isinstance(tests, HumanEvalCheck):
-        return await _humaneval(sandbox, path, tests)
-    return await _contest(sandbox, path, tests)
+    try:
+        if isinstance(tests, HumanEvalCheck):
+            return await _humaneval(sandbox, path, tests)
+        return await _contest(sandbox, path, tests)
+    except CandidateEnded as e:
+        return Verdict(False, ended(e))
 
 
 async def _humaneval(sandbox: Sandbox, path: str, check: HumanEvalCheck) -> Verdict:
@@ -91,7 +94,9 @@ async def _humaneval(sandbox: Sandbox, path: str, check: HumanEvalCheck) -> Verd
     mark = secrets.token_hex(16)
     task = {"prompt": check.prompt, "test": check.test, "entry_point": check.entry_point}
     task.update(solution=path, mark=mark)
-    run = await sandbox.exec(python("humaneval.py"), json.dumps(task), timeout_s=check.timeout_s)
+    run = await run_candidate(
+        sandbox, python("humaneval.py"), json.dumps(task), timeout_s=check.timeout_s
+    )
     said = last_json_line(run.stdout)
     genuine = run.exit_code == 0 and not run.timed_out and said.get("mark") == mark
     passed = genuine and said.get("passed") is True
@@ -125,7 +130,8 @@ async def _contest(sandbox: Sandbox, path: str, contest: ContestCases) -> Verdic
 
 async def _program_case(sandbox: Sandbox, case: Case, path: str, limit: float) -> str | None:
     want = str(case.expected)
-    run = await sandbox.exec(
+    run = await run_candidate(
+        sandbox,
         ["python3", path],
         case.stdin or "",
         timeout_s=limit,
@@ -146,7 +152,8 @@ async def _function_case(
     sandbox: Sandbox, case: Case, name: str, path: str, limit: float
 ) -> str | None:
     request = json.dumps({"id": 1, "args": encode(list(case.args or []))})
-    run = await sandbox.exec(python("candidate.py", path, name), request + "\n", timeout_s=limit)
+    argv = python("candidate.py", path, name)
+    run = await run_candidate(sandbox, argv, request + "\n", timeout_s=limit)
     if run.timed_out:
         return f"timed out after {limit:g}s"
     reply = last_json_line(run.stdout)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+from typing import Any
 
-from raas.sandbox import Sandbox
+from raas.sandbox import ExecResult, Sandbox, SandboxError
 
 # Where the programs go: the judge's sandbox is fresh, so nothing of the candidate has run when
 # they are written, and every program imports its siblings before it starts the candidate.
@@ -39,3 +40,25 @@ def python(program: str, *args: str) -> list[str]:
     """argv that runs one of the programs on the image's python3, isolated (-I: no user site,
     no current directory on the path)."""
     return ["python3", "-I", f"{JUDGE_DIR}/{program}", *args]
+
+
+class CandidateEnded(Exception):
+    """The sandbox died (its action server killed, its processes gone) while the candidate's
+    code ran in it: the candidate did that, a policy outcome (reward 0), not an infra failure
+    to retry with a fresh sandbox."""
+
+
+async def run_candidate(
+    sandbox: Sandbox, argv: list[str], stdin: str = "", **how: Any
+) -> ExecResult:
+    """``sandbox.exec`` of a command in which the candidate's code runs (``how``: exec's
+    keywords); ``CandidateEnded`` where the sandbox ends under it."""
+    try:
+        return await sandbox.exec(argv, stdin, **how)
+    except SandboxError as e:
+        raise CandidateEnded(f"the sandbox ended while the candidate's code ran: {e}") from e
+
+
+def ended(error: CandidateEnded) -> dict[str, Any]:
+    """A judge's metrics for ``error``: not resolved, and why."""
+    return {"passed": False, "resolved": False, "policy_failure": str(error)[:2000]}

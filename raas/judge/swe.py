@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from raas.judge.code import Verdict
-from raas.judge.programs import JUDGE_DIR, install, python
+from raas.judge.programs import JUDGE_DIR, CandidateEnded, ended, install, python, run_candidate
 from raas.judge.swe_paths import Change, parse_raw, review, test_modules
 from raas.judge.swe_repo import REPO, git, materialise
 from raas.judge.twins import UNITTEST, candidate_paths
@@ -99,15 +99,17 @@ async def judge_swe(
         "canaries": [{k: s[k] for k in ("name", "kind", "a", "b")} for s in specs],
         "seed": secrets.randbits(32),
     }
-    run = await run_tests(
-        sandbox,
-        python("swe_tests.py", "run"),
-        json.dumps(request),
-        cwd=REPO,
-        timeout_s=timeout_s,
-    )
-    if isinstance(run, Verdict):
-        return Verdict(False, {**metrics, **run.metrics})
+    try:
+        run = await run_candidate(
+            sandbox,
+            python("swe_tests.py", "run"),
+            json.dumps(request),
+            cwd=REPO,
+            timeout_s=timeout_s,
+            max_output=RUN_OUTPUT,
+        )
+    except CandidateEnded as e:
+        return Verdict(False, {**metrics, **ended(e)})
     verdict = _verdict(run, request, specs, fail_to_pass, pass_to_pass, metrics)
     wanted = set(candidate_paths(fail_to_pass, UNITTEST))
     return replace(verdict, sources={p: tests[p] for p in wanted if p in tests})
@@ -119,27 +121,6 @@ async def hide_history(sandbox: Sandbox, repo: str) -> None:
     removed = await sandbox.exec(["rm", "-rf", "--", f"{repo}/.git"])
     if removed.exit_code != 0:
         raise SandboxError(f"could not remove {repo}/.git: {removed.stderr[-500:]}")
-
-
-async def run_tests(
-    sandbox: Sandbox,
-    argv: list[str],
-    stdin: str,
-    *,
-    cwd: str,
-    timeout_s: float,
-    env: dict[str, str] | None = None,
-) -> ExecResult | Verdict:
-    """The test run: the one command of a judge in which the candidate's code runs. If the
-    sandbox dies under it (its action server killed, its processes gone), the candidate's code
-    did that: a policy outcome, reward 0, not an infra failure to retry."""
-    try:
-        return await sandbox.exec(
-            argv, stdin, cwd=cwd, env=env, timeout_s=timeout_s, max_output=RUN_OUTPUT
-        )
-    except SandboxError as e:
-        why = f"the sandbox ended while the candidate's code ran: {e}"[:OUTPUT_CHARS]
-        return Verdict(False, {"resolved": False, "policy_failure": why})
 
 
 async def modules_around(

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from raas.judge.code import Verdict
-from raas.judge.programs import JUDGE_DIR, install, python
+from raas.judge.programs import JUDGE_DIR, CandidateEnded, ended, install, python, run_candidate
 from raas.judge.swe import (
     OUTPUT_CHARS,
     RUN_OUTPUT,
@@ -68,7 +68,6 @@ from raas.judge.swe import (
     hide_history,
     modules_around,
     read_record,
-    run_tests,
 )
 from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
 from raas.judge.swe_repo import git
@@ -163,16 +162,18 @@ async def judge_swe_image(
         "canaries": specs,
         "seed": secrets.randbits(32),
     }
-    run = await run_tests(
-        sandbox,
-        python(RUNNERS[plan.runner], "run"),
-        json.dumps(request),
-        cwd=repo,
-        env=plan.env,
-        timeout_s=timeout_s,
-    )
-    if isinstance(run, Verdict):
-        return Verdict(False, {**metrics, **run.metrics})
+    try:
+        run = await run_candidate(
+            sandbox,
+            python(RUNNERS[plan.runner], "run"),
+            json.dumps(request),
+            cwd=repo,
+            env=plan.env,
+            timeout_s=timeout_s,
+            max_output=RUN_OUTPUT,
+        )
+    except CandidateEnded as e:
+        return Verdict(False, {**metrics, **ended(e)})
     verdict = await _verdict(run, request, fail_to_pass, pass_to_pass, plan, metrics)
     return replace(verdict, sources=sources)
 
