@@ -9,6 +9,7 @@ on; an honest wrong fix scores 0 without any twin run.
 from __future__ import annotations
 
 import ast
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -291,3 +292,35 @@ def test_none_and_empty_displays_are_expectations_too() -> None:
     assert lines[1].startswith("    assert f() == [") and lines[1] != "    assert f() == []"
     assert lines[4] == "    self.assertEqual(f(), 0)"
     assert ast.literal_eval(lines[7].split("== ")[1]) != {}
+
+
+async def test_a_calibration_that_fails_is_made_again_by_an_eval_that_waited_for_it() -> None:
+    sources = {"t.py": "def test_b():\n    assert f() == 3\n"}
+    ids = ["t.py::test_b"]
+    started, gold_runs = asyncio.Event(), []
+    release = asyncio.Event()
+
+    async def run(patch: str, files: dict[str, str] | None) -> Verdict:
+        if files is None:
+            return Verdict(True, {}, frozenset(ids), sources)
+        if patch == "gold":
+            gold_runs.append(1)
+            if len(gold_runs) == 1:  # the first calibration breaks (an infra error)
+                started.set()
+                await release.wait()
+                raise RuntimeError("the sandbox failed")
+        return Verdict(False, {}, frozenset())
+
+    def judge() -> Any:
+        return with_twins(run, "p", deciding=ids, runner="pytest", key="retry", gold="gold")
+
+    first = asyncio.create_task(judge())
+    await started.wait()
+    second = asyncio.create_task(judge())  # waits for the first's calibration
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(RuntimeError):
+        await first
+    verdict = await second
+    assert verdict.passed and verdict.metrics["twins"]["counted"] == 1
+    assert len(gold_runs) == 2

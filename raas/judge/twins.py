@@ -436,24 +436,37 @@ def task_key(instance: dict[str, Any]) -> str:
 
 async def counted(key: str, run: Run, gold: str | None, made: TwinPlan) -> frozenset[str]:
     """The twins that decide: where gold fails them (gold's twin run, once per task in this
-    process), or the exact ones where there is no gold."""
+    process, shared by the EVALs that wait for it), or the exact ones where there is no gold."""
     if not gold:
         return frozenset(t for t, twin in made.twins.items() if twin.exact)
-    future = _calibrated.get(key)
-    if future is None or (future.done() and future.exception() is not None):
-        future = asyncio.get_running_loop().create_future()
-        _calibrated[key] = future
-        while len(_calibrated) > CACHED_TASKS:
-            _calibrated.popitem(last=False)
+    while True:
+        future = _calibrated.get(key)
+        if future is None:
+            return await _calibrate(key, run, gold, made)
+        _calibrated.move_to_end(key)
         try:
-            gold_twin = await run(gold, made.files)
-            future.set_result(frozenset(made.twins) - gold_twin.passing)
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()  # retrieved: a later EVAL tries again
-            raise
-    _calibrated.move_to_end(key)
-    return await asyncio.shield(future)
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.cancelled():
+                raise  # this EVAL was cancelled, not the calibration
+            # the EVAL that calibrated failed or was cancelled: another calibrates
+
+
+async def _calibrate(key: str, run: Run, gold: str, made: TwinPlan) -> frozenset[str]:
+    future: asyncio.Future[frozenset[str]] = asyncio.get_running_loop().create_future()
+    _calibrated[key] = future
+    while len(_calibrated) > CACHED_TASKS:
+        _calibrated.popitem(last=False)
+    try:
+        gold_twin = await run(gold, made.files)
+    except BaseException:
+        if _calibrated.get(key) is future:
+            del _calibrated[key]
+        future.cancel()  # its waiters try again
+        raise
+    decide = frozenset(made.twins) - gold_twin.passing
+    future.set_result(decide)
+    return decide
 
 
 async def with_twins(
