@@ -11,6 +11,7 @@ by its SHA-256 digest (``printf %s "$KEY" | sha256sum``), so the file may be rea
     weight = 2.0                       # share of the stage pools against the others (> 0)
     [tenants.alice.quotas]
     max_jobs_in_flight = 500
+    max_timeout_s = 3600               # no job of hers asks a longer timeout_s
 
 Inside the server a tenant's job is known by a key that joins the tenant and its id with ``~``
 (a character a job id cannot hold, so no id of one namespace is a key of another): ``alice~cd-7``.
@@ -43,14 +44,22 @@ class TenantsFileError(ValueError):
 
 
 class Quotas(BaseModel):
-    """Limits on a tenant's use of the fleet (enforced by the scheduler; None: no limit)."""
+    """Limits on a tenant's use of the fleet (enforced by the scheduler; None: no limit).
+
+    ``max_sandboxes`` counts its jobs from INIT to cleanup and its kept snapshots (each an idle
+    sandbox); ``max_snapshots`` lowers the server's ``max_snapshots`` for it (its snapshots are
+    evicted by its own new ones only); the token quotas are reserved at admission (each job's
+    ceiling) and settled at its end (raas.pipeline.tenants); ``max_timeout_s`` refuses a job
+    asking a longer ``timeout_s`` and is the budget of one asking none."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_jobs_in_flight: int | None = Field(default=None, ge=1)
     max_sandboxes: int | None = Field(default=None, ge=1)
+    max_snapshots: int | None = Field(default=None, ge=0)
     llm_tokens_per_s: float | None = Field(default=None, gt=0)
     llm_tokens_per_day: float | None = Field(default=None, gt=0)
+    max_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,11 @@ class Job:
         # sandbox quota, and the seconds it held one over every attempt.
         self.sandbox_since: float | None = None
         self.sandbox_s = 0.0
+        # Its tenant's limits, fixed at admission: the budget of a job that asks no timeout_s
+        # longer than the tenant's max_timeout_s (None: none), and the LLM tokens reserved for
+        # it against the tenant's token quotas until it ends (raas.pipeline.tenants).
+        self.timeout_cap: float | None = None
+        self.tokens_reserved = 0
         self._spent_before = 0.0  # stage time of earlier attempts (each gets the full budget)
         self._waiting_since = time.monotonic()
 
@@ -176,6 +181,8 @@ class Job:
     def budget_left(self, default_timeout_s: float | None) -> float | None:
         """Seconds of stage time left to this attempt: only time inside stages counts."""
         limit = self.request.timeout_s if self.request.timeout_s is not None else default_timeout_s
+        if self.timeout_cap is not None:
+            limit = self.timeout_cap if limit is None else min(limit, self.timeout_cap)
         if limit is None:
             return None
         return limit - (self.timing.in_stages() - self._spent_before)

@@ -34,7 +34,7 @@ from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.slots import StageSlots
 from raas.pipeline.states import JobState, Stage
-from raas.pipeline.tenants import TenantPolicies, TokenMeter
+from raas.pipeline.tenants import TenantPolicies, TokenMeter, token_budgets, token_ceiling
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, StoreWriteError
 from raas.tasks.protocol import (
@@ -48,7 +48,7 @@ from raas.tasks.protocol import (
     validate_request,
 )
 from raas.tasks.registry import TaskRegistry, UnknownTask
-from raas.tenants import DEFAULT_TENANT, job_key, own_id
+from raas.tenants import DEFAULT_TENANT, job_key, own_id, tenant_of
 from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,13 @@ class Pipeline:
         self._tenant_jobs: Counter[str] = Counter()
         self._sandboxes: Counter[str] = Counter()
         self._tokens: dict[str, TokenMeter] = {}
+        # A kept snapshot is a live sandbox of its job's tenant: counted in its max_sandboxes,
+        # bounded by its max_snapshots, evicted for its own new ones only (raas.agent.snapshots).
+        self._snapshots = getattr(services, "snapshots", None)
+        if not hasattr(self._snapshots, "bind"):
+            self._snapshots = None
+        if self._snapshots is not None:
+            self._snapshots.bind(tenant_of, self._snapshots_allowed, self._snapshot_freed)
         self._busy: dict[Stage, int] = {stage: 0 for stage in Stage}
         self._workers: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -165,7 +172,9 @@ class Pipeline:
     async def start(self) -> None:
         """Start the stage workers, then run again the jobs a previous process left unfinished."""
         for stage in Stage:
-            for i in range(self.config.workers[stage]):
+            # RUN's slots are not taken back from a job in its loop, so RUN has as many workers
+            # again, for a tenant under its share while others hold every slot (StageSlots).
+            for i in range(self.config.workers[stage] * (2 if stage is Stage.RUN else 1)):
                 self._workers.append(
                     asyncio.create_task(self._worker(stage), name=f"raas-{stage}-{i}")
                 )
@@ -215,6 +224,7 @@ class Pipeline:
             self.store.note_attempt(job.id, job.attempts, job.attempt_errors)
             self._jobs[job.id] = job
             self._tenant_jobs[job.tenant] += 1
+            self._meter(job.tenant).reserve(job.tokens_reserved)  # admitted before: not refused
             self._idle.clear()
             self._spawn(self._enqueue(job))
             rerun += 1
@@ -238,9 +248,12 @@ class Pipeline:
             task = self.registry.resolve(str(request.instance.get("data_source", "")))
             handler = self.registry.get(task)
             validate_request(handler, self._checked_job(request))
+            ceiling = token_ceiling(handler, self._checked_job(request)) or 0
         except (InvalidInstance, UnknownTask):
             return None
         job = Job(rec.job_id, request, handler, self.services, task)
+        job.timeout_cap = self.config.tenants(job.tenant).quotas.max_timeout_s
+        job.tokens_reserved = ceiling
         job.timing.submitted_at = rec.created_at
         job.attempt_errors = errors
         job.attempts = len(errors) + 1
@@ -316,12 +329,14 @@ class Pipeline:
             raise Draining(self.stopping)
         # From here on a request's ids are keys: its tenant's namespace (raas.tenants).
         requests = [scoped(r) for r in requests]
+        ceilings: list[int] = []  # each request's LLM tokens at most, reserved if admitted
         for i, request in enumerate(requests):
             try:
                 handler = self.registry.get(str(request.instance.get("data_source", "")))
                 if request.branch is not None:
                     await self._check_branch_parent(request.branch)
                 validate_request(handler, self._checked_job(request))
+                ceilings.append(self._check_limits(request, handler))
             except (InvalidInstance, UnknownTask) as e:
                 raise RequestRejected(i, e) from e
         while True:
@@ -337,7 +352,7 @@ class Pipeline:
             raise Draining(self.stopping)
         views: list[JobView | None] = []
         fresh: dict[str, Job] = {}
-        for request in requests:
+        for request, ceiling in zip(requests, ceilings, strict=True):
             job_id = request.job_id
             known = (self._jobs.get(job_id) or fresh.get(job_id)) if job_id else None
             if known is not None:
@@ -351,11 +366,17 @@ class Pipeline:
             else:
                 job_id = job_id or job_key(request.tenant, new_job_id())
                 task = self.registry.resolve(str(request.instance.get("data_source", "")))
-                fresh[job_id] = Job(job_id, request, self.registry.get(task), self.services, task)
+                job = Job(job_id, request, self.registry.get(task), self.services, task)
+                job.timeout_cap = self.config.tenants(job.tenant).quotas.max_timeout_s
+                job.tokens_reserved = ceiling
+                fresh[job_id] = job
                 views.append(None)
         if fresh:
             tenants = Counter(job.tenant for job in fresh.values())
-            self._check_quotas(tenants)
+            tokens: Counter[str] = Counter()
+            for job in fresh.values():
+                tokens[job.tenant] += job.tokens_reserved
+            self._check_quotas(tenants, tokens)
             queue = self._queues[Stage.INIT]
             for tenant, n in tenants.items():
                 if not queue.has_room(tenant, n):
@@ -363,6 +384,8 @@ class Pipeline:
             for tenant, n in tenants.items():
                 queue.reserve(tenant, n)
             self._tenant_jobs.update(tenants)  # counted from here: a submission meanwhile sees
+            for tenant, n in tokens.items():  # and their tokens, until each job settles
+                self._meter(tenant).reserve(n)
             # Said before the first await: a submission of the same job_id meanwhile waits.
             written = asyncio.get_running_loop().create_future()
             for job_id in fresh:
@@ -373,9 +396,10 @@ class Pipeline:
         fresh_views = iter(admitted if fresh else [])
         return [v if v is not None else next(fresh_views) for v in views]
 
-    def _check_quotas(self, wanted: Counter[str]) -> None:
+    def _check_quotas(self, wanted: Counter[str], tokens: Counter[str]) -> None:
         """QuotaExceeded when a tenant's ``wanted`` new jobs would take it over its jobs in
-        flight, or it has spent an LLM token budget: the whole submission is refused."""
+        flight, or their ``tokens`` (ceilings) would take it over an LLM token budget beside
+        what it used and what is reserved: the whole submission is refused."""
         for tenant, n in wanted.items():
             policy = self.config.tenants(tenant)
             cap = policy.quotas.max_jobs_in_flight
@@ -386,13 +410,57 @@ class Pipeline:
                     self.config.retry_after_s,
                     f"{self._tenant_jobs[tenant]} in flight, {n} more asked, at most {cap}",
                 )
-            meter = self._tokens.get(tenant)
-            spent = meter.over(policy) if meter is not None else None
+            meter = self._meter(tenant)
+            spent = meter.over(policy, tokens[tenant])
             if spent is not None:
                 quota, wait_s = spent
+                asked = f"{tokens[tenant]} LLM tokens asked (the jobs' ceilings)"
+                if wait_s is None:
+                    raise QuotaExceeded(
+                        tenant,
+                        quota,
+                        self.config.retry_after_s,
+                        f"{asked}, {meter.reserved} reserved for its jobs in flight till they end",
+                    )
                 raise QuotaExceeded(
-                    tenant, quota, max(1, math.ceil(wait_s)), f"its window frees in {wait_s:.0f} s"
+                    tenant,
+                    quota,
+                    max(1, math.ceil(wait_s)),
+                    f"{asked}; its window frees in {wait_s:.0f} s",
                 )
+
+    def _check_limits(self, request: JobRequest, handler: TaskHandler) -> int:
+        """Refuse (InvalidInstance: a 422 naming the field) what the tenant's limits never
+        admit: a ``timeout_s`` over its ``max_timeout_s``, a job whose token ceiling alone is
+        over a token quota. Returns the job's token ceiling (0 where its task says none)."""
+        policy = self.config.tenants(request.tenant)
+        cap = policy.quotas.max_timeout_s
+        if cap is not None and request.timeout_s is not None and request.timeout_s > cap:
+            raise InvalidInstance(
+                ("timeout_s",),
+                f"{request.timeout_s:g} s is over this tenant's max_timeout_s of {cap:g} s (ask"
+                " at most that, or none: a job that asks none gets it at most)",
+                "less_than_equal",
+            )
+        ceiling = token_ceiling(handler, self._checked_job(request)) or 0
+        for quota, limit, _ in token_budgets(policy):
+            if ceiling > limit:
+                raise InvalidInstance(
+                    ("sampling_params",),
+                    f"the job may use {ceiling} LLM tokens (its ceiling: max_turns times"
+                    f" max_context_tokens), more than this tenant's whole {quota} quota allows"
+                    f" ({limit:g} in its window): lower max_turns or max_context_tokens",
+                    "token_quota",
+                )
+        return ceiling
+
+    def _meter(self, tenant: str) -> TokenMeter:
+        return self._tokens.setdefault(tenant, TokenMeter())
+
+    def _settle_tokens(self, job: Job) -> None:
+        """The job ended: what it used replaces the ceiling reserved for it (once)."""
+        self._meter(job.tenant).settle(job.tokens_reserved, sum(job.llm_tokens()))
+        job.tokens_reserved = 0
 
     def _weight(self, tenant: str) -> float:
         return self.config.tenants(tenant).weight
@@ -400,7 +468,24 @@ class Pipeline:
     def _may_take_init(self, tenant: str) -> bool:
         # INIT's slots keep none (no stage comes before it): the sandbox quota alone decides.
         cap = self.config.tenants(tenant).quotas.max_sandboxes
-        return cap is None or self._sandboxes[tenant] < cap
+        return cap is None or self._held_sandboxes(tenant) < cap
+
+    def _held_sandboxes(self, tenant: str) -> int:
+        """``tenant``'s sandboxes: its jobs' from INIT to cleanup, and its kept snapshots."""
+        kept = self._snapshots.held(tenant) if self._snapshots is not None else 0
+        return self._sandboxes[tenant] + kept
+
+    def _snapshots_allowed(self, tenant: str) -> int | None:
+        """How many snapshots ``tenant`` may keep now (None: as many as the server's): its
+        max_snapshots, and what its max_sandboxes leaves beside its jobs' own sandboxes."""
+        quotas = self.config.tenants(tenant).quotas
+        caps = [quotas.max_snapshots]
+        if quotas.max_sandboxes is not None:
+            caps.append(quotas.max_sandboxes - self._sandboxes[tenant])
+        return min((c for c in caps if c is not None), default=None)
+
+    def _snapshot_freed(self, tenant: str) -> None:
+        self._queues[Stage.INIT].wake()  # a job of the tenant held back at its cap may go
 
     def _hold_sandbox(self, job: Job) -> None:
         job.sandbox_since = time.monotonic()
@@ -465,6 +550,8 @@ class Pipeline:
             for tenant, n in Counter(job.tenant for job in jobs).items():
                 queue.unreserve(tenant, n)
             self._tenant_jobs.subtract(job.tenant for job in jobs)
+            for job in jobs:
+                self._settle_tokens(job)  # nothing used
             if isinstance(e, StoreWriteError):
                 raise StoreUnavailable(self._store_retry_after(), str(e)) from e
             raise
@@ -725,6 +812,8 @@ class Pipeline:
             failed.error_type,
             failed.message,
         )
+        # What the failed attempt used is spent; the job's ceiling stays reserved for the next.
+        self._meter(job.tenant).add(sum(job.llm_tokens()))
         job.next_attempt(failed.error)
         self.store.note_attempt(job.id, job.attempts, job.attempt_errors)
         await self._enqueue(job)
@@ -757,6 +846,7 @@ class Pipeline:
                 " says it is unfinished, so it runs again at the next start",
                 job.id,
             )
+            self._settle_tokens(job)
             self._forget(job)
             job.done.set()  # whoever waits sees it unfinished
             return
@@ -767,7 +857,7 @@ class Pipeline:
         job.state = state
         job.result = result
         job.done.set()
-        self._tokens.setdefault(job.tenant, TokenMeter()).add(sum(job.llm_tokens()))
+        self._settle_tokens(job)
         self._forget(job)
         self.finished_counts[state] += 1
         for obs in self.observers:
@@ -865,7 +955,7 @@ class Pipeline:
                 state.value: self.finished_counts[state] for state in JobState if state.finished
             },
             "tenants": {  # every tenant that has submitted since the start
-                tenant: {"in_flight": n, "sandboxes": self._sandboxes[tenant]}
+                tenant: {"in_flight": n, "sandboxes": self._held_sandboxes(tenant)}
                 for tenant, n in sorted(self._tenant_jobs.items())
             },
         }

@@ -10,6 +10,19 @@ none (it may wait there long: its next queue full, its tenant's sandbox quota re
 
 So a tenant with nothing on its way keeps nothing (its share goes to the others: work-conserving
 but for the jobs about to arrive), and a tenant under its share may always take a free slot.
+
+A slot is never taken back from a job in its stage: RUN is one agent loop (a turn is the task's
+own, and its sandbox and conversation are the job's), so there is nothing to preempt it at. A
+tenant that took every slot while alone would then hold them for as long as its jobs run
+(never-ending ones: until their budget, ``max_timeout_s`` at most) while another waits. So a
+tenant under its share takes a slot even when none is free (``may_take`` says yes; the pipeline
+runs RUN with as many workers again to take it): the slots beyond ``workers`` go only to tenants
+under their shares, a tenant over its share takes none while all are held, and no tenant waits
+for another's jobs to end to get its share. That is the simplest design that holds: making a
+job over its share wait at its next turn would need the loop (and the gateway's agents, whose
+turns are their own) to hand its slot back; capping a tenant at its share whenever another
+could come would leave slots idle. RUN holds at most twice its workers, as a queue holds twice
+its places (raas.pipeline.queue).
 """
 
 from __future__ import annotations
@@ -41,8 +54,9 @@ class StageSlots:
         return 0 if self._before is None else self._before.held[tenant]
 
     def may_take(self, tenant: str) -> bool:
-        """Whether ``tenant`` may take a free slot now: it is under its share, or the slots free
-        beyond the one it takes cover those kept for the other tenants' jobs on their way."""
+        """Whether ``tenant`` may take a slot now: it is under its share (even where every one
+        of ``workers`` is held: see above), or the slots free beyond the one it takes cover those
+        kept for the other tenants' jobs on their way."""
         active = {tenant} | {t for t, n in self.held.items() if n > 0}
         if self._before is not None:
             active |= {t for t, n in self._before.held.items() if n > 0}
