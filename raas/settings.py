@@ -123,8 +123,9 @@ class ServeSettings(BaseSettings):
     api_key: str | None = Field(
         default=None,
         description="Require 'Authorization: Bearer KEY' on every route but /healthz. Without"
-        " one the server binds only a loopback address. As a flag it is visible to every user"
-        " of the machine (ps): prefer RAAS_API_KEY or --api-key-file.",
+        " one the server binds only a loopback address. Give it as RAAS_API_KEY, in the --config"
+        " file or in --api-key-file: as a flag, which ps shows every user of the machine, it is"
+        " refused.",
     )
     api_key_file: Path | None = Field(
         default=None,
@@ -148,6 +149,21 @@ class ServeSettings(BaseSettings):
         default=128.0,
         gt=0,
         description="Largest request body accepted, in MiB; a larger one is answered 413.",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Open HTTP connections at most, at most half the open-file limit (which"
+        " raas serve raises to its hard limit). Beyond it a new connection closes the one that"
+        " has waited longest for a request's head (idle, or sending one slowly); when every one"
+        " has a request in flight, the new one is answered 503. Default: half the open-file"
+        " limit, at most 16384.",
+    )
+    head_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a connection may take to send a request's head (from its opening,"
+        " or from the end of its last response) before it is closed.",
     )
     llm: Annotated[list[BackendUrl], NoDecode] = Field(
         default_factory=list,
@@ -173,8 +189,9 @@ class ServeSettings(BaseSettings):
     max_snapshots: int = Field(
         default=64,
         ge=0,
-        description="Per-turn snapshots kept for branches on this server, all jobs together"
-        " (each an idle fork of a sandbox; the oldest is evicted first).",
+        description="Per-turn snapshots kept for branches, for each tenant (each an idle fork"
+        " of a sandbox, counted in the tenant's max_sandboxes; a tenant's oldest is evicted"
+        " first, and only by its own).",
     )
     agents_venv: DirectoryPath | None = Field(
         default=None,

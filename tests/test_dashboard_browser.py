@@ -10,6 +10,7 @@ screenshots of the pages go to out/ui/ at the repository's root.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,8 +83,10 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     global MODEL
     MODEL = model
     backend = ServerThread(model.app).start()
-    args = ["--api-key", KEY, "--llm", backend.url, "--tokenizer", "tiny", "--max-attempts", "1"]
-    server = ServerProcess(tmp / "raas.db", tmp / "serve.log", args)
+    args = ["--llm", backend.url, "--tokenizer", "tiny", "--max-attempts", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "RAAS_API_KEY_FILE"}
+    env["RAAS_API_KEY"] = KEY  # a key on the command line is refused (ps shows it)
+    server = ServerProcess(tmp / "raas.db", tmp / "serve.log", args, env)
     try:
         server.wait_ready()
         with httpx.Client(base_url=server.url, headers=AUTH, timeout=DEADLINE_S) as http:

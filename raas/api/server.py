@@ -12,6 +12,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from raas.api.app import create_app
+from raas.api.connections import (
+    ConnectionBounds,
+    bounded_protocol,
+    connection_cap,
+    raise_file_limit,
+)
 from raas.api.log_redaction import redact_logs
 from raas.api.state import ServiceState
 from raas.helpers import check_port, is_loopback
@@ -89,11 +95,17 @@ def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None
     check_port(settings.host, settings.port)  # a busy port is said before the app starts
     check_version(settings.db)  # and a database from a newer raas
     check_free(settings.db)  # or one another server holds
+    # The cap on connections keeps half the file limit (raised first) for the rest: a cap
+    # too high for it (TooManyConnections) is said before the app starts.
+    bounds = ConnectionBounds(
+        connection_cap(settings.max_connections, raise_file_limit()), settings.head_timeout_s
+    )
     app = create_app(settings, registry)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=bounded_protocol(bounds),
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import click
+from click.core import ParameterSource
 
-from raas.cli.output import api_key_option
 from raas.helpers import PortBusy, check_port
 from raas.settings import ServeSettings, choices, flag, is_directory, is_list, scalar_type
 
@@ -18,6 +18,18 @@ SERVE_HELP_EPILOG = (
     "(e.g. RAAS_RUN_WORKERS=16). Flags win over the environment, which wins over the file."
 )
 F = Callable[..., Any]
+# A server lives for days, its command line readable by every user of the machine all along.
+KEY_TYPED = (
+    "--api-key on the command line is visible to every user of this machine (ps,"
+    " /proc/PID/cmdline): give the key as RAAS_API_KEY or in a file (--api-key-file FILE)"
+)
+
+
+def _refuse_if_typed(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    typed = ctx.get_parameter_source(str(param.name)) is ParameterSource.COMMANDLINE
+    if value is not None and typed:
+        raise click.UsageError(KEY_TYPED, ctx)
+    return value
 
 
 def _param_type(name: str) -> Any:
@@ -69,16 +81,17 @@ def settings_options(f: F) -> F:
 @settings_options
 def serve(config_file: Path | None, **options: Any) -> None:
     """Run the rollout service (HTTP API, three stage pools, SQLite results)."""
+    from raas.api.connections import TooManyConnections
     from raas.api.server import KeyNeeded
     from raas.api.server import serve as run_server
-    from raas.cli.output import key_on_command_line, setup_logging
+    from raas.cli.output import setup_logging
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
     from raas.store.sqlite import DatabaseInUse
     from raas.tenants import TenantsFileError
 
-    if options.get("api_key") is not None:
-        click.echo(key_on_command_line("RAAS_API_KEY or in a file (--api-key-file)"), err=True)
+    if options.get("api_key") is not None:  # only a flag: the environment is read later
+        raise click.UsageError(KEY_TYPED)
     try:
         settings = load_settings(config_file, options)
     except SettingsError as e:
@@ -87,7 +100,14 @@ def serve(config_file: Path | None, **options: Any) -> None:
     check_tokenizer(settings.tokenizer)
     try:
         run_server(settings)
-    except (PortBusy, NewerDatabase, DatabaseInUse, KeyNeeded, TenantsFileError) as e:
+    except (
+        PortBusy,
+        NewerDatabase,
+        DatabaseInUse,
+        KeyNeeded,
+        TenantsFileError,
+        TooManyConnections,
+    ) as e:
         raise click.ClickException(str(e)) from e
 
 
@@ -140,7 +160,14 @@ def check_tokenizer(name: str) -> None:
     help="With --model oracle: a JSONL file of SWE rows (SWE-bench, SWE-Gym) that carry their"
     " gold patch in 'patch', answered beside the bundled tasks (repeatable).",
 )
-@api_key_option("The key POST /update_weights requires; without one no one may change the weights")
+@click.option(
+    "--api-key",
+    envvar="RAAS_API_KEY",
+    callback=_refuse_if_typed,
+    help="The key POST /update_weights requires; without one no one may change the weights."
+    " Give it as RAAS_API_KEY or in --api-key-file: on the command line, which ps shows, it is"
+    " refused.",
+)
 @click.option(
     "--api-key-file",
     type=click.Path(dir_okay=False, path_type=Path),

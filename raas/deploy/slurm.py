@@ -90,6 +90,12 @@ def serve_values(args: Sequence[str]) -> dict[str, Any]:
         if key in OWN_SERVE_OPTIONS:
             why = OWN_SERVE_OPTIONS[key]
             raise SlurmOptionError(flag(key), f"set by raas slurm for each node: {why}")
+    if "api_key" in values:  # raas serve refuses it: ps shows a command line to every user
+        raise SlurmOptionError(
+            "--api-key",
+            f"not on the servers' command lines: export {ENV_PREFIX}API_KEY before submitting"
+            " (sbatch passes it on) or give --api-key-file FILE",
+        )
     try:
         ServeSettings.model_validate({k: v for k, v in values.items() if k != "config"})
     except ValidationError as e:
