@@ -28,7 +28,11 @@ PER_STAGE = (
 
 PER_TENANT = (
     ("in_flight", "raas_tenant_jobs_in_flight", "Jobs accepted and not finished, by tenant."),
-    ("sandboxes", "raas_tenant_sandboxes", "Sandboxes held now (jobs from INIT to cleanup, and kept snapshots)."),
+    (
+        "sandboxes",
+        "raas_tenant_sandboxes",
+        "Sandboxes held now (jobs from INIT to cleanup, and kept snapshots).",
+    ),
 )
 
 
