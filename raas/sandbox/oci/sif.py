@@ -7,6 +7,12 @@ file. The layer is named by the sha256 of the partition's bytes; a config and a 
 here make it an ordinary image of the store (the partition itself is not kept as a blob: the
 layer directory is what sandboxes use). Environment variables in the SIF's /.singularity.d are
 not read.
+
+As a layer of a tar is (``raas.sandbox.oci.layers``): the partition's listing (``unsquashfs
+-lln``, its own tables: what it would write) is held to the caps before anything is unpacked;
+it is unpacked without extended attributes (no file capability) into a partial directory that
+no one else enters, where every mode is masked with 0755 and device nodes, FIFOs and sockets
+are removed (``harden_tree``), before it is moved into place.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -22,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raas.sandbox.oci import locks
-from raas.sandbox.oci.layers import remove_tree, tree_bytes
+from raas.sandbox.oci.layers import (
+    Caps,
+    Unpacked,
+    harden_tree,
+    layer_limits,
+    remove_tree,
+    write_sizes,
+)
 from raas.sandbox.oci.manifests import MANIFEST, blob_path
 
 _HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")  # launch, magic ... data offset, data size
@@ -70,9 +84,12 @@ def find_root_partition(path: Path) -> Partition:
     return min(found, key=lambda pair: pair[0])[1]
 
 
-def import_sif(path: Path, blob_dir: Path, layer_dir: Path, lock_dir: Path) -> dict[str, object]:
-    """Unpack ``path``'s root partition as a layer and write its config and manifest; the
-    manifest's descriptor (for the store's index)."""
+def import_sif(
+    path: Path, blob_dir: Path, layer_dir: Path, lock_dir: Path, caps: Caps | None = None
+) -> dict[str, object]:
+    """Unpack ``path``'s root partition as a layer (within ``caps``, default
+    ``Caps.from_env()``) and write its config and manifest; the manifest's descriptor (for the
+    store's index)."""
     if shutil.which("unsquashfs") is None:
         raise SifError("importing a .sif needs unsquashfs (apt-get install squashfs-tools)")
     part = find_root_partition(path)
@@ -81,8 +98,9 @@ def import_sif(path: Path, blob_dir: Path, layer_dir: Path, lock_dir: Path) -> d
     dest = layer_dir / key
     with locks.hold(lock_dir / f"layer-{key}.lock"):
         if not dest.is_dir():
+            listed = _listing(path, part, digest, Caps.from_env() if caps is None else caps)
             _unsquash(path, part, dest)
-            (layer_dir / (key + ".size")).write_text(str(tree_bytes(dest)))
+            write_sizes(layer_dir, key, listed)
     config = {
         "architecture": "amd64",
         "os": "linux",
@@ -113,15 +131,50 @@ def _partition_digest(path: Path, part: Partition) -> str:
     return "sha256:" + sha.hexdigest()
 
 
+_ENTRY = re.compile(rb"([-dlcbps])[-rwxsStT]{9}\s+\S+\s+(\S+)")
+
+
+def _listing(path: Path, part: Partition, digest: str, caps: Caps) -> Unpacked:
+    """What the partition unpacks to, from its listing, held to ``caps`` (a LayerTooLarge the
+    moment the listing passes one: nothing is unpacked then)."""
+    max_size, max_entries = layer_limits(caps, Unpacked())
+    argv = ["unsquashfs", "-lln", "-o", str(part.offset), str(path)]
+    size = entries = 0
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            for line in proc.stdout:
+                found = _ENTRY.match(line)
+                if found is None:  # a name's second line (a newline in it)
+                    continue
+                entries += 1
+                size += 512 + (int(found[2]) if found[1] == b"-" else 0)
+                if entries > max_entries.value:
+                    raise max_entries.exceeded(digest, Unpacked(size, entries))
+                if size > max_size.value:
+                    raise max_size.exceeded(digest, Unpacked(size, entries))
+        except BaseException:
+            proc.kill()
+            raise
+        err = proc.stderr.read().decode(errors="replace")
+    if proc.returncode != 0:
+        lines = err.strip().splitlines()
+        raise SifError(f"unsquashfs cannot list it: {lines[-1] if lines else proc.returncode}")
+    return Unpacked(size, entries)
+
+
 def _unsquash(path: Path, part: Partition, dest: Path) -> None:
     partial = dest.with_name(dest.name + ".partial")
     remove_tree(partial)
-    argv = ["unsquashfs", "-n", "-o", str(part.offset), "-d", str(partial), str(path)]
+    os.mkdir(partial, 0o700)  # no one else enters it before it is made safe
+    argv = ["unsquashfs", "-n", "-f", "-no-xattrs", "-o", str(part.offset), "-d", str(partial)]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = subprocess.run([*argv, str(path)], capture_output=True, text=True)
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             raise SifError(f"unsquashfs failed: {lines[-1] if lines else proc.returncode}")
+        harden_tree(partial)
+        os.chmod(partial, 0o755)
         partial.rename(dest)
     except BaseException:
         remove_tree(partial)

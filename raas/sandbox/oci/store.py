@@ -5,7 +5,9 @@ Layout of the store directory (several servers on one node may share it)::
     oci-layout, index.json   an OCI image layout: the index names every image (ref -> manifest)
     blobs/sha256/HEX         manifests, configs and layer blobs of all images (skopeo's
                              --dest-shared-blob-dir: a blob already there is not fetched again)
-    layers/sha256-DIFFID/    each layer unpacked once (``layers.unpack_layer``); .size beside it
+    layers/sha256-DIFFID/    each layer unpacked once (``layers.unpack_layer``); beside it .size
+                             (its disk use) and .unpacked (its tar's bytes and entries, which
+                             the caps on an image count)
     images/sha256-HEX.lock   per image: shared-locked while a sandbox uses it (``in_use``); its
                              mtime is when the image was last used
     locks/                   gc.lock (pulls hold it shared, prune/evict exclusive), index.lock
@@ -14,6 +16,14 @@ Layout of the store directory (several servers on one node may share it)::
 
 A pull or import that fails leaves blobs skopeo verified (reused by the next try) and no layer
 directory that is not whole.
+
+On a shared host (docs/sandboxes.md): the root is 0700, or 0750 and the group's where
+``$RAAS_IMAGE_STORE_GROUP`` names one (``layers``, ``blobs`` and the index readable by it; locks
+and copies in flight still raas's alone); it must belong to raas's user, and is checked, and
+made so, at every pull, import, prune and resolve. Its layers hold no set-uid, set-gid or
+sticky bit, nothing group- or world-writable, no file capability, no device node
+(``layers.unpack_layer``); a store that an older raas filled is made so once
+(``layers.harden_tree`` on each layer, then the ``layers-hardened`` mark).
 """
 
 from __future__ import annotations
@@ -21,9 +31,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import grp
 import json
+import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,8 +46,25 @@ from pathlib import Path
 from raas.image_refs import normalize
 from raas.sandbox.oci import archives, locks, manifests, skopeo
 from raas.sandbox.oci.image import ImageError, ImageNotStored, StoredImage
-from raas.sandbox.oci.layers import DigestError, LayerError, remove_tree, tree_bytes, unpack_layer
+from raas.sandbox.oci.layers import (
+    Caps,
+    DigestError,
+    LayerError,
+    Unpacked,
+    harden_tree,
+    read_unpacked,
+    remove_tree,
+    tree_bytes,
+    unpack_layer,
+    write_sizes,
+)
 from raas.sandbox.oci.manifests import Image, ManifestError
+
+log = logging.getLogger(__name__)
+
+GROUP_ENV = "RAAS_IMAGE_STORE_GROUP"
+# In the root: every layer here was unpacked (or later made) as unpack_layer makes them.
+HARDENED = "layers-hardened"
 
 
 def default_store_dir() -> Path:
@@ -90,12 +120,24 @@ class ImageStore:
     """A directory of OCI images with their layers unpacked; see the module docstring.
 
     ``max_bytes``: after each pull or import, the least recently used images no sandbox holds
-    are removed until the store (blobs and layers) fits.
+    are removed until the store (blobs and layers) fits. ``group`` (default
+    ``$RAAS_IMAGE_STORE_GROUP``): a group name or gid that may read the store (its root 0750);
+    without one, the root is 0700. ``caps`` (default ``Caps.from_env()``): what one layer, and
+    one image's layers together, may unpack to.
     """
 
-    def __init__(self, root: Path | None = None, *, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        max_bytes: int | None = None,
+        group: str | None = None,
+        caps: Caps | None = None,
+    ) -> None:
         self.root = (root or default_store_dir()).expanduser().absolute()
         self.max_bytes = max_bytes
+        self.group = group if group is not None else os.environ.get(GROUP_ENV) or None
+        self.caps = caps
         self.blob_dir = self.root / "blobs"
         self.layer_dir = self.root / "layers"
         self.image_dir = self.root / "images"
@@ -144,7 +186,7 @@ class ImageStore:
                         raise ManifestError(f"skopeo wrote {len(found)} manifests, not 1")
                     digest = str(found[0]["digest"])
                 image = manifests.read_image(self.blob_dir, digest)
-                self._unpack(image)
+                self._unpack(image, self.caps or Caps.from_env())
                 self._set_ref(name, found[0])
                 self._touch(digest)
         except skopeo.SkopeoError as e:
@@ -162,37 +204,50 @@ class ImageStore:
         try:
             self._setup()
             with locks.hold(self.lock_dir / "gc.lock", shared=True):
-                desc = sif.import_sif(path, self.blob_dir, self.layer_dir, self.lock_dir)
+                caps = self.caps or Caps.from_env()
+                desc = sif.import_sif(path, self.blob_dir, self.layer_dir, self.lock_dir, caps)
                 self._set_ref(name, desc)
                 self._touch(str(desc["digest"]))
-        except sif.SifError as e:
+        except (sif.SifError, LayerError) as e:
             raise ImageError(f"cannot import {path} as {name}: {e}") from e
         except OSError as e:
             raise ImageError(f"cannot import {path} as {name}: {_os_cause(e, self.root)}") from e
         self._fit(protect=str(desc["digest"]))
         return self.resolve(name)
 
-    def _unpack(self, image: Image) -> None:
+    def _unpack(self, image: Image, caps: Caps) -> None:
+        """Unpack the image's layers that are not here yet, bottom first, each within the caps
+        (an image's counting the layers below it, those already here included)."""
+        below = Unpacked()
         for layer in image.layers:
             dest = self.layer_dir / layer.key
-            if dest.is_dir():
-                continue
-            with locks.hold(self.lock_dir / f"layer-{layer.key}.lock"):
-                if dest.is_dir():  # another process unpacked it while we waited
-                    continue
-                blob = manifests.blob_path(self.blob_dir, layer.digest)
-                try:
-                    unpack_layer(blob, layer.media_type, layer.digest, layer.diff_id, dest)
-                except DigestError:
-                    blob.unlink(missing_ok=True)  # or skopeo would reuse the bad blob next time
-                    raise
-                _write_atomic(dest.with_name(dest.name + ".size"), str(tree_bytes(dest)))
+            if not dest.is_dir():
+                with locks.hold(self.lock_dir / f"layer-{layer.key}.lock"):
+                    if not dest.is_dir():  # else another process unpacked it while we waited
+                        below += self._unpack_layer(layer, dest, caps, below)
+                        continue
+            below += self._layer_unpacked(layer.key)
+
+    def _unpack_layer(
+        self, layer: manifests.Layer, dest: Path, caps: Caps, below: Unpacked
+    ) -> Unpacked:
+        blob = manifests.blob_path(self.blob_dir, layer.digest)
+        try:
+            done = unpack_layer(
+                blob, layer.media_type, layer.digest, layer.diff_id, dest, caps=caps, below=below
+            )
+        except DigestError:
+            blob.unlink(missing_ok=True)  # or skopeo would reuse the bad blob next time
+            raise
+        write_sizes(self.layer_dir, layer.key, done)
+        return done
 
     # -- using images -----------------------------------------------------------------------
 
     def resolve(self, ref: str) -> StoredImage:
         """The stored image ``ref`` names; ImageError saying how to get it if there is none."""
         name = _normalize(ref)
+        self._secure(create=False)
         entry = self._index().get(name)
         if entry is None:
             raise ImageNotStored(
@@ -305,6 +360,10 @@ class ImageStore:
     def prune(self) -> PruneResult:
         """Remove blobs, layers and partial unpacks no image (named, or held by a sandbox)
         refers to."""
+        try:
+            self._setup()
+        except OSError as e:
+            raise ImageError(f"cannot prune: {_os_cause(e, self.root)}") from e
         with locks.hold(self.lock_dir / "gc.lock"):
             return self._collect(evicted=0)
 
@@ -357,7 +416,8 @@ class ImageStore:
                     remove_tree(path)
                     lock.unlink()
                     if path.name == key:
-                        self.layer_dir.joinpath(key + ".size").unlink(missing_ok=True)
+                        for suffix in (".size", ".unpacked"):
+                            self.layer_dir.joinpath(key + suffix).unlink(missing_ok=True)
                         removed_bytes += size
                         layers += 1
             except locks.Busy:
@@ -375,17 +435,94 @@ class ImageStore:
     # -- the index and bookkeeping ----------------------------------------------------------
 
     def _setup(self) -> None:
-        for d in (
-            self.blob_dir / "sha256",
-            self.layer_dir,
-            self.image_dir,
-            self.lock_dir,
-            self.tmp_dir,
+        self._secure(create=True)
+        shared = 0o700 if self._gid() is None else 0o750  # what the group may read
+        for d, mode in (
+            (self.blob_dir, shared),
+            (self.blob_dir / "sha256", shared),
+            (self.layer_dir, shared),
+            (self.image_dir, 0o700),
+            (self.lock_dir, 0o700),
+            (self.tmp_dir, 0o700),
         ):
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=mode, exist_ok=True)
+            if stat.S_IMODE(d.stat().st_mode) != mode:
+                d.chmod(mode)
         layout = self.root / "oci-layout"
         if not layout.exists():
             _write_atomic(layout, json.dumps({"imageLayoutVersion": "1.0.0"}))
+
+    def _secure(self, create: bool) -> None:
+        """The store's root made (``create``) or found as a shared host needs it: raas's
+        user's, 0700 (0750 and the group's, with a group); one an older raas filled has its
+        layers made safe once. ImageError where it belongs to another user."""
+        if create:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                self.root.mkdir(mode=0o700)
+        try:
+            st = self.root.stat()
+        except FileNotFoundError:
+            if create:
+                raise
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            raise ImageError(f"the image store {self.root} is not a directory")
+        if st.st_uid != os.geteuid():
+            raise ImageError(
+                f"the image store {self.root} belongs to uid {st.st_uid}, not to raas's user"
+                f" (uid {os.geteuid()}): refused, as its owner could change every image; use a"
+                " store of your own ($RAAS_IMAGE_STORE)"
+            )
+        gid = self._gid()
+        mode = 0o700 if gid is None else 0o750
+        try:
+            if gid is not None and st.st_gid != gid:
+                os.chown(self.root, -1, gid)
+            if stat.S_IMODE(st.st_mode) != mode:
+                if stat.S_IMODE(st.st_mode) & ~mode:
+                    log.warning(
+                        "image store %s was %o: made %o (docs/sandboxes.md: a shared host)",
+                        self.root,
+                        stat.S_IMODE(st.st_mode),
+                        mode,
+                    )
+                os.chmod(self.root, mode)
+        except PermissionError as e:
+            raise ImageError(
+                f"cannot give the image store {self.root} to group {self.group} ({GROUP_ENV}):"
+                f" raas's user is not in it ({e.strerror})"
+            ) from e
+        if not (self.root / HARDENED).exists():
+            self._harden_old_layers()
+
+    def _gid(self) -> int | None:
+        if not self.group:
+            return None
+        if self.group.isdigit():
+            return int(self.group)
+        try:
+            return grp.getgrnam(self.group).gr_gid
+        except KeyError:
+            raise ImageError(f"{GROUP_ENV}={self.group}: there is no such group") from None
+
+    def _harden_old_layers(self) -> None:
+        """Layers an older raas unpacked (set-uid bits, world-writable directories, FIFOs kept)
+        made as ``unpack_layer`` makes them, once, under the exclusive gc lock (no pull is
+        unpacking meanwhile); then the mark that says so."""
+        self.lock_dir.mkdir(mode=0o700, exist_ok=True)
+        with locks.hold(self.lock_dir / "gc.lock"):
+            if (self.root / HARDENED).exists():
+                return
+            changed = sum(harden_tree(path) for path in self._layer_dirs())
+            if changed:
+                log.warning(
+                    "image store %s: %d entries of layers an older raas unpacked made safe"
+                    " (set-uid bits, group- and world-writable modes, devices removed)",
+                    self.root,
+                    changed,
+                )
+            _write_atomic(self.root / HARDENED, "1\n")
 
     def _index(self) -> dict[str, dict[str, object]]:
         """ref -> manifest descriptor, from the layout's index.json."""
@@ -440,6 +577,11 @@ class ImageStore:
             return self._image_lock(digest).stat().st_mtime
         except FileNotFoundError:
             return 0.0
+
+    def _layer_unpacked(self, key: str) -> Unpacked:
+        """What the layer ``key`` unpacked to (an older raas's layer: its disk use alone)."""
+        found = read_unpacked(self.layer_dir, key)
+        return found if found is not None else Unpacked(self._layer_bytes(key), 0)
 
     def _layer_bytes(self, key: str) -> int:
         size_file = self.layer_dir / (key + ".size")
