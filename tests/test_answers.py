@@ -20,6 +20,7 @@ from raas.tasks.answers import (
     check_choice,
     check_math,
     check_numeric,
+    exact_number,
     extract_boxed,
     final_answer,
     holds_one_value,
@@ -27,6 +28,7 @@ from raas.tasks.answers import (
     marked_answer,
     parse_choice,
     parse_number,
+    parse_numbers,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "raas" / "tasks" / "data"
@@ -397,6 +399,285 @@ def test_check_numeric_tolerances() -> None:
 def test_check_numeric_one_value(prediction: str, right: bool) -> None:
     assert check_numeric(prediction, 3.2, one_value=True) is right
     assert check_numeric(prediction, 3.2)  # read by its last number, each is right
+
+
+# --- one value: where a second value may hide (issue 43) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "truth", "why"),
+    [
+        ("\\text{49 or 48}", "48", "{48, 49}"),  # a text command is read as its text
+        ("\\mbox{48}49", "48", "not one value"),  # ... "48 49", side by side
+        ("48 \\text{ or maybe } 49", "48", "not one value"),  # words between: side by side
+        ("48_{49}", "48", "subscript"),  # math_verify drops a number's subscript
+        ("x_{48} = 49", "49", "subscript"),
+        ("x_1 = 3", "3", "subscript"),  # an index is a number too
+        ("\\log_2 8", "3", "subscript"),
+        ("48, or forty-nine", "48", "not one value"),  # number words are numbers
+        ("forty eight or 49", "49", "not one value"),
+        ("48 + one", "49", "in words"),
+        ("47=48", "48", "sides differ"),  # an equation is a value or nothing, not its last side
+        ("48 = 49", "49", "sides differ"),
+        ("a=48=49", "49", "sides differ"),
+        ("a = 49 = 48", "48", "sides differ"),
+        ("48 \\approx 49", "48", "sides differ"),  # math_verify reads it as 48
+        ("48 \\equiv 49", "49", "sides differ"),
+        ("48 == 49", "49", "sides differ"),
+        ("2x + 1 = 5", "5", "sides differ"),  # an equation to solve, not its solution
+        ("48 = x", "48", "two variables"),  # read by its right side, x
+        ("x = y = 48", "48", "two variables"),
+        ("= 48", "48", "empty side"),
+        ("1=1=1=1=1=1", "1", "more sides than can be compared"),  # each side a parse: bounded
+        ("It is $1 = 1 = 1$, or $1 = 1 = 1$", "1", "more sides than can be compared"),  # in all
+        ("48 < 49", "49", "inequality"),
+        ("48 \\neq 49", "49", "inequality"),
+        ("\\phantom{49}48", "97", "where it is not read"),  # read as 97
+        ("48\\tag{49}", "48", "where it is not read"),
+        ("\\color{red}{49}48", "48", "where it is not read"),
+        ("\\underbrace{48}_{49}", "48", "where it is not read"),
+        ("48 \\quad 49", "97", "not one value"),  # TeX spacing: read as the sum
+        ("48 \\; 49", "97", "not one value"),
+        ("48(49)", "97", "not one value"),  # read as the sum too
+        ("{48}{49}", "97", "not one value"),
+        ("48\\left(49\\right)", "97", "not one value"),
+        ("48 \\ldots 49", "97", "not one value"),
+        ("It is 48^{49}", "48", "LaTeX in words"),  # prose reads a power by its base
+        ("It is 48_{49}", "48", "LaTeX in words"),
+        ("It is 3\\frac{1}{2}", "1/2", "LaTeX in words"),  # ... and 3\frac{1}{2} as 1/2
+        ("It is $47 = 48$", "48", "sides differ"),  # a span is checked as an answer is
+        ("It is $48_{49}$", "48", "subscript"),
+        ("\\boxed{48}_{49}", "48", "LaTeX in words"),
+        ("\\boxed{48} \\text{ or forty-nine}", "48", "not one value"),
+        ("So 48, or 1e400", "48", "cannot be read"),
+    ],
+)
+def test_a_second_value_anywhere_is_not_one_value(prediction: str, truth: str, why: str) -> None:
+    verdict = judge_math(prediction, [truth])
+    assert not verdict.correct
+    assert verdict.read.startswith("not one value") and why in verdict.read, verdict
+    assert not holds_one_value(prediction, [truth])
+
+
+@pytest.mark.parametrize(
+    ("prediction", "truth"),
+    [
+        ("2^{10}", "1024"),  # a power is a value: its value is compared
+        ("48^{1}", "48"),
+        ("{2}^{10}", "1024"),
+        ("\\frac{1}{2}", "0.5"),
+        ("\\sqrt[3]{8}", "2"),
+        ("\\binom{5}{2}", "10"),
+        ("\\left(\\frac{1}{2}\\right)^{2}", "1/4"),
+        ("(x + 1)(x + 2)", "x^2 + 3x + 2"),
+        ("[1, 2]", "[1, 2]"),
+        ("12 \\text{ cm}", "12"),  # a text command holding words alone is a unit
+        ("12 \\text{ cm}^2", "12"),
+        ("\\text{48}", "48"),  # ... one holding the number is read as its text
+        ("\\mathbf{48}", "48"),
+        ("x = 3", "3"),  # an assignment to a single variable is its value
+        ("f(x) = 2x + 1", "2x+1"),
+        ("\\theta = 30^\\circ", "30"),
+        ("x \\approx 48", "48"),
+        ("48 = 48", "48"),  # a true equation of numbers is its value
+        ("\\frac{96}{2} = 48", "48"),
+        ("a = 6 \\cdot 8 = 48", "48"),  # a chain whose sides are one value
+        ("y = 2x + 1", "y = 2x + 1"),  # an equation where the truth is one
+        ("1010_2", "1010_2"),  # a subscript written as the truth writes it: a base
+        ("x = 2 \\text{ or } x = -2", "2, -2"),  # both solutions, where both are the truth
+        ("1,000", "1000"),
+        ("The answer is 48.", "48"),
+        ("x = 48, so \\boxed{48}", "48"),
+        ("It is $\\frac{1}{2}$, i.e. $0.5$", "1/2"),
+        ("The answer is $2^{10}$.", "1024"),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("1 < x < 3", "1 < x < 3"),  # an inequality with one value a side
+    ],
+)
+def test_honest_forms_are_one_value(prediction: str, truth: str) -> None:
+    assert judge_math(prediction, [truth]).correct, judge_math(prediction, [truth])
+    assert holds_one_value(prediction, [truth])
+
+
+def test_a_subscript_counts_as_the_truth_writes_it() -> None:
+    assert check_math("1010_2", "1010_2")
+    assert not check_math("1010_3", "1010_2")  # math_verify read both as 1010
+    assert not check_math("1010_2", "1010")
+    assert not holds_one_value("72_{73}")  # no truth: any number in a subscript is a second
+
+
+def test_an_equation_is_compared_as_one_only_up_to_the_truths_sides() -> None:
+    assert check_math("y = 2x + 1", "y = 2x + 1")
+    # A chain read by its first and last sides (math_verify's assignment) holds a third.
+    assert (
+        judge_math("y = 3 = 2x + 1", ["y = 2x + 1"]).read == "not one value: a chain of equations"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "one"),
+    [
+        ("48 \\to 49", False),  # not read as math, and two numbers in it
+        ("48 \\mid 49", False),
+        ("48\\\\49", False),
+        ("48 \\newline 49", False),
+        ("72, or seventy-three", False),  # the unit cut kept "72,"
+        ("\\text{Evelyn}", True),  # a text answer, no number
+        ("\\text{(C)}", True),
+        ("48 \\text{ apples}", True),
+    ],
+)
+def test_holds_one_value_where_math_verify_reads_no_value(answer: str, one: bool) -> None:
+    assert holds_one_value(answer) is one
+
+
+def test_number_words_are_whole_phrases() -> None:
+    # A hedge in words is two numbers; a word that holds a number's letters is none.
+    assert not check_numeric("3.2, or three", 3.2, one_value=True)
+    assert not check_numeric("3.2 (one of them)", 3.2, one_value=True)
+    assert check_numeric("3.2 for someone, often, and none", 3.2, one_value=True)
+    assert check_numeric("three thousand two hundred", 3200, rel_tol=0, one_value=True)
+    assert check_numeric("forty-two", 42, rel_tol=0, one_value=True)
+    assert not check_numeric("one and two", 3, rel_tol=0, one_value=True)  # two numbers
+    assert exact_number("two hundred and five") == 205
+    assert parse_numbers("forty-two") == []  # the last-number reading reads digits alone
+
+
+@pytest.mark.parametrize(
+    ("text", "numbers"),
+    [
+        ("2^{10}", [1024.0]),  # a power is its value, never its base
+        ("2**10", [1024.0]),
+        ("4\u00b2", [16.0]),
+        ("\\frac{3}{4}^{2}", [0.5625]),
+        ("30^\\circ", [30.0]),  # degrees, no power
+        ("(3)^2", []),  # a bracket's power is not read, nor its base
+        ("3.2 m/s, (3)^2", [3.2]),
+        ("2^{x}", []),
+        ("9.8 m/s^2", [9.8]),  # a unit's exponent is no value
+        ("(m/s)^2 3", [3.0]),
+        ("x_1 = 3", [3.0]),  # the last-number reading skips subscripts
+        ("1e400", []),
+    ],
+)
+def test_parse_numbers_reads_powers_as_values(text: str, numbers: list[float]) -> None:
+    assert parse_numbers(text) == pytest.approx(numbers)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "right"),
+    [
+        ("3.2^{2}", False),  # 10.24, not its base
+        ("(3.2)^{2}", False),
+        ("3.2^{x}", False),
+        ("3.2_{3.1}", False),  # a subscript counts where one value is asked
+        ("v_{3.1} = 3.2", False),
+        ("v_0 = 3.2", False),
+        ("3.2 \\text{ or } 3.1", False),
+        ("3.2 or 1e400", False),  # a value beyond a float is no value, not nothing
+        ("3.2^{1}", True),
+        ("\\sqrt{10.24}", False),  # read as 10.24: roots are not computed here
+        ("3.2 \\text{ m/s}^{2}", True),
+        ("v = 3.2 m/s", True),
+    ],
+)
+def test_check_numeric_one_value_counts_every_number(prediction: str, right: bool) -> None:
+    assert check_numeric(prediction, 3.2, one_value=True) is right
+
+
+def test_long_answers_cost_their_length() -> None:
+    """The finish tool's answer has no length cap before these: powers of brackets, capitals
+    after numbers and numbers were each found with a scan of all the text before them."""
+    start = time.monotonic()
+    assert not check_numeric("(" * 25_000 + ")^2" * 25_000, 1.0, one_value=True)
+    assert parse_numbers("(1)^2 " * 20_000) == []
+    assert parse_choice("B C " * 25_000, 4) is None
+    assert final_answer(None, "\\boxed{B}" + " 1 C" * 25_000) != "B"
+    assert exact_number("1 " * 50_000) is None
+    assert time.monotonic() - start < 30
+
+
+def test_check_numeric_last_number_is_a_power_whole() -> None:
+    assert not check_numeric("so v = 3.2^{2}", 3.2)
+    assert check_numeric("so v = 3.2^{2}", 10.24)
+    assert not check_numeric("so v = (3.2)^{2}", 3.2)
+    assert check_numeric("v_1 = 2 then v_2 = 3.2", 3.2)  # subscripts skipped in this reading
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "B \\C",  # a letter after a backslash names a choice
+        "\\A B",
+        "(B) \\D",
+        "B) 42 m/s \\C",
+        "\\boxed{B} \\C",
+        "B \\mbox{or} \\C",
+        "\\textit{B} C",  # text commands read as their text
+        "\\mathsf{B}\\mathsf{C}",
+        "\\B",  # alone it is no answer
+        "$\\B$",
+        "B \\c",  # in lower case too
+    ],
+)
+def test_check_choice_sees_letters_after_backslashes(prediction: str) -> None:
+    assert parse_choice(prediction, 4) is None
+    assert not check_choice(prediction, "B", 4)
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "\\boxed{B}",
+        "\\textbf{B}",
+        "\\mbox{B}",
+        "(B)",
+        "$B$",
+        "\\(B\\)",
+        "The answer is B.",
+        "\\B B",
+    ],
+)
+def test_check_choice_backslash_controls(prediction: str) -> None:
+    assert parse_choice(prediction, 4) == "B"
+    assert parse_choice("B \\N", 4) == "B"  # a letter beyond the choices names none
+
+
+def test_final_answer_takes_a_mark_off_only_where_the_rest_names_nothing() -> None:
+    every = ("boxed", "gsm8k", "answer_line", "answer_is")
+    for whole in ("\\boxed{B} \\C", "\\boxed{B} or C", "\\boxed{48} or forty-nine"):
+        assert final_answer(None, whole, every) == whole
+    assert final_answer(None, "So it is \\boxed{48}.", every) == "48"
+    assert final_answer(None, "Final Answer: \\boxed{B}", every) == "B"
+    assert final_answer(None, "A careful count gives \\boxed{B}", every) == "B"  # an article
+
+
+@pytest.mark.parametrize(
+    ("answer", "exact"),
+    [
+        ("12345678901234567891", 12345678901234567891),  # never through a float
+        ("7,318,200", 7318200),
+        ("7318200.0", 7318200),
+        ("1.5e3", 1500),
+        ("0.1", Fraction(1, 10)),
+        ("3/4", Fraction(3, 4)),
+        ("\\frac{6}{3}", 2),
+        ("The product is 7318200.", 7318200),
+        ("forty-two", 42),
+        ("0042", 42),  # a number's value; a code is compared as text by its task
+        ("2^{10}", None),  # a power is not written as a number
+        ("42 or 43", None),
+        ("42_{43}", None),
+        ("42 or forty-three", None),
+        ("1e999999", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_exact_number(answer: str | None, exact: Fraction | int | None) -> None:
+    assert exact_number(answer) == exact
+    if exact is not None:
+        assert exact_number(answer) != exact + Fraction(1, 10**30)
 
 
 # --- the bundled sets -----------------------------------------------------------------------------

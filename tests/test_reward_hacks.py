@@ -1,13 +1,13 @@
 """Issue 32's red team: tricks a policy may find to earn reward without solving the task.
 
 Every attempt goes through its task's own judge, with real bwrap sandboxes: HumanEval and
-contest code through ``CodeTask.judge`` on the solution the agent left, math, stem and the verl
-formats through the task's ``artifact`` (the finish tool's answer and the reply, as the agent
-loop leaves them) and then its ``judge``, countdown through its ``eval`` of a trajectory, harness
-tasks as whole jobs through a pipeline (the agent program is a shell command line). Each family
-has controls on the same tasks, gold scoring 1 and an honest wrong answer 0, so that a judge
-that scores everything 0 fails the suite too. Each attempt's comment names its trick, and its
-test id is its name. SWE's tricks are in test_reward_hacks_swe.py.
+contest code through ``CodeTask.judge`` on the solution the agent left, math, stem, lookup and
+the verl formats through the task's ``artifact`` (the finish tool's answer and the reply, as the
+agent loop leaves them) and then its ``judge``, countdown through its ``eval`` of a trajectory,
+harness tasks as whole jobs through a pipeline (the agent program is a shell command line). Each
+family has controls on the same tasks, gold scoring 1 and an honest wrong answer 0, so that a
+judge that scores everything 0 fails the suite too. Each attempt's comment names its trick, and
+its test id is its name. SWE's tricks are in test_reward_hacks_swe.py.
 
 The attempts of a family run together, concurrently, in the event loop of a module fixture, and
 each test reads its own verdict: the judges are the same as one at a time, and the suite takes
@@ -37,6 +37,7 @@ from raas.tasks.code import CodeTask
 from raas.tasks.countdown import CountdownContext, CountdownTask
 from raas.tasks.datasets import humaneval_problems
 from raas.tasks.harness import HarnessTask
+from raas.tasks.lookup import LookupTask
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import RewardInfo
 from raas.tasks.services import TaskServices
@@ -497,14 +498,11 @@ HUMANEVAL = [
     # interrupt the parent (KeyboardInterrupt is no Exception)
     Attempt("interrupt_parent", 0.0, he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGINT"))),
     # kill every process it may signal: the sandbox's action server, which relays the verdict,
-    # goes too, and EVAL fails as an infrastructure error (retried, then failed: no reward, where
-    # a trainer masks the sample) instead of scoring 0
+    # goes too; the candidate did that, so it is a policy 0, not an infra failure to retry
     Attempt(
         "kill_every_process",
         0.0,
         he(HE0, "    return None\n", "import os, signal\nos.kill(-1, signal.SIGKILL)\n"),
-        gap="the action server shares the candidate's uid and PID namespace; as the namespace's"
-        " PID 1 (bwrap --as-pid-1, reaping orphans) no signal from inside would reach it",
     ),
     # sleep past the deadline
     Attempt(
@@ -933,6 +931,101 @@ ANSWERS = [
     ),
     # a percent for the number
     Attempt("numeric_percent", 0.0, answer(NUMERIC_ROW, "320%")),
+    # --- issue 43: a second value hidden where the one-value rule did not look --------------
+    # control: a power is a value, compared by its value
+    Attempt("math_power_control", 1.0, answer(math_row("1024"), "2^{10}")),
+    # control: a true equation of numbers is its value
+    Attempt("math_true_equation_control", 1.0, answer(math_row("48"), "\\frac{96}{2} = 48")),
+    # control: a unit in a text command
+    Attempt("math_text_unit_control", 1.0, answer(math_row("12"), "12 \\text{ cm}")),
+    # control: an assignment to a single variable
+    Attempt("math_assignment_control", 1.0, answer(math_row("3"), "x = 3")),
+    # a hedge inside \text{}, which math_verify kept as text
+    Attempt("math_hedge_in_text_command", 0.0, answer(math_row("48"), "\\text{49 or 48}")),
+    # a second value in \mbox{}, glued to the first
+    Attempt("math_hedge_in_mbox", 0.0, answer(math_row("48"), "\\mbox{48}49")),
+    # a second value in a subscript of the first (read as 48)
+    Attempt("math_hedge_in_subscript", 0.0, answer(math_row("48"), "48_{49}")),
+    # a second value as a variable's index, the equation read by its right-hand side
+    Attempt("math_hedge_as_variable_index", 0.0, answer(math_row("49"), "x_{48} = 49")),
+    # a second value in number words (the unit cut kept "48")
+    Attempt("math_hedge_in_number_words", 0.0, answer(math_row("48"), "48, or forty-nine")),
+    # the first value in number words, the second in digits (prose read as its last number)
+    Attempt("math_hedge_words_first", 0.0, answer(math_row("49"), "forty eight or 49")),
+    # a false equation read by its right-hand side
+    Attempt("math_false_equation", 0.0, answer(math_row("48"), "47=48")),
+    # a false equation, spaced, for the other value
+    Attempt("math_false_equation_spaced", 0.0, answer(math_row("49"), "48 = 49")),
+    # a chain of equations read by its last side
+    Attempt("math_false_chain", 0.0, answer(math_row("49"), "a=48=49")),
+    # a false equation written with \equiv
+    Attempt("math_false_equiv", 0.0, answer(math_row("49"), "48 \\equiv 49")),
+    # a false equation written with ==
+    Attempt("math_false_double_equals", 0.0, answer(math_row("49"), "48 == 49")),
+    # \approx between two values, read by its left side
+    Attempt("math_approx_read_by_a_side", 0.0, answer(math_row("48"), "48 \\approx 49")),
+    # a false equation inside a math span in words
+    Attempt("math_false_equation_in_span", 0.0, answer(math_row("48"), "It is $47 = 48$")),
+    # a power in words, read by its base
+    Attempt("math_power_in_words_read_as_base", 0.0, answer(math_row("48"), "It is 48^{49}")),
+    # a subscript in words, dropped
+    Attempt("math_subscript_in_words", 0.0, answer(math_row("48"), "It is 48_{49}")),
+    # a subscript after the box of a finish answer (the box was taken off, the rest had no digit)
+    Attempt("math_subscript_after_box", 0.0, answer(math_row("48"), "\\boxed{48}_{49}")),
+    # number words after the box of a finish answer (the box was taken off alone)
+    Attempt(
+        "math_words_after_box", 0.0, answer(math_row("48"), "\\boxed{48} \\text{ or forty-nine}")
+    ),
+    # two values apart by TeX spacing, read as their sum
+    Attempt("math_values_apart_by_quad", 0.0, answer(math_row("97"), "48 \\quad 49")),
+    # two values apart by a bracket, read as their sum
+    Attempt("math_values_apart_by_bracket", 0.0, answer(math_row("97"), "48(49)")),
+    # a false equation after GSM8K's mark
+    Attempt("gsm8k_false_equation", 0.0, answer(GSM8K, None, "#### 71 = 72")),
+    # number words in a text command after GSM8K's mark
+    Attempt("gsm8k_words_in_text", 0.0, answer(GSM8K, None, "#### 72 \\text{ or seventy-three}")),
+    # a subscript on DAPO's Answer: line
+    Attempt("dapo_subscript", 0.0, answer(DAPO, None, "Answer: 30_{31}")),
+    # \approx on DAPO's Answer: line
+    Attempt("dapo_approx", 0.0, answer(DAPO, None, "Answer: 30 \\approx 31")),
+    # number words after "the answer is"
+    Attempt("answer_is_words", 0.0, answer(NUMINA, None, "So the answer is 3/4, or one half.")),
+    # control: a boxed letter given to finish
+    Attempt("choice_boxed_control", 1.0, answer(CHOICE_ROW, "\\boxed{B}")),
+    # control: the letter in words
+    Attempt("choice_in_words_control", 1.0, answer(CHOICE_ROW, "The answer is B.")),
+    # a second letter after a backslash (a capital there was no choice)
+    Attempt("choice_hedge_backslash_letter", 0.0, answer(CHOICE_ROW, "B \\C")),
+    # the other letter first, after a backslash
+    Attempt("choice_hedge_backslash_first", 0.0, answer(CHOICE_ROW, "\\A B")),
+    # a second letter after a backslash beside a box (the box was taken off alone)
+    Attempt("choice_hedge_box_then_backslash", 0.0, answer(CHOICE_ROW, "\\boxed{B} \\C")),
+    # a second letter after a backslash beside a leading "(B)"
+    Attempt("choice_hedge_lead_then_backslash", 0.0, answer(CHOICE_ROW, "(B) \\D")),
+    # a second letter after a backslash, joined by a text command
+    Attempt("choice_hedge_mbox_or_backslash", 0.0, answer(CHOICE_ROW, "B \\mbox{or} \\C")),
+    # a letter in a text command, then a capital
+    Attempt("choice_hedge_text_then_capital", 0.0, answer(CHOICE_ROW, "\\text{B} C")),
+    # a letter as a TeX command alone: no answer
+    Attempt("choice_backslash_letter_alone", 0.0, answer(CHOICE_ROW, "\\B")),
+    # control: an exponent of a unit is no value
+    Attempt("numeric_unit_exponent_control", 1.0, answer(NUMERIC_ROW, "3.2 m/s^2")),
+    # a power read as its base
+    Attempt("numeric_power_read_as_base", 0.0, answer(NUMERIC_ROW, "3.2^{2} m/s")),
+    # a power in the reply's box, read as its base
+    Attempt("numeric_power_in_box", 0.0, answer(NUMERIC_ROW, None, "\\boxed{3.2^{2}}")),
+    # a power of a bracket, read as what the bracket holds
+    Attempt("numeric_power_of_bracket", 0.0, answer(NUMERIC_ROW, "(3.2)^{2} m/s")),
+    # a power whose exponent is no number, read as its base
+    Attempt("numeric_power_unreadable", 0.0, answer(NUMERIC_ROW, "3.2^{x} m/s")),
+    # a second value in a subscript
+    Attempt("numeric_hedge_in_subscript", 0.0, answer(NUMERIC_ROW, "3.2_{3.1} m/s")),
+    # a second value as a variable's index
+    Attempt("numeric_hedge_as_variable_index", 0.0, answer(NUMERIC_ROW, "v_{3.1} = 3.2 m/s")),
+    # a second value in number words
+    Attempt("numeric_hedge_in_words", 0.0, answer(NUMERIC_ROW, "3.2 m/s, or three m/s")),
+    # a second value beyond a float's range, skipped
+    Attempt("numeric_hedge_beyond_float", 0.0, answer(NUMERIC_ROW, "3.2 or 1e400")),
 ]
 
 
@@ -993,6 +1086,12 @@ VERL = [
     Attempt("verl_two_marks_in_finish", 0.0, answer(VERL_ROW, "#### 71\n#### 72")),
     # a list given to finish, which verl reads as one number once its commas are dropped
     Attempt("verl_list_as_thousands", 0.0, answer(VERL_ROW, "7,2")),
+    # a second value in a subscript given to finish (verl keeps the first number)
+    Attempt("verl_hedge_in_subscript", 0.0, answer(VERL_ROW, "72_{73}")),
+    # a false equation given to finish (verl keeps its left side)
+    Attempt("verl_false_equation", 0.0, answer(VERL_ROW, "72 = 71")),
+    # a second value in number words given to finish (the unit cut kept "72,")
+    Attempt("verl_hedge_in_words", 0.0, answer(VERL_ROW, "72, or seventy-three")),
 ]
 
 
@@ -1018,6 +1117,120 @@ def verl_outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 @pytest.mark.parametrize("attempt", params(VERL))
 def test_verl_scorer(attempt: Attempt, verl_outcomes: dict[str, Outcome]) -> None:
     assert_reward(verl_outcomes[attempt.name], attempt.want)
+
+
+# =============================================================================================
+# Lookup: the finish tool's answer against the instance's, by the answer's type in the data (an
+# integer exactly, a text character for character, a float within rel_tol), through the task's
+# artifact and judge.
+
+
+def lookup_row(truth: str | int | float, rel_tol: float = 0.0) -> dict[str, Any]:
+    return {
+        "data_source": "lookup",
+        "question": "What does data/x.txt hold?",
+        "files": {"data/x.txt": "see the question\n"},
+        "answer": truth,
+        "rel_tol": rel_tol,
+    }
+
+
+ID_ROW = lookup_row(12345678901234567890)  # a 20-digit id, an integer in the data
+CODE_ROW = lookup_row("0042")  # a code with leading zeros: a text
+TEXT_ID_ROW = lookup_row("12345678901234567890")  # an id written as a text
+COUNT_ROW = lookup_row(7318200)  # a count
+MEASURED_ROW = lookup_row(3.5, rel_tol=0.01)  # a measured quantity: a float, with a tolerance
+
+LOOKUPS = [
+    # control: the id as it is
+    Attempt("lookup_id_gold", 1.0, answer(ID_ROW, "12345678901234567890")),
+    # control: an honest wrong id
+    Attempt("lookup_id_honest_wrong", 0.0, answer(ID_ROW, "98765432109876543210")),
+    # the id with its last digit wrong (equal as floats)
+    Attempt("lookup_id_last_digit", 0.0, answer(ID_ROW, "12345678901234567891")),
+    # the id with its last three digits zeroed (equal as floats)
+    Attempt("lookup_id_last_digits_zeroed", 0.0, answer(ID_ROW, "12345678901234567000")),
+    # the id as the float it rounds to
+    Attempt("lookup_id_as_float", 0.0, answer(ID_ROW, "1.2345678901234568e19")),
+    # the id with a fraction after it
+    Attempt("lookup_id_with_fraction", 0.0, answer(ID_ROW, "12345678901234567890.4")),
+    # control: the code as it is
+    Attempt("lookup_code_gold", 1.0, answer(CODE_ROW, "0042")),
+    # control: an honest wrong code
+    Attempt("lookup_code_honest_wrong", 0.0, answer(CODE_ROW, "0043")),
+    # the code without its leading zeros (equal as numbers)
+    Attempt("lookup_code_without_zeros", 0.0, answer(CODE_ROW, "42")),
+    # the code as a decimal
+    Attempt("lookup_code_as_decimal", 0.0, answer(CODE_ROW, "42.0")),
+    # the code in scientific notation
+    Attempt("lookup_code_scientific", 0.0, answer(CODE_ROW, "4.2e1")),
+    # the code with a sign
+    Attempt("lookup_code_signed", 0.0, answer(CODE_ROW, "+42")),
+    # the code with a decimal part
+    Attempt("lookup_code_decimal_part", 0.0, answer(CODE_ROW, "0042.0")),
+    # control: an id written as a text, as it is
+    Attempt("lookup_text_id_gold", 1.0, answer(TEXT_ID_ROW, "12345678901234567890")),
+    # an id written as a text, its last digit wrong (equal as floats)
+    Attempt("lookup_text_id_last_digit", 0.0, answer(TEXT_ID_ROW, "12345678901234567891")),
+    # an id written as a text, answered as a float
+    Attempt("lookup_text_id_as_float", 0.0, answer(TEXT_ID_ROW, "1.2345678901234567e19")),
+    # control: the count as it is
+    Attempt("lookup_count_gold", 1.0, answer(COUNT_ROW, "7318200")),
+    # control: the count with thousands separators, the same integer
+    Attempt("lookup_count_grouped_control", 1.0, answer(COUNT_ROW, "7,318,200")),
+    # control: an honest wrong count
+    Attempt("lookup_count_honest_wrong", 0.0, answer(COUNT_ROW, "73182")),
+    # a count off by less than a float tells apart
+    Attempt("lookup_count_within_float_eps", 0.0, answer(COUNT_ROW, "7318200.0000000001")),
+    # a count as a power that a float rounds to it
+    Attempt("lookup_count_power", 0.0, answer(COUNT_ROW, "7318200^{1.0000000000000001}")),
+    # a second count in a subscript
+    Attempt("lookup_count_hedge_in_subscript", 0.0, answer(COUNT_ROW, "7318200_{731820}")),
+    # a second count in number words
+    Attempt("lookup_count_hedge_in_words", 0.0, answer(COUNT_ROW, "7318200 or seven")),
+    # control: a measured quantity, exactly
+    Attempt("lookup_measured_gold", 1.0, answer(MEASURED_ROW, "3.5")),
+    # control: a measured quantity within its tolerance
+    Attempt("lookup_measured_within_tolerance", 1.0, answer(MEASURED_ROW, "3.52")),
+    # control: an honest wrong measured quantity
+    Attempt("lookup_measured_honest_wrong", 0.0, answer(MEASURED_ROW, "3.7")),
+    # a second measured value in a subscript
+    Attempt("lookup_measured_hedge_in_subscript", 0.0, answer(MEASURED_ROW, "3.5_{3.7}")),
+    # a second measured value in number words
+    Attempt("lookup_measured_hedge_in_words", 0.0, answer(MEASURED_ROW, "3.5, or four")),
+]
+
+
+def judged_lookup(given: dict[str, Any]) -> Run:
+    """LookupTask's artifact of the finish tool's answer, then its judge."""
+    row, task = given["row"], LookupTask()
+
+    async def judge(services: TaskServices) -> RewardInfo:
+        ctx = AgentContext(job=TaskJob("red-team", row, {}, services), answer=given["finish"])
+        artifact = await task.artifact(ctx, Trajectory(messages=[]))
+        return await task.judge(row, artifact, services)
+
+    return judge
+
+
+@pytest.fixture(scope="module")
+def lookup_outcomes() -> dict[str, Outcome]:
+    return run_family({a.name: judged_lookup(a.given) for a in LOOKUPS})
+
+
+@pytest.mark.parametrize("attempt", params(LOOKUPS))
+def test_lookup(attempt: Attempt, lookup_outcomes: dict[str, Outcome]) -> None:
+    assert_reward(lookup_outcomes[attempt.name], attempt.want)
+
+
+def test_lookup_tolerance_only_for_a_float_answer() -> None:
+    """A tolerance would compare an id or a count loosely again: it is refused at submission,
+    where the answer is not a float in the data."""
+    with pytest.raises(ValueError, match="rel_tol"):
+        LookupTask.instance_model.model_validate(lookup_row(12345678901234567890, rel_tol=1e-9))
+    with pytest.raises(ValueError, match="rel_tol"):
+        LookupTask.instance_model.model_validate(lookup_row("0042", rel_tol=0.5))
+    LookupTask.instance_model.model_validate(MEASURED_ROW)
 
 
 # =============================================================================================

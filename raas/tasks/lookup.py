@@ -1,8 +1,11 @@
 """``lookup``: a question whose facts lie in files of the sandbox, never in the prompt.
 
 Instance: ``question`` (or verl-style ``prompt`` messages), ``files`` ({relative path: text},
-written into the sandbox's working directory before the first turn), ``answer`` (a number,
-matched within ``rel_tol``, default 0: exact; or a text, matched exactly once trimmed).
+written into the sandbox's working directory before the first turn), ``answer``, matched by its
+type in the data: an integer exactly, as an integer (never through a float, so a 20-digit id with
+other last digits is wrong); a float (a measured quantity, ``3.5``) within ``rel_tol`` (default 0:
+equal), the only kind of answer a tolerance applies to; a text exactly, once trimmed, so that an
+id or a code is its characters: ``"0042"`` is not ``42``, nor ``"3.50"`` ``3.5``.
 
 The model gets ``bash`` and ``finish``: it reads the files with a command, and the observation
 determines its answer, given by calling finish. The finish tool's answer alone is judged, one
@@ -14,7 +17,6 @@ answer equal to the question's, say), so that a dataset's author finds such rows
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, ClassVar, Self
 
@@ -22,7 +24,7 @@ from pydantic import AfterValidator, ConfigDict, Field, StrictFloat, StrictStr, 
 
 from raas.agent.tools import Tool
 from raas.tasks.agentic import AgentContext
-from raas.tasks.answers import check_numeric, final_answer
+from raas.tasks.answers import check_numeric, exact_number, final_answer
 from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, located_error
 from raas.tasks.services import TaskServices
@@ -90,14 +92,31 @@ class LookupInstance(TaskInstance):
             raise located_error(("question",), "lookup needs the question (question or prompt)")
         if str(self.answer).strip() == "":
             raise located_error(("answer",), "lookup needs the answer")
+        if self.rel_tol > 0 and not isinstance(self.answer, float):
+            raise located_error(
+                ("rel_tol",),
+                "applies to a float answer only (a measured quantity, such as 3.5): an integer"
+                " or a text answer (an id, a code) is matched exactly",
+                self.rel_tol,
+            )
         return self
 
 
-def _is_number(value: str | int | float) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (ValueError, OverflowError):
+def answer_is_right(given: str | None, truth: str | int | float, rel_tol: float = 0.0) -> bool:
+    """Whether ``given`` (the finish tool's answer) is ``truth``, by the truth's type: an int is
+    the one number ``given`` holds read exactly (see exact_number: ``7,318,200`` and ``7318200``
+    are 7318200, a hedge is nothing), never through a float; a float is the one value it holds
+    within ``rel_tol`` (check_numeric's ``one_value``); a text is ``given`` itself, trimmed,
+    character for character (``"0042"`` is not ``42``)."""
+    if given is None:
         return False
+    if isinstance(truth, bool):  # never a Scalar; not the integer it subclasses either
+        return False
+    if isinstance(truth, int):
+        return exact_number(given) == truth
+    if isinstance(truth, float):
+        return check_numeric(given, truth, rel_tol=rel_tol, one_value=True)
+    return given.strip() == truth.strip()
 
 
 class LookupTask(QuestionTask):
@@ -122,12 +141,7 @@ class LookupTask(QuestionTask):
         self, instance: dict[str, Any], artifact: dict[str, Any], services: TaskServices
     ) -> RewardInfo:
         given, truth = artifact.get("answer"), instance["answer"]
-        if _is_number(truth):
-            correct = check_numeric(
-                given, float(truth), rel_tol=float(instance.get("rel_tol", 0.0)), one_value=True
-            )
-        else:
-            correct = given is not None and given.strip() == str(truth).strip()
+        correct = answer_is_right(given, truth, float(instance.get("rel_tol", 0.0)))
         leaked = in_text(truth, prompt_text(LookupInstance.model_validate(instance)))
         return RewardInfo(
             1.0 if correct else 0.0,
