@@ -189,7 +189,9 @@ def test_a_claim_kills_and_removes_what_a_dead_server_left(
     with claim_runtime_dir(key) as runtime:
         assert runtime.path == left_dir and not runtime.fallback
         assert list(runtime.path.iterdir()) == []  # every entry removed
-        assert mine.wait(timeout=10) == -signal.SIGKILL
+        # A record alone kills nothing: a sleep is no sandbox's (a real leftover is killed:
+        # tests/test_shared_host_runtime.py).
+        assert mine.poll() is None and procs.alive(mine.pid)
         assert not_mine.poll() is None and procs.alive(not_mine.pid)  # not provably its
     assert not left_dir.exists()  # released: removed
 

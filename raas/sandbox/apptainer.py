@@ -150,6 +150,7 @@ class ApptainerSandbox(NamespacedSandbox):
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=[listen_fd],
                 start_new_session=True,
+                cwd=self.dir,  # proves it this sandbox's to a successor (runtime.kill_recorded)
             )
 
         return await self._start_in_cgroup(argv, gate('exec "$@"', "sh", *argv), spawn)

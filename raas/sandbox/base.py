@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
+from raas.sandbox import copies
 from raas.sandbox.client import (
     RELAY_MAX_BODY_BYTES,
     ActionClient,
@@ -34,7 +35,7 @@ from raas.sandbox.client import (
     SandboxError,
 )
 from raas.sandbox.config import SandboxConfig, SandboxLimits
-from raas.sandbox.runtime import record_launch, runtime_root
+from raas.sandbox.runtime import check_runtime_dir, record_launch, runtime_root
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
 # How the image's python3 runs the action server: isolated (-I: no user site, no PYTHON*
@@ -132,6 +133,7 @@ class Sandbox(ABC):
 
     async def start(self) -> None:
         try:
+            await asyncio.to_thread(self._check_host_files)
             self.dir.mkdir(mode=0o711)
             # raas listens and hands the socket to the action server (an inherited fd): no host
             # directory is bound into the sandbox.
@@ -151,6 +153,15 @@ class Sandbox(ABC):
         except BaseException:
             await self.close()
             raise
+
+    def _check_host_files(self) -> None:
+        """Before anything of the host is used: the runtime directory is one no one else may
+        write in (``check_runtime_dir``), and each staged copy to be bound still holds what was
+        staged (``copies.verify_binds``); a SandboxError naming what is not."""
+        check_runtime_dir(self.dir.parent)
+        binds = getattr(self.config, "ro_binds", None)
+        if binds:
+            copies.verify_binds(binds, runtime_root())
 
     @abstractmethod
     async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:

@@ -35,7 +35,7 @@ from raas.sandbox.fork import (
     SCRATCH_OWN,
     SHELL_OUTPUT_BYTES,
     ShellState,
-    copy_entries,
+    check_fits,
     copy_into,
     fork_note,
     namespace_init,
@@ -143,12 +143,13 @@ def _memfd(name: str, data: bytes) -> int:
 @dataclasses.dataclass(frozen=True)
 class _ForkLayer:
     """Where a fork's parent keeps its root's changes (a host path through its /proc/PID/root):
-    its overlay's upper directory, or its whole root (``whole_root``: the copy fallback);
-    ``owner``: the parent's host uid (raas as root)."""
+    its overlay's upper directory, or its whole root (``overlay`` None: the copy fallback);
+    ``owner``: the parent's host uid (raas as root); ``overlay``: the parent's overlay options,
+    which the child's root takes too (the changes are of that kind)."""
 
     source: Path
-    whole_root: bool
     owner: int | None
+    overlay: str | None
 
 
 class BwrapSandbox(NamespacedSandbox):
@@ -167,6 +168,7 @@ class BwrapSandbox(NamespacedSandbox):
         self._root_binds: list[str] = []
         self._root_prefix: list[str] = []
         self._fork_layer: _ForkLayer | None = None
+        self._seed_fd: int | None = None  # a fork's: its parent's changes, for the launch
 
     def _bwrap_args(self, data_fds: dict[str, int]) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -216,24 +218,27 @@ class BwrapSandbox(NamespacedSandbox):
         return {"PATH": PATH, "HOME": self.config.workdir, "LANG": "C.UTF-8", "USER": "sandbox"}
 
     def _plan_root(self, user: int | None) -> None:
-        """For an image: its root planned, and bwrap's binds and the mount prefix made."""
-        if self._fork_layer is not None:
-            self._take_fork_layer(self._fork_layer, user)
+        """For an image: its root planned, and bwrap's binds and the mount prefix made. A
+        fork's root is seeded with its parent's changes: the launch copies them from an open
+        directory (``_seed_fd``) into the fork's own tmpfs, of its ``disk_bytes``, before it
+        mounts the overlay (``rootfs.MOUNT_SCRIPT``): they count against the fork's cap, never
+        lie on the host's disk, and go when the fork closes."""
         root = self._prepare_root(user)
-        if root is not None:
-            self._root_binds, self._root_prefix = root.bwrap_args(), root.launch_prefix()
-
-    def _take_fork_layer(self, layer: _ForkLayer, user: int | None) -> None:
-        """A fork's root: the parent's changes (its overlay's upper directory), copied now into
-        a layer of this sandbox's own on top of the parent's layers (or, from the copy fallback,
-        the parent's whole root, the only layer)."""
-        assert self.image is not None
-        target = self.dir / "layer"
-        target.mkdir(mode=0o755)
-        owner = None if layer.owner is None or user is None else (layer.owner, user)
-        copy_entries(layer.source, target, owner=owner)
-        layers = (target,) if layer.whole_root else (*self.image.layers, target)
-        self.image = dataclasses.replace(self.image, layers=layers)
+        if root is None:
+            return
+        layer = self._fork_layer
+        if layer is not None:
+            owner = None if user is None else layer.owner
+            root = dataclasses.replace(root, overlay=layer.overlay, seed_owner=owner)
+        self._root_binds, self._root_prefix = root.bwrap_args(), root.launch_prefix()
+        if layer is not None:
+            try:
+                fd = os.open(layer.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as e:
+                raise SandboxError(f"fork: cannot open the parent's root changes: {e}") from None
+            self._seed_fd = fd
+            root = dataclasses.replace(root, seed_fd=fd)
+        self._root = root
 
     def _host_uid(self) -> int | None:
         return None if self._slot is None else self.config.uid_base + self._slot
@@ -253,12 +258,21 @@ class BwrapSandbox(NamespacedSandbox):
         config = self.config
         if limits is not None:
             config = config.model_copy(update={"limits": limits})
+        caps = config.limits
+        # What the child's tmpfs mounts must hold, in allocated blocks: refused before a copy.
+        workspace = Path(f"/proc/{init}/root{config.workdir}")
+        mounts = [
+            (f"workspace ({config.workdir})", workspace, "disk_bytes", caps.disk_bytes),
+            ("/tmp", Path(f"/proc/{init}/root/tmp"), "tmp_bytes", caps.tmp_bytes),
+        ]
         child = BwrapSandbox(config, self.image)
         if self._root is not None:
             tree = "upper" if self._root.overlay is not None else "root"
             # The parent's root lives in its launch's mount namespace (not bwrap's).
-            source = Path(f"/proc/{self.process.pid}/root{self._root.mount_dir}/{tree}")
-            child._fork_layer = _ForkLayer(source, tree == "root", self._host_uid())
+            mount = Path(f"/proc/{self.process.pid}/root{self._root.mount_dir}")
+            mounts.append(("image root's changes", mount, "disk_bytes", caps.disk_bytes))
+            child._fork_layer = _ForkLayer(mount / tree, self._host_uid(), self._root.overlay)
+        await asyncio.to_thread(check_fits, self.id, mounts)
         self.share_holds(child)
         try:
             await child.start()
@@ -277,6 +291,9 @@ class BwrapSandbox(NamespacedSandbox):
                 raise SandboxError(f"fork of {self.id}: the shell's state: {restored.output}")
         except BaseException:
             await child.close()
+            if child._seed_fd is not None:  # opened, but its launch never came to take it
+                os.close(child._seed_fd)
+                child._seed_fd = None
             raise
         shell_lost = [*state.dropped, *state.not_restored(restored.output)]
         child.note = fork_note(self.id, lost, shell_lost)
@@ -313,6 +330,9 @@ class BwrapSandbox(NamespacedSandbox):
         await asyncio.to_thread(self._plan_root, user)
         fds: list[int] = []
         try:
+            if self._seed_fd is not None:  # a fork's parent's changes: the launch closes it
+                fds.append(self._seed_fd)
+                self._seed_fd = None
             data_fds: dict[str, int] = {}
             for name, data in self._data().items():
                 fds.append(fd := _memfd(name, data))
@@ -364,6 +384,7 @@ class BwrapSandbox(NamespacedSandbox):
             group=user,
             extra_groups=[] if user is not None else None,
             start_new_session=True,
+            cwd=self.dir,  # what proves it this sandbox's to a successor (runtime.kill_recorded)
         )
 
     def _find_namespace(self, pid: int) -> int | None:

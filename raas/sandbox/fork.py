@@ -3,11 +3,18 @@ of what it cannot carry (``Sandbox.fork``).
 
 A sandbox's writable state lives in tmpfs mounts of its own mount namespaces (the workspace,
 ``/tmp``; with an image, the overlay's upper directory, or the whole root in the copy
-fallback), never on the host's disk. The host reaches them through ``/proc/PID/root`` of a
-process in that namespace and copies them (``cp -a``: modes, links, xattrs such as overlayfs'
-opaque marks, and whiteouts kept). Processes are not carried (no CRIU): the child starts with a
-fresh action server, shell and, on first use, IPython kernel; what ran in the parent besides
-those is named in the child's note.
+fallback), never on the host's disk, each capped (``disk_bytes``, ``tmp_bytes``). A fork's
+copies land in the child's own mounts of the same kind, so its caps hold them: the workspace and
+``/tmp`` are copied after the child starts (a tar pipe), the image's changes by the child's
+launch, from an open directory of the parent's, into its tmpfs before it mounts its overlay
+(``cp -a``: modes, links, xattrs such as overlayfs' opaque marks, and whiteouts kept;
+``raas.sandbox.rootfs``). Sparse files stay sparse (``tar --sparse``, ``cp --sparse=always``),
+and before anything is copied each of the parent's mounts is measured in allocated blocks
+(``statvfs``), not file sizes: one that holds more than the child's cap is refused at once with
+an error naming that cap (``check_fits``), so a copy never runs on until a timeout. The host
+reaches the parent's mounts through ``/proc/PID/root`` of a process in that namespace.
+Processes are not carried (no CRIU): the child starts with a fresh action server, shell and,
+on first use, IPython kernel; what ran in the parent besides those is named in the child's note.
 
 The shell's working directory and exported variables are carried as data, never as code. The
 parent's shell is the agent's: it may define functions or aliases named ``export``,
@@ -38,6 +45,7 @@ can spoil a value, never add code.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -185,34 +193,36 @@ class ShellState:
         return []
 
 
-def copy_entries(
-    source: Path, target: Path, skip_prefix: str = "", owner: tuple[int, int] | None = None
-) -> None:
-    """Copy what directory ``source`` holds into directory ``target`` (``cp -a``), leaving
-    out names that start with ``skip_prefix``; ``owner``: (from uid, to uid) to give what the
-    from uid owned to the other (raas as root: each sandbox has a host uid of its own).
-    Runs in a thread; a SandboxError says why a copy failed (a full tmpfs, for one)."""
+def used_bytes(mount: Path) -> int:
+    """What the file system mounted at ``mount`` (a sandbox's tmpfs, through /proc/PID/root)
+    holds in allocated blocks: a sparse file counts what it stores, not its size."""
     try:
-        names = sorted(source.iterdir())
+        st = os.statvfs(mount)
     except OSError as e:
-        raise SandboxError(f"cannot read the sandbox's {source.name}: {e}") from None
-    entries = [str(p) for p in names if not (skip_prefix and p.name.startswith(skip_prefix))]
-    if entries:
-        _run(["cp", "-a", "--reflink=auto", "--", *entries, str(target)])
-        if owner is not None and owner[0] != owner[1]:
-            spec = f"{owner[1]}:{owner[1]}"
-            _run(["chown", "-hR", f"--from={owner[0]}:{owner[0]}", spec, "--", *_in(target, names)])
+        raise SandboxError(f"fork: cannot measure the sandbox's {mount.name}: {e}") from None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
-def _in(target: Path, names: list[Path]) -> list[str]:
-    return [str(target / p.name) for p in names if (target / p.name).exists()]
+def check_fits(parent_id: str, mounts: Sequence[tuple[str, Path, str, int]]) -> None:
+    """Refuse a fork of sandbox ``parent_id`` whose child could not hold what it would copy:
+    ``mounts``, each (what, the parent's mount, the name of the child's cap of it, that cap in
+    bytes). A SandboxError naming the first cap that is too small. Runs in a thread."""
+    for what, mount, cap_name, cap in mounts:
+        used = used_bytes(mount)
+        if used > cap:
+            raise SandboxError(
+                f"fork of {parent_id}: {used} bytes (allocated) in its {what}, more than the"
+                f" fork's {cap_name} ({cap} bytes): fork with a larger {cap_name}, or free"
+                " space in the sandbox first"
+            )
 
 
 def copy_into(source: Path, target: Path, skip_prefix: str, uid: int | None) -> None:
     """Copy what directory ``source`` holds into ``target``, a directory of a sandbox's tmpfs
     (through its /proc/PID/root), as ``uid``: its host uid when raas runs as root, since that
     tmpfs belongs to the sandbox's user namespace, where root is no one (EOVERFLOW). A tar
-    pipe: root reads the parent, the child's uid writes. Runs in a thread."""
+    pipe (the holes of sparse files kept: ``--sparse``): root reads the parent, the child's uid
+    writes. Runs in a thread."""
     try:
         names = [p.name for p in sorted(source.iterdir())]
     except OSError as e:
@@ -224,7 +234,7 @@ def copy_into(source: Path, target: Path, skip_prefix: str, uid: int | None) -> 
     if uid is not None:
         setpriv = shutil.which("setpriv", path=TOOLS_PATH) or "setpriv"
         as_uid = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    pack = ["tar", "-C", str(source), "--xattrs", "-cf", "-", "--", *names]
+    pack = ["tar", "-C", str(source), "--xattrs", "--sparse", "-cf", "-", "--", *names]
     unpack = [*as_uid, "tar", "-C", str(target), "--xattrs", "-xpf", "-", "--no-same-owner"]
     try:
         with subprocess.Popen(pack, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
@@ -240,17 +250,6 @@ def copy_into(source: Path, target: Path, skip_prefix: str, uid: int | None) -> 
     if reader.returncode != 0 or written.returncode != 0:
         why = (read_error + written.stderr).decode(errors="replace").strip()[-1000:]
         raise SandboxError(f"fork: copying {source.name} failed: {why}")
-
-
-def _run(argv: list[str]) -> None:
-    try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=COPY_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise SandboxError(f"fork: {argv[0]} failed: {e}") from None
-    if result.returncode != 0:
-        raise SandboxError(f"fork: {argv[0]} failed: {result.stderr.strip()[-1000:]}")
 
 
 def namespace_init(pids: set[int]) -> int | None:

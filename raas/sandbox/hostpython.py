@@ -6,12 +6,13 @@ lends it the one it runs on itself: that interpreter's real binary, its standard
 lib-dynload, without site-packages, the test suite and Tk) and every shared library they need,
 the dynamic loader among them (found with ``ldd``), copied once into a held copy under the
 runtime root (``pydeps.stage_copy``; the copy is cleaned as the others are) and bound read-only
-at ``MOUNT``. It is started through its own loader (``ARGV``): ``--library-path`` names the
-copy's libraries and ``--inhibit-cache`` keeps the image's ``/etc/ld.so.cache`` out, so it never
-loads the image's libc; and as the binary sits at ``bin/`` beside ``lib/python3.X``, Python finds
-its home from its own path (no PYTHONHOME, which ``-I`` would ignore, and which the tools the
-agent runs would inherit). The loader's options are its command line, not its environment: the
-agent's shell and the image's own programs get nothing of it.
+at ``MOUNT``, each time only once verified (``copies.verify``). It is started through its own
+loader (``ARGV``): ``--library-path`` names the copy's libraries and ``--inhibit-cache`` keeps
+the image's ``/etc/ld.so.cache`` out, so it never loads the image's libc; and as the binary sits
+at ``bin/`` beside ``lib/python3.X``, Python finds its home from its own path (no PYTHONHOME,
+which ``-I`` would ignore, and which the tools the agent runs would inherit). The loader's
+options are its command line, not its environment: the agent's shell and the image's own
+programs get nothing of it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.sandbox import pydeps
+from raas.sandbox import copies, pydeps
 from raas.sandbox.client import SandboxError
 
 MOUNT = "/.raas/python"
@@ -59,12 +60,15 @@ class ProvidedPython:
 
 
 def provided_python() -> ProvidedPython:
-    """This Python, staged for sandboxes (once a process; again if the copy was removed).
-    Blocking: call it off the loop. A SandboxError where it cannot be staged."""
+    """This Python, staged for sandboxes (once a process; again if the copy was removed), and
+    verified for the sandbox about to bind it (``copies.verify``: a copy whose files changed
+    since it was staged is refused). Blocking: call it off the loop. A SandboxError where it
+    cannot be staged or verified."""
     found = _provided()
-    if not found.copy.is_dir():  # removed under us (a /tmp clean-up)
+    if not copies.current(found.copy):  # removed under us (a /tmp clean-up), or made again
         _provided.cache_clear()
         found = _provided()
+    copies.verify(found.copy)
     return found
 
 

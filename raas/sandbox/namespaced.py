@@ -19,22 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import shutil
 import signal
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from raas.sandbox import cgroups, procs
+from raas.sandbox import cgroups, copies, procs, pydeps
 from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, SERVER_PYTHON_FLAGS, Sandbox, reap
 from raas.sandbox.config import ApptainerConfig, BwrapConfig
 from raas.sandbox.hostpython import MOUNT, provided_python
 from raas.sandbox.oci.image import StoredImage
 from raas.sandbox.rootfs import ImageRoot, check_layers, image_env, overlay_options, probe_python
-from raas.sandbox.runtime import runtime_root
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +70,16 @@ _inside_copy: Path | None = None
 
 
 def inside_dir() -> Path:
-    """The action server's code, where any uid can read it (raas may live in root's home)."""
+    """The action server's code, where any uid can read it (raas may live in root's home): a
+    staged copy (``pydeps.stage_copy``), verified each time it is bound (``copies.verify``)."""
     global _inside_copy
     if os.geteuid() != 0:
         return INSIDE_DIR
-    if _inside_copy is None:
-        files = sorted(p for p in INSIDE_DIR.iterdir() if p.suffix == ".py")
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:12]
-        target = runtime_root() / f"inside-{digest}"
-        if not target.exists():
-            staging = target.with_name(target.name + f".{os.getpid()}")
-            staging.mkdir(mode=0o755, exist_ok=True)
-            for p in files:
-                shutil.copy(p, staging / p.name)
-                (staging / p.name).chmod(0o644)
-            staging.rename(target)
-        _inside_copy = target
-    return _inside_copy
+    if _inside_copy is None or not copies.current(_inside_copy):
+        sources = {"inside": INSIDE_DIR}
+        _inside_copy = pydeps.stage_copy(sources, ["action server"], ("__pycache__", "*.md"))
+    copies.verify(_inside_copy)
+    return _inside_copy / "inside"
 
 
 class NamespacedSandbox(Sandbox):

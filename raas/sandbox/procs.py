@@ -1,12 +1,16 @@
 """Finding and killing a sandbox's processes on the host, by PID namespace or by ancestry.
 
-Never by name: only processes that provably belong to one sandbox are touched.
+Never by name: only processes that provably belong to one sandbox are touched. A process named
+by a file (a dead server's launch record) is killed only once ``sandbox_process`` proves it that
+sandbox's, through a pidfd (``open_pidfd``) that keeps its PID from naming another meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -96,6 +100,119 @@ def descendants(root: int) -> set[int]:
         frontier = {p for p, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def uid_of(pid: int) -> int | None:
+    """The real uid of ``pid``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd on ``pid`` (it names that process, never a later one with its PID), or None if
+    it is gone. Where the kernel has none (before 5.3): -1, and a signal goes by PID."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ENOSYS, errno.EPERM):
+            return -1
+        return None
+
+
+def signal_pidfd(fd: int, pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the process of ``fd`` (``open_pidfd``); by PID where ``fd`` is -1."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if fd < 0:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+
+
+def sandbox_process(pid: int, start: int, directory: Path, cgroup: str) -> str | None:
+    """None if ``pid`` provably is the process raas launched for the sandbox whose directory is
+    ``directory``, else why not. It must have started at ``start`` (with the PID, that names one
+    process of this boot), be ours (for root, any uid: its sandboxes run as others), and show
+    what only raas's launch gives it: its working directory is ``directory`` (a launch starts
+    there), a mount of its own namespace lies in it (an image's root, apptainer's tmpfs), its
+    cgroup is the sandbox's (``cgroup``: the path's end), or an argument names a file in it
+    (apptainer's). Anyone can write a PID and read a start time; none of these."""
+    started = start_time(pid)
+    if started is None:
+        return "it is gone"
+    if started != start:
+        return f"it started at {started}, not at {start} as recorded: another process"
+    uid = uid_of(pid)
+    if uid is None:
+        return "it is gone"
+    if uid != os.geteuid() and os.geteuid() != 0:
+        return f"it is uid {uid}'s, not yours"
+    if _same_file(f"/proc/{pid}/cwd", directory):
+        return None
+    inside = os.path.realpath(directory) + "/"
+    if not _same_file(f"/proc/{pid}/ns/mnt", Path("/proc/self/ns/mnt")) and any(
+        m.startswith(inside) for m in _mount_points(pid)
+    ):
+        return None
+    if cgroup and any(line.endswith(cgroup) for line in _read(pid, "cgroup").splitlines()):
+        return None
+    if any(inside in arg for arg in _read(pid, "cmdline").split("\0")):
+        return None
+    return "nothing of it is that sandbox's (its directory, mounts, cgroup, arguments)"
+
+
+def _same_file(a: str, b: Path) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _read(pid: int, name: str) -> str:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _mount_points(pid: int) -> list[str]:
+    """The mount points of ``pid``'s mount namespace (mountinfo's 5th field, unescaped)."""
+    points = []
+    for line in _read(pid, "mountinfo").splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]))
+    return points
+
+
+def kill_under(root: int, members: set[int]) -> set[int]:
+    """SIGKILL those of ``members`` (descendants of ``root``) still under ``root``: each pinned
+    by a pidfd, its parent checked while all are pinned, then killed through it, so that no PID
+    freed and taken again meanwhile is killed. Returns those killed."""
+    pinned: dict[int, int] = {}
+    try:
+        for pid in members:
+            fd = open_pidfd(pid)
+            if fd is not None:
+                pinned[pid] = fd
+        tree = {root, *pinned}
+        ours = [pid for pid in pinned if parent_of(pid) in tree]
+        for pid in ours:
+            signal_pidfd(pinned[pid], pid)
+        return set(ours)
+    finally:
+        for fd in pinned.values():
+            if fd >= 0:
+                os.close(fd)
 
 
 def kill(pids: set[int]) -> None:

@@ -117,8 +117,8 @@ def staged_binds(
     if own_files:
         return dict(_stage(*key))
     binds = dict(_staged(*key))
-    if not all(Path(host).exists() for host in binds):  # the copy was removed (a /tmp clean-up)
-        _staged.cache_clear()
+    if not all(copies.current(Path(host).parent) for host in binds):
+        _staged.cache_clear()  # the copy was removed (a /tmp clean-up), or made again since
         binds = dict(_staged(*key))
     return binds
 
@@ -153,7 +153,10 @@ def stage_copy(
     what it holds: made once, again only when a file changed. ``key_parts`` (with the sources)
     name the set whose older copies the new one replaces; ``leave_out``: glob patterns of
     names not copied, at any depth; ``links``: a link is copied as a link (else followed).
-    Files keep their owner's execute bit (a loader must be run). Blocking: call it off the loop.
+    Files keep their owner's execute bit (a loader must be run). A copy another process made
+    is verified against the sources first (``copies.adopt``); one this process made is
+    remembered (``copies.remember``): either is bound only after ``copies.verify``. Blocking:
+    call it off the loop.
     """
     from raas.sandbox.runtime import runtime_root
 
@@ -173,14 +176,51 @@ def stage_copy(
         json.dumps([sorted((n, str(h)) for n, h in sources.items()), *key_parts]).encode()
     ).hexdigest()[:16]
     root = runtime_root() / f"{copies.PREFIX}{digest.hexdigest()[:16]}"
-    held = root.is_dir() and copies.hold(root)
+    held = os.path.lexists(root) and copies.hold(root)
     for _ in range(3):  # again only if another process removed it between copy and hold
         if held:
             break
         held = _copy(sources, root, leave_out, links, key)
     else:
         raise OSError(f"{root} was removed each time it was made: is something cleaning it?")
+    if not copies.current(root):  # another process made it: it must hold what the sources do
+        copies.adopt(root, _expected(sources, leave_out, links))
     return root
+
+
+def _expected(
+    sources: dict[str, Path], leave_out: Sequence[str], links: bool
+) -> dict[str, copies.Entry]:
+    """What ``_copy`` makes of ``sources``, as ``copies.digest`` reads a copy."""
+    entries: dict[str, copies.Entry] = {}
+    for name, host in sources.items():
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            entries["/".join(parts[:i])] = ("d", 0o755, "")
+        _expect(host, name, leave_out, links, entries, top=True)
+    return entries
+
+
+def _expect(
+    host: Path,
+    rel: str,
+    leave_out: Sequence[str],
+    links: bool,
+    entries: dict[str, copies.Entry],
+    top: bool,
+) -> None:
+    # As shutil.copytree copies: a link as a link (``links``) or followed, ``leave_out`` by name
+    # at every level below the top; then modes as ``_copy`` sets them.
+    if links and not top and host.is_symlink():
+        entries[rel] = ("l", 0, os.readlink(host))
+    elif host.is_dir():
+        entries[rel] = ("d", 0o755, "")
+        for name in os.listdir(host):
+            if not _left_out(name, leave_out):
+                _expect(host / name, f"{rel}/{name}", leave_out, links, entries, top=False)
+    else:
+        run = os.stat(host).st_mode & stat.S_IXUSR
+        entries[rel] = ("f", 0o755 if run else 0o644, copies.file_sha256(host))
 
 
 def _copy(
@@ -215,6 +255,7 @@ def _copy(
         return copies.hold(root)
     if not copies.hold(root, fd):
         return False
+    copies.remember(root)
     copies.evict(root.parent, key, keep=root)
     return True
 

@@ -66,10 +66,21 @@ TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # that no host path shows in the sandbox's /proc/self/mountinfo): $1 the tmpfs (mounted on it),
 # $2 its options, $3 "overlay" or "copy", $4 overlay's extra options, $5 the sandbox's host uid
 # or "" (chown the work directories to it), then the layers top first, "--", the work
-# directories, "--", and the command to exec.
+# directories, "--", and the command to exec. A fork's launch (``ImageRoot.seed_fd``) has
+# $RAAS_SEED, an open directory of its parent's changes (its upper directory, or its whole root
+# in the copy fallback), copied into this tmpfs (sparse files kept sparse) before the overlay is
+# mounted, so the tmpfs's size caps them too; $RAAS_SEED_OWNER, the parent's host uid, whose
+# files become the sandbox's. That fd is closed (by Python: dash names no fd above 9) before
+# the rest runs: nothing in the sandbox can reach the parent's files through it.
+CLOSE_AND_EXEC = "import os, sys; os.close(int(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
 MOUNT_SCRIPT = f"""set -e
 PATH={TOOLS_PATH}
 t=$1 opts=$2 how=$3 extra=$4 owner=$5; shift 5
+seed=${{RAAS_SEED:-}} from=${{RAAS_SEED_OWNER:-}}
+fill() {{
+  cp -a --sparse=always -- "/proc/self/fd/$seed/." "$1/"
+  [ -z "$from" ] || [ -z "$owner" ] || chown -hR --from="$from:$from" "$owner:$owner" -- "$1"
+}}
 mount -t tmpfs -o "$opts" tmpfs "$t"
 cd "$t"
 mkdir root l
@@ -80,8 +91,11 @@ done
 shift
 if [ "$how" = overlay ]; then
   mkdir upper work
+  [ -z "$seed" ] || fill upper
   mount -t overlay -o "lowerdir=$lower,upperdir=upper,workdir=work,nosuid,nodev$extra" \\
     overlay root
+elif [ -n "$seed" ]; then
+  fill root
 else
   "$RAAS_PYTHON" -I -S "$RAAS_COPY" root l/*
 fi
@@ -90,7 +104,8 @@ while [ "$1" != -- ]; do
   [ -z "$owner" ] || chown -hR "$owner:$owner" -- "$t/root$1"; shift
 done
 shift
-unset PWD OLDPWD RAAS_PYTHON RAAS_COPY
+[ -z "$seed" ] || set -- "$RAAS_PYTHON" -I -S -c '{CLOSE_AND_EXEC}' "$seed" "$@"
+unset PWD OLDPWD RAAS_PYTHON RAAS_COPY RAAS_SEED RAAS_SEED_OWNER
 exec "$@"
 """
 
@@ -413,13 +428,18 @@ class ImageRoot:
     """How one sandbox's root is made from ``image``: a tmpfs of ``size_bytes`` mounted on
     ``mount_dir`` (a directory of the sandbox's own), the root at ``mount_dir/root``; ``owner``,
     the sandbox's host uid when raas runs as root; ``overlay``: the extra options of the overlay
-    (``overlay_options``), or None to copy the layers instead (where the kernel refuses one)."""
+    (``overlay_options``), or None to copy the layers instead (where the kernel refuses one).
+    A fork's: ``seed_fd``, an open directory of the parent's changes (its upper directory, or
+    its whole root with ``overlay`` None), passed to the launch and copied into the tmpfs;
+    ``seed_owner``, the parent's host uid (raas as root)."""
 
     image: StoredImage
     mount_dir: Path
     size_bytes: int
     owner: int | None = None
     overlay: str | None = ""
+    seed_fd: int | None = None
+    seed_owner: int | None = None
 
     @property
     def root(self) -> Path:
@@ -447,11 +467,17 @@ class ImageRoot:
 
     def launch_env(self) -> dict[str, str]:
         """The launch's environment: the copy fallback's python and script (raas's
-        ``layers.py``), which the mount script unsets before it runs the rest."""
+        ``layers.py``), a fork's seed (``MOUNT_SCRIPT``), which the mount script unsets before
+        it runs the rest."""
         env: dict[str, str] = {}
         if self.overlay is None:
             env["RAAS_PYTHON"] = sys.executable
             env["RAAS_COPY"] = layers.__file__
+        if self.seed_fd is not None:
+            env["RAAS_PYTHON"] = sys.executable
+            env["RAAS_SEED"] = str(self.seed_fd)
+            if self.seed_owner is not None:
+                env["RAAS_SEED_OWNER"] = str(self.seed_owner)
         return env
 
     def bwrap_args(self) -> list[str]:

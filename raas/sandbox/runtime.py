@@ -1,24 +1,36 @@
 """Where sandboxes keep their files on the host, and the cleanup after a server that died.
 
-``runtime_root()`` (``/tmp/raas-<uid>``) is shared by every process of the user; a library user
-who creates sandboxes directly keeps them there. A server claims a directory of its own under it
-with ``claim_runtime_dir(key)``, keyed by what a restarted server knows again (raas passes a hash
-of its database path), and passes ``runtime.path`` as its sandbox config's ``runtime_dir``. The
-claim holds a lock (``flock``) for the process's life. Each sandbox records the PID and start
-time of the process it launched; a claim that finds entries left by a dead predecessor kills
-what they recorded (when the PID still names that very process) and removes them.
+``runtime_root()`` (``<base>/raas-<uid>``: ``$RAAS_SANDBOX_DIR``, else ``$XDG_RUNTIME_DIR``
+where it is the user's own and 0700 and raas is not root, else the temporary directory) is
+shared by every process of the user; a library user who creates sandboxes directly keeps them
+there. A server claims a directory of its own under it with ``claim_runtime_dir(key)``, keyed by
+what a restarted server knows again (raas passes a hash of its database path), and passes
+``runtime.path`` as its sandbox config's ``runtime_dir``. The claim holds a lock (``flock``) for
+the process's life. Each sandbox records the PID and start time of the process it launched; a
+claim that finds entries left by a dead predecessor kills what they recorded, but only a process
+that proves to be that sandbox's (``procs.sandbox_process``): a record is a file, and never
+decides by itself which process is killed.
+
+On a shared host the root is what keeps other users out (anyone may make ``/tmp/raas-<uid>``
+first): it is checked on every use (``check_root``: a directory, not a link, the user's own,
+that no one else may write in or list: 0700, or 0711 for root, whose sandboxes run as other uids
+that must reach the copies bound into them), tightened where no one else could have written in
+it, and refused in one line naming it otherwise; so is each directory above it (the owner's or
+root's; writable by others only with the sticky bit, as ``/tmp``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -26,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 from raas.sandbox import cgroups, procs
+from raas.sandbox.client import SandboxError
 
 LAUNCH_RECORD = "launched.json"
 # How long killing one dead predecessor's sandbox may take (it is SIGKILL: moments).
@@ -34,11 +47,150 @@ KILL_WAIT_S = 10.0
 log = logging.getLogger(__name__)
 
 
+class RuntimeDirError(SandboxError):
+    """A runtime directory raas will not use: someone else could write in it."""
+
+
 def runtime_root() -> Path:
-    """Where sandboxes keep their sockets: short paths (a Unix socket path has ~100 bytes)."""
-    root = Path(os.environ.get("RAAS_SANDBOX_DIR") or tempfile.gettempdir()) / f"raas-{os.getuid()}"
-    root.mkdir(mode=0o711, parents=True, exist_ok=True)
+    """Where sandboxes keep their sockets: short paths (a Unix socket path has ~100 bytes).
+    Made, or checked, on every call (``check_root``); a RuntimeDirError where it is unsafe."""
+    root = _root_path()
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(root, 0o700)
+    check_root(root)
     return root
+
+
+def _root_path() -> Path:
+    return _base() / f"raas-{os.getuid()}"
+
+
+def _root_mode() -> int:
+    # As root, each sandbox runs as a uid of its own, which must pass through to reach the
+    # copies bound into it (``pydeps.stage_copy``): others may enter, never list or write.
+    return 0o711 if os.geteuid() == 0 else 0o700
+
+
+def _base() -> Path:
+    """The directory the root is made in: ``$RAAS_SANDBOX_DIR``, else ``$XDG_RUNTIME_DIR`` (not
+    as root: it is 0700, and the sandboxes' uids must pass through), else the temporary one."""
+    chosen = os.environ.get("RAAS_SANDBOX_DIR")
+    if chosen:
+        base = Path(chosen)
+        base.mkdir(parents=True, exist_ok=True)
+    else:
+        base = _xdg_runtime_dir() or Path(tempfile.gettempdir())
+    base = Path(os.path.realpath(base))
+    _check_above(base)
+    return base
+
+
+def _xdg_runtime_dir() -> Path | None:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if not xdg or not os.path.isabs(xdg) or os.geteuid() == 0:
+        return None
+    try:
+        st = os.stat(xdg)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return Path(xdg)
+    _warn_once(f"XDG_RUNTIME_DIR {xdg} is not a 0700 directory of yours: not used")
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning("%s", message)
+
+
+def _check_above(base: Path) -> None:
+    """Every directory from / down to ``base``: root's or ours, and writable by no one else but
+    with the sticky bit (``/tmp``); else whoever may write there could replace the root."""
+    for directory in [*reversed(base.parents), base]:
+        st = os.lstat(directory)
+        if st.st_uid not in (0, os.geteuid()):
+            problem = f"is owned by uid {st.st_uid}, who could replace what raas keeps in it"
+        elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            problem = f"is writable by others (mode {_mode(st)}, no sticky bit)"
+        else:
+            continue
+        raise RuntimeDirError(
+            f"the runtime directory's parent {directory} {problem}: set RAAS_SANDBOX_DIR to a"
+            " directory of your own"
+        )
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"{stat.S_IMODE(st.st_mode):04o}"
+
+
+def check_root(root: Path) -> None:
+    """``root`` (the runtime root) is a directory, not a link, ours, and no one else may write
+    in or list it; one with no write bit for others is tightened (no one else can have put
+    anything in it), any other is refused: a RuntimeDirError naming it and what to do."""
+    wanted = _root_mode()
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if os.path.islink(root):
+            problem = f"is a symbolic link (to {os.readlink(root)})"
+        elif os.path.lexists(root):
+            problem = f"is not a directory ({e.strerror})"
+        else:
+            problem = f"cannot be opened ({e.strerror})"
+        raise RuntimeDirError(
+            f"the runtime directory {root} {problem}: remove it, or set RAAS_SANDBOX_DIR to a"
+            " directory of your own"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            problem = f"is owned by uid {st.st_uid}, not you (uid {os.geteuid()})"
+        elif st.st_mode & 0o022:
+            # Others could write in it: what is there may be theirs (a staged copy, a record).
+            problem = f"is writable by others (mode {_mode(st)})"
+        else:
+            if stat.S_IMODE(st.st_mode) != wanted:
+                os.fchmod(fd, wanted)
+            return
+    finally:
+        os.close(fd)
+    raise RuntimeDirError(
+        f"the runtime directory {root} {problem}: remove it (what is in it may be another"
+        " user's), or set RAAS_SANDBOX_DIR to a directory of your own"
+    )
+
+
+def check_runtime_dir(directory: Path) -> None:
+    """A sandboxes' runtime directory (a sandbox's ``dir.parent``), checked at each start: the
+    root (``check_root``) or a directory below it, each directory from the root down ours, not
+    a link and writable by no one else; or a config's own directory elsewhere, so and in safe
+    directories (``_check_above``). A RuntimeDirError naming the first that is not."""
+    root = _root_path()
+    if directory.is_relative_to(root):
+        runtime_root()
+        below = directory.relative_to(root).parts
+        path = root
+        for part in below:
+            path = path / part
+            _check_own(path)
+    else:
+        _check_own(directory)
+        _check_above(Path(os.path.realpath(directory.parent)))
+
+
+def _check_own(directory: Path) -> None:
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory (a link?)"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not you (uid {os.geteuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by others (mode {_mode(st)})"
+    else:
+        return
+    raise RuntimeDirError(f"the sandboxes' runtime directory {directory} {problem}: remove it")
 
 
 def _boot_id() -> str:
@@ -66,31 +218,54 @@ def _recorded(sandbox_dir: Path) -> tuple[int, int] | None:
 
 def kill_recorded(sandbox_dir: Path, timeout_s: float = KILL_WAIT_S) -> bool:
     """Kill the process ``sandbox_dir`` recorded and everything under it, if it is still that
-    process (same PID and start time); True if it was.
+    process and provably that sandbox's (``procs.sandbox_process``: a record is a file, which
+    anyone who could write there could have made); True if it was. A record naming another
+    process is ignored, and said in the log.
     """
     recorded = _recorded(sandbox_dir)
     if recorded is None:
         return False
     pid, start = recorded
+    pidfd = procs.open_pidfd(pid)  # from here on, ``pid`` names this process or none
+    if pidfd is None:
+        return False
+    try:
+        cgroup = f"/{cgroups.parent_name(sandbox_dir.parent)}/{sandbox_dir.name}"
+        why_not = procs.sandbox_process(pid, start, sandbox_dir, cgroup)
+        if why_not is not None:
+            if why_not != "it is gone":
+                log.warning(
+                    "the launch record of %s names process %d, not killed: %s",
+                    sandbox_dir,
+                    pid,
+                    why_not,
+                )
+            return False
+        _kill_tree(pid, start, pidfd, timeout_s)
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+    log.warning("killed process %d (and its descendants) of sandbox %s", pid, sandbox_dir)
+    return True
 
+
+def _kill_tree(pid: int, start: int, pidfd: int, timeout_s: float) -> None:
     def same() -> bool:
         return procs.start_time(pid) == start and procs.alive(pid)
 
-    if not same():
-        return False
     deadline = time.monotonic() + timeout_s
     # Its descendants first: once it is gone they would be reparented and not found again.
     while same() and time.monotonic() < deadline:
         members = {p for p in procs.descendants(pid) if procs.alive(p)}
         if not members:
             break
-        procs.kill(members)
-        procs.wait_gone(members, max(deadline - time.monotonic(), 0.0))
+        killed = procs.kill_under(pid, members)
+        if not killed:
+            break
+        procs.wait_gone(killed, max(deadline - time.monotonic(), 0.0))
     if same():
-        procs.kill({pid})
+        procs.signal_pidfd(pidfd, pid)
         procs.wait_gone({pid}, max(deadline - time.monotonic(), 0.0))
-    log.warning("killed process %d (and its descendants) of sandbox %s", pid, sandbox_dir)
-    return True
 
 
 def clean(directory: Path) -> None:
@@ -115,7 +290,7 @@ def _lock(path: Path) -> int | None:
     lock is only ever held on the file that is at ``path``.
     """
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -163,8 +338,13 @@ class RuntimeDir:
 
 
 def _take(path: Path, fd: int, fallback: bool) -> RuntimeDir:
-    clean(path)  # what a dead holder left
-    path.mkdir(mode=0o711, exist_ok=True)
+    try:
+        clean(path)  # what a dead holder left
+        path.mkdir(mode=0o711, exist_ok=True)
+        _check_own(path)
+    except BaseException:
+        os.close(fd)
+        raise
     return RuntimeDir(path, fallback, path.with_name(path.name + ".lock"), fd)
 
 
