@@ -210,7 +210,7 @@ PROJECT = Project(
         "tests/runtests.py": "import sys\n\nsys.exit(0)\n",
     },
     unfixed=unfixed,
-    function='capfirst',
+    function="capfirst",
     forged_ok=lambda: unfixed() + FORGED_OK,
     always_pass=lambda: unfixed() + ALWAYS_PASS,
     source=SOURCE,
