@@ -86,9 +86,9 @@ async def judge_swe(
         if found.restore:
             await _restore(sandbox, files, found.restore)
             metrics["dropped"] = found.restore
+    wanted = [p for p in candidate_paths(fail_to_pass, UNITTEST) if p in files]
     tests = {**files, **(twins or {})}
-    for path, text in (twins or {}).items():
-        await sandbox.write_file(f"{REPO}/{path}", text)
+    await write_tests(sandbox, REPO, {p: tests[p] for p in wanted})
     await hide_history(sandbox, REPO)
     specs = _canaries()
     request = {
@@ -111,8 +111,15 @@ async def judge_swe(
     except CandidateEnded as e:
         return Verdict(False, {**metrics, **ended(e)})
     verdict = _verdict(run, request, specs, fail_to_pass, pass_to_pass, metrics)
-    wanted = set(candidate_paths(fail_to_pass, UNITTEST))
-    return replace(verdict, sources={p: tests[p] for p in wanted if p in tests})
+    return replace(verdict, sources={p: files[p] for p in wanted})
+
+
+async def write_tests(sandbox: Sandbox, repo: str, texts: dict[str, str]) -> None:
+    """The files of the deciding tests written again, the real text or a twin's, at the same
+    point of every run (after the patch): their times, inodes and order then tell a twin run
+    from the real one by nothing."""
+    for path, text in sorted(texts.items()):
+        await sandbox.write_file(f"{repo}/{path}", text)
 
 
 async def hide_history(sandbox: Sandbox, repo: str) -> None:

@@ -68,6 +68,7 @@ from raas.judge.swe import (
     hide_history,
     modules_around,
     read_record,
+    write_tests,
 )
 from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
 from raas.judge.swe_repo import git
@@ -151,8 +152,7 @@ async def judge_swe_image(
     # The test patch's text would tell a twin from the real tests: it goes before they run.
     await sandbox.exec(["rm", "-f", "--", TEST_PATCH_FILE])
     sources = await _test_sources(sandbox, repo, fail_to_pass, plan)
-    for path, text in (twins or {}).items():
-        await sandbox.write_file(f"{repo}/{path}", text)
+    await write_tests(sandbox, repo, {**sources, **(twins or {})})
     await hide_history(sandbox, repo)
     specs = _canaries()
     request = {

@@ -265,8 +265,8 @@ class SweTask(AgentTask):
         patch = str(artifact.get("patch") or "")
 
         async def run(patch: str, twins: dict[str, str] | None) -> Verdict:
-            # A twin run decides by the twins alone: the tests that must keep passing stay out.
-            keep = [] if twins is not None else list(parsed.PASS_TO_PASS)
+            # A twin run runs the same tests as the real one (fewer would tell it apart); the
+            # twins alone decide it.
             async with _fresh(services, instance, parsed.image_ref) as sandbox:
                 if parsed.snapshot is not None:
                     return await judge_swe(
@@ -274,14 +274,14 @@ class SweTask(AgentTask):
                         files=dict(parsed.snapshot.files),
                         patch=patch,
                         fail_to_pass=list(parsed.FAIL_TO_PASS),
-                        pass_to_pass=keep,
+                        pass_to_pass=list(parsed.PASS_TO_PASS),
                         twins=twins,
                     )
                 return await judge_swe_image(
                     sandbox,
                     patch=patch,
                     fail_to_pass=list(parsed.FAIL_TO_PASS),
-                    pass_to_pass=keep,
+                    pass_to_pass=list(parsed.PASS_TO_PASS),
                     plan=parsed.plan(),
                     test_patch=parsed.test_patch,
                     base_commit=parsed.base_commit,
