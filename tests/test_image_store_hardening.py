@@ -526,3 +526,57 @@ async def _sandbox_says(image: object) -> list[str]:
     finally:
         await sandbox.close()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+# --- a red team's finds: a path that resolves past PATH_MAX, a header held in memory ----------
+
+
+def _past_path_max(outside: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """Links that resolve past PATH_MAX, then ``..`` back up: realpath (before Python 3.11.13)
+    took the name too long for the kernel for a plain directory, so the path looked inside the
+    layer while the kernel followed the links out of it, to ``outside``."""
+    long_dir, steps, entries, path = "d" * 247, "abcdefghijklmnop", [], ""
+    for step in steps:
+        entries.append((_entry(os.path.join(path, long_dir), tarfile.DIRTYPE), None))
+        entries.append((_entry(os.path.join(path, step), tarfile.SYMTYPE, linkname=long_dir), None))
+        path = os.path.join(path, long_dir)
+    far = os.path.join(*steps, "l" * 254)
+    entries.append((_entry(far, tarfile.SYMTYPE, linkname="../" * len(steps)), None))
+    up = far + "/.." * (len(steps) + 1)
+    entries.append((_entry("escape", tarfile.SYMTYPE, linkname=up), None))
+    entries.append((_entry("escape/" + str(outside / "pwned").lstrip("/")), b"owned"))
+    return entries
+
+
+def test_a_path_that_resolves_past_path_max_writes_nothing_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    store = tmp_path / "layers"
+    store.mkdir()
+    with pytest.raises(LayerError, match="resolves past"):
+        _unpack(_layer(tmp_path, _past_path_max(outside)), store / "layer")
+    assert list(outside.iterdir()) == [] and list(store.iterdir()) == []
+    # Control: the same links without the long names resolve inside and unpack.
+    short = [
+        (_entry("d", tarfile.DIRTYPE), None),
+        (_entry("a", tarfile.SYMTYPE, linkname="d"), None),
+    ]
+    _unpack(_layer(tmp_path, [*short, (_entry("a/f"), b"in")]), store / "ok")
+    assert (store / "ok/d/f").read_bytes() == b"in"
+
+
+def test_a_long_name_header_is_refused_before_it_is_read_into_memory(tmp_path: Path) -> None:
+    """A GNU long name of 64 MiB (tarfile reads a header's data whole, before any filter sees
+    the member): refused from its size, before it is read."""
+    header = _entry("././@LongLink", tarfile.GNUTYPE_LONGNAME)
+    header.size = 64 << 20
+    raw = header.tobuf(format=tarfile.GNU_FORMAT) + b"a" * (64 << 20)
+    raw += _entry("x").tobuf(format=tarfile.GNU_FORMAT) + bytes(1024)
+    blob = _blob(tmp_path, raw)
+    with pytest.raises(LayerError, match="a header of the layer holds 67108864 bytes"):
+        _unpack(blob, tmp_path / "layer")
+    assert not (tmp_path / "layer").exists()
+    # Control: a long name of an ordinary length (a pax header) unpacks.
+    name = "/".join(["n" * 60] * 5)
+    _unpack(_layer(tmp_path, [(_entry(name), b"ok")]), tmp_path / "ok")
+    assert (tmp_path / "ok" / name).read_bytes() == b"ok"
