@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from raas.sandbox import BwrapConfig, SandboxLimits, claim_runtime_dir, create_s
 from raas.sandbox.copies import StagedCopyError
 from raas.sandbox.oci.layers import remove_tree
 from raas.sandbox.pydeps import staged_binds
-from raas.sandbox.runtime import RuntimeDirError, record_launch, runtime_root
+from raas.sandbox.runtime import NAME_KEY, RuntimeDirError, record_launch, runtime_root
 from tests.unprivileged import NOBODY, TOOLS_PATH, User, unprivileged_user
 
 MiB = 1024 * 1024
@@ -406,3 +407,22 @@ def test_a_launch_that_mounted_the_sandboxs_root_is_killed(shared_tmp: Path) -> 
         with claim_runtime_dir(uuid.uuid4().hex):
             assert not dead.exists()
         assert launch.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_a_staged_copys_name_cannot_be_worked_out_from_its_sources(
+    shared_tmp: Path, tmp_path: Path
+) -> None:
+    # Attack (a red team's find): a copy is world-readable (each sandbox runs as a uid of its
+    # own), so its name hid it, and the name was a digest of what anyone may stat of its
+    # sources; a local user read a 0600 file of the agent's from the copy. Now the name mixes
+    # in the user's secret: the same sources under another secret are another name.
+    source = _agent(tmp_path)
+    [first] = staged_binds(None, {str(source): "/.raas/agent"}, own_files=True)
+    key = runtime_root() / NAME_KEY
+    st = key.lstat()
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    [again] = staged_binds(None, {str(source): "/.raas/agent"}, own_files=True)
+    assert again == first  # control: one secret, one name (the copy is shared)
+    key.unlink()
+    [other] = staged_binds(None, {str(source): "/.raas/agent"}, own_files=True)
+    assert Path(other).parent.name != Path(first).parent.name

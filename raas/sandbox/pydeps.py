@@ -158,10 +158,12 @@ def stage_copy(
     remembered (``copies.remember``): either is bound only after ``copies.verify``. Blocking:
     call it off the loop.
     """
-    from raas.sandbox.runtime import runtime_root
+    from raas.sandbox.runtime import name_key, runtime_root
 
     bytecode = "__pycache__" not in leave_out
-    digest = hashlib.sha256(f"bytecode={bytecode} links={links}\n".encode())
+    # The user's secret first: no one else can name the copy from what they may stat.
+    digest = hashlib.sha256(name_key())
+    digest.update(f"bytecode={bytecode} links={links}\n".encode())
     for extra in leave_out:
         if extra != "__pycache__":
             digest.update(f"leave out {extra}\n".encode())

@@ -61,6 +61,49 @@ def runtime_root() -> Path:
     return root
 
 
+NAME_KEY = ".name-key"
+NAME_KEY_BYTES = 32
+
+
+def name_key() -> bytes:
+    """A secret of raas's user, kept in its runtime root (0600): what names a staged copy mixes
+    in, so that the name of a copy (bound into sandboxes, world-readable as it must be where
+    each sandbox runs as a uid of its own) cannot be worked out from what anyone may stat of
+    its sources. Made once, atomically; every raas process of the user shares it."""
+    root = runtime_root()
+    key = root / NAME_KEY
+    for _ in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            return _read_key(key)
+        made = root / f"{NAME_KEY}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(NAME_KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):  # another process made it first: theirs
+            os.link(made, key)
+        os.unlink(made)
+    return _read_key(key)
+
+
+def _read_key(key: Path) -> bytes:
+    fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            raise RuntimeDirError(
+                f"{key} is not raas's own secret (uid {st.st_uid}, {_mode(st)}): remove it"
+            )
+        data = os.read(fd, NAME_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != NAME_KEY_BYTES:
+        raise RuntimeDirError(f"{key} holds {len(data)} bytes, not {NAME_KEY_BYTES}: remove it")
+    return data
+
+
 def _root_path() -> Path:
     return _base() / f"raas-{os.getuid()}"
 
