@@ -505,7 +505,8 @@ def test_a_bomb_image_is_refused_at_the_cap_and_a_normal_one_still_runs(
     assert store.names() == []
     # Control: a normal image pulls within the default caps and a sandbox starts from it.
     image = ImageStore(store.root, group="").pull(swe, tls_verify=False)
-    assert asyncio.run(_sandbox_says(image)) == ["1000", "tmp-ok", "A", "=", "1"]
+    said = asyncio.run(_sandbox_says(image))
+    assert said == ["1000", "tmp-ok", "var-tmp-ok", "A", "=", "1"]
 
 
 async def _sandbox_says(image: object) -> list[str]:
@@ -520,8 +521,12 @@ async def _sandbox_says(image: object) -> list[str]:
     sandbox = BwrapSandbox(BwrapConfig(limits=limits, runtime_dir=runtime), image)  # type: ignore[arg-type]
     try:
         await sandbox.start()
-        # The image's /tmp (0755 in the store) is the sandbox's own, writable.
-        result = await sandbox.bash("id -u; touch /tmp/x && echo tmp-ok; cat /testbed/a.py")
+        # The image's /tmp (0755 in the store) is the sandbox's own, writable; its /var/tmp
+        # (0755 in the store too) is given to the sandbox's uid, as its work directories are.
+        result = await sandbox.bash(
+            "id -u; touch /tmp/x && echo tmp-ok; touch /var/tmp/x && echo var-tmp-ok;"
+            " cat /testbed/a.py"
+        )
         return result.output.split()
     finally:
         await sandbox.close()

@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 MIN_PYTHON = (3, 8)
 # The directories of an image that the agent edits (besides its config's WorkingDir).
 WORK_DIRS = ("/testbed",)
+# World-writable in an image, but the store keeps no such bit (raas.sandbox.oci.layers): as root
+# they are given to the sandbox's uid like the work directories, so that the agent can write
+# there as in a container (/tmp and /dev/shm are the sandbox's own tmpfs).
+SCRATCH_DIRS = ("/var/tmp", "/run/lock")
 # Entries of the image's root that the sandbox gets from bwrap instead.
 NOT_BOUND = frozenset({"proc", "dev", "tmp", "sys", ".raas"})
 MAX_SYMLINKS = 40
@@ -346,10 +350,11 @@ def _machine(host: Path) -> bytes:
 
 
 def work_dirs(image: StoredImage) -> list[str]:
-    """The image's directories that the agent edits: its WorkingDir and /testbed, those that
-    are real directories (no symbolic link on the way)."""
+    """The image's directories that the agent edits: its WorkingDir and /testbed, and the
+    scratch directories an image leaves to anyone (``SCRATCH_DIRS``), those that are real
+    directories (no symbolic link on the way)."""
     dirs: list[str] = []
-    for candidate in (image.workdir, *WORK_DIRS):
+    for candidate in (image.workdir, *WORK_DIRS, *SCRATCH_DIRS):
         norm = posixpath.normpath("/" + candidate.lstrip("/"))
         if norm == "/" or norm in dirs or ".." in norm.split("/"):
             continue
