@@ -483,7 +483,9 @@ async def with_twins(
     real = await run(patch, None)
     if not real.passed:
         return real
-    made = plan(real.sources, deciding, runner, key)
+    # Parsing and editing the test files (a Django test module: hundreds of KiB) is CPU work:
+    # off the server's event loop.
+    made = await asyncio.to_thread(plan, real.sources, deciding, runner, key)
     metrics = dict(real.metrics)
     if not made.twins:
         metrics["twins"] = {"made": 0}
