@@ -51,7 +51,7 @@ unit: $(STAMP)
 # Slow tier: TRL's GRPOTrainer on rollouts from raas.
 test-trl: $(STAMP)
 	$(BIN)/pip install --quiet 'trl==1.16.0'
-	$(BIN)/pytest -q -m slow tests/test_trl_grpo_trainer.py
+	$(BIN)/pytest -q -m slow tests/client/test_trl_grpo_trainer.py
 
 # verl tier: verl's own AgentLoopWorker runs raas's agent loop (raas.client.integrations.verl)
 # against a raas server. verl gets a venv of its own, .venv-verl, built here: torch 2.13.0 first
@@ -71,7 +71,7 @@ $(VERL_STAMP): pyproject.toml
 	touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP) system-deps
-	HF_HUB_OFFLINE=1 $(VERL_VENV)/bin/pytest -q -m verl tests/test_verl_agent_loop.py
+	HF_HUB_OFFLINE=1 $(VERL_VENV)/bin/pytest -q -m verl tests/client/test_verl_agent_loop.py
 
 # One generation step of verl's trainer on raas's rollouts, with SmolLM2 (examples/verl).
 example-verl: $(VERL_STAMP) system-deps
@@ -116,7 +116,7 @@ agents-node: $(AGENTS_NODE_STAMP)
 # mini-swe-agent and the npm agents (Qwen Code, Pi, OpenCode, Claude Code, Gemini CLI, Codex),
 # unmodified, in a bwrap sandbox against raas's gateway (a scripted model).
 test-harness-agents: $(STAMP) $(AGENTS_STAMP) $(AGENTS_NODE_STAMP) system-deps
-	RAAS_AGENTS_VENV=$(AGENTS_VENV) RAAS_AGENTS_NODE=$(AGENTS_NODE) $(BIN)/pytest -q -m harness_agents tests/test_harness_agents.py
+	RAAS_AGENTS_VENV=$(AGENTS_VENV) RAAS_AGENTS_NODE=$(AGENTS_NODE) $(BIN)/pytest -q -m harness_agents tests/tasks/test_harness_agents.py
 
 # README tier: the README's shell blocks too slow for make test (SmolLM2 on the CPU, the agents'
 # venv; the others run in make test), each as written, in a scratch directory with a .venv of its own (tests/test_readme.py).
@@ -126,12 +126,12 @@ test-readme: $(STAMP) system-deps
 # Fault tier: a real server process with real sandboxes, broken on purpose (SIGKILL and restart,
 # a backend killed, an action server killed, a hanging judge, a trainer that hangs up).
 test-faults: $(STAMP) system-deps
-	$(BIN)/pytest -q -m faults tests/test_faults.py
+	$(BIN)/pytest -q -m faults tests/pipeline/test_faults.py
 
 # Oracle tier: every bundled task (164 + 24 + 200 + 120) through a real server with the oracle
 # policy (raas.oracle), gold and sabotaged; -s shows the per-kind counts.
 test-oracle: $(STAMP) system-deps
-	$(BIN)/pytest -q -s -m oracle tests/test_oracle.py
+	$(BIN)/pytest -q -s -m oracle tests/oracle/test_oracle.py
 
 # Image tier: small real OCI images built offline with umoci on a Debian root filesystem (made
 # once by the script, as root, and cached in ~/.cache/raas/swe-images), pushed to a real registry
@@ -145,26 +145,26 @@ test-images: $(STAMP) system-deps
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)
 	$(BIN)/python -c 'import ray' 2>/dev/null || $(BIN)/pip install --quiet -e '.[ray]'
-	$(BIN)/pytest -q -m ray tests/test_ray_cluster.py
+	$(BIN)/pytest -q -m ray tests/deploy/test_ray_cluster.py
 
 # Fuzz tier: schemathesis (pinned in the fuzz extra), every phase, against a real raas serve
 # and its own /openapi.json (without and with an API key, the gateway with a job token): a fixed
 # seed, then a random one it prints (RAAS_FUZZ_SEED=N replays it); RAAS_FUZZ_SECONDS a run.
 test-fuzz: $(STAMP)
 	$(BIN)/python -c 'import schemathesis' 2>/dev/null || $(BIN)/pip install --quiet -e '.[fuzz]'
-	$(BIN)/pytest -q -s -m fuzz tests/test_fuzz.py
+	$(BIN)/pytest -q -s -m fuzz tests/api/test_fuzz.py
 
 # Slurm tier: a real sbatch job on a one-node cluster on this host (installed and started by the
 # script, as root; left running for the next run: scripts/hpc/stop-slurm.sh stops it).
 test-slurm: $(STAMP)
 	scripts/hpc/start-slurm.sh
-	$(BIN)/pytest -q -m slurm tests/test_slurm_cluster.py
+	$(BIN)/pytest -q -m slurm tests/deploy/test_slurm_cluster.py
 
 # Apptainer tier: the apptainer sandbox provider on the same tests as bwrap, in a nested apptainer
 # (a Debian sid root filesystem, built once and cached in ~/.cache/raas/hpc; needs root).
 test-hpc: $(STAMP)
 	scripts/hpc/make-apptainer-env.sh
-	# Apptainer runs an image from its layers too (tests/test_image_rootfs.py).
+	# Apptainer runs an image from its layers too (tests/sandbox/test_image_rootfs.py).
 	scripts/images/make-base-rootfs.sh
 	$(BIN)/pytest -q -m hpc
 

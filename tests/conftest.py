@@ -16,14 +16,14 @@ from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.countdown import CountdownTask
-from tests import tiers
-from tests.probe import ProbeTask
+from tests.support import tiers
+from tests.support.probe import ProbeTask
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # A tier asked for by its marker fails where what it needs is missing (tests/tiers.py).
+    # A tier asked for by its marker fails where what it needs is missing (tests/support/tiers.py).
     tiers.MARK_EXPRESSION = config.getoption("markexpr") or ""
 
 

@@ -3,7 +3,7 @@ the libraries (llm, sandbox, client, ...) import nothing of the server above the
 
 Every ``import`` counts, at module level, inside a function or under ``TYPE_CHECKING``: an import
 moved into a function still makes the two modules one knot, it only hides it from the
-interpreter. ``tests/test_client_imports.py`` checks what importing the client really loads
+interpreter. ``tests/client/test_client_imports.py`` checks what importing the client really loads
 (third-party packages too); this file checks what every module names, without running it.
 """
 
@@ -18,7 +18,7 @@ import networkx as nx
 import pytest
 
 import raas
-from tests.test_client_imports import ALLOWED_RAAS
+from tests.client.test_client_imports import ALLOWED_RAAS
 
 RAAS = Path(raas.__file__).parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import tiers
+from tests.support import tiers
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Small real OCI images, built offline with umoci and served by a real registry on 127.0.0.1:
-what `raas bench images` and the image tier's tests (``tests/oci_images.py``) stand on.
+what `raas bench images` and the image tier's tests (``tests/support/oci_images.py``) stand on.
 
 ``ImageBuilder`` makes images in one OCI layout: a base layer from a root filesystem directory
 (``base``), then images that add files on top of it (``image``), so images built on one base

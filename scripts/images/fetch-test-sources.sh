@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the image tier's Django and SymPy rows (tests/swe_django_rows.py, tests/swe_sympy_rows.py)
+# What the image tier's Django and SymPy rows (tests/judge/swe_django_rows.py, tests/judge/swe_sympy_rows.py)
 # are made of: each project's own source distribution and the wheels of its dependencies,
 # fetched once from PyPI with pip and cached; prints the cache directory on the last line.
 # PYTHON names the interpreter whose pip downloads (default python3).

@@ -1,0 +1,385 @@
+"""The dashboard's routes without a browser: the key guards /ui and its data (the session cookie
+opens reads only), the job list filters and pages over every result in the database (an older
+database's, and a previous process's, included), and a trajectory's tokens are decoded."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from raas.api.auth import COOKIE, session_token
+from raas.llm.chat import encode, token_texts
+from raas.llm.models import load_tokenizer
+from raas.pipeline import Stage
+from raas.store.dashboard import JobFilter
+from raas.store.sqlite import JobRecord, ResultStore
+from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
+from tests.support.probe import WAIT_S, ProbeTask, probe_instance
+
+KEY = "dash-s3cret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+Client = Callable[..., Any]
+SOLVABLE = {"data_source": "countdown", "numbers": [3, 4, 100], "target": 7}
+UNSOLVABLE = {"data_source": "countdown", "numbers": [2, 2], "target": 97}
+OLD_SCHEMA = """
+CREATE TABLE jobs (job_id TEXT PRIMARY KEY, state TEXT NOT NULL, data_source TEXT,
+    instance_id TEXT, request TEXT NOT NULL, created_at REAL NOT NULL, seq INTEGER UNIQUE,
+    finished_at REAL, reward REAL, result TEXT, attempts INTEGER NOT NULL DEFAULT 1,
+    attempt_errors TEXT);
+CREATE INDEX jobs_state_seq ON jobs(state, seq);
+"""
+OLD_COLUMNS = (
+    "job_id, state, data_source, instance_id, request, created_at, seq, finished_at, reward,"
+    " result, attempts, attempt_errors"
+)
+READS = (
+    "/ui",
+    "/ui/assets/app.js",
+    "/v1/dashboard/stats",
+    "/v1/dashboard/jobs",
+    "/v1/dashboard/jobs/x/tokens",
+    "/v1/status",
+    "/v1/rollouts:running",
+    "/v1/dashboard/series",
+)
+
+
+def cookie(value: str) -> dict[str, str]:
+    return {"Cookie": f"{COOKIE}={value}"}
+
+
+# -- the key ------------------------------------------------------------------------------------
+
+
+async def test_without_the_key_the_page_and_its_data_are_refused(client: Client) -> None:
+    async with client(api_key=KEY) as http:
+        for path in READS:
+            r = await http.get(path)
+            assert r.status_code == 401, path
+        page = await http.get("/ui")
+        assert page.headers["content-type"].startswith("text/html")
+        assert 'name="key"' in page.text and "not the server's" not in page.text
+        wrong = await http.get("/ui", params={"key": "nope"})
+        assert wrong.status_code == 401 and "not the server's" in wrong.text
+        assert (await http.post("/ui/login", data={"key": "nope"})).status_code == 401
+        assert (await http.post("/ui/login", data={"other": KEY})).status_code == 422
+        # A key beyond latin-1 is a wrong key, not a 500.
+        assert (await http.get("/ui?key=%F3%90%B5%86")).status_code == 401
+        assert (await http.post("/ui/login", data={"key": "\U000d0d46"})).status_code == 401
+        # Anyone may post the form: a body past a few kB is not read on.
+        huge = await http.post("/ui/login", data={"key": "x" * 10_000})
+        assert huge.status_code == 413
+        # The header opens everything, as on every route.
+        for path in READS[:3]:
+            assert (await http.get(path, headers=AUTH)).status_code == 200, path
+
+
+async def test_the_key_once_gives_a_session_cookie_that_only_reads(client: Client) -> None:
+    async with client(api_key=KEY) as http:
+        r = await http.get("/ui", params={"key": KEY})
+        assert r.status_code == 303 and r.headers["location"] == "/ui"
+        set_cookie = r.headers["set-cookie"]
+        value = r.cookies[COOKIE]
+        assert KEY not in value and value == session_token(KEY.encode()).decode()
+        for attribute in ("HttpOnly", "SameSite=strict", "Path=/"):
+            assert attribute.lower() in set_cookie.lower(), set_cookie
+        assert "secure" not in set_cookie.lower()  # plain http: a Secure cookie never returns
+        http.cookies.clear()
+
+        for path in READS[:3] + READS[5:]:
+            assert (await http.get(path, headers=cookie(value))).status_code == 200, path
+        page = await http.get("/ui", headers=cookie(value))
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        # A cookie is sent with whatever a browser sends: it changes nothing.
+        job = {"instance": probe_instance()}
+        assert (await http.post("/v1/rollouts", json=job, headers=cookie(value))).status_code == 401
+        assert (await http.delete("/v1/backends/x", headers=cookie(value))).status_code == 401
+        for forged in (KEY, session_token(b"another key").decode(), value[:-1], ""):
+            assert (await http.get("/v1/status", headers=cookie(forged))).status_code == 401
+
+        login = await http.post("/ui/login", data={"key": KEY})
+        assert login.status_code == 303 and login.headers["location"] == "/ui"
+        assert login.cookies[COOKIE] == value
+
+
+async def test_without_an_api_key_the_dashboard_is_open(client: Client) -> None:
+    async with client() as http:
+        page = await http.get("/ui")
+        assert page.status_code == 200 and '<script src="ui/assets/app.js"' in page.text
+        script = await http.get("/ui/assets/app.js")
+        assert script.headers["content-type"].startswith("text/javascript")
+        # The plotting library is the package's own copy, its license beside it: no CDN.
+        assert '<script src="ui/assets/uPlot.iife.min.js"' in page.text and "//" not in "".join(
+            line for line in page.text.splitlines() if "src=" in line or "href=" in line
+        )
+        uplot = await http.get("/ui/assets/uPlot.iife.min.js")
+        assert uplot.status_code == 200 and uplot.text.startswith("/*! https://github.com/leeoniya")
+        assert "MIT License" in (await http.get("/ui/assets/uPlot.LICENSE")).text
+        for name in ("nope.js", "__init__.py", "login.html", "..%2Fauth.py"):
+            assert (await http.get(f"/ui/assets/{name}")).status_code == 404, name
+        assert (await http.post("/ui/login", data={"key": "x"})).status_code == 303
+        # The form is still a form: one without its field is refused, as with a key.
+        for form in (None, {"other": "x"}):
+            r = await http.post("/ui/login", data=form)
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "key"]
+
+
+# -- the job list and the counts ----------------------------------------------------------------
+
+
+async def submit_and_finish(http: httpx.AsyncClient, jobs: dict[str, dict[str, Any]]) -> None:
+    for job_id, instance in jobs.items():
+        r = await http.post("/v1/rollouts", json={"instance": instance, "job_id": job_id})
+        assert r.status_code == 202, r.text
+    for job_id in jobs:
+        r = await http.get(f"/v1/rollouts/{job_id}", params={"wait": WAIT_S})
+        assert r.json()["result"] is not None, r.text
+
+
+JOBS = {
+    "ok-1": probe_instance(),
+    "crash": probe_instance(run="raise"),
+    "solved": SOLVABLE,
+    "misbehaved": probe_instance(eval="policy"),
+    "unsolved": UNSOLVABLE,
+    "ok-2": {**probe_instance(), "malformed": 2},  # two tool calls it could not read
+}
+
+
+def ids(page: dict[str, Any]) -> list[str]:
+    return [j["job_id"] for j in page["jobs"]]
+
+
+async def test_the_job_list_filters_and_pages_newest_first(client: Client) -> None:
+    async with client() as http:
+        await submit_and_finish(http, JOBS)
+        order = [r["job_id"] for r in (await http.get("/v1/rollouts")).json()["results"]]
+
+        async def listed(**params: Any) -> dict[str, Any]:
+            r = await http.get("/v1/dashboard/jobs", params=params)
+            assert r.status_code == 200, r.text
+            page: dict[str, Any] = r.json()
+            return page
+
+        everything = await listed()
+        assert ids(everything) == order[::-1] and everything["next_before"] is None
+        crash = next(j for j in everything["jobs"] if j["job_id"] == "crash")
+        assert crash["state"] == "failed" and crash["error_type"] == "RuntimeError"
+        assert crash["error_kind"] == "infra" and crash["stage_failed"] == "run"
+        assert "boom in run" in crash["error_message"]
+        assert crash["turns"] == 1 and crash["response_tokens"] == 3 and crash["task"] == "probe"
+        assert "trajectory" not in crash
+
+        assert set(ids(await listed(state="failed"))) == {"crash", "misbehaved"}
+        assert ids(await listed(error_type="PolicyError")) == ["misbehaved"]
+        assert set(ids(await listed(data_source="countdown"))) == {"solved", "unsolved"}
+        assert ids(await listed(min_reward=0.75)) == ["solved"]
+        assert set(ids(await listed(max_reward=0.25))) == {"unsolved"}
+        assert set(ids(await listed(min_reward=0.5, max_reward=0.5))) == {"ok-1", "ok-2"}
+        assert ids(await listed(state="done", data_source="probe", min_reward=1)) == []
+
+        pages, before = [], None
+        while True:
+            page = await listed(limit=4, **({"before": before} if before else {}))
+            pages.append(ids(page))
+            before = page["next_before"]
+            if before is None:
+                break
+        assert [len(p) for p in pages] == [4, 2] and [j for p in pages for j in p] == ids(
+            everything
+        )
+
+        for bad in ({"state": "running"}, {"min_reward": "nan"}, {"limit": 0}, {"before": 0}):
+            assert (await http.get("/v1/dashboard/jobs", params=bad)).status_code == 422, bad
+
+
+async def test_the_counts_cover_every_result(client: Client) -> None:
+    async with client() as http:
+        await submit_and_finish(http, JOBS)
+        stats = (await http.get("/v1/dashboard/stats")).json()
+    assert stats["finished"] == {"done": 4, "failed": 2}
+    assert stats["failures"] == [
+        {"type": "PolicyError", "kind": "policy", "count": 1},
+        {"type": "RuntimeError", "kind": "infra", "count": 1},
+    ]
+    minute, ten = stats["throughput"]
+    assert minute["window_s"] == 60 and minute["finished"] == ten["finished"] == 6
+    # Three tokens each probe job (countdown plays without a model: no tokens).
+    assert minute["response_tokens"] == 3 * 4
+    assert stats["data_sources"] == ["countdown", "probe"]
+
+
+async def test_results_of_an_earlier_process_and_an_older_database_are_listed(
+    client: Client, tmp_path: Path
+) -> None:
+    async with client(db=tmp_path / "new.db") as http:
+        await submit_and_finish(http, JOBS)
+    # The same results in a database as raas wrote them before the dashboard's columns.
+    with sqlite3.connect(tmp_path / "api.db") as conn:
+        conn.executescript(OLD_SCHEMA)
+        conn.execute("ATTACH ? AS new", (str(tmp_path / "new.db"),))
+        conn.execute(f"INSERT INTO jobs SELECT {OLD_COLUMNS} FROM new.jobs")
+    async with client() as http:
+        status = (await http.get("/v1/status")).json()
+        assert not any(status["finished"].values())  # this process finished nothing itself
+        stats = (await http.get("/v1/dashboard/stats")).json()
+        assert stats["finished"] == {"done": 4, "failed": 2}
+        assert [f["type"] for f in stats["failures"]] == ["PolicyError", "RuntimeError"]
+        # The rewards counted from the table when the store opened.
+        assert (stats["rewarded"], stats["mean_reward"], stats["pass_rate"]) == (4, 0.5, 0.25)
+        crashed = await http.get("/v1/dashboard/jobs", params={"error_type": "RuntimeError"})
+        (crash,) = crashed.json()["jobs"]
+        assert crash["job_id"] == "crash" and crash["response_tokens"] == 3
+
+
+async def test_the_counts_follow_a_result_written_over_and_survive_a_reopen(
+    tmp_path: Path,
+) -> None:
+    def result(state: str, error: str | None) -> RolloutResult:
+        return RolloutResult(
+            job_id="j",
+            state=state,
+            data_source="probe",
+            trajectory=Trajectory(),
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+            error=ErrorInfo(type=error, message="m", kind="policy") if error else None,
+        )
+
+    store = ResultStore(tmp_path / "tally.db")
+    await store.open()
+    await store.add_jobs([JobRecord("j", "queued", "probe", None, {}, 0.0)])
+    await store.save_result("j", result("failed", "PolicyError"))
+    failed = await store.stats()
+    assert failed.finished == {"failed": 1} and [f.type for f in failed.failures] == ["PolicyError"]
+    await store.save_result("j", result("done", None))
+    done = await store.stats()
+    assert done.finished == {"done": 1} and done.failures == []
+    await store.close()
+    reopened = ResultStore(tmp_path / "tally.db")
+    await reopened.open()
+    assert (await reopened.stats()).model_dump(exclude={"throughput"}) == done.model_dump(
+        exclude={"throughput"}
+    )
+    await reopened.close()
+
+
+# -- tokens -------------------------------------------------------------------------------------
+
+
+async def test_a_jobs_tokens_are_decoded_finished_or_running(
+    client: Client, probe: ProbeTask
+) -> None:
+    tok = load_tokenizer("tiny")
+    async with client(tokenizer="tiny") as http:
+        await submit_and_finish(http, {"done": probe_instance()})
+        done = (await http.get("/v1/dashboard/jobs/done/tokens")).json()
+        assert done["state"] == "done" and done["tokenizer"] == "tiny"
+        assert done["response_ids"] == [1, 2, 3]
+        assert done["response_text"] == token_texts(tok, [1, 2, 3])
+        assert done["policy_versions"] == [4, 4, 4]  # the probe's turn record names them
+
+        job = {"instance": probe_instance(run="block"), "job_id": "running"}
+        assert (await http.post("/v1/rollouts", json=job)).status_code == 202
+        await probe.wait_entered("running", "run")
+        running = (await http.get("/v1/dashboard/jobs/running/tokens")).json()
+        assert running["state"] == "run" and running["response_ids"] == [1, 2, 3]
+        probe.release("running", "run")
+
+        missing = await http.get("/v1/dashboard/jobs/nope/tokens")
+        assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+    async with client(tokenizer=str(Path(__file__).parent / "no-such-tokenizer")) as http:
+        ids_only = (await http.get("/v1/dashboard/jobs/done/tokens")).json()
+        assert ids_only["response_ids"] == [1, 2, 3] and ids_only["response_text"] is None
+        assert ids_only["tokenizer"] is None and "could not decode" in ids_only["note"]
+
+
+def test_token_texts_keep_characters_whole_and_mark_unknown_ids() -> None:
+    tok = load_tokenizer("tiny")
+    ids = encode(tok, "héllo 🎉<|im_end|>") + [len(tok) + 7]
+    texts = token_texts(tok, ids)
+    assert len(texts) == len(ids) and texts[-1] is None
+    assert "".join(t for t in texts if t) == "héllo 🎉<|im_end|>"
+    emoji = texts.index(" 🎉")
+    assert texts[emoji - 1] == "" and all("\ufffd" not in (t or "") for t in texts)
+
+
+# -- plots over time ----------------------------------------------------------------------------
+
+
+async def test_the_series_count_what_finished_by_bucket(client: Client) -> None:
+    async with client() as http:
+        await submit_and_finish(http, JOBS)
+        r = await http.get("/v1/dashboard/series")
+        assert r.status_code == 200, r.text
+        series = r.json()
+        stats = (await http.get("/v1/dashboard/stats")).json()
+    n = len(series["t"])
+    assert n >= 1 and all(len(v) == n for k, v in series.items() if isinstance(v, list))
+    steps = {b - a for a, b in zip(series["t"], series["t"][1:], strict=False)}
+    assert steps <= {series["bucket_s"]}  # one point a bucket, empty ones included
+
+    def total(key: str) -> float:
+        return sum(x or 0 for x in series[key])
+
+    def weighted(key: str) -> float:  # a bucket's mean back to its sum
+        return sum((m or 0) * w for m, w in zip(series[key], series["rewarded"], strict=True))
+
+    assert total("finished") == 6
+    assert total("rollouts_per_min") * series["bucket_s"] / 60 == 6
+    # Rewards: two probes 0.5 each, countdown solved 1 and unsolved 0; the failures none.
+    assert total("rewarded") == 4 and weighted("reward_mean") == 2.0
+    assert weighted("pass_rate") == 1  # the solved countdown
+    # The probe's three response tokens are generated (mask 1): 4 probe jobs ran RUN.
+    assert total("generated_tokens_per_s") * series["bucket_s"] == 3 * 4
+    # The crash's run again once (infra) and failed again; the policy error is never retried.
+    assert {k: sum(v) for k, v in series["errors"].items()} == {"infra": 2, "policy": 1}
+    assert total("malformed_tool_calls") == 2
+    assert set(series["stage_s"]) == {"init", "run", "eval"}
+    for stage, means in series["stage_s"].items():
+        assert any(m is not None and m >= 0 for m in means), stage
+    # The overall figures, over every result in the database.
+    assert stats["rewarded"] == 4 and stats["mean_reward"] == 0.5 and stats["pass_rate"] == 0.25
+
+
+def test_the_series_ring_keeps_the_last_buckets_and_fills_the_gaps() -> None:
+    from raas.api.series import Series
+
+    now = [1000.0]
+    series = Series(bucket_s=10.0, keep=3, clock=lambda: now[0])
+    series.stage_ended(None, Stage.RUN, 2.0)  # type: ignore[arg-type]
+    now[0] = 1015.0
+    series.stage_ended(None, Stage.RUN, 4.0)  # type: ignore[arg-type]
+    series.stage_ended(None, Stage.RUN, 6.0)  # type: ignore[arg-type]
+    read = series.read()
+    assert read.t == [1000.0, 1010.0] and read.stage_s["run"] == [2.0, 5.0]
+    assert read.stage_s["init"] == [None, None] and read.finished == [0, 0]
+    now[0] = 1100.0  # long after: only the last `keep` buckets, the old ones out of sight
+    later = series.read()
+    assert later.t == [1080.0, 1090.0, 1100.0] and later.stage_s["run"] == [None] * 3
+
+
+async def test_a_job_scored_zero_for_tampering_says_so_in_its_summary(tmp_path: Path) -> None:
+    def result(job_id: str, metrics: dict[str, Any]) -> RolloutResult:
+        return RolloutResult(
+            job_id=job_id,
+            state="done",
+            data_source="swe",
+            reward=0.0,
+            metrics=metrics,
+            trajectory=Trajectory(),
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+        )
+
+    store = ResultStore(tmp_path / "tamper.db")
+    await store.open()
+    await store.add_jobs([JobRecord(j, "queued", "swe", None, {}, 0.0) for j in ("t", "h")])
+    await store.save_result("t", result("t", {"tamper": "1 twin(s) passed: t.T.test_x"}))
+    await store.save_result("h", result("h", {"resolved": False}))
+    jobs, _ = await store.summaries(JobFilter(), None, 10)
+    tamper = {job.job_id: job.tamper for job in jobs}
+    assert tamper == {"t": "1 twin(s) passed: t.T.test_x", "h": None}
+    await store.close()

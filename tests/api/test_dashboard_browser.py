@@ -1,0 +1,255 @@
+"""The dashboard in a real browser: `raas serve` as a process, with an API key, real sandboxes and
+a model that acts (a vLLM-protocol server answering with real tool calls); headless Chromium
+loads /ui and a job's page and the test reads what they show.
+
+One job is solved with the editor and finished (done, reward 1), one kills its own action server
+(failed: an infra error), and one waits on the model, which holds its request (running). The
+screenshots of the pages go to out/ui/ at the repository's root.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from raas.launch import ServerProcess
+from raas.tasks.datasets import humaneval, humaneval_problems
+from tests.support.browser import Browser, Node
+from tests.support.llm_servers import AgentBackend, ServerThread
+from tests.support.policies import call
+
+KEY = "dashboard-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+SOLVED, BROKEN, HELD = humaneval()[:3]
+SOLUTION = humaneval_problems()[0]["canonical_solution"]
+STEP = "[[step]]"  # in every answer: how many the prompt holds is the turn number
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "out" / "ui"
+DEADLINE_S = 120.0  # a safety net for a broken run, never an assertion on speed
+MODEL: AgentBackend  # the dashboard's model, which the script tells what version to report
+
+
+def _is(problem: dict[str, Any], prompt: str) -> bool:
+    return str(problem["prompt"]).strip()[:300] in prompt
+
+
+def script(prompt: str) -> str:
+    turn = prompt.count(STEP)
+    # The solved job's turns come from two policies (a weight update between them), as raas's
+    # engine reports them; the others' backend names none, as vLLM.
+    MODEL.weight_version = 3 + turn if _is(SOLVED, prompt) else None
+    if _is(SOLVED, prompt) and turn == 0:
+        lines = len(str(SOLVED["prompt"]).splitlines())
+        write = call(
+            "editor",
+            command="insert",
+            path="/workspace/solution.py",
+            insert_line=lines,
+            new_str=SOLUTION,
+        )
+        return f"{STEP} Writing the body. {write}"
+    if _is(BROKEN, prompt):
+        return f"{STEP} {call('bash', command='kill -9 $PPID')}"
+    return f"{STEP} Done. {call('finish', message='solved')}"
+
+
+def logprob(position: int, token: int) -> float:
+    """From sure to unsure and back, so that the token view has every shade."""
+    return -3.0 * (position % 8) / 7
+
+
+@dataclass
+class Dashboard:
+    url: str
+    backend_url: str
+    results: dict[str, dict[str, Any]]
+
+    def page(self, fragment: str = "", key: str | None = KEY) -> str:
+        query = f"?key={key}" if key is not None else ""
+        return f"{self.url}/ui{query}{fragment}"
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    tmp = tmp_path_factory.mktemp("dashboard")
+    model = AgentBackend(script, hold=lambda prompt: _is(HELD, prompt), logprob=logprob)
+    global MODEL
+    MODEL = model
+    backend = ServerThread(model.app).start()
+    args = ["--llm", backend.url, "--tokenizer", "tiny", "--max-attempts", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "RAAS_API_KEY_FILE"}
+    env["RAAS_API_KEY"] = KEY  # a key on the command line is refused (ps shows it)
+    server = ServerProcess(tmp / "raas.db", tmp / "serve.log", args, env)
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=DEADLINE_S) as http:
+            for job_id, instance in (("solved", SOLVED), ("broken", BROKEN), ("held", HELD)):
+                r = http.post("/v1/rollouts", json={"instance": instance, "job_id": job_id})
+                assert r.status_code == 202, r.text
+            results = {j: finished(http, j) for j in ("solved", "broken")}
+        assert model.holding.wait(DEADLINE_S), "the held job never asked the model"
+        yield Dashboard(server.url, backend.url, results)
+    finally:
+        model.release()
+        server.stop()
+        backend.stop()
+
+
+def finished(http: httpx.Client, job_id: str) -> dict[str, Any]:
+    status = http.get(f"/v1/rollouts/{job_id}", params={"wait": DEADLINE_S}).json()
+    assert status["result"] is not None, f"{job_id} did not finish: {status}"
+    result: dict[str, Any] = status["result"]
+    return result
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Browser:
+    return Browser(tmp_path_factory.mktemp("chromium"))
+
+
+def row(dom: Node, job_id: str) -> Node:
+    return dom.one("tr", data_job=job_id)
+
+
+def test_the_overview_shows_the_service_and_its_jobs(
+    browser: Browser, dashboard: Dashboard
+) -> None:
+    solved, broken = dashboard.results["solved"], dashboard.results["broken"]
+    assert solved["state"] == "done" and solved["reward"] == 1.0, solved
+    assert broken["state"] == "failed" and broken["error"]["kind"] == "infra", broken
+    dom = browser.dom(dashboard.page())
+    assert dom.one("body").attrs.get("data-loaded") == "overview", dom.text[:2000]
+    assert not dom.all(id="error") or "hidden" in dom.one(id="error").attrs
+
+    jobs = {r.attrs["data-job"]: r for r in dom.one(id="jobs").all("tr", data_job=None)}
+    assert {j: r.attrs["data-state"] for j, r in jobs.items()} == {
+        "solved": "done",
+        "broken": "failed",
+        "held": "running",
+    }
+    assert jobs["solved"].all("td")[3].text == "1"  # its reward
+    assert broken["error"]["type"] in jobs["broken"].text
+    assert "run" in jobs["held"].text  # the stage it is in
+    # Each job by its instance, not its job id (that is in the link's title).
+    for job_id, instance in (("solved", SOLVED), ("broken", BROKEN), ("held", HELD)):
+        link = jobs[job_id].all("td")[0].one("a")
+        assert link.text == instance["instance_id"] and link.attrs["title"] == f"job {job_id}"
+    # The held job waits on its first turn: no response tokens yet, its prompt's counted.
+    tokens = next(td for td in jobs["held"].all("td") if td.has_class("tokens")).text
+    assert re.fullmatch(r"0 \+[1-9]\d* prompt", tokens), tokens
+
+    failures = dom.one(id="failures")
+    (failure,) = failures.all("tr", data_failure=None)
+    assert failure.attrs["data-failure"] == broken["error"]["type"]
+    assert "infra" in failure.text and failure.all("td")[-1].text == "1"
+
+    backend = dom.one("tr", data_backend=dashboard.backend_url)
+    assert backend.attrs["data-healthy"] == "true" and "healthy" in backend.text
+    run = dom.one(id="stages").one("tr", data_stage="run")
+    active = run.all("td")[1].text
+    assert re.fullmatch(r"1 / \d+", active), active  # the held job holds a RUN worker
+    finished = dom.one(id="finished").text
+    assert "done 1" in finished and "failed 1" in finished, finished
+    assert dom.one(id="throughput").text  # jobs/min and tokens/s
+    # Over the two finished jobs: one rewarded (1), one failed without a reward.
+    assert dom.one(id="mean-reward").text == "1" and dom.one(id="pass-rate").text == "100.0%"
+    assert "1 rewarded" in dom.one(id="rewards").text
+
+    # The plots: each drawn by uPlot on a canvas, with its legend.
+    assert dom.one("body").attrs.get("data-plots") == "4"
+    legends = {}
+    for plot in (d for d in dom.one(id="plots").all("div") if d.has_class("plot")):
+        assert plot.all("canvas"), plot.attrs["id"]
+        legends[plot.attrs["id"]] = [t.text for t in plot.all("th")]
+    assert legends == {
+        "plot-reward": ["mean reward", "pass rate"],
+        "plot-throughput": ["rollouts/min", "generated tokens/s"],
+        "plot-stages": ["INIT", "RUN", "EVAL"],
+        "plot-errors": ["infra", "policy", "malformed tool calls"],
+    }, legends
+
+    browser.screenshot(dashboard.page(), SCREENSHOTS / "dashboard.png", size=(1400, 1500))
+
+
+def test_the_filters_narrow_the_list(browser: Browser, dashboard: Dashboard) -> None:
+    failed = browser.dom(dashboard.page("#/?state=failed"))
+    assert [r.attrs["data-job"] for r in failed.all("tr", data_job=None)] == ["broken"]
+    rewarded = browser.dom(dashboard.page("#/?min_reward=0.5"))
+    assert [r.attrs["data-job"] for r in rewarded.all("tr", data_job=None)] == ["solved"]
+
+
+def test_a_job_page_shows_the_conversation_and_the_tokens(
+    browser: Browser, dashboard: Dashboard
+) -> None:
+    solved = dashboard.results["solved"]
+    dom = browser.dom(dashboard.page("#/jobs/solved"))
+    assert dom.one("body").attrs.get("data-loaded") == "job", dom.text[:2000]
+    assert dom.one(id="job-id").text == "solved"
+    assert "done" in dom.one(id="facts").text
+
+    turns = dom.one(id="turns").all("tr", data_turn=None)
+    assert [t.attrs["data-turn"] for t in turns] == ["0", "1"]
+    assert "editor" in turns[0].text and "finish" in turns[1].text
+    messages = dom.one(id="messages")
+    (editor,) = messages.all(data_call="editor")
+    assert "solution.py" in editor.text
+    outputs = messages.all(data_role="tool")
+    assert outputs and "solution.py" in outputs[0].text  # the editor's answer
+
+    tokens = dom.one(id="response-tokens").all("span", data_mask=None)
+    trajectory = solved["trajectory"]
+    assert len(tokens) == len(trajectory["response_ids"])
+    masks = [int(t.attrs["data-mask"]) for t in tokens]
+    assert masks == trajectory["loss_mask"]
+    generated = "".join(t.text for t in tokens if t.attrs["data-mask"] == "1")
+    inserted = "".join(t.text for t in tokens if t.attrs["data-mask"] == "0")
+    assert '"name": "editor"' in generated and '"name": "finish"' in generated
+    assert "<|im_start|>" in inserted and "<|im_start|>" not in generated
+    assert all(t.has_class("env") for t in tokens if t.attrs["data-mask"] == "0")
+    # Shaded by probability: the model's logprobs cycle through 8 values, so do the colours.
+    shades = {t.attrs.get("style") for t in tokens if t.attrs["data-mask"] == "1"}
+    assert len(shades) == 8, shades
+    lp = [t.attrs["title"] for t in tokens if t.attrs["data-mask"] == "1"][1]
+    assert f"logprob {logprob(1, 0):.3f}" in lp and f"p {math.exp(-3 / 7):.3f}" in lp
+    # Each generated token's policy: the first turn's (v3) behind the second's (v4), marked.
+    versions = [t.attrs.get("data-version") for t in tokens if t.attrs["data-mask"] == "1"]
+    first = trajectory["turns"][0]["output_tokens"]
+    assert versions == ["3"] * first + ["4"] * (len(versions) - first)
+    stale = [t for t in tokens if t.has_class("stale")]
+    assert len(stale) == first and all(t.attrs["data-lag"] == "1" for t in stale)
+    assert "1 behind the newest (v4)" in stale[0].attrs["title"]
+    summary = dom.one(id="token-versions").text
+    assert f"policy v3\u2013v4: {first} generated tokens behind" in summary
+    assert not any("data-version" in t.attrs for t in tokens if t.attrs["data-mask"] == "0")
+
+    browser.screenshot(
+        dashboard.page("#/jobs/solved"), SCREENSHOTS / "trajectory.png", size=(1400, 2400)
+    )
+
+
+def test_a_running_job_shows_its_tokens_so_far(browser: Browser, dashboard: Dashboard) -> None:
+    dom = browser.dom(dashboard.page("#/jobs/held"))
+    # A backend that names no weight version (vLLM): the view says so.
+    assert "policy versions not reported" in dom.one(id="token-versions").text
+    assert dom.one("body").attrs.get("data-loaded") == "job", dom.text[:2000]
+    facts = dom.one(id="facts").text
+    assert "running" in facts and "run" in facts
+    prompt = dom.one(id="prompt-tokens").all("span")
+    assert "<|im_start|>" in "".join(t.text for t in prompt)
+
+
+def test_without_the_key_the_browser_gets_the_sign_in_form(
+    browser: Browser, dashboard: Dashboard
+) -> None:
+    for url, wrong in ((dashboard.page(key=None), False), (dashboard.page(key="nope"), True)):
+        dom = browser.dom(url)
+        assert dom.one("input", name="key").attrs["type"] == "password"
+        assert "data-loaded" not in dom.one("body").attrs and not dom.all("tr")
+        assert ("not the server's" in dom.one(id="message").text) is wrong
