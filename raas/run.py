@@ -30,7 +30,8 @@ from raas.client.task_files import (
     run_requests,
     say_cancelling,
 )
-from raas.helpers import free_port, wait_until_answers
+from raas.helpers.ports import free_port
+from raas.helpers.readiness import wait_until_answers
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig

@@ -491,7 +491,7 @@ def test_a_pull_killed_while_unpacking_leaves_no_layer_and_the_next_pull_complet
 
 @pytest.mark.images
 def test_registry_down_and_unknown_image_are_one_line_each(images: Images, tmp_path: Path) -> None:
-    from raas.helpers import free_port
+    from raas.helpers.ports import free_port
 
     store = _store(tmp_path)
     down = f"127.0.0.1:{free_port()}/swe/a:v1"

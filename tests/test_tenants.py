@@ -31,7 +31,7 @@ from raas.api.tenants import NOT_ADMIN
 from raas.cli import main
 from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
-from raas.helpers import free_port
+from raas.helpers.ports import free_port
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline, TenantPolicy
 from raas.pipeline.job import scoped

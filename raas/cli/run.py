@@ -146,7 +146,7 @@ def run(
     from rich.console import Console
 
     from raas.client.task_files import as_requests, markup, read_tasks, write_results
-    from raas.helpers import new_run_dir
+    from raas.helpers.files import new_run_dir
     from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled

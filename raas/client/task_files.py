@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
 from raas.client.single_server import RaasHTTPError, with_job_id
-from raas.helpers import plain
+from raas.helpers.terminal import plain
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 
