@@ -21,15 +21,9 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from raas.api.app import create_app
+from raas.cli.progress import Counting, markup, say_cancelling
 from raas.client import RolloutClient
-from raas.client.task_files import (
-    Counting,
-    infra_errors,
-    keeping,
-    markup,
-    run_requests,
-    say_cancelling,
-)
+from raas.client.task_files import infra_errors, keeping, run_requests
 from raas.helpers.ports import free_port
 from raas.helpers.readiness import wait_until_answers
 from raas.launch import EngineProcess

@@ -324,7 +324,7 @@ def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> No
 
     from rich.console import Console
 
-    from raas.client.task_files import Counting
+    from raas.cli.progress import Counting
     from raas.wire import RolloutResult, Timing, Trajectory
 
     out = io.StringIO()

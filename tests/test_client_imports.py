@@ -33,6 +33,7 @@ print(json.dumps(bad))
         "raas.client",
         "raas.client.batch",
         "raas.client.metrics",
+        "raas.client.task_files",
         "raas.client.integrations.trl",
         "raas.client.integrations.verl_bridge",
     ],

@@ -133,6 +133,28 @@ def test_libraries_import_nothing_of_what_sits_above_them(library: str) -> None:
     assert wrong == []
 
 
+# Console output is the command line's (raas.cli): the trainer SDK tells its caller through
+# callbacks. (httpx itself loads rich and click where they are installed, so this is checked in
+# the source, not in sys.modules.)
+CONSOLE = ("rich", "click", "tqdm")
+
+
+def test_the_sdk_prints_nothing() -> None:
+    wrong = []
+    for module in modules(RAAS / "client", "raas.client").values():
+        for node in ast.walk(ast.parse(module.path.read_text(), str(module.path))):
+            named = []
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                named = [node.module]
+            if any(n.split(".")[0] in CONSOLE for n in named):
+                wrong.append(f"{module.path}:{node.lineno}: imports {', '.join(named)}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                wrong.append(f"{module.path}:{node.lineno}: prints")
+    assert wrong == []
+
+
 def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> None:
     """The check sees what it must: a cycle hidden in a function, a relative import, and a
     submodule taking a name back from its package; not a package importing its submodules."""

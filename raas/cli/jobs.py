@@ -62,8 +62,8 @@ def jobs(url: str, api_key: str | None) -> None:
     long are cut with an ellipsis; the job id shows in full on a wider terminal)."""
     from rich.console import Console
 
+    from raas.cli.progress import markup
     from raas.client import AsyncRolloutClient
-    from raas.client.task_files import markup
 
     async def fetch() -> Any:
         async with AsyncRolloutClient(url, api_key=api_key) as client:
@@ -161,15 +161,14 @@ def submit(
     """
     from rich.console import Console
 
+    from raas.cli.progress import Counting, say_cancelling
     from raas.client import RolloutClient
     from raas.client.task_files import (
-        Counting,
         TaskFileError,
         as_requests,
         keeping,
         read_tasks,
         run_requests,
-        say_cancelling,
         write_results,
     )
     from raas.helpers.terminal import plain
