@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from raas.cli import main
 from raas.cli.images import dataset_images
-from raas.image_refs import normalize
+from raas.images.refs import normalize
 from raas.sandbox.oci import ImageError
 from raas.sandbox.oci.layers import DigestError, LayerError, unpack_layer
 from raas.sandbox.oci.store import ImageStore, default_store_dir

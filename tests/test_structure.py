@@ -107,13 +107,13 @@ def test_no_two_modules_import_each_other() -> None:
 # root package, which holds the version and nothing else.
 MAY_IMPORT = {
     "raas.llm": ("raas", "raas.helpers"),
-    "raas.sandbox": ("raas.helpers", "raas.image_refs"),
+    "raas.sandbox": ("raas.helpers", "raas.images.refs"),
     "raas.sandbox.inside": (),  # runs in the sandbox on the image's own Python: stdlib only
     "raas.client": ALLOWED_RAAS,
     "raas.harness_agents": (),
     "raas.wire": (),
     "raas.helpers": (),
-    "raas.image_refs": (),
+    "raas.images.refs": (),
 }
 
 
