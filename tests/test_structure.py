@@ -109,6 +109,8 @@ MAY_IMPORT = {
     "raas.llm": ("raas", "raas.helpers"),
     "raas.sandbox": ("raas.helpers", "raas.images.refs"),
     "raas.sandbox.inside": (),  # runs in the sandbox on the image's own Python: stdlib only
+    "raas.judge": ("raas.sandbox", "raas.wire"),  # answer checking included: nothing of tasks/
+    "raas.judge.inside": (),  # runs in the judge's sandbox: stdlib only
     "raas.client": ALLOWED_RAAS,
     "raas.harness_agents": (),
     "raas.wire": (),
