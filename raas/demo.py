@@ -20,8 +20,9 @@ from typing import Any
 
 from rich.console import Console
 
-from raas.client.task_files import as_requests, markup, write_results
-from raas.helpers import new_run_dir
+from raas.cli.progress import markup
+from raas.client.task_files import as_requests, write_results
+from raas.helpers.files import new_run_dir
 from raas.oracle.sabotage import sabotage_of
 from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
 from raas.tasks.datasets import bundled

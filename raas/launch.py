@@ -9,7 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from raas.helpers import exited, free_port, guarded, terminate, wait_until_answers
+from raas.helpers.children import guarded, terminate
+from raas.helpers.ports import free_port
+from raas.helpers.readiness import exited, wait_until_answers
 
 
 class ChildServer:

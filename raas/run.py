@@ -21,16 +21,11 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from raas.api.app import create_app
+from raas.cli.progress import Counting, markup, say_cancelling
 from raas.client import RolloutClient
-from raas.client.task_files import (
-    Counting,
-    infra_errors,
-    keeping,
-    markup,
-    run_requests,
-    say_cancelling,
-)
-from raas.helpers import free_port, wait_until_answers
+from raas.client.task_files import infra_errors, keeping, run_requests
+from raas.helpers.ports import free_port
+from raas.helpers.readiness import wait_until_answers
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig

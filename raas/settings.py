@@ -26,7 +26,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as SourceError
 
-from raas.helpers import without_none
+from raas.helpers.optional import without_none
 from raas.wire import BackendUrl
 
 ENV_PREFIX = "RAAS_"

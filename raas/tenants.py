@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,14 +64,28 @@ class Quotas(BaseModel):
 
 
 @dataclass(frozen=True)
+class TenantPolicy:
+    """A tenant's weight (its share of each stage's slots while others wait too) and quotas
+    (the tenants file's: jobs in flight refuse a submission, sandboxes hold jobs back in the
+    INIT queue, LLM tokens per second, averaged over a minute, or per day refuse one). What the
+    pipeline is told of a tenant (raas.pipeline.tenants)."""
+
+    weight: float = 1.0
+    quotas: Quotas = field(default_factory=Quotas)
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0 or not math.isfinite(self.weight):
+            raise ValueError(f"a tenant's weight must be a positive number, not {self.weight}")
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     key_sha256: tuple[str, ...]  # digests of its API keys
-    weight: float = 1.0  # its share of each stage pool against the others'
-    quotas: Quotas = field(default_factory=Quotas)
+    policy: TenantPolicy = field(default_factory=TenantPolicy)
 
 
-class _Entry(BaseModel):
+class TenantEntry(BaseModel):
     """A tenant as the file writes it (its name is the table's)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -80,10 +95,12 @@ class _Entry(BaseModel):
     quotas: Quotas = Field(default_factory=Quotas)
 
 
-class _File(BaseModel):
+class TenantsFile(BaseModel):
+    """The tenants file, whole: what load_tenants reads and what a test or a benchmark writes."""
+
     model_config = ConfigDict(extra="forbid")
 
-    tenants: dict[TenantName, _Entry]
+    tenants: dict[TenantName, TenantEntry]
 
 
 def key_digest(key: bytes) -> str:
@@ -123,7 +140,7 @@ def load_tenants(path: Path) -> Tenants:
     except (OSError, UnicodeDecodeError, ValueError) as e:  # TOML's and JSON's errors are these
         raise TenantsFileError(f"tenants file {path}: cannot read it: {_one_line(e)}") from e
     try:
-        parsed = _File.model_validate(data)
+        parsed = TenantsFile.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(the file)"
@@ -144,7 +161,7 @@ def load_tenants(path: Path) -> Tenants:
             seen[digest] = name
     return Tenants(
         [
-            Tenant(name, tuple(e.key_sha256), e.weight, e.quotas)
+            Tenant(name, tuple(e.key_sha256), TenantPolicy(e.weight, e.quotas))
             for name, e in parsed.tenants.items()
         ]
     )

@@ -107,13 +107,15 @@ def test_no_two_modules_import_each_other() -> None:
 # root package, which holds the version and nothing else.
 MAY_IMPORT = {
     "raas.llm": ("raas", "raas.helpers"),
-    "raas.sandbox": ("raas.helpers", "raas.image_refs"),
+    "raas.sandbox": ("raas.helpers", "raas.images.refs"),
     "raas.sandbox.inside": (),  # runs in the sandbox on the image's own Python: stdlib only
+    "raas.judge": ("raas.sandbox", "raas.wire"),  # answer checking included: nothing of tasks/
+    "raas.judge.inside": (),  # runs in the judge's sandbox: stdlib only
     "raas.client": ALLOWED_RAAS,
     "raas.harness_agents": (),
     "raas.wire": (),
     "raas.helpers": (),
-    "raas.image_refs": (),
+    "raas.images.refs": (),
 }
 
 
@@ -130,6 +132,28 @@ def test_libraries_import_nothing_of_what_sits_above_them(library: str) -> None:
         if _within(source, library)
         and not any(target == a or (a != "raas" and _within(target, a)) for a in allowed)
     ]
+    assert wrong == []
+
+
+# Console output is the command line's (raas.cli): the trainer SDK tells its caller through
+# callbacks. (httpx itself loads rich and click where they are installed, so this is checked in
+# the source, not in sys.modules.)
+CONSOLE = ("rich", "click", "tqdm")
+
+
+def test_the_sdk_prints_nothing() -> None:
+    wrong = []
+    for module in modules(RAAS / "client", "raas.client").values():
+        for node in ast.walk(ast.parse(module.path.read_text(), str(module.path))):
+            named = []
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                named = [node.module]
+            if any(n.split(".")[0] in CONSOLE for n in named):
+                wrong.append(f"{module.path}:{node.lineno}: imports {', '.join(named)}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                wrong.append(f"{module.path}:{node.lineno}: prints")
     assert wrong == []
 
 

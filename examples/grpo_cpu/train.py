@@ -72,7 +72,8 @@ from raas.client import (
 from raas.client.backends_paused import backends_paused
 from raas.client.rollout_client import Group
 from raas.client.staleness import staleness_metrics
-from raas.helpers import NotReady, Terminated, stopped_by_sigterm, wait_until_answers
+from raas.helpers.readiness import NotReady, wait_until_answers
+from raas.helpers.sigterm import Terminated, stopped_by_sigterm
 from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
 

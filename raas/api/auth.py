@@ -37,7 +37,7 @@ from raas.agent.gateway import error_answer
 from raas.api.errors import app_path
 from raas.api.tenants import ADMIN, NOBODY, SCOPE_KEY, Caller
 from raas.api.ui import login_page
-from raas.helpers import api_keys_given, bearer_token
+from raas.helpers.tokens import api_keys_given, bearer_token
 from raas.llm.openai_types import OpenAIError
 from raas.tenants import Tenants, key_digest
 

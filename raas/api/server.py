@@ -20,7 +20,7 @@ from raas.api.connections import (
 )
 from raas.api.log_redaction import redact_logs
 from raas.api.state import ServiceState
-from raas.helpers import check_port, is_loopback
+from raas.helpers.ports import check_port, is_loopback
 from raas.settings import ServeSettings
 from raas.store.schema import check_version
 from raas.store.sqlite import hold_database

@@ -16,7 +16,8 @@ from typing import Any
 import uvicorn
 
 from raas.api.app import create_app
-from raas.helpers import free_port, wait_until_answers
+from raas.helpers.ports import free_port
+from raas.helpers.readiness import wait_until_answers
 from raas.settings import ServeSettings
 from raas.tasks import TaskHandler, TaskRegistry
 

@@ -23,7 +23,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.helpers import NotReady, free_port, terminate, wait_until_answers
+from raas.helpers.children import terminate
+from raas.helpers.ports import free_port
+from raas.helpers.readiness import NotReady, wait_until_answers
 
 TOOLS = {"umoci": "umoci", "skopeo": "skopeo", "docker-registry": "docker-registry"}
 MAKE_ROOTFS = "scripts/images/make-base-rootfs.sh"

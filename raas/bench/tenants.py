@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import secrets
@@ -53,7 +52,7 @@ from raas.bench.forked import ForkedServer
 from raas.bench.scale import serve_thinking_llm
 from raas.launch import ServerProcess
 from raas.settings import defaults
-from raas.tenants import key_digest
+from raas.tenants import TenantEntry, TenantsFile, key_digest
 from raas.wire import FINAL_STATES
 
 WIDTH = 80
@@ -135,11 +134,11 @@ class TenantServer:
         self.keys = {tenant: secrets.token_urlsafe(24) for tenant in phase.weights}
         self.admin = secrets.token_urlsafe(24)
         tenants = {
-            tenant: {"key_sha256": [key_digest(self.keys[tenant].encode())], "weight": weight}
+            tenant: TenantEntry(key_sha256=[key_digest(self.keys[tenant].encode())], weight=weight)
             for tenant, weight in phase.weights.items()
         }
         tenants_file = tmp / f"tenants-{index}.json"
-        tenants_file.write_text(json.dumps({"tenants": tenants}))
+        tenants_file.write_text(TenantsFile(tenants=tenants).model_dump_json(exclude_none=True))
         env = dict(os.environ)
         env.pop("RAAS_API_KEY_FILE", None)  # a key meant for another server
         env["RAAS_API_KEY"] = self.admin

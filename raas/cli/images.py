@@ -319,9 +319,9 @@ def images_prefetch(
 
 def dataset_images(rows: list[dict[str, Any]]) -> list[str]:
     """The images task rows run in, in order, once each (an instance's, or in verl's
-    extra_info): as the swe task finds a row's image (``raas.image_refs.image_of``), for
+    extra_info): as the swe task finds a row's image (``raas.images.refs.image_of``), for
     rows that name one or are SWE rows (a repo and a base_commit)."""
-    from raas.image_refs import IMAGE_FIELDS, image_of
+    from raas.images.refs import IMAGE_FIELDS, image_of
 
     found: dict[str, None] = {}
     for row in rows:

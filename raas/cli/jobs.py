@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the command's imports are made when it runs: `raas --help` 
 def status(url: str, api_key: str | None) -> None:
     """Show a server's queues, active jobs per stage and totals."""
     from raas.client import AsyncRolloutClient
-    from raas.helpers import plain
+    from raas.helpers.terminal import plain
 
     async def fetch() -> Any:
         async with AsyncRolloutClient(url, api_key=api_key) as client:
@@ -62,8 +62,8 @@ def jobs(url: str, api_key: str | None) -> None:
     long are cut with an ellipsis; the job id shows in full on a wider terminal)."""
     from rich.console import Console
 
+    from raas.cli.progress import markup
     from raas.client import AsyncRolloutClient
-    from raas.client.task_files import markup
 
     async def fetch() -> Any:
         async with AsyncRolloutClient(url, api_key=api_key) as client:
@@ -87,7 +87,7 @@ def running_table(running: list[RunningJob], title: str, width: int) -> Table:
     from rich.table import Table
     from rich.text import Text
 
-    from raas.helpers import plain
+    from raas.helpers.terminal import plain
 
     rows = []
     for j in running:  # what a job says is its submitter's: shown as text, never as markup
@@ -161,18 +161,17 @@ def submit(
     """
     from rich.console import Console
 
+    from raas.cli.progress import Counting, say_cancelling
     from raas.client import RolloutClient
     from raas.client.task_files import (
-        Counting,
         TaskFileError,
         as_requests,
         keeping,
         read_tasks,
         run_requests,
-        say_cancelling,
         write_results,
     )
-    from raas.helpers import plain
+    from raas.helpers.terminal import plain
     from raas.wire import RolloutResult
 
     try:

@@ -50,7 +50,8 @@ def run_client(coro: Coroutine[Any, Any, T]) -> T:
     import httpx
 
     from raas.client import RaasHTTPError, ServerDown
-    from raas.helpers import NotReady, plain
+    from raas.helpers.readiness import NotReady
+    from raas.helpers.terminal import plain
 
     try:
         return asyncio.run(coro)
@@ -92,7 +93,7 @@ def run_keeping(coro: Coroutine[Any, Any, T], finished: list[Any], out: Path) ->
     ``out`` and the exit status is a shell's for the signal (130, 143), with one line instead
     of ``Aborted!``."""
     from raas.client.task_files import write_results
-    from raas.helpers import Terminated, stopped_by_sigterm
+    from raas.helpers.sigterm import Terminated, stopped_by_sigterm
 
     try:
         return run_client(stopped_by_sigterm(coro))
@@ -105,7 +106,7 @@ def run_keeping(coro: Coroutine[Any, Any, T], finished: list[Any], out: Path) ->
 
 def _said(error: Any) -> str:
     """A server's error answer, with what to do for the two a person gets by mistake."""
-    from raas.helpers import plain
+    from raas.helpers.terminal import plain
 
     hint = {
         401: " (give the server's key: RAAS_API_KEY=KEY, or --api-key KEY)",
@@ -150,7 +151,7 @@ def exit_for_infra(results: list[Any]) -> None:
     """Exit 1 when rollouts failed because nothing could run them (kind infra): a run whose
     backends or sandboxes were missing is not a success, whatever the rewards say."""
     from raas.client.task_files import infra_errors
-    from raas.helpers import plain
+    from raas.helpers.terminal import plain
 
     if errors := infra_errors(results):
         failed = len(errors)

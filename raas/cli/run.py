@@ -145,8 +145,9 @@ def run(
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
     from rich.console import Console
 
-    from raas.client.task_files import as_requests, markup, read_tasks, write_results
-    from raas.helpers import new_run_dir
+    from raas.cli.progress import markup
+    from raas.client.task_files import as_requests, read_tasks, write_results
+    from raas.helpers.files import new_run_dir
     from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.tasks.datasets import DatasetError, bundled

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import click
 from click.core import ParameterSource
 
-from raas.helpers import PortBusy, check_port
+from raas.helpers.ports import PortBusy, check_port
 from raas.settings import ServeSettings, choices, flag, is_directory, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (

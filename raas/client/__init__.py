@@ -6,7 +6,7 @@ from raas.client.dapo import DapoReport, collect_groups, reward_varies
 from raas.client.metrics import MetricsLogger, dapo_metrics, rollout_metrics
 from raas.client.rollout_client import Group, RolloutClient, ServerDown, SyncRolloutClient
 from raas.client.single_server import AsyncRolloutClient, RaasHTTPError
-from raas.helpers import ServerListError, read_server_list
+from raas.helpers.server_list import ServerListError, read_server_list
 from raas.wire import RolloutRequest, RolloutResult
 
 __all__ = [

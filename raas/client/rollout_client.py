@@ -2,7 +2,7 @@
 
 Jobs go to the server with the most free capacity (from ``/v1/status``: jobs in flight per RUN
 worker, counting what this client sent since); a job whose instance names an image
-(``raas.image_refs.image_of``: a SWE row's) goes to the least loaded of the servers whose node
+(``raas.images.refs.image_of``: a SWE row's) goes to the least loaded of the servers whose node
 already holds that image (``/v1/images``, read again when its version in the status changes),
 since a server without it would fail the job. Each job keeps its server, and a server that
 stops answering is set aside: its jobs are submitted again elsewhere under the same ids, so no
@@ -31,7 +31,7 @@ from raas.client.single_server import (
     server_url,
     with_job_id,
 )
-from raas.image_refs import stored_name_of
+from raas.images.refs import stored_name_of
 from raas.wire import FINAL_STATES, RolloutRequest, RolloutResult, ServiceStatus
 
 log = logging.getLogger(__name__)

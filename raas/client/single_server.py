@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from raas.helpers import retry_after_s, wait_retry_after
+from raas.helpers.retries import retry_after_s, wait_retry_after
 from raas.wire import (
     FINAL_STATES,
     BackendOut,

@@ -1,15 +1,14 @@
 """Task files in, result files out: reading a task file (JSONL or Parquet, raas's rows or
-verl's), running it through a server with its progress and its infra failures, writing the
-results (what ``raas submit`` and ``raas run`` do)."""
+verl's), running it through a server (its results and an interruption told to callbacks) with
+its infra failures, writing the results (what ``raas submit`` and ``raas run`` do). Nothing here
+prints: the commands' progress and messages are raas.cli.progress's."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import itertools
 import json
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
 from raas.client.single_server import RaasHTTPError, with_job_id
-from raas.helpers import plain
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 
@@ -222,11 +220,6 @@ def keeping(
     return arrived
 
 
-def say_cancelling(n: int) -> None:
-    """What ``raas run`` / ``raas submit`` print on Ctrl-C before cancelling their jobs."""
-    print(f"interrupted: cancelling this run's {n} unfinished jobs on the server", flush=True)
-
-
 def write_results(results: Iterable[RolloutResult], out: Path) -> None:
     """One result a line (JSONL), the directory made if need be."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -242,70 +235,3 @@ def infra_errors(results: list[RolloutResult]) -> list[ErrorInfo]:
         for r in results
         if r.state != "done" and r.error is not None and r.error.kind == "infra"
     ]
-
-
-def markup(value: object) -> str:
-    """Text from a job or a server inside rich markup: control characters shown as escapes
-    (``plain``) and square brackets escaped, so ``[red]`` is shown, not applied."""
-    from rich.markup import escape
-
-    return escape(plain(value))
-
-
-class Counting:
-    """Progress over N jobs: a live bar on a terminal; elsewhere (a log, CI, a pipe) a line every
-    ``every_s`` seconds and at the end, so a long CPU run is never silent."""
-
-    def __init__(self, console: Any, total: int, label: str, every_s: float = 15.0) -> None:
-        from rich.progress import Progress
-
-        self.console, self.total, self.label, self.every_s = console, total, label, every_s
-        self.done = 0
-        self.failed = 0
-        self._started = self._said = time.monotonic()
-        self._bar = Progress(console=console) if console.is_terminal else None
-        self._task = (
-            self._bar.add_task(markup(label), total=total) if self._bar is not None else None
-        )
-        self._ticker: asyncio.Task[None] | None = None  # off a terminal: a line every every_s
-
-    def __enter__(self) -> Counting:
-        if self._bar is not None:
-            self._bar.__enter__()
-            return self
-        self.console.print(
-            f"{markup(self.label)}: {self.total} job{'' if self.total == 1 else 's'}"
-        )
-        with contextlib.suppress(RuntimeError):  # no running loop: lines come with results
-            self._ticker = asyncio.get_running_loop().create_task(self._tick())
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-        elif self.done < self.total and (kind is None or not issubclass(kind, Exception)):
-            self._say()  # where a run stopped; an error says so itself, in its one line
-
-    async def _tick(self) -> None:
-        while True:  # a line even when nothing finishes for a long while
-            await asyncio.sleep(self.every_s)
-            if time.monotonic() - self._said >= self.every_s:
-                self._say()
-
-    def advance(self, result: Any = None) -> None:
-        self.done += 1
-        if result is not None and getattr(result, "state", "done") != "done":
-            self.failed += 1
-        if self._bar is not None and self._task is not None:
-            self._bar.advance(self._task)
-        elif time.monotonic() - self._said >= self.every_s or self.done == self.total:
-            self._say()
-
-    def _say(self) -> None:
-        self._said = time.monotonic()
-        self.console.print(
-            f"{markup(self.label)}: {self.done}/{self.total} finished ({self.failed} not done),"
-            f" {self._said - self._started:.0f} s"
-        )

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from raas.helpers import NotReady, exited, wait_until_answers, write_atomic, write_server_list
+from raas.helpers.files import write_atomic
+from raas.helpers.readiness import NotReady, exited, wait_until_answers
+from raas.helpers.server_list import write_server_list
 from raas.launch import ChildServer
 
 

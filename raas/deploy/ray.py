@@ -27,16 +27,10 @@ from typing import Any
 
 import httpx
 
-from raas.helpers import (
-    NotReady,
-    exited,
-    free_port,
-    guarded,
-    port_free,
-    terminate,
-    wait_until_answers,
-    write_server_list,
-)
+from raas.helpers.children import guarded, terminate
+from raas.helpers.ports import free_port, port_free
+from raas.helpers.readiness import NotReady, exited, wait_until_answers
+from raas.helpers.server_list import write_server_list
 from raas.settings import ENV_PREFIX, PER_SERVER, SettingsError, to_flags, validate
 
 log = logging.getLogger(__name__)

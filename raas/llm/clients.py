@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 import aiohttp
 import orjson
 
-from raas.helpers import retry_after_s
+from raas.helpers.retries import retry_after_s
 from raas.llm.types import BackendError, Generation, SamplingParams
 from raas.llm.validation import answer_problem
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from raas.helpers import wait_retry_after
+from raas.helpers.retries import wait_retry_after
 from raas.llm.clients import LLMClient, PauseMode, base_url, make_client
 from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
 

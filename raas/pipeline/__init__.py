@@ -13,7 +13,7 @@ from raas.pipeline.errors import (
 from raas.pipeline.job import Job, JobRequest
 from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
 from raas.pipeline.states import JobState, Stage
-from raas.pipeline.tenants import TenantPolicies, TenantPolicy, policies_from, policies_of
+from raas.pipeline.tenants import TenantPolicies, policies_from, policies_of
 
 __all__ = [
     "Draining",
@@ -32,7 +32,6 @@ __all__ = [
     "StoreUnavailable",
     "SubmitError",
     "TenantPolicies",
-    "TenantPolicy",
     "policies_from",
     "policies_of",
 ]

@@ -1,9 +1,10 @@
 """What the pipeline is told of each tenant: its weight in the stage queues and its quotas.
 
-The tenants file (raas.tenants) says which API key is which tenant and holds each one's weight
-and ``Quotas``; the pipeline only asks a ``TenantPolicies`` callable, by tenant name, each time
-it decides, so a reload of the file that hands it a new one (``policies_of``, through
-``Pipeline.set_tenants``) takes effect at the next job taken or submission checked.
+The tenants file (raas.tenants) says which API key is which tenant and holds each one's
+``TenantPolicy`` (weight and ``Quotas``); the pipeline only asks a ``TenantPolicies`` callable,
+by tenant name, each time it decides, so a reload of the file that hands it a new one
+(``policies_of``, through ``Pipeline.set_tenants``) takes effect at the next job taken or
+submission checked.
 
 A limit is reserved when a job is admitted, not checked after the fact: a job's LLM tokens are
 reserved at its ceiling (``token_ceiling``) from its admission until it ends, when what it used
@@ -14,35 +15,19 @@ are closed.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from raas.tasks.protocol import TaskJob
-from raas.tenants import Quotas, Tenants
+from raas.tenants import TenantPolicy, Tenants
 
 # A tokens-per-second quota is measured over this window, so that one long turn's tokens do not
 # refuse a tenant for the second after it and a burst is allowed as long as the minute's average
 # holds.
 SECOND_WINDOW_S = 60.0
 DAY_S = 86400.0
-
-
-@dataclass(frozen=True)
-class TenantPolicy:
-    """A tenant's weight (its share of each stage's slots while others wait too) and quotas
-    (the tenants file's: jobs in flight refuse a submission, sandboxes hold jobs back in the
-    INIT queue, LLM tokens per second, averaged over SECOND_WINDOW_S, or per day refuse one)."""
-
-    weight: float = 1.0
-    quotas: Quotas = field(default_factory=Quotas)
-
-    def __post_init__(self) -> None:
-        if not self.weight > 0 or not math.isfinite(self.weight):
-            raise ValueError(f"a tenant's weight must be a positive number, not {self.weight}")
 
 
 TenantPolicies = Callable[[str], TenantPolicy]
@@ -64,9 +49,7 @@ def policies_of(tenants: Tenants | None) -> TenantPolicies:
     admin's own jobs, of no tenant of the file, get the default."""
     if tenants is None:
         return every_tenant_alike
-    return policies_from(
-        {t.name: TenantPolicy(t.weight, t.quotas) for t in tenants.by_name.values()}
-    )
+    return policies_from({t.name: t.policy for t in tenants.by_name.values()})
 
 
 def token_ceiling(handler: Any, job: TaskJob) -> int | None:

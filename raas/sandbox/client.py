@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raas.helpers import offered_tokens
+from raas.helpers.tokens import offered_tokens
 from raas.sandbox.inside.relay import error_response
 
 PROTOCOL = 2

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from raas.helpers import without_none
+from raas.helpers.optional import without_none
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, iter_finished
 from raas.tenants import DEFAULT_TENANT, own_id

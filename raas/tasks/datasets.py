@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raas.helpers import did_you_mean
+from raas.helpers.suggestions import did_you_mean
 from raas.tasks.countdown import generate_instances
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -23,8 +23,8 @@ from typing import Annotated, Any, ClassVar, Self
 from pydantic import AfterValidator, ConfigDict, Field, StrictFloat, StrictStr, model_validator
 
 from raas.agent.tools import Tool
+from raas.judge.answers import check_numeric, exact_number, final_answer
 from raas.tasks.agentic import AgentContext
-from raas.tasks.answers import check_numeric, exact_number, final_answer
 from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, located_error
 from raas.tasks.services import TaskServices

@@ -36,9 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from raas.agent.tools import Tool
-from raas.tasks import sources
-from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
-from raas.tasks.answers import (
+from raas.judge.answers import (
     MARKERS,
     AnswerMarker,
     final_answer,
@@ -46,6 +44,8 @@ from raas.tasks.answers import (
     judge_math,
     marked_answer,
 )
+from raas.tasks import sources
+from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.protocol import PolicyError, RewardInfo, TaskInstance, located_error
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory

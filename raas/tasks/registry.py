@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from raas.helpers import did_you_mean
+from raas.helpers.suggestions import did_you_mean
 from raas.tasks import sources
 from raas.tasks.protocol import TaskHandler
 

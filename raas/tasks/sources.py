@@ -17,7 +17,7 @@ scorer for it reads it (in that order; the finish tool's answer comes before all
   ``prime_math``, for the ``numina_*`` sources, prefers a box and falls back to these).
 
 raas then compares the answer with the ground truth by symbolic equivalence (math-verify, see
-``raas.tasks.answers.check_math``), not verl's string normalisation, and gives 1.0 or 0.0 (verl's
+``raas.judge.answers.check_math``), not verl's string normalisation, and gives 1.0 or 0.0 (verl's
 ``math_dapo`` gives -1.0 for a wrong answer; an instance with ``"scorer": "verl"`` gets verl's own
 score where verl is installed, see ``raas.tasks.math``).
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from raas.tasks.answers import AnswerMarker
+from raas.judge.answers import AnswerMarker
 
 
 @dataclass(frozen=True)

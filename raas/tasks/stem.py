@@ -14,14 +14,14 @@ from typing import Any, Self
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictStr, model_validator
 
-from raas.tasks.agentic import AgentContext, last_assistant_text
-from raas.tasks.answers import (
+from raas.judge.answers import (
     check_choice,
     check_numeric,
     final_answer,
     parse_choice,
     parse_numbers,
 )
+from raas.tasks.agentic import AgentContext, last_assistant_text
 from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
 from raas.tasks.services import TaskServices

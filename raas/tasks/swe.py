@@ -12,7 +12,7 @@ JSON-encoded list, as SWE-bench's rows store them, is read as the list), and the
   objects); EVAL judges the patch on a fresh copy in a fresh sandbox (raas.judge.swe: test paths
   put back, shadowing patches refused, tests run by id with canaries and a structured record).
 - ``repo`` + ``base_commit``, as in SWE-bench / SWE-Gym / R2E-Gym: the row runs in its own image
-  (raas.image_refs: ``image_name``, ``docker_image``, else SWE-Gym's name for its
+  (raas.images.refs: ``image_name``, ``docker_image``, else SWE-Gym's name for its
   ``instance_id``), the repository at /testbed at its base commit (INIT checks it with the
   image's git), its tests pytest node ids (Django's unittest names, SymPy's function names),
   run with its own test command where the row carries swebench 5's ``eval_script`` (else as
@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from raas.image_refs import IMAGE_FIELDS, image_of
+from raas.images.refs import IMAGE_FIELDS, image_of
 from raas.judge.code import Verdict
 from raas.judge.swe import judge_swe
 from raas.judge.swe_image import TESTBED, judge_swe_image

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from raas.helpers import free_port
+from raas.helpers.ports import free_port
 from raas.tasks.countdown import generate_instances
 from raas.wire import RolloutResult
 from tests.support.probe import WAIT_S, ProbeTask, probe_instance

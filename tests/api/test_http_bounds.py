@@ -25,7 +25,9 @@ from click.testing import CliRunner
 from raas.api.connections import MAX_DEFAULT_CONNECTIONS, TooManyConnections, connection_cap
 from raas.cli import main
 from raas.deploy.slurm import SlurmOptionError, serve_values
-from raas.helpers import exited, free_port, terminate, wait_until_answers
+from raas.helpers.children import terminate
+from raas.helpers.ports import free_port
+from raas.helpers.readiness import exited, wait_until_answers
 
 CAP = 8
 HEAD_TIMEOUT_S = 1.0

@@ -31,14 +31,14 @@ from raas.api.tenants import NOT_ADMIN
 from raas.cli import main
 from raas.deploy.ray import serve_args
 from raas.deploy.slurm import serve_values
-from raas.helpers import free_port
+from raas.helpers.ports import free_port
 from raas.llm.types import SamplingParams
-from raas.pipeline import JobRequest, Pipeline, TenantPolicy
+from raas.pipeline import JobRequest, Pipeline
 from raas.pipeline.job import scoped
 from raas.settings import ServeSettings, load_settings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
-from raas.tenants import Quotas, TenantsFileError, load_tenants
+from raas.tenants import Quotas, TenantPolicy, TenantsFileError, load_tenants
 from raas.wire import Branch, Trajectory
 from tests.conftest import small_config
 from tests.support.probe import WAIT_S, ProbeTask, probe_instance
@@ -410,8 +410,9 @@ def test_a_json_file_reads_as_the_toml_one(tmp_path: Path) -> None:
     path.write_text(json.dumps({"tenants": {"alice": entry}}))
     tenants = load_tenants(path)
     alice = tenants.of_key(ALICE.encode())
-    assert alice is not None and (alice.name, alice.weight) == ("alice", 0.5)
-    assert alice.quotas.llm_tokens_per_s == 1e4 and alice.quotas.max_jobs_in_flight is None
+    assert alice is not None and (alice.name, alice.policy.weight) == ("alice", 0.5)
+    quotas = alice.policy.quotas
+    assert quotas.llm_tokens_per_s == 1e4 and quotas.max_jobs_in_flight is None
     assert tenants.of_key(BOB.encode()) is None
 
 

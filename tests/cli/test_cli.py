@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from raas.cli import main
-from raas.helpers import free_port
+from raas.helpers.ports import free_port
 from raas.settings import ServeSettings
 from raas.store.sqlite import connect
 from raas.wire import RolloutRequest
@@ -324,7 +324,7 @@ def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> No
 
     from rich.console import Console
 
-    from raas.client.task_files import Counting
+    from raas.cli.progress import Counting
     from raas.wire import RolloutResult, Timing, Trajectory
 
     out = io.StringIO()
@@ -598,7 +598,7 @@ def test_each_run_writes_its_results_in_a_directory_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import raas.run
-    from raas.helpers import new_run_dir
+    from raas.helpers.files import new_run_dir
 
     async def nothing(*args: object) -> tuple[list[object], float]:
         return [], 0.0

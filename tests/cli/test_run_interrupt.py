@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from raas.helpers import Terminated, stopped_by_sigterm
+from raas.helpers.sigterm import Terminated, stopped_by_sigterm
 from raas.store.sqlite import iter_finished
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

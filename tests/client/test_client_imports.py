@@ -10,7 +10,7 @@ import sys
 import pytest
 
 # What `raas.client` may load of raas: itself, the wire types and the shared helpers.
-ALLOWED_RAAS = ("raas", "raas.client", "raas.wire", "raas.helpers", "raas.image_refs")
+ALLOWED_RAAS = ("raas", "raas.client", "raas.wire", "raas.helpers", "raas.images.refs")
 # The metrics logger imports tensorboard and wandb only when asked to write to them.
 FORBIDDEN = ("fastapi", "starlette", "uvicorn", "torch", "transformers", "tensorboard", "wandb")
 
@@ -33,6 +33,7 @@ print(json.dumps(bad))
         "raas.client",
         "raas.client.batch",
         "raas.client.metrics",
+        "raas.client.task_files",
         "raas.client.integrations.trl",
         "raas.client.integrations.verl_bridge",
     ],

@@ -23,13 +23,13 @@ import pytest
 import raas.tasks.math
 from raas.api.app import create_app
 from raas.client.task_files import TaskFileError, read_tasks, task_instance
+from raas.judge.answers import marked_answer
 from raas.llm.models import load_tokenizer
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, RequestRejected
 from raas.sandbox import BwrapConfig
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskJob, TaskRegistry, UnknownTask
-from raas.tasks.answers import marked_answer
 from raas.tasks.math import MathTask, verl_judge, verl_solution
 from raas.tasks.protocol import PolicyError
 from raas.tasks.services import TaskServices

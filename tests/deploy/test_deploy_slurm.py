@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from raas.cli import main
 from raas.client import ServerListError, read_server_list
 from raas.deploy.slurm import SlurmOptionError, SlurmOptions, node_command, render_sbatch
-from raas.helpers import free_port
+from raas.helpers.ports import free_port
 
 # The node servers listen on every interface, so they need a key.
 KEY = "node-key"

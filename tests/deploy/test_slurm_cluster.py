@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from raas.client import RolloutClient, read_server_list
-from raas.helpers import free_port
+from raas.helpers.ports import free_port
 from raas.tasks.datasets import bundled
 from raas.wire import RolloutRequest
 

@@ -1,4 +1,4 @@
-"""raas.tasks.answers: extraction and checkers, and the bundled math and STEM sets."""
+"""raas.judge.answers: extraction and checkers, and the bundled math and STEM sets."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from raas.tasks.answers import (
+from raas.judge.answers import (
     MathVerdict,
     check_choice,
     check_math,

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from raas.helpers import retry_after_s
+from raas.helpers.retries import retry_after_s
 from raas.llm.clients import SGLangClient, VerlClient, VLLMClient, base_url
 from raas.llm.pool import BackendPool, PoolConfig
 from raas.llm.types import BackendError, NoBackendAvailable, SamplingParams

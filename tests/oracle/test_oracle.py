@@ -29,6 +29,7 @@ import pytest
 
 from raas.client import RolloutClient
 from raas.client.task_files import run_requests
+from raas.judge.answers import check_math
 from raas.launch import ServerProcess
 from raas.llm.models import load_tokenizer
 from raas.oracle import sabotage
@@ -36,7 +37,6 @@ from raas.oracle.app import oracle_app
 from raas.oracle.catalogue import SETS, GoldTask, gold_tasks
 from raas.oracle.model import Oracle
 from raas.oracle.sabotage import SABOTAGES, sabotage_of
-from raas.tasks.answers import check_math
 from raas.wire import RolloutRequest, RolloutResult
 from tests.support.llm_servers import ServerThread
 

@@ -18,7 +18,6 @@ from raas.pipeline import (
     Overloaded,
     Pipeline,
     QuotaExceeded,
-    TenantPolicy,
     policies_from,
 )
 from raas.pipeline.queue import QueueFull, StageQueue
@@ -26,7 +25,7 @@ from raas.pipeline.slots import StageSlots
 from raas.pipeline.tenants import DAY_S, TokenMeter
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
-from raas.tenants import Quotas
+from raas.tenants import Quotas, TenantPolicy
 from tests.support.probe import WAIT_S, ProbeTask, finished, probe_instance, settle
 
 

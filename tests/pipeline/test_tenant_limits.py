@@ -23,7 +23,7 @@ from raas.api.app import create_app
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
 from raas.llm.types import Generation, SamplingParams
-from raas.pipeline import JobRequest, JobState, Pipeline, TenantPolicy, policies_from
+from raas.pipeline import JobRequest, JobState, Pipeline, policies_from
 from raas.pipeline.tenants import TokenMeter, token_ceiling
 from raas.sandbox import BwrapConfig, Sandbox
 from raas.settings import ServeSettings
@@ -32,7 +32,7 @@ from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.math import MathTask
 from raas.tasks.services import TaskServices
-from raas.tenants import Quotas
+from raas.tenants import Quotas, TenantPolicy
 from raas.wire import Branch, Trajectory
 from tests.conftest import small_config
 from tests.support.probe import WAIT_S, ProbeTask, finished, probe_instance

@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from raas.cli import main
 from raas.cli.images import dataset_images
-from raas.image_refs import normalize
+from raas.images.refs import normalize
 from raas.sandbox.oci import ImageError
 from raas.sandbox.oci.layers import DigestError, LayerError, unpack_layer
 from raas.sandbox.oci.store import ImageStore, default_store_dir
@@ -492,7 +492,7 @@ def test_a_pull_killed_while_unpacking_leaves_no_layer_and_the_next_pull_complet
 
 @pytest.mark.images
 def test_registry_down_and_unknown_image_are_one_line_each(images: Images, tmp_path: Path) -> None:
-    from raas.helpers import free_port
+    from raas.helpers.ports import free_port
 
     store = _store(tmp_path)
     down = f"127.0.0.1:{free_port()}/swe/a:v1"

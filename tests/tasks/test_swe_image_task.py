@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from raas.image_refs import image_of, swe_gym_image
+from raas.images.refs import image_of, swe_gym_image
 from raas.sandbox import BwrapConfig, SandboxError
 from raas.sandbox.oci import StoredImage
 from raas.tasks.protocol import InvalidInstance, TaskJob, parse_instance

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from raas.agent.gateway import GEMINI, GatewaySession, unauthorized
 from raas.api.errors import app_path
 from raas.api.state import ServiceState
-from raas.helpers import offered_tokens
+from raas.helpers.tokens import offered_tokens
 from raas.llm.anthropic_messages import AnthropicErrorBody, AnthropicMessage, TokensCount
 from raas.llm.gemini_content import CountTokensResponse, GenerateContentResponse, GoogleErrorBody
 from raas.llm.openai_responses import ResponseObject

@@ -16,7 +16,7 @@ import secrets
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from raas.helpers import bearer_token
+from raas.helpers.tokens import bearer_token
 
 ADMIN_PATHS = frozenset({"/update_weights"})
 WRONG_KEY = "missing or wrong API key: send 'Authorization: Bearer <key>'"

@@ -74,8 +74,8 @@ API_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
 def offered_tokens(headers: dict[str, str], query: str = "") -> list[str]:
     """The tokens a request offers: ``Authorization: Bearer``'s, then ``x-api-key``'s,
-    ``x-goog-api-key``'s and the ``query``'s ``key`` (as raas.helpers.offered_tokens, which this
-    standard-library module cannot import)."""
+    ``x-goog-api-key``'s and the ``query``'s ``key`` (as raas.helpers.tokens.offered_tokens,
+    which this standard-library module cannot import)."""
     out = []
     scheme, _, given = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer":

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.image_refs import normalize
+from raas.images.refs import normalize
 from raas.sandbox.oci import archives, locks, manifests, skopeo
 from raas.sandbox.oci.image import ImageError, ImageNotStored, StoredImage
 from raas.sandbox.oci.layers import (

@@ -1,0 +1,16 @@
+"""Text from a job or a server made safe to print on a terminal."""
+
+from __future__ import annotations
+
+import re
+
+# What a terminal acts on instead of showing: C0 and C1 controls (ESC starts a sequence that can
+# retitle the window, move the cursor, write the clipboard), DEL, and the bidirectional marks
+# and overrides that reorder the text around them.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: object) -> str:
+    """Text from a job or a server (an instance id, a data_source, an error message) that is
+    safe to print on a terminal: each control character shown as its escape (``\\x1b``)."""
+    return CONTROL_CHARACTERS.sub(lambda m: ascii(m.group())[1:-1], str(value))
