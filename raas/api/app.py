@@ -28,10 +28,8 @@ from raas.api.openapi import (
     document_streams,
 )
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
-from raas.api.series import Series
 from raas.api.state import ServiceState
 from raas.api.tenants import watch_tenants
-from raas.api.usage import UsageLedger
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig, policies_of
@@ -80,8 +78,6 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         store = ResultStore(settings.db)
         await store.open()
         metrics = PipelineMetrics()
-        series = Series()
-        usage = UsageLedger()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
@@ -105,7 +101,6 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             tasks,
             store,
             PipelineConfig.from_settings(settings),
-            observers=[metrics, series, usage],
             services=services,
         )
         metrics.watch(pipeline)
@@ -127,9 +122,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             images,
             gateway=services.gateway,
             tokenizer=services.tokenizer_async,
-            series=series,
             tenants_watch=watch,
-            usage=usage,
         )
         if watch is not None:
             watch.start()

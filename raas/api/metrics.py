@@ -1,5 +1,7 @@
 """Prometheus metrics: jobs by state, errors by kind, stage durations, queue depths, activity, the
-node's image store, and each tenant's use (jobs, stage and sandbox seconds, LLM tokens).
+node's image store, and each tenant's use (jobs, stage and sandbox seconds, LLM tokens). Every
+count is read at scrape time: jobs from the pipeline's ledger (raas.pipeline.ledger), which alone
+counts them, the rest from the pipeline and the image store as they are now.
 
 Each tenant's series are kept in a registry of their own and shown to the admin only: a tenant
 must not read another's use (its own is GET /v1/usage), and the server-wide series say nothing
@@ -7,18 +9,20 @@ of who."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from functools import partial
+import itertools
+from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from raas.api.image_store import ImageStoreMonitor
-from raas.pipeline import Job, JobState, Pipeline, Stage
+from raas.pipeline import Pipeline
+from raas.pipeline.ledger import Histogram, Ledger
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 # The gauges of each stage, read from Pipeline.stats(): its key, the metric's name and help.
 PER_STAGE = (
     ("queued", "raas_queue_depth", "Jobs waiting for a stage."),
@@ -37,98 +41,165 @@ PER_TENANT = (
 
 
 class PipelineMetrics:
-    """A PipelineObserver that counts into its own registry (one per app, so tests can run many)."""
+    """The exposition of one app (a registry each, so tests can run many): every count is read at
+    scrape time from the pipeline's ledger (raas.pipeline.ledger), which alone counts."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.tenant_registry = CollectorRegistry()  # the per-tenant series: the admin's only
-        counter = partial(Counter, registry=self.registry)
-        tenant_counter = partial(Counter, registry=self.tenant_registry)
-        histogram = partial(Histogram, buckets=STAGE_BUCKETS, registry=self.registry)
-        self.submitted = counter("raas_jobs_submitted", "Jobs accepted, by task.", ["data_source"])
-        self.finished = counter(
-            "raas_jobs_finished",
-            "Jobs finished, by final state and task.",
-            ["state", "data_source"],
-        )
-        self.stage_seconds = histogram(
-            "raas_stage_duration_seconds", "Time a job spent inside a stage.", ["stage"]
-        )
-        self.errors = counter(
-            "raas_job_errors",
-            "Errors that ended a run of a job (its last, or one run again), by kind and task.",
-            ["kind", "data_source"],
-        )
-        self.malformed_tool_calls = counter(
-            "raas_malformed_tool_calls",
-            "Tool calls the model wrote that the parser could not read, in finished jobs, by task.",
-            ["data_source"],
-        )
-        self.tamper = counter(
-            "raas_judge_tamper",
-            "Finished jobs a judge scored 0 because a twin of a deciding test passed, by task.",
-            ["data_source"],
-        )
-        self.queue_seconds = histogram(
-            "raas_job_queue_seconds", "Time a finished job spent waiting in stage queues."
-        )
-        self.tenant_submitted = tenant_counter(
-            "raas_tenant_jobs_submitted", "Jobs accepted, by tenant.", ["tenant"]
-        )
-        self.tenant_finished = tenant_counter(
-            "raas_tenant_jobs_finished", "Jobs finished, by tenant and state.", ["tenant", "state"]
-        )
-        self.tenant_stage_seconds = tenant_counter(
-            "raas_tenant_stage_seconds", "Seconds inside stages, by tenant.", ["tenant", "stage"]
-        )
-        self.tenant_sandbox_seconds = tenant_counter(
-            "raas_tenant_sandbox_seconds",
-            "Seconds finished jobs held a sandbox (INIT to cleanup, every attempt), by tenant.",
-            ["tenant"],
-        )
-        self.tenant_tokens = tenant_counter(
-            "raas_tenant_llm_tokens",
-            "LLM tokens of finished jobs by tenant: in (each call's prompt) and out (generated).",
-            ["tenant", "direction"],
-        )
 
     def watch(self, pipeline: Pipeline) -> None:
+        self.registry.register(_LedgerCounts(pipeline.ledger))
         self.registry.register(_PipelineGauges(pipeline))
+        self.tenant_registry.register(_TenantCounts(pipeline.ledger))
         self.tenant_registry.register(_TenantGauges(pipeline))
 
     def watch_images(self, images: ImageStoreMonitor) -> None:
         self.registry.register(_ImageStoreGauges(images))
 
-    def job_submitted(self, job: Job) -> None:
-        self.submitted.labels(job.data_source).inc()
-        self.tenant_submitted.labels(job.tenant).inc()
-
-    def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None:
-        self.stage_seconds.labels(stage.value).observe(seconds)
-        self.tenant_stage_seconds.labels(job.tenant, stage.value).inc(seconds)
-
-    def job_finished(self, job: Job, state: JobState) -> None:
-        self.finished.labels(state.value, job.data_source).inc()
-        self.tenant_finished.labels(job.tenant, state.value).inc()
-        self.tenant_sandbox_seconds.labels(job.tenant).inc(job.sandbox_s)
-        tokens_in, tokens_out = job.llm_tokens()
-        self.tenant_tokens.labels(job.tenant, "in").inc(tokens_in)
-        self.tenant_tokens.labels(job.tenant, "out").inc(tokens_out)
-        for error in job.attempt_errors:
-            self.errors.labels(error.kind, job.data_source).inc()
-        if job.ending is not None:
-            self.errors.labels(job.ending.kind, job.data_source).inc()
-        self.queue_seconds.observe(job.timing.queue_s)
-        if job.result is not None:
-            malformed = job.result.trajectory.malformed_tool_calls()
-            self.malformed_tool_calls.labels(job.data_source).inc(malformed)
-            if job.result.metrics.get("tamper"):
-                self.tamper.labels(job.data_source).inc()
-
     def render(self, per_tenant: bool = True) -> bytes:
         """The exposition; ``per_tenant`` adds each tenant's series (for the admin)."""
         text = generate_latest(self.registry)
         return text + generate_latest(self.tenant_registry) if per_tenant else text
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: Iterable[tuple[list[str], float]], since: float
+) -> CounterMetricFamily:
+    """A counter family; each series counts from ``since`` (the ledger's start)."""
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, value, created=since)
+    return family
+
+
+def _histogram(
+    name: str,
+    doc: str,
+    labels: list[str],
+    values: Iterable[tuple[list[str], Histogram]],
+    since: float,
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for label_values, histogram in values:
+        cumulative = list(itertools.accumulate(histogram.counts))
+        bounds = [str(float(b)) for b in histogram.bounds] + ["+Inf"]  # as `le` is written
+        family.add_metric(label_values, list(zip(bounds, cumulative, strict=True)), histogram.sum)
+        created = dict(zip(labels, label_values, strict=True))
+        family.samples.append(Sample(f"{name}_created", created, since))
+    return family
+
+
+class _LedgerCounts(Collector):
+    """The server-wide counters and histograms, by task and state (nothing says whose)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        ledger, since = self.ledger, self.ledger.started
+        tasks = sorted(ledger.by(lambda tenant, data_source: data_source).items())
+        yield _counter(
+            "raas_jobs_submitted",
+            "Jobs accepted, by task.",
+            ["data_source"],
+            (([ds], c.submitted) for ds, c in tasks if c.submitted),
+            since,
+        )
+        yield _counter(
+            "raas_jobs_finished",
+            "Jobs finished, by final state and task.",
+            ["state", "data_source"],
+            (([state, ds], n) for ds, c in tasks for state, n in sorted(c.finished.items())),
+            since,
+        )
+        yield _histogram(
+            "raas_stage_duration_seconds",
+            "Time a job spent inside a stage.",
+            ["stage"],
+            (([s.value], h) for s, h in ledger.stage_seconds.items() if h.count),
+            since,
+        )
+        yield _counter(
+            "raas_job_errors",
+            "Errors that ended a run of a job (its last, or one run again), by kind and task.",
+            ["kind", "data_source"],
+            (([kind, ds], n) for ds, c in tasks for kind, n in sorted(c.errors.items())),
+            since,
+        )
+        finished = [(ds, c) for ds, c in tasks if c.finished_jobs]
+        yield _counter(
+            "raas_malformed_tool_calls",
+            "Tool calls the model wrote that the parser could not read, in finished jobs, by task.",
+            ["data_source"],
+            (([ds], c.malformed_tool_calls) for ds, c in finished),
+            since,
+        )
+        yield _counter(
+            "raas_judge_tamper",
+            "Finished jobs a judge scored 0 because a twin of a deciding test passed, by task.",
+            ["data_source"],
+            (([ds], c.tamper) for ds, c in tasks if c.tamper),
+            since,
+        )
+        yield _histogram(
+            "raas_job_queue_seconds",
+            "Time a finished job spent waiting in stage queues.",
+            [],
+            [([], ledger.queue_seconds)],
+            since,
+        )
+
+
+class _TenantCounts(Collector):
+    """Each tenant's counters: jobs, stage and sandbox seconds, LLM tokens (the admin's)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        since = self.ledger.started
+        tenants = sorted(self.ledger.by(lambda tenant, data_source: tenant).items())
+        finished = [(t, c) for t, c in tenants if c.finished_jobs]
+        yield _counter(
+            "raas_tenant_jobs_submitted",
+            "Jobs accepted, by tenant.",
+            ["tenant"],
+            (([t], c.submitted) for t, c in tenants if c.submitted),
+            since,
+        )
+        yield _counter(
+            "raas_tenant_jobs_finished",
+            "Jobs finished, by tenant and state.",
+            ["tenant", "state"],
+            (([t, state], n) for t, c in tenants for state, n in sorted(c.finished.items())),
+            since,
+        )
+        yield _counter(
+            "raas_tenant_stage_seconds",
+            "Seconds inside stages, by tenant.",
+            ["tenant", "stage"],
+            (([t, stage], s) for t, c in tenants for stage, s in sorted(c.stage_s.items())),
+            since,
+        )
+        yield _counter(
+            "raas_tenant_sandbox_seconds",
+            "Seconds finished jobs held a sandbox (INIT to cleanup, every attempt), by tenant.",
+            ["tenant"],
+            (([t], c.sandbox_s) for t, c in finished),
+            since,
+        )
+        yield _counter(
+            "raas_tenant_llm_tokens",
+            "LLM tokens of finished jobs by tenant: in (each call's prompt) and out (generated).",
+            ["tenant", "direction"],
+            (
+                ([t, direction], n)
+                for t, c in finished
+                for direction, n in (("in", c.tokens_in), ("out", c.tokens_out))
+            ),
+            since,
+        )
 
 
 class _PipelineGauges(Collector):

@@ -11,9 +11,7 @@ from fastapi import Request
 from raas.agent.gateway import Gateway
 from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
-from raas.api.series import Series
 from raas.api.tenants import TenantsWatch
-from raas.api.usage import UsageLedger
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline
 from raas.settings import ServeSettings
@@ -34,12 +32,8 @@ class ServiceState:
     gateway: Gateway | None = None
     # The served model's tokenizer, loaded off the event loop (the dashboard decodes with it).
     tokenizer: Callable[[], Awaitable[Any]] | None = None
-    # What finished over time, for the dashboard's plots (fed as a pipeline observer).
-    series: Series = field(default_factory=Series)
     # The tenants file as last read; None: no tenants (one key, or none).
     tenants_watch: TenantsWatch | None = None
-    # Each tenant's use by the minute, for GET /v1/usage (fed as a pipeline observer).
-    usage: UsageLedger = field(default_factory=UsageLedger)
 
     def tenants(self) -> Tenants | None:
         return self.tenants_watch.current if self.tenants_watch is not None else None

@@ -28,8 +28,10 @@ from raas.pipeline.errors import (
     RequestRejected,
     StoreUnavailable,
 )
+from raas.pipeline.events import job_event, restart_event
 from raas.pipeline.groups import Groups
 from raas.pipeline.job import Ending, Job, JobRequest, new_job_id, scoped
+from raas.pipeline.ledger import Ledger
 from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.slots import StageSlots
@@ -115,16 +117,19 @@ class Pipeline:
         config: PipelineConfig | None = None,
         observers: Iterable[PipelineObserver] = (),
         services: Any = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.registry = registry
         self.services = services
         self.store = store
         self.config = config or PipelineConfig()
-        self.observers = list(observers)
+        # The one count of what jobs did (raas.pipeline.ledger): told of submissions and stage
+        # runs as an observer, of each finished job by the JobEvent _finish hands it.
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.observers: list[PipelineObserver] = [self.ledger, *observers]
         self.accepting = True
         self.stopping = False  # draining for shutdown: infra failures are not run again
         self.started_at = time.time()
-        self.finished_counts: Counter[JobState] = Counter()
         self._jobs: dict[str, Job] = {}
         self._slots: dict[Stage, StageSlots] = {}
         for stage in Stage:  # each keeps slots for the jobs in the stage before, made first
@@ -218,7 +223,10 @@ class Pipeline:
                 result = unfinished_result(
                     rec.job_id, ending, instance, rec.created_at, rec.attempt_errors, task
                 )
-                await self.store.save_result(rec.job_id, result)
+                written = await self.store.save_result(rec.job_id, result)
+                self.ledger.record(
+                    restart_event(rec.request.get("tenant", DEFAULT_TENANT), written)
+                )
                 failed += 1
                 continue
             self.store.note_attempt(job.id, job.attempts, job.attempt_errors)
@@ -859,7 +867,7 @@ class Pipeline:
         job.done.set()
         self._settle_tokens(job)
         self._forget(job)
-        self.finished_counts[state] += 1
+        self.ledger.record(job_event(job, result))
         for obs in self.observers:
             obs.job_finished(job, state)
         _log_finished(job, state, result)
@@ -935,6 +943,7 @@ class Pipeline:
         )
 
     def stats(self) -> dict[str, Any]:
+        finished = self.ledger.finished()
         return {
             "accepting": self.accepting,
             "store_writable": self.store.write_error is None,
@@ -952,7 +961,7 @@ class Pipeline:
                 for stage in Stage
             },
             "finished": {
-                state.value: self.finished_counts[state] for state in JobState if state.finished
+                state.value: finished[state.value] for state in JobState if state.finished
             },
             "tenants": {  # every tenant that has submitted since the start
                 tenant: {"in_flight": n, "sandboxes": self._held_sandboxes(tenant)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -346,19 +347,21 @@ async def test_the_series_count_what_finished_by_bucket(client: Client) -> None:
 
 
 def test_the_series_ring_keeps_the_last_buckets_and_fills_the_gaps() -> None:
-    from raas.api.series import Series
+    from raas.api.series import read_series
+    from raas.pipeline.ledger import Ledger, WindowSpec
 
     now = [1000.0]
-    series = Series(bucket_s=10.0, keep=3, clock=lambda: now[0])
-    series.stage_ended(None, Stage.RUN, 2.0)  # type: ignore[arg-type]
+    ledger = Ledger(clock=lambda: now[0], recent=WindowSpec(bucket_s=10.0, keep=3))
+    job = SimpleNamespace(tenant="default", data_source="probe")
+    ledger.stage_ended(job, Stage.RUN, 2.0)  # type: ignore[arg-type]
     now[0] = 1015.0
-    series.stage_ended(None, Stage.RUN, 4.0)  # type: ignore[arg-type]
-    series.stage_ended(None, Stage.RUN, 6.0)  # type: ignore[arg-type]
-    read = series.read()
+    ledger.stage_ended(job, Stage.RUN, 4.0)  # type: ignore[arg-type]
+    ledger.stage_ended(job, Stage.RUN, 6.0)  # type: ignore[arg-type]
+    read = read_series(ledger.recent)
     assert read.t == [1000.0, 1010.0] and read.stage_s["run"] == [2.0, 5.0]
     assert read.stage_s["init"] == [None, None] and read.finished == [0, 0]
     now[0] = 1100.0  # long after: only the last `keep` buckets, the old ones out of sight
-    later = series.read()
+    later = read_series(ledger.recent)
     assert later.t == [1080.0, 1090.0, 1100.0] and later.stage_s["run"] == [None] * 3
 
 

@@ -198,6 +198,40 @@ async def test_a_tenant_finds_nothing_of_anothers_jobs(server: Server, probe: Pr
         assert {j["job_id"] for j in mine.json()["jobs"]} == {"secret-done", "secret-run"}
 
 
+async def test_a_tenant_plots_its_own_jobs_only_and_the_admin_everyones(server: Server) -> None:
+    """/v1/dashboard/series of a tenant counts its own jobs (it counted every tenant's); the
+    admin's counts them all."""
+    async with server() as (_, http):
+        jobs = [
+            (ALICE, "a-ok", probe_instance()),  # reward 0.5
+            (ALICE, "a-crash", probe_instance(run="raise")),  # infra: run again, fails again
+            (BOB, "b-solved", SOLVABLE),  # reward 1
+        ]
+        for key, job_id, instance in jobs:
+            assert (await submit(http, key, job_id, instance)).status_code == 202
+        for key, job_id, _ in jobs:
+            await finished(http, key, job_id)
+        plots = {
+            key: (await http.get("/v1/dashboard/series", headers=auth(key))).json()
+            for key in (ALICE, BOB, ADMIN)
+        }
+
+    def total(key: str, column: str) -> float:
+        return sum(x or 0 for x in plots[key][column])
+
+    def errors(key: str) -> dict[str, int]:
+        return {kind: sum(n) for kind, n in plots[key]["errors"].items()}
+
+    assert total(BOB, "finished") == 1 and total(BOB, "rewarded") == 1
+    assert max(x or 0 for x in plots[BOB]["pass_rate"]) == 1.0
+    assert errors(BOB) == {"infra": 0, "policy": 0}
+    assert total(ALICE, "finished") == 2 and total(ALICE, "rewarded") == 1
+    assert errors(ALICE) == {"infra": 2, "policy": 0}
+    # The control: the admin sees both tenants' jobs.
+    assert total(ADMIN, "finished") == 3 and total(ADMIN, "rewarded") == 2
+    assert errors(ADMIN) == {"infra": 2, "policy": 0}
+
+
 async def test_the_dashboard_session_of_a_tenant_sees_only_its_jobs(server: Server) -> None:
     async with server() as (_, http):
         await submit(http, ALICE, "hers", SOLVABLE)

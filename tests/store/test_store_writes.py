@@ -19,7 +19,7 @@ import httpx
 
 from raas.api.app import create_app
 from raas.api.state import ServiceState
-from raas.pipeline import JobRequest, JobState, Pipeline
+from raas.pipeline import JobRequest, Pipeline
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
@@ -93,7 +93,7 @@ async def test_a_result_the_store_cannot_write_is_held_never_reported_done(
         assert (result["state"], result["reward"]) == ("done", 0.5)
         page = await pipeline.store.finished()
     assert [r.job_id for r in page.records] == [job_id]  # written once
-    assert pipeline.finished_counts[JobState.DONE] == 1 and pipeline.stats()["results_held"] == 0
+    assert pipeline.stats()["finished"]["done"] == 1 and pipeline.stats()["results_held"] == 0
 
 
 async def test_a_result_still_held_at_shutdown_runs_again_at_the_next_start(

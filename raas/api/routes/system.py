@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from raas.api.metrics import CONTENT_TYPE
 from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
+from raas.api.usage import read_usage
 from raas.wire import NodeImages, ServiceStatus, UsageReport
 
 router = APIRouter(tags=["system"])
@@ -57,4 +58,4 @@ async def get_usage(
     over the last ``since_s`` seconds (a day at most: kept by the minute, in memory, since the
     server started; /metrics counts the same since the start). A tenant sees its own row only,
     the admin every tenant's."""
-    return svc.usage.read(since_s, only=who.tenant)
+    return read_usage(svc.pipeline.ledger, since_s, only=who.tenant)

@@ -1,0 +1,162 @@
+"""The ledger (raas.pipeline.ledger): each finished job is one JobEvent, counted once, and every
+reader (Pipeline.stats(), /v1/usage, the dashboard's plots, /metrics) reads the same counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from raas.api.series import read_series
+from raas.api.usage import read_usage
+from raas.pipeline import JobRequest, JobState, Pipeline, Stage
+from raas.pipeline.events import JobEvent
+from raas.pipeline.ledger import Histogram, Ledger, WindowSpec
+from raas.store.sqlite import ResultStore
+from raas.tasks import TaskRegistry
+from tests.conftest import small_config
+from tests.probe import ProbeTask, finished, probe_instance
+
+
+def event(tenant: str = "a", state: JobState = JobState.DONE, **kw: Any) -> JobEvent:
+    values: dict[str, Any] = {
+        "tenant": tenant,
+        "data_source": "probe",
+        "task": "probe",
+        "state": state,
+        "queue_s": 0.2,
+        "stage_s": {Stage.INIT: 0.1, Stage.RUN: 1.0, Stage.EVAL: 0.5},
+        "error_kind": None,
+        "error_type": None,
+        "attempt_error_kinds": (),
+        "tokens_in": 10,
+        "tokens_out": 3,
+        "generated_tokens": 3,
+        "malformed_tool_calls": 0,
+        "tamper": False,
+        "sandbox_s": 2.0,
+        "reward": 1.0,
+        "finished_at": 0.0,
+        **kw,
+    }
+    return JobEvent(**values)
+
+
+def spy(pipeline: Pipeline) -> list[JobEvent]:
+    """The events the pipeline hands its ledger, in order (still counted)."""
+    seen: list[JobEvent] = []
+    record = pipeline.ledger.record
+
+    def recording(e: JobEvent) -> None:
+        seen.append(e)
+        record(e)
+
+    pipeline.ledger.record = recording  # type: ignore[method-assign]
+    return seen
+
+
+async def test_each_finished_job_is_one_event_however_it_ended(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    async with make_pipeline(max_attempts=2) as pipeline:
+        events = spy(pipeline)
+        jobs = {
+            "ok": probe_instance(),
+            "crash": probe_instance(run="raise"),  # infra: run again once, fails again
+            "misbehaved": probe_instance(eval="policy"),
+            "cancelled": probe_instance(run="block"),
+        }
+        await pipeline.submit([JobRequest(i, job_id=j) for j, i in jobs.items()])
+        await probe.wait_entered("cancelled", "run")
+        assert pipeline.cancel("cancelled") is not None
+        for job_id in jobs:
+            await finished(pipeline, job_id)
+        stats = pipeline.stats()
+    ends = sorted((e.state.value, e.error_type, e.attempt_error_kinds) for e in events)
+    assert ends == [
+        ("cancelled", "cancelled", ()),
+        ("done", None, ()),
+        ("failed", "PolicyError", ()),
+        ("failed", "RuntimeError", ("infra",)),
+    ]
+    assert stats["finished"] == {"done": 1, "failed": 2, "timeout": 0, "cancelled": 1}
+    (ok,) = (e for e in events if e.state is JobState.DONE)
+    assert (ok.tenant, ok.data_source, ok.reward, ok.tokens_out) == ("default", "probe", 0.5, 3)
+    assert ok.sandbox_s > 0 and ok.stage_s[Stage.RUN] >= 0
+
+
+async def test_a_job_failed_at_a_restart_is_an_event_of_the_new_process(
+    tmp_path: Path, registry: TaskRegistry, probe: ProbeTask
+) -> None:
+    db = tmp_path / "crash.db"
+    store = ResultStore(db)
+    await store.open()
+    first = Pipeline(registry, store, small_config())
+    await first.start()
+    await first.submit([JobRequest(probe_instance(run="block"), job_id="in-flight")])
+    await probe.wait_entered("in-flight", "run")
+    for task in first._workers:  # the process "dies" with the job in RUN
+        task.cancel()
+    await store.close()
+
+    store2 = ResultStore(db)
+    await store2.open()
+    second = Pipeline(registry, store2, small_config())
+    try:
+        events = spy(second)
+        await second.start()  # one attempt, spent: the job fails as the service starts
+        stats = second.stats()
+    finally:
+        await second.stop()
+        await store2.close()
+    (lost,) = events
+    assert (lost.state, lost.error_type, lost.error_kind) == (
+        JobState.FAILED,
+        "server_restart",
+        "infra",
+    )
+    assert stats["finished"]["failed"] == 1
+
+
+def test_the_ledger_keeps_totals_and_each_tenants_windows() -> None:
+    now = [1000.0]
+    ledger = Ledger(clock=lambda: now[0], recent=WindowSpec(10.0, 3), daily=WindowSpec(60.0, 5))
+    a_job = SimpleNamespace(tenant="a", data_source="probe")
+    ledger.job_submitted(a_job)  # type: ignore[arg-type]
+    ledger.stage_ended(a_job, Stage.RUN, 1.0)  # type: ignore[arg-type]
+    ledger.record(event("a"))
+    now[0] = 1030.0
+    ledger.record(event("b", JobState.FAILED, error_kind="policy", reward=None, tokens_out=7))
+
+    assert ledger.finished() == {"done": 1, "failed": 1}
+    tenants = ledger.by(lambda tenant, data_source: tenant)
+    assert tenants["a"].submitted == 1 and tenants["a"].stage_s == {"run": 1.0}
+    assert tenants["b"].errors == {"policy": 1} and tenants["b"].tokens_out == 7
+    assert ledger.queue_seconds.count == 2 and ledger.stage_seconds[Stage.RUN].count == 1
+
+    mine = read_series(ledger.recent, "b")
+    assert mine.t == [1030.0] and mine.finished == [1] and mine.errors["policy"] == [1]
+    everyone = read_series(ledger.recent)
+    assert everyone.t == [1010.0, 1020.0, 1030.0]  # keep: 3 buckets back from now
+    assert everyone.finished == [0, 0, 1]
+
+    usage = read_usage(ledger, since_s=3600)
+    assert [(u.tenant, u.finished, u.tokens_out) for u in usage.tenants] == [
+        ("a", {"done": 1}, 3),
+        ("b", {"failed": 1}, 7),
+    ]
+    assert [u.tenant for u in read_usage(ledger, 3600, only="b").tenants] == ["b"]
+    now[0] = 1600.0  # the daily window keeps five minutes: nothing of these is in it
+    assert read_usage(ledger, 3600).tenants == []
+    assert ledger.finished() == {"done": 1, "failed": 1}  # the totals stay
+
+
+@pytest.mark.parametrize(("value", "bucket"), [(0.01, 0), (0.011, 1), (1800, 14), (1e9, 15)])
+def test_a_histogram_counts_a_value_under_the_first_bound_it_does_not_pass(
+    value: float, bucket: int
+) -> None:
+    histogram = Histogram()
+    histogram.observe(value)
+    assert histogram.counts.index(1) == bucket and histogram.sum == value
