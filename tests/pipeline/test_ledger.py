@@ -17,7 +17,7 @@ from raas.pipeline.ledger import Histogram, Ledger, WindowSpec
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from tests.conftest import small_config
-from tests.probe import ProbeTask, finished, probe_instance
+from tests.support.probe import ProbeTask, finished, probe_instance
 
 
 def event(tenant: str = "a", state: JobState = JobState.DONE, **kw: Any) -> JobEvent:
