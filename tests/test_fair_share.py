@@ -131,7 +131,7 @@ def test_a_token_budget_refuses_until_its_window_frees() -> None:
 
 
 def req(tenant: str, **stages: str) -> JobRequest:
-    return JobRequest(probe_instance(**stages), tenant=tenant)
+    return JobRequest.of(probe_instance(**stages), tenant=tenant)
 
 
 async def test_jobs_in_flight_quota_refuses_whole_and_loses_nothing(

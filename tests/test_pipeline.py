@@ -30,7 +30,7 @@ STAGES = ["init", "run", "eval"]
 
 
 def req(instance: dict[str, Any], **kw: Any) -> JobRequest:
-    return JobRequest(instance=instance, **kw)
+    return JobRequest.of(instance=instance, **kw)
 
 
 async def submit_one(pipeline: Pipeline, instance: dict[str, Any], **kw: Any) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from raas.pipeline.config import PipelineConfig
 from raas.pipeline.errors import (
     Draining,
@@ -29,11 +31,12 @@ from raas.pipeline.errors import (
     StoreUnavailable,
 )
 from raas.pipeline.groups import Groups
-from raas.pipeline.job import Ending, Job, JobRequest, new_job_id, scoped
+from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
 from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.slots import StageSlots
 from raas.pipeline.states import JobState, Stage
+from raas.pipeline.stored import as_stored, request_of
 from raas.pipeline.tenants import TenantPolicies, TokenMeter, token_budgets, token_ceiling
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, StoreWriteError
@@ -48,7 +51,7 @@ from raas.tasks.protocol import (
     validate_request,
 )
 from raas.tasks.registry import TaskRegistry, UnknownTask
-from raas.tenants import DEFAULT_TENANT, job_key, own_id, tenant_of
+from raas.tenants import job_key, own_id, tenant_of
 from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, Trajectory
 
 log = logging.getLogger(__name__)
@@ -81,30 +84,6 @@ def _view(job: Job, created: bool = False) -> JobView:
 
 def _record_view(record: JobRecord) -> JobView:
     return JobView(record.job_id, JobState(record.state), None, record.result)
-
-
-def _same_request(request: JobRequest, stored: dict[str, Any]) -> bool:
-    return (
-        request.instance == stored.get("instance")
-        and request.sampling_params == stored.get("sampling_params", {})
-        and _branch_dict(request.branch) == stored.get("branch")
-    )
-
-
-def _branch_dict(branch: Branch | None) -> dict[str, Any] | None:
-    return branch.model_dump() if branch is not None else None
-
-
-def _request_dict(request: JobRequest) -> dict[str, Any]:
-    return {
-        "instance": request.instance,
-        "sampling_params": request.sampling_params,
-        "timeout_s": request.timeout_s,
-        "priority": request.priority,
-        **({"tenant": request.tenant} if request.tenant != DEFAULT_TENANT else {}),
-        **({"group": request.group} if request.group is not None else {}),
-        **({"branch": _branch_dict(request.branch)} if request.branch is not None else {}),
-    }
 
 
 class Pipeline:
@@ -232,24 +211,13 @@ class Pipeline:
 
     def _revive(self, rec: JobRecord, errors: list[ErrorInfo]) -> Job | None:
         """A stored job as a new attempt, or None when its request is no longer valid here."""
-        req = rec.request
-        request = JobRequest(
-            req.get("instance", {}),
-            req.get("sampling_params", {}),
-            rec.job_id,
-            req.get("timeout_s"),
-            priority=req.get("priority", 0),
-            tenant=req.get("tenant", DEFAULT_TENANT),
-            group=req.get("group"),
-            # Its ids are keys already (a tenant's, see scoped): not validated as a job id.
-            branch=Branch.model_construct(**req["branch"]) if req.get("branch") else None,
-        )
         try:
-            task = self.registry.resolve(str(request.instance.get("data_source", "")))
+            request = request_of(rec)
+            task = self.registry.resolve(str(request.rollout.instance.get("data_source", "")))
             handler = self.registry.get(task)
             validate_request(handler, self._checked_job(request))
             ceiling = token_ceiling(handler, self._checked_job(request)) or 0
-        except (InvalidInstance, UnknownTask):
+        except (InvalidInstance, UnknownTask, ValidationError):
             return None
         job = Job(rec.job_id, request, handler, self.services, task)
         job.timeout_cap = self.config.tenants(job.tenant).quotas.max_timeout_s
@@ -327,14 +295,12 @@ class Pipeline:
         """
         if not self.accepting:
             raise Draining(self.stopping)
-        # From here on a request's ids are keys: its tenant's namespace (raas.tenants).
-        requests = [scoped(r) for r in requests]
         ceilings: list[int] = []  # each request's LLM tokens at most, reserved if admitted
         for i, request in enumerate(requests):
             try:
-                handler = self.registry.get(str(request.instance.get("data_source", "")))
-                if request.branch is not None:
-                    await self._check_branch_parent(request.branch)
+                handler = self.registry.get(str(request.rollout.instance.get("data_source", "")))
+                if (branch := request.keyed_branch) is not None:
+                    await self._check_branch_parent(branch)
                 validate_request(handler, self._checked_job(request))
                 ceilings.append(self._check_limits(request, handler))
             except (InvalidInstance, UnknownTask) as e:
@@ -342,7 +308,7 @@ class Pipeline:
         while True:
             stored = await self._stored(requests)
             # A job_id whose record another submission is writing now: its outcome decides.
-            recording = {f for r in requests if r.job_id and (f := self._recording.get(r.job_id))}
+            recording = {f for r in requests if r.key and (f := self._recording.get(r.key))}
             if not recording:
                 break
             await asyncio.wait(recording)
@@ -353,19 +319,19 @@ class Pipeline:
         views: list[JobView | None] = []
         fresh: dict[str, Job] = {}
         for request, ceiling in zip(requests, ceilings, strict=True):
-            job_id = request.job_id
+            job_id = request.key
             known = (self._jobs.get(job_id) or fresh.get(job_id)) if job_id else None
             if known is not None:
-                if not _same_request(request, _request_dict(known.request)):
+                if not request.same_job(known.request):
                     raise JobIdConflict(own_id(known.id))
                 views.append(_view(known))
             elif job_id and job_id in stored:
-                if not _same_request(request, stored[job_id].request):
+                if not _same_as_stored(request, stored[job_id]):
                     raise JobIdConflict(own_id(job_id))
                 views.append(_record_view(stored[job_id]))
             else:
                 job_id = job_id or job_key(request.tenant, new_job_id())
-                task = self.registry.resolve(str(request.instance.get("data_source", "")))
+                task = self.registry.resolve(str(request.rollout.instance.get("data_source", "")))
                 job = Job(job_id, request, self.registry.get(task), self.services, task)
                 job.timeout_cap = self.config.tenants(job.tenant).quotas.max_timeout_s
                 job.tokens_reserved = ceiling
@@ -435,10 +401,11 @@ class Pipeline:
         over a token quota. Returns the job's token ceiling (0 where its task says none)."""
         policy = self.config.tenants(request.tenant)
         cap = policy.quotas.max_timeout_s
-        if cap is not None and request.timeout_s is not None and request.timeout_s > cap:
+        asked = request.rollout.timeout_s
+        if cap is not None and asked is not None and asked > cap:
             raise InvalidInstance(
                 ("timeout_s",),
-                f"{request.timeout_s:g} s is over this tenant's max_timeout_s of {cap:g} s (ask"
+                f"{asked:g} s is over this tenant's max_timeout_s of {cap:g} s (ask"
                 " at most that, or none: a job that asks none gets it at most)",
                 "less_than_equal",
             )
@@ -502,8 +469,9 @@ class Pipeline:
     def _checked_job(self, request: JobRequest) -> TaskJob:
         """What a handler's ``validate`` is given of a request: a branch's with the services,
         so it is checked against the snapshots kept (after a restart there are none)."""
-        services = self.services if request.branch is not None else None
-        return TaskJob("", request.instance, request.sampling_params, services, request.branch)
+        rollout, branch = request.rollout, request.keyed_branch
+        services = self.services if branch is not None else None
+        return TaskJob("", rollout.instance, rollout.sampling_params, services, branch)
 
     async def _check_branch_parent(self, branch: Branch) -> None:
         """A branch names a job this server knows (in flight or stored); the task checks the
@@ -520,10 +488,11 @@ class Pipeline:
         """The stored records of the requests' job_ids that are not in flight."""
         stored: dict[str, JobRecord] = {}
         for request in requests:
-            if request.job_id and request.job_id not in self._jobs:
-                record = await self.store.get(request.job_id)
+            key = request.key
+            if key and key not in self._jobs:
+                record = await self.store.get(key)
                 if record is not None:
-                    stored[request.job_id] = record
+                    stored[key] = record
         return stored
 
     async def _admit(self, jobs: list[Job], written: asyncio.Future[None]) -> list[JobView]:
@@ -538,7 +507,7 @@ class Pipeline:
                 job.state.value,
                 job.data_source,
                 job.instance_id,
-                _request_dict(job.request),
+                as_stored(job.request),
                 job.timing.submitted_at,
                 tenant=job.request.tenant,
             )
@@ -894,8 +863,9 @@ class Pipeline:
             return written
 
     def _join_group(self, job: Job) -> None:
+        request = job.request
         job.group = self._groups.join(
-            job.request.group, job.task, job.request.instance, job.handler
+            request.group_key, job.task, request.rollout.instance, job.handler
         )
 
     async def _release(self, handler: TaskHandler, template: TaskContext) -> None:
@@ -959,6 +929,13 @@ class Pipeline:
                 for tenant, n in sorted(self._tenant_jobs.items())
             },
         }
+
+
+def _same_as_stored(request: JobRequest, record: JobRecord) -> bool:
+    try:
+        return request.same_job(request_of(record))
+    except ValidationError:  # no longer a valid request: no request is the same
+        return False
 
 
 def _check_trajectory(job: Job) -> None:
