@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from raas.pipeline import (
+    TRANSITIONS,
+    BadTransition,
     Draining,
     JobIdConflict,
     JobRequest,
     JobState,
     Overloaded,
+    Phase,
     Pipeline,
     RequestRejected,
     Stage,
@@ -179,7 +182,9 @@ async def test_cancel_while_waiting_for_run_cleans_up_once(
         await probe.wait_entered(waiting, "init")
         job = pipeline.active(waiting)
         assert job is not None
-        await settle(lambda: job.state is JobState.RUN and not job.owned)  # in the RUN queue
+        await settle(
+            lambda: job.state is JobState.RUN and job.phase is Phase.QUEUED
+        )  # in the RUN queue
         pipeline.cancel(waiting)
         result = await finished(pipeline, waiting)
         probe.release(blocker, "run")
@@ -497,3 +502,15 @@ async def test_an_infra_failure_a_retry_cannot_help_ends_the_job_at_once(
     assert result["state"] == "failed" and result["error"]["kind"] == "infra"
     assert result["attempts"] == attempts
     assert probe.calls[job_id, "init"] == attempts
+
+
+def test_a_job_moves_only_along_the_transition_table(probe: ProbeTask) -> None:
+    job = Job("j", JobRequest.of(probe_instance()), probe)
+    assert job.phase is Phase.QUEUED
+    for phase in (Phase.HELD, Phase.RETRYING, Phase.HELD, Phase.FINISHING, Phase.FINISHED):
+        assert phase in TRANSITIONS[job.phase]
+        job.move(phase)
+    with pytest.raises(BadTransition):
+        job.move(Phase.HELD)  # a finished job is held by no one again
+    assert job.phase is Phase.FINISHED
+    assert set(TRANSITIONS) == set(Phase)

@@ -12,10 +12,12 @@ from raas.pipeline.errors import (
 )
 from raas.pipeline.job import Job, JobRequest
 from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
-from raas.pipeline.states import JobState, Stage
+from raas.pipeline.states import TRANSITIONS, BadTransition, JobState, Phase, Stage
 from raas.pipeline.tenants import TenantPolicies, TenantPolicy, policies_from, policies_of
 
 __all__ = [
+    "TRANSITIONS",
+    "BadTransition",
     "Draining",
     "Job",
     "JobIdConflict",
@@ -23,6 +25,7 @@ __all__ = [
     "JobState",
     "JobView",
     "Overloaded",
+    "Phase",
     "Pipeline",
     "PipelineConfig",
     "PipelineObserver",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.pipeline.groups import Group
-from raas.pipeline.states import JobState, Stage
+from raas.pipeline.states import TRANSITIONS, BadTransition, JobState, Phase, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
 from raas.tenants import DEFAULT_TENANT, job_key
 from raas.wire import (
@@ -146,12 +146,9 @@ class Job:
         self.ending: Ending | None = None
         # The running stage's work; cancelled on timeout or cancel.
         self.work: asyncio.Task[Any] | None = None
-        # True while a stage worker holds the job (in a stage, or waiting to hand it on); the
-        # worker then finishes the job. Otherwise it sits in a queue and a cancel finishes it.
-        self.owned = False
-        self.finishing = False
-        self.retrying = False  # between a failed attempt's cleanup and the next attempt
-        self.cleaned_up = False
+        self.phase = Phase.QUEUED  # who holds it, so who finishes it (move() steps it)
+        # The context whose cleanup has run: each attempt's is released exactly once.
+        self.released: TaskContext | None = None
         self.cleanup_error: str | None = None
         self.trajectory_error: str | None = None  # how the trajectory breaks its invariant
         self.done = asyncio.Event()
@@ -182,9 +179,14 @@ class Job:
         self.trajectory = None
         self.reward = None
         self.ending = None
-        self.cleaned_up = False
         self.cleanup_error = None
         self.trajectory_error = None
+
+    def move(self, phase: Phase) -> None:
+        """Step to ``phase``; BadTransition where TRANSITIONS has no such step from its own."""
+        if phase not in TRANSITIONS[self.phase]:
+            raise BadTransition(f"job {self.id}: no step from {self.phase} to {phase}")
+        self.phase = phase
 
     @property
     def task_job(self) -> TaskJob:

@@ -35,7 +35,7 @@ from raas.pipeline.job import Ending, Job, JobRequest, new_job_id
 from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result, restart_ending, unfinished_result
 from raas.pipeline.slots import StageSlots
-from raas.pipeline.states import JobState, Stage
+from raas.pipeline.states import ENDED, JobState, Phase, Stage
 from raas.pipeline.stored import as_stored, request_of
 from raas.pipeline.tenants import TenantPolicies, TokenMeter, token_budgets, token_ceiling
 from raas.store.records import JobRecord
@@ -576,24 +576,29 @@ class Pipeline:
         return job
 
     def _end(self, job: Job, state: JobState, error_type: str, message: str) -> None:
-        if job.finishing:
-            return
-        stage = None if job.state is JobState.QUEUED else job.stage
-        if job.retrying:  # between attempts: the retry sees the new ending and finishes
-            job.ending = Ending(state, stage, error_type, message)
-            return
-        if job.ending is not None:
-            return
-        job.ending = Ending(state, stage, error_type, message)
-        if job.work is not None:
-            job.work.cancel()  # the worker that awaits it finishes the job
-        elif not job.owned:
-            if job.stage is not None:
-                self._queues[job.stage].discard(job)
-            job.stop_waiting()
-            self._spawn(self._finish(job))
-        elif job.stage is not None:
-            self._queues[job.stage].wake()  # a job run again waits for room there; let it give up
+        """End ``job`` as ``state``: whoever holds it finishes it (see Phase)."""
+        ending = Ending(
+            state, None if job.state is JobState.QUEUED else job.stage, error_type, message
+        )
+        match job.phase:
+            case Phase.FINISHING | Phase.FINISHED:
+                pass  # too late: it ends as it ends
+            case Phase.RETRYING:
+                job.ending = ending  # the retry sees the new ending and finishes the job
+            case _ if job.ending is not None:
+                pass  # ending already: its holder finishes it
+            case Phase.QUEUED:
+                job.ending = ending
+                if job.stage is not None:
+                    self._queues[job.stage].discard(job)
+                job.stop_waiting()
+                self._spawn(self._finish(job))
+            case Phase.HELD:
+                job.ending = ending
+                if job.work is not None:
+                    job.work.cancel()  # the worker that awaits it finishes the job
+                elif job.stage is not None:
+                    self._queues[job.stage].wake()  # a rerun waits for room there: it gives up
 
     # -- the stage workers ---------------------------------------------------------------------
 
@@ -602,7 +607,7 @@ class Pipeline:
         slots = self._slots[stage]
         while True:
             job = await queue.get()
-            job.owned = True
+            job.move(Phase.HELD)
             job.stop_waiting()
             slots.take(job.tenant)
             if stage is Stage.INIT:
@@ -635,7 +640,7 @@ class Pipeline:
                 job.start_waiting()
                 self._queues[nxt].put_nowait(job, reserved=True)
                 handed_on = True
-                job.owned = False
+                job.move(Phase.QUEUED)
                 return
         finally:
             if nxt is not None and not handed_on:
@@ -710,7 +715,7 @@ class Pipeline:
         if stage is Stage.INIT:
             context = await self._groups.init_context(job.group, handler, job.task_job)
             job.context = context
-            if job.finishing:  # the job ended while init ignored its cancellation
+            if job.phase in ENDED:  # the job ended while init ignored its cancellation
                 await self._cleanup(job)
             if not isinstance(getattr(context, "trajectory", None), Trajectory):
                 raise TypeError(
@@ -739,10 +744,10 @@ class Pipeline:
     async def _cleanup(self, job: Job) -> None:
         """Release what init acquired: exactly once per context, whatever else happened."""
         context: TaskContext | None = job.context
-        if context is None or job.cleaned_up:
+        if context is None or context is job.released:
             self._release_sandbox(job)
             return
-        job.cleaned_up = True
+        job.released = context
         try:
             await asyncio.wait_for(
                 job.handler.cleanup(context), timeout=self.config.cleanup_timeout_s
@@ -767,9 +772,8 @@ class Pipeline:
         """Release what the failed attempt held, then queue the job for INIT again."""
         failed = job.ending
         assert failed is not None
-        job.retrying = True
+        job.move(Phase.RETRYING)
         await self._cleanup(job)
-        job.retrying = False
         if job.ending is not failed or self.stopping:  # cancelled meanwhile, or shutting down
             await self._finish(job, retry=False)
             return
@@ -789,22 +793,22 @@ class Pipeline:
 
     async def _enqueue(self, job: Job) -> None:
         """Put a job that runs again into the INIT queue, waiting for room; a cancel ends it."""
-        job.owned = True  # as a worker handing a job on: a cancel wakes the put, we finish it
+        job.move(Phase.HELD)  # as a worker handing a job on: a cancel wakes the put, we finish it
         job.start_waiting()
         if await self._queues[Stage.INIT].put(job, give_up=lambda: job.ending is not None):
-            job.owned = False
+            job.move(Phase.QUEUED)
             return
         job.stop_waiting()
         await self._finish(job)
 
     async def _finish(self, job: Job, retry: bool = True) -> None:
-        if job.finishing:
+        if job.phase in ENDED:
             return
         _check_trajectory(job)
         if retry and self._may_retry(job):
             await self._retry(job)
             return
-        job.finishing = True
+        job.move(Phase.FINISHING)
         await self._cleanup(job)
         state = job.ending.state if job.ending is not None else JobState.DONE
         job.timing.finished_at = time.time()
@@ -817,6 +821,7 @@ class Pipeline:
             )
             self._settle_tokens(job)
             self._forget(job)
+            job.move(Phase.FINISHED)
             job.done.set()  # whoever waits sees it unfinished
             return
         if result.state != state.value and result.error is not None:
@@ -825,6 +830,7 @@ class Pipeline:
             job.ending = Ending(state, None, result.error.type, result.error.message, "infra")
         job.state = state
         job.result = result
+        job.move(Phase.FINISHED)
         job.done.set()
         self._settle_tokens(job)
         self._forget(job)

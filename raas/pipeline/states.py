@@ -1,4 +1,4 @@
-"""The states a job goes through and the stages that do the work."""
+"""The states a job goes through, the stages that do the work, and who holds a job (its phase)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,30 @@ class JobState(StrEnum):
 
 
 FINAL_STATES = frozenset({JobState.DONE, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED})
+
+
+class Phase(StrEnum):
+    """Who holds a job in flight, so who finishes it (a cancel asks that one)."""
+
+    QUEUED = "queued"  # waits in a stage queue, held by no one: a cancel takes it out, finishes it
+    HELD = "held"  # a worker holds it (in a stage, or handing it on), or a rerun waits for room
+    RETRYING = "retrying"  # a failed attempt's context is being released; the next one follows
+    FINISHING = "finishing"  # being cleaned up and its result written: nothing may end it now
+    FINISHED = "finished"
+
+
+# The phases a job may go to from each (Job.move raises on any other step).
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.QUEUED: frozenset({Phase.HELD, Phase.FINISHING}),
+    Phase.HELD: frozenset({Phase.QUEUED, Phase.RETRYING, Phase.FINISHING}),
+    Phase.RETRYING: frozenset({Phase.HELD, Phase.FINISHING}),
+    Phase.FINISHING: frozenset({Phase.FINISHED}),
+    Phase.FINISHED: frozenset(),
+}
+
+# A job in these is being finished, or is: no one else may end it, or finish it again.
+ENDED = frozenset({Phase.FINISHING, Phase.FINISHED})
+
+
+class BadTransition(RuntimeError):
+    """A job was moved to a phase its own may not go to: a bug of the pipeline's."""
