@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any, get_args
+
+from raas import wire
+from raas.wire import JobStateName, StageName
 
 
 class Stage(StrEnum):
+    """wire.StageName as an enum (checked below), in the order a job goes through them."""
+
     INIT = "init"
     RUN = "run"
     EVAL = "eval"
@@ -24,6 +30,8 @@ class Stage(StrEnum):
 
 
 class JobState(StrEnum):
+    """wire.JobStateName as an enum (checked below)."""
+
     QUEUED = "queued"
     INIT = "init"
     RUN = "run"
@@ -38,7 +46,17 @@ class JobState(StrEnum):
         return self in FINAL_STATES
 
 
-FINAL_STATES = frozenset({JobState.DONE, JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED})
+def _spelled_as(names: Any, enum: type[StrEnum]) -> None:
+    """The wire's literal ``names`` is the one spelling: ``enum`` (named for the type checker)
+    must hold its values, in its order."""
+    values = tuple(member.value for member in enum)
+    if values != get_args(names):
+        raise TypeError(f"{enum.__name__} {values} is not the wire's {get_args(names)}")
+
+
+_spelled_as(StageName, Stage)
+_spelled_as(JobStateName, JobState)
+FINAL_STATES = frozenset(JobState(name) for name in wire.FINAL_STATES)
 
 
 class Phase(StrEnum):
