@@ -13,10 +13,10 @@ from raas.pipeline import (
     TRANSITIONS,
     BadTransition,
     Draining,
+    InitQueueFull,
     JobIdConflict,
     JobRequest,
     JobState,
-    Overloaded,
     Phase,
     Pipeline,
     RequestRejected,
@@ -341,7 +341,7 @@ async def test_full_init_queue_is_refused_and_nothing_accepted_is_dropped(
         first = await submit_one(pipeline, probe_instance(init="block"))
         await probe.wait_entered(first, "init")
         queued = [await submit_one(pipeline, probe_instance()) for _ in range(2)]
-        with pytest.raises(Overloaded) as exc:
+        with pytest.raises(InitQueueFull) as exc:
             await submit_one(pipeline, probe_instance())
         assert exc.value.retry_after_s >= 1
         probe.release(first, "init")
@@ -356,7 +356,7 @@ async def test_a_batch_is_accepted_whole_or_not_at_all(
         first = await submit_one(pipeline, probe_instance(init="block"))
         await probe.wait_entered(first, "init")
         batch = [req(probe_instance(), job_id=f"b{i}") for i in range(2)]
-        with pytest.raises(Overloaded):
+        with pytest.raises(InitQueueFull):
             await pipeline.submit(batch)
         assert await pipeline.lookup("b0") is None and await pipeline.lookup("b1") is None
         probe.release(first, "init")

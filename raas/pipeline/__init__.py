@@ -3,8 +3,8 @@
 from raas.pipeline.config import PipelineConfig
 from raas.pipeline.errors import (
     Draining,
+    InitQueueFull,
     JobIdConflict,
-    Overloaded,
     QuotaExceeded,
     RequestRejected,
     StoreUnavailable,
@@ -19,12 +19,12 @@ __all__ = [
     "TRANSITIONS",
     "BadTransition",
     "Draining",
+    "InitQueueFull",
     "Job",
     "JobIdConflict",
     "JobRequest",
     "JobState",
     "JobView",
-    "Overloaded",
     "Phase",
     "Pipeline",
     "PipelineConfig",

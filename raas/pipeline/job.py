@@ -105,7 +105,9 @@ class Ending:
 
 
 @dataclass
-class Timing:
+class JobClock:
+    """Where a job in flight spent its time so far (the wire's Timing reports it when it ends)."""
+
     submitted_at: float = field(default_factory=time.time)
     queue_s: float = 0.0
     stage_s: dict[Stage, float] = field(default_factory=lambda: {s: 0.0 for s in Stage})
@@ -139,7 +141,7 @@ class Job:
         self.tenant = request.tenant
         self.state = JobState.QUEUED
         self.stage: Stage | None = None  # the stage it is in, or waits for
-        self.timing = Timing()
+        self.timing = JobClock()
         self.context: TaskContext | None = None
         self.trajectory: Trajectory | None = None
         self.reward: RewardInfo | None = None

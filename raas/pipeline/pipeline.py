@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from raas.pipeline.config import PipelineConfig
 from raas.pipeline.errors import (
     Draining,
+    InitQueueFull,
     JobIdConflict,
-    Overloaded,
     QuotaExceeded,
     RequestRejected,
     StoreUnavailable,
@@ -288,7 +288,7 @@ class Pipeline:
 
         A request whose ``job_id`` is already known (in flight or finished, even before a
         restart) returns that job instead of a new one. Raises InvalidInstance / UnknownTask for
-        bad input (nothing accepted), Overloaded when the INIT queue lacks room, QuotaExceeded
+        bad input (nothing accepted), InitQueueFull when the INIT queue lacks room, QuotaExceeded
         when a tenant would go over its jobs in flight or has spent its LLM tokens, Draining, and
         StoreUnavailable when the jobs cannot be recorded: a job is queued only once its record
         is written, so one that is turned away never runs.
@@ -346,7 +346,7 @@ class Pipeline:
             queue = self._queues[Stage.INIT]
             for tenant, n in tenants.items():
                 if not queue.has_room(tenant, n):
-                    raise Overloaded(self.config.retry_after_s, queue.room(tenant), n)
+                    raise InitQueueFull(self.config.retry_after_s, queue.room(tenant), n)
             for tenant, n in tenants.items():
                 queue.reserve(tenant, n)
             self._tenant_jobs.update(tenants)  # counted from here: a submission meanwhile sees
