@@ -240,13 +240,13 @@ async def test_a_branch_in_flight_at_a_crash_fails_after_the_restart(
     branch = Branch(job_id="parent", turn=1)
     await first.submit([JobRequest.of(INSTANCE, job_id="branch", branch=branch)])
     await asyncio.wait_for(policy.reached.wait(), 10)
-    for worker in first._workers:  # the process "dies": nothing finishes, the store closes
+    for worker in first.stages.workers:  # the process "dies": nothing finishes, the store closes
         worker.cancel()
-    await asyncio.gather(*first._workers, return_exceptions=True)
+    await asyncio.gather(*first.stages.workers, return_exceptions=True)
     # A real death takes its sandboxes with it; here the branch's forked sandbox, held by the
     # job the "dead" pipeline never finished, is released by hand, so none outlives the test.
-    for job in list(first._jobs.values()):
-        await first._cleanup(job)
+    for job in list(first.stages.jobs.values()):
+        await first.stages.cleanup(job)
     await store.close()
     await services.close()
     fresh = TaskServices(llm=Scripts(tok, {}), sandbox_config=BwrapConfig())

@@ -469,7 +469,7 @@ async def test_restart_reports_in_flight_jobs_as_failed_and_keeps_results(
     await first.submit([req(probe_instance(run="block"), job_id="in-flight")])
     await probe.wait_entered("in-flight", "run")
     # The process "dies": workers vanish without finishing anything, the store just closes.
-    for task in first._workers:
+    for task in first.stages.workers:
         task.cancel()
     await store.close()
 

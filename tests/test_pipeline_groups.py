@@ -172,7 +172,7 @@ async def test_a_group_revived_after_a_crash_makes_one_new_template(
     await first.submit(group_of(3, "forking"))
     await settle(lambda: bool(task.inits))
     # The process "dies": workers vanish without finishing anything, the store just closes.
-    for worker in first._workers:
+    for worker in first.stages.workers:
         worker.cancel()
     await store.close()
     task.inits.clear()

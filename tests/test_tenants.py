@@ -578,7 +578,7 @@ async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(
     await first.start()
     await first.submit([JobRequest.of(probe_instance(run="block"), job_id="j", tenant="alice")])
     await probe.wait_entered("alice~j", "run")
-    for task in first._workers:  # the server "dies" with Alice's job in RUN
+    for task in first.stages.workers:  # the server "dies" with Alice's job in RUN
         task.cancel()
     await store.close()
     async with make_pipeline(db, max_attempts=2) as pipeline:

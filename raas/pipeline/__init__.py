@@ -11,9 +11,11 @@ from raas.pipeline.errors import (
     SubmitError,
 )
 from raas.pipeline.job import Job, JobRequest
-from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
+from raas.pipeline.observer import PipelineObserver
+from raas.pipeline.pipeline import Pipeline
 from raas.pipeline.states import TRANSITIONS, BadTransition, JobState, Phase, Stage
 from raas.pipeline.tenants import TenantPolicies, TenantPolicy, policies_from, policies_of
+from raas.pipeline.views import JobView
 
 __all__ = [
     "TRANSITIONS",
