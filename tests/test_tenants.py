@@ -628,3 +628,18 @@ async def test_a_job_recorded_field_by_field_before_runs_again_as_its_tenants(
         assert view is not None and view.state.value == "done"
         record = await pipeline.store.get("alice~j")
         assert record is not None and record.request == old  # its row is not rewritten
+
+
+async def test_a_jobs_record_keeps_its_request_whole_as_its_tenant_sent_it(
+    tmp_path: Path, make_pipeline: Any, probe: ProbeTask
+) -> None:
+    request = JobRequest.of(probe_instance(), {"temperature": 0.5}, "j", tenant="alice", group="g")
+    async with make_pipeline(tmp_path / "new.db") as pipeline:
+        (view,) = await pipeline.submit([request])
+        assert view.job_id == "alice~j"
+        record = await pipeline.store.get("alice~j")
+        assert record is not None and record.tenant == "alice"
+        # The wire's own JSON: its ids the tenant's, every field there (its defaults too).
+        assert record.request == request.rollout.model_dump(mode="json")
+        assert (record.request["job_id"], record.request["group"]) == ("j", "g")
+        await pipeline.wait("alice~j", WAIT_S)
