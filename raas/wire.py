@@ -10,20 +10,24 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from pydantic_core import InitErrorDetails, ValidationError
 
-JobStateName = Literal["queued", "init", "run", "eval", "done", "failed", "timeout", "cancelled"]
+# The one spelling of a job's states (raas.pipeline.states.JobState mirrors it, checked): in
+# flight, then finished. A job in flight is queued or in a stage, so its stages are its names too.
 StageName = Literal["init", "run", "eval"]
+LiveStateName = Literal["queued", StageName]
+FinalStateName = Literal["done", "failed", "timeout", "cancelled"]
+JobStateName = Literal[LiveStateName, FinalStateName]
 # infra: the sandbox, a backend, the action server, the server itself or a judge failed; such a
 # job runs again (up to the attempt limit). policy: what the model did (time spent, its output).
 ErrorKind = Literal["infra", "policy"]
 # A reward at least this is a pass (pass rates count these).
 PASS_REWARD = 1.0
-FINAL_STATES = ("done", "failed", "timeout", "cancelled")
+FINAL_STATES: tuple[FinalStateName, ...] = get_args(FinalStateName)
 
 
 def _require_data_source(instance: dict[str, Any]) -> dict[str, Any]:

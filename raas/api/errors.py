@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, compile_path
 from starlette.types import Scope
 
-from raas.pipeline import Draining, JobIdConflict, Overloaded, QuotaExceeded, StoreUnavailable
+from raas.pipeline import Draining, InitQueueFull, JobIdConflict, QuotaExceeded, StoreUnavailable
 from raas.tasks import InvalidInstance, UnknownTask
 
 
@@ -200,8 +200,8 @@ def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:
         body = {"detail": [error]}
         return JSONResponse(body, status_code=422)
 
-    @app.exception_handler(Overloaded)
-    async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+    @app.exception_handler(InitQueueFull)
+    async def _init_queue_full(_: Request, exc: InitQueueFull) -> JSONResponse:
         return JSONResponse(
             _detail(str(exc)),
             status_code=429,

@@ -124,7 +124,7 @@ async def pipelined(n_jobs: int, db: Path) -> tuple[float, float]:
     pipeline = Pipeline(registry, store, config)
     await pipeline.start()
     start = time.perf_counter()
-    views = await pipeline.submit([JobRequest({"data_source": "sleep"}) for _ in range(n_jobs)])
+    views = await pipeline.submit([JobRequest.of({"data_source": "sleep"}) for _ in range(n_jobs)])
     for view in views:
         job = pipeline.active(view.job_id)
         if job is not None:
@@ -145,7 +145,7 @@ async def in_process_noop(n_jobs: int, db: Path) -> list[float]:
     latencies = []
     for _ in range(n_jobs):
         start = time.perf_counter()
-        (view,) = await pipeline.submit([JobRequest({"data_source": "noop"})])
+        (view,) = await pipeline.submit([JobRequest.of({"data_source": "noop"})])
         await pipeline.wait(view.job_id, 10.0)
         latencies.append(time.perf_counter() - start)
     await pipeline.stop()

@@ -24,7 +24,7 @@ from raas.llm.engine.completion import completion_response
 from raas.llm.engine.protocol import (
     CompletionRequest,
     CompletionResponse,
-    ErrorInfo,
+    EngineErrorInfo,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -39,7 +39,7 @@ MAX_MODEL_LEN = 1 << 20  # the oracle has no context limit of its own
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    info = ErrorInfo(message=message, type=kind, param=param, code=status)
+    info = EngineErrorInfo(message=message, type=kind, param=param, code=status)
     return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
 
 

@@ -3,26 +3,31 @@
 from raas.pipeline.config import PipelineConfig
 from raas.pipeline.errors import (
     Draining,
+    InitQueueFull,
     JobIdConflict,
-    Overloaded,
     QuotaExceeded,
     RequestRejected,
     StoreUnavailable,
     SubmitError,
 )
 from raas.pipeline.job import Job, JobRequest
-from raas.pipeline.pipeline import JobView, Pipeline, PipelineObserver
-from raas.pipeline.states import JobState, Stage
+from raas.pipeline.observer import PipelineObserver
+from raas.pipeline.pipeline import Pipeline
+from raas.pipeline.states import TRANSITIONS, BadTransition, JobState, Phase, Stage
 from raas.pipeline.tenants import TenantPolicies, policies_from, policies_of
+from raas.pipeline.views import JobView
 
 __all__ = [
+    "TRANSITIONS",
+    "BadTransition",
     "Draining",
+    "InitQueueFull",
     "Job",
     "JobIdConflict",
     "JobRequest",
     "JobState",
     "JobView",
-    "Overloaded",
+    "Phase",
     "Pipeline",
     "PipelineConfig",
     "PipelineObserver",

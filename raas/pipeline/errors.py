@@ -7,7 +7,10 @@ class SubmitError(Exception):
     pass
 
 
-class Overloaded(SubmitError):
+class InitQueueFull(SubmitError):
+    """The INIT queue has no room for a tenant's new jobs (a 429; a client sees any 429 as
+    raas.client's Overloaded)."""
+
     def __init__(self, retry_after_s: int, room: int, wanted: int) -> None:
         super().__init__(
             f"the INIT queue is full ({room} places left to this tenant, {wanted} wanted);"

@@ -5,14 +5,22 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from raas.pipeline.groups import Group
-from raas.pipeline.states import JobState, Stage
+from raas.pipeline.states import TRANSITIONS, BadTransition, JobState, Phase, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
 from raas.tenants import DEFAULT_TENANT, job_key
-from raas.wire import Branch, ErrorInfo, ErrorKind, RolloutResult, StageName, Trajectory
+from raas.wire import (
+    Branch,
+    ErrorInfo,
+    ErrorKind,
+    RolloutRequest,
+    RolloutResult,
+    StageName,
+    Trajectory,
+)
 
 
 def new_job_id() -> str:
@@ -21,31 +29,59 @@ def new_job_id() -> str:
 
 @dataclass(frozen=True)
 class JobRequest:
-    instance: dict[str, Any]
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-    job_id: str | None = None
-    timeout_s: float | None = None
-    priority: int = 0
-    tenant: str = DEFAULT_TENANT  # whose job it is (raas.tenants)
-    group: str | None = None  # jobs of one group and instance share INIT (raas.pipeline.groups)
-    branch: Branch | None = None  # start from an earlier job's snapshot after a turn
+    """A submission as the pipeline takes it: the wire's request, its ids as its tenant gave
+    them, and that tenant. Inside the server a job, its group and a branch's parent are known by
+    keys in the tenant's namespace (raas.tenants): ``key``, ``group_key``, ``keyed_branch``."""
 
+    rollout: RolloutRequest
+    tenant: str = DEFAULT_TENANT  # whose job it is
 
-def scoped(request: JobRequest) -> JobRequest:
-    """``request`` with its ids (job, group, branch's parent) as the server keys them: in its
-    tenant's namespace, so that two tenants' same ids name two jobs (and two groups)."""
-    tenant = request.tenant
-    if tenant == DEFAULT_TENANT:
-        return request
-    branch = request.branch
-    if branch is not None:  # model_copy: a key is no job id the wire would take
-        branch = branch.model_copy(update={"job_id": job_key(tenant, branch.job_id)})
-    return replace(
-        request,
-        job_id=job_key(tenant, request.job_id) if request.job_id is not None else None,
-        group=job_key(tenant, request.group) if request.group is not None else None,
-        branch=branch,
-    )
+    @classmethod
+    def of(
+        cls,
+        instance: dict[str, Any],
+        sampling_params: dict[str, Any] | None = None,
+        job_id: str | None = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        **fields: Any,
+    ) -> JobRequest:
+        """A request made inside the process (/process, the benchmarks, tests). Not validated:
+        the wire's requests are at the door, and submit checks what the pipeline needs."""
+        rollout = RolloutRequest.model_construct(
+            instance=instance, sampling_params=sampling_params or {}, job_id=job_id, **fields
+        )
+        return cls(rollout, tenant)
+
+    @property
+    def key(self) -> str | None:
+        """The server's key of the job (None: the server picks an id)."""
+        job_id = self.rollout.job_id
+        return None if job_id is None else job_key(self.tenant, job_id)
+
+    @property
+    def group_key(self) -> str | None:
+        """The server's key of the job's group: two tenants' same group name are two groups."""
+        group = self.rollout.group
+        return None if group is None else job_key(self.tenant, group)
+
+    @property
+    def keyed_branch(self) -> Branch | None:
+        """The branch, its parent named by the server's key (model_copy: a key is no job id the
+        wire would take)."""
+        branch = self.rollout.branch
+        if branch is None or self.tenant == DEFAULT_TENANT:
+            return branch
+        return branch.model_copy(update={"job_id": job_key(self.tenant, branch.job_id)})
+
+    def same_job(self, other: JobRequest) -> bool:
+        """Whether ``other`` asks the same job (a resubmission of one job_id must)."""
+        mine, theirs = self.rollout, other.rollout
+        return (
+            mine.instance == theirs.instance
+            and mine.sampling_params == theirs.sampling_params
+            and mine.branch == theirs.branch
+        )
 
 
 @dataclass
@@ -69,7 +105,9 @@ class Ending:
 
 
 @dataclass
-class Timing:
+class JobClock:
+    """Where a job in flight spent its time so far (the wire's Timing reports it when it ends)."""
+
     submitted_at: float = field(default_factory=time.time)
     queue_s: float = 0.0
     stage_s: dict[Stage, float] = field(default_factory=lambda: {s: 0.0 for s in Stage})
@@ -99,23 +137,20 @@ class Job:
         # The registered task's name; the instance's data_source may be a dataset that runs as it.
         self.task = task or handler.name
         self.services = services
-        self.priority = request.priority
+        self.priority = request.rollout.priority
         self.tenant = request.tenant
         self.state = JobState.QUEUED
         self.stage: Stage | None = None  # the stage it is in, or waits for
-        self.timing = Timing()
+        self.timing = JobClock()
         self.context: TaskContext | None = None
         self.trajectory: Trajectory | None = None
         self.reward: RewardInfo | None = None
         self.ending: Ending | None = None
         # The running stage's work; cancelled on timeout or cancel.
         self.work: asyncio.Task[Any] | None = None
-        # True while a stage worker holds the job (in a stage, or waiting to hand it on); the
-        # worker then finishes the job. Otherwise it sits in a queue and a cancel finishes it.
-        self.owned = False
-        self.finishing = False
-        self.retrying = False  # between a failed attempt's cleanup and the next attempt
-        self.cleaned_up = False
+        self.phase = Phase.QUEUED  # who holds it, so who finishes it (move() steps it)
+        # The context whose cleanup has run: each attempt's is released exactly once.
+        self.released: TaskContext | None = None
         self.cleanup_error: str | None = None
         self.trajectory_error: str | None = None  # how the trajectory breaks its invariant
         self.done = asyncio.Event()
@@ -146,24 +181,33 @@ class Job:
         self.trajectory = None
         self.reward = None
         self.ending = None
-        self.cleaned_up = False
         self.cleanup_error = None
         self.trajectory_error = None
 
+    def move(self, phase: Phase) -> None:
+        """Step to ``phase``; BadTransition where TRANSITIONS has no such step from its own."""
+        if phase not in TRANSITIONS[self.phase]:
+            raise BadTransition(f"job {self.id}: no step from {self.phase} to {phase}")
+        self.phase = phase
+
     @property
     def task_job(self) -> TaskJob:
-        request = self.request
+        rollout = self.request.rollout
         return TaskJob(
-            self.id, request.instance, request.sampling_params, self.services, request.branch
+            self.id,
+            rollout.instance,
+            rollout.sampling_params,
+            self.services,
+            self.request.keyed_branch,
         )
 
     @property
     def data_source(self) -> str:
-        return str(self.request.instance.get("data_source", ""))
+        return str(self.request.rollout.instance.get("data_source", ""))
 
     @property
     def instance_id(self) -> str | None:
-        value = self.request.instance.get("instance_id")
+        value = self.request.rollout.instance.get("instance_id")
         return None if value is None else str(value)
 
     def llm_tokens(self) -> tuple[int, int]:
@@ -180,7 +224,8 @@ class Job:
 
     def budget_left(self, default_timeout_s: float | None) -> float | None:
         """Seconds of stage time left to this attempt: only time inside stages counts."""
-        limit = self.request.timeout_s if self.request.timeout_s is not None else default_timeout_s
+        asked = self.request.rollout.timeout_s
+        limit = asked if asked is not None else default_timeout_s
         if self.timeout_cap is not None:
             limit = self.timeout_cap if limit is None else min(limit, self.timeout_cap)
         if limit is None:

@@ -68,7 +68,7 @@ def build_result(job: Job, state: JobState) -> RolloutResult:
     return result_of(
         job.id,
         state,
-        job.request.instance,
+        job.request.rollout.instance,
         job.ending,
         timing,
         job.reward,

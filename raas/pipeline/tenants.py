@@ -15,13 +15,16 @@ are closed.
 
 from __future__ import annotations
 
+import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from raas.pipeline.errors import QuotaExceeded
+from raas.pipeline.job import Job
 from raas.tasks.protocol import TaskJob
-from raas.tenants import TenantPolicy, Tenants
+from raas.tenants import TenantPolicy, Tenants, tenant_of
 
 # A tokens-per-second quota is measured over this window, so that one long turn's tokens do not
 # refuse a tenant for the second after it and a burst is allowed as long as the minute's average
@@ -133,3 +136,104 @@ class TokenMeter:
                 if fits(used, limit):
                     return name, max(t + window - now, 0.0)
         return None
+
+
+class TenantBooks:
+    """Per tenant, what its quotas count: its jobs accepted and not finished (or being recorded),
+    the sandboxes it holds (its jobs' from INIT to cleanup, and its kept snapshots), and the LLM
+    tokens its jobs used and reserved. Admission refuses by them; the stages count on them."""
+
+    def __init__(
+        self,
+        policy: TenantPolicies,
+        snapshots: Any = None,
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.policy = policy  # asked each time: a reload of the tenants file takes effect
+        self.wake = wake  # the INIT queue's: a job held back at its tenant's sandbox cap may go
+        self.jobs: Counter[str] = Counter()
+        self.sandboxes: Counter[str] = Counter()
+        self._tokens: dict[str, TokenMeter] = {}
+        # A kept snapshot is a live sandbox of its job's tenant: counted in its max_sandboxes,
+        # bounded by its max_snapshots, evicted for its own new ones only (raas.agent.snapshots).
+        self._snapshots = snapshots if hasattr(snapshots, "bind") else None
+        if self._snapshots is not None:
+            self._snapshots.bind(tenant_of, self.snapshots_allowed, self.snapshot_freed)
+
+    def check_quotas(self, wanted: Counter[str], tokens: Counter[str], retry_after_s: int) -> None:
+        """QuotaExceeded when a tenant's ``wanted`` new jobs would take it over its jobs in
+        flight, or their ``tokens`` (ceilings) would take it over an LLM token budget beside
+        what it used and what is reserved: the whole submission is refused."""
+        for tenant, n in wanted.items():
+            policy = self.policy(tenant)
+            cap = policy.quotas.max_jobs_in_flight
+            if cap is not None and self.jobs[tenant] + n > cap:
+                raise QuotaExceeded(
+                    tenant,
+                    "max_jobs_in_flight",
+                    retry_after_s,
+                    f"{self.jobs[tenant]} in flight, {n} more asked, at most {cap}",
+                )
+            meter = self.meter(tenant)
+            spent = meter.over(policy, tokens[tenant])
+            if spent is not None:
+                quota, wait_s = spent
+                asked = f"{tokens[tenant]} LLM tokens asked (the jobs' ceilings)"
+                if wait_s is None:
+                    raise QuotaExceeded(
+                        tenant,
+                        quota,
+                        retry_after_s,
+                        f"{asked}, {meter.reserved} reserved for its jobs in flight till they end",
+                    )
+                raise QuotaExceeded(
+                    tenant,
+                    quota,
+                    max(1, math.ceil(wait_s)),
+                    f"{asked}; its window frees in {wait_s:.0f} s",
+                )
+
+    def meter(self, tenant: str) -> TokenMeter:
+        return self._tokens.setdefault(tenant, TokenMeter())
+
+    def settle_tokens(self, job: Job) -> None:
+        """The job ended: what it used replaces the ceiling reserved for it (once)."""
+        self.meter(job.tenant).settle(job.tokens_reserved, sum(job.llm_tokens()))
+        job.tokens_reserved = 0
+
+    def weight(self, tenant: str) -> float:
+        return self.policy(tenant).weight
+
+    def may_take_init(self, tenant: str) -> bool:
+        # INIT's slots keep none (no stage comes before it): the sandbox quota alone decides.
+        cap = self.policy(tenant).quotas.max_sandboxes
+        return cap is None or self.held_sandboxes(tenant) < cap
+
+    def held_sandboxes(self, tenant: str) -> int:
+        """``tenant``'s sandboxes: its jobs' from INIT to cleanup, and its kept snapshots."""
+        kept = self._snapshots.held(tenant) if self._snapshots is not None else 0
+        return self.sandboxes[tenant] + kept
+
+    def snapshots_allowed(self, tenant: str) -> int | None:
+        """How many snapshots ``tenant`` may keep now (None: as many as the server's): its
+        max_snapshots, and what its max_sandboxes leaves beside its jobs' own sandboxes."""
+        quotas = self.policy(tenant).quotas
+        caps = [quotas.max_snapshots]
+        if quotas.max_sandboxes is not None:
+            caps.append(quotas.max_sandboxes - self.sandboxes[tenant])
+        return min((c for c in caps if c is not None), default=None)
+
+    def snapshot_freed(self, tenant: str) -> None:
+        self.wake()  # a job of the tenant held back at its cap may go
+
+    def hold_sandbox(self, job: Job) -> None:
+        job.sandbox_since = time.monotonic()
+        self.sandboxes[job.tenant] += 1
+
+    def release_sandbox(self, job: Job) -> None:
+        if job.sandbox_since is None:
+            return
+        job.sandbox_s += time.monotonic() - job.sandbox_since
+        job.sandbox_since = None
+        self.sandboxes[job.tenant] -= 1
+        self.wake()  # a job of the tenant held back at its cap may go

@@ -80,7 +80,10 @@ SYSTEM_PROMPT = (
 )
 
 
-class Snapshot(BaseModel):
+# Not a kept sandbox (that is raas.agent.snapshots.Snapshot): the files a snapshot row carries.
+class RepoSnapshot(BaseModel):
+    """A repository's files, as a snapshot row gives them."""
+
     model_config = ConfigDict(extra="allow", frozen=True)
 
     files: dict[str, StrictStr] = Field(description="path in the repository -> file content")
@@ -119,7 +122,7 @@ class SweInstance(TaskInstance):
     problem_statement: Text
     FAIL_TO_PASS: list[StrictStr] = Field(min_length=1)
     PASS_TO_PASS: list[StrictStr] = Field(default_factory=list)
-    snapshot: Snapshot | None = None
+    snapshot: RepoSnapshot | None = None
     repo: StrictStr | None = None
     base_commit: StrictStr | None = None
     # An image row's (raas.judge.swe_specs): the tests the harness adds after the agent's patch,

@@ -34,8 +34,8 @@ from raas.deploy.slurm import serve_values
 from raas.helpers.ports import free_port
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline
-from raas.pipeline.job import scoped
 from raas.settings import ServeSettings, load_settings
+from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tenants import Quotas, TenantPolicy, TenantsFileError, load_tenants
@@ -480,13 +480,17 @@ async def test_without_a_tenants_file_one_key_sees_everything_as_before(
 
 
 def test_a_tenants_request_names_its_job_group_and_branch_parent_in_its_namespace() -> None:
-    request = JobRequest(
+    request = JobRequest.of(
         SOLVABLE, job_id="j", tenant="alice", group="g", branch=Branch(job_id="p", turn=1)
     )
-    keyed = scoped(request)
-    assert (keyed.job_id, keyed.group, keyed.tenant) == ("alice~j", "alice~g", "alice")
-    assert keyed.branch is not None and keyed.branch.job_id == "alice~p"
-    assert scoped(replace(request, tenant="default")) == replace(request, tenant="default")
+    assert (request.key, request.group_key, request.tenant) == ("alice~j", "alice~g", "alice")
+    assert request.keyed_branch is not None and request.keyed_branch.job_id == "alice~p"
+    admins = replace(request, tenant="default")
+    assert (admins.key, admins.group_key, admins.keyed_branch) == (
+        "j",
+        "g",
+        Branch(job_id="p", turn=1),
+    )
 
 
 def test_a_served_file_is_read_again_on_sighup_and_a_bad_one_stops_the_start(
@@ -607,9 +611,9 @@ async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(
     await store.open()
     first = Pipeline(registry, store, small_config(max_attempts=2))
     await first.start()
-    await first.submit([JobRequest(probe_instance(run="block"), job_id="j", tenant="alice")])
+    await first.submit([JobRequest.of(probe_instance(run="block"), job_id="j", tenant="alice")])
     await probe.wait_entered("alice~j", "run")
-    for task in first._workers:  # the server "dies" with Alice's job in RUN
+    for task in first.stages.workers:  # the server "dies" with Alice's job in RUN
         task.cancel()
     await store.close()
     async with make_pipeline(db, max_attempts=2) as pipeline:
@@ -624,3 +628,53 @@ async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(
         (job,) = (await pipeline.store.finished(tenant="alice")).records
         assert (job.job_id, job.tenant) == ("alice~j", "alice")
         assert (await pipeline.store.finished(tenant="bob")).records == []
+
+
+async def test_a_job_recorded_field_by_field_before_runs_again_as_its_tenants(
+    tmp_path: Path, make_pipeline: Any, probe: ProbeTask
+) -> None:
+    """A row of an older raas kept the request's fields one by one, its group as the server's
+    key and the tenant beside them: it is read back as the tenant's own RolloutRequest."""
+    db = tmp_path / "old.db"
+    store = ResultStore(db)
+    await store.open()
+    instance = probe_instance(run="block")
+    fields = {"instance": instance, "sampling_params": {}, "timeout_s": 60.0, "priority": 2}
+    old = {**fields, "tenant": "alice", "group": "alice~g"}
+    await store.add_jobs([JobRecord("alice~j", "run", "probe", None, old, 1.0, tenant="alice")])
+    await store.close()
+    async with make_pipeline(db, max_attempts=2) as pipeline:
+        await probe.wait_entered("alice~j", "run")
+        revived = pipeline.active("alice~j")
+        assert revived is not None and revived.tenant == "alice"
+        rollout = revived.request.rollout
+        assert (rollout.job_id, rollout.group, rollout.timeout_s, rollout.priority) == (
+            "j",
+            "g",
+            60.0,
+            2,
+        )
+        assert revived.request.group_key == "alice~g"
+        # Resubmitting it is the same job, not a conflict.
+        (again,) = await pipeline.submit([JobRequest.of(instance, job_id="j", tenant="alice")])
+        assert (again.job_id, again.created) == ("alice~j", False)
+        probe.release("alice~j", "run")
+        view = await pipeline.wait("alice~j", WAIT_S)
+        assert view is not None and view.state.value == "done"
+        record = await pipeline.store.get("alice~j")
+        assert record is not None and record.request == old  # its row is not rewritten
+
+
+async def test_a_jobs_record_keeps_its_request_whole_as_its_tenant_sent_it(
+    tmp_path: Path, make_pipeline: Any, probe: ProbeTask
+) -> None:
+    request = JobRequest.of(probe_instance(), {"temperature": 0.5}, "j", tenant="alice", group="g")
+    async with make_pipeline(tmp_path / "new.db") as pipeline:
+        (view,) = await pipeline.submit([request])
+        assert view.job_id == "alice~j"
+        record = await pipeline.store.get("alice~j")
+        assert record is not None and record.tenant == "alice"
+        # The wire's own JSON: its ids the tenant's, every field there (its defaults too).
+        assert record.request == request.rollout.model_dump(mode="json")
+        assert (record.request["job_id"], record.request["group"]) == ("j", "g")
+        await pipeline.wait("alice~j", WAIT_S)

@@ -73,7 +73,7 @@ async def _run_plan(db: Path) -> dict[str, list[RolloutResult]]:
     await pipeline.start()
     try:
         requests = [
-            JobRequest(instance, job_id=job, **options)
+            JobRequest.of(instance, job_id=job, **options)
             for group in PLAN.values()
             for job, instance, options, _ in group
         ]

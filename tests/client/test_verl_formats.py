@@ -279,7 +279,7 @@ async def test_each_format_scores_right_and_wrong_both_ways(tmp_path: Path) -> N
     await pipeline.start()
     results: dict[str, dict[str, Any]] = {}
     try:
-        requests = [JobRequest(inst, job_id=job_id) for job_id, (inst, _) in jobs.items()]
+        requests = [JobRequest.of(inst, job_id=job_id) for job_id, (inst, _) in jobs.items()]
         await pipeline.submit(requests)
         for job_id in jobs:
             view = await pipeline.wait(job_id, WAIT_S * 6)
@@ -353,7 +353,7 @@ async def test_an_unknown_data_source_is_a_422_naming_it(
     try:
         pipeline = Pipeline(reg, store, PipelineConfig())
         with pytest.raises(RequestRejected) as rejected:
-            await pipeline.submit([JobRequest({**row, "data_source": "searchR1_nq"})])
+            await pipeline.submit([JobRequest.of({**row, "data_source": "searchR1_nq"})])
         assert isinstance(rejected.value.cause, UnknownTask)
     finally:
         await store.close()

@@ -1395,7 +1395,9 @@ def harness_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outc
         )
         await pipeline.start()
         try:
-            await pipeline.submit([JobRequest(a.given["instance"], job_id=a.name) for a in HARNESS])
+            await pipeline.submit(
+                [JobRequest.of(a.given["instance"], job_id=a.name) for a in HARNESS]
+            )
             outcomes: dict[str, Outcome] = {}
             for a in HARNESS:
                 view = await pipeline.wait(a.name, WAIT_S * 6)

@@ -108,7 +108,7 @@ async def served(tmp_path: Path, tok: Any) -> AsyncIterator[tuple[Pipeline, Scri
 
 
 async def run_job(pipeline: Pipeline, job_id: str, **request: Any) -> dict[str, Any]:
-    (view,) = await pipeline.submit([JobRequest(INSTANCE, job_id=job_id, **request)])
+    (view,) = await pipeline.submit([JobRequest.of(INSTANCE, job_id=job_id, **request)])
     return await finished(pipeline, view.job_id)
 
 
@@ -148,7 +148,7 @@ async def test_a_branch_at_turn_k_starts_from_the_parents_tokens_and_files(
 
 async def rejected(pipeline: Pipeline, branch: Branch, job_id: str = "b") -> InvalidInstance:
     with pytest.raises(RequestRejected) as info:
-        await pipeline.submit([JobRequest(INSTANCE, job_id=job_id, branch=branch)])
+        await pipeline.submit([JobRequest.of(INSTANCE, job_id=job_id, branch=branch)])
     assert await pipeline.lookup(job_id) is None  # nothing of the branch was started
     assert isinstance(info.value.cause, InvalidInstance)
     return info.value.cause
@@ -170,7 +170,7 @@ async def test_branches_from_what_is_not_kept_are_refused_naming_it(
     assert evicted.loc == ("branch", "turn") and "evicted (kept: 3)" in evicted.message
     other = {**INSTANCE, "question": "another"}
     with pytest.raises(RequestRejected) as info:
-        await pipeline.submit([JobRequest(other, branch=Branch(job_id="short", turn=3))])
+        await pipeline.submit([JobRequest.of(other, branch=Branch(job_id="short", turn=3))])
     assert cast(InvalidInstance, info.value.cause).loc == ("instance",)
 
 
@@ -238,15 +238,15 @@ async def test_a_branch_in_flight_at_a_crash_fails_after_the_restart(
     await first.start()
     await run_job(first, "parent", sampling_params={"keep_snapshots": 3})
     branch = Branch(job_id="parent", turn=1)
-    await first.submit([JobRequest(INSTANCE, job_id="branch", branch=branch)])
+    await first.submit([JobRequest.of(INSTANCE, job_id="branch", branch=branch)])
     await asyncio.wait_for(policy.reached.wait(), 10)
-    for worker in first._workers:  # the process "dies": nothing finishes, the store closes
+    for worker in first.stages.workers:  # the process "dies": nothing finishes, the store closes
         worker.cancel()
-    await asyncio.gather(*first._workers, return_exceptions=True)
+    await asyncio.gather(*first.stages.workers, return_exceptions=True)
     # A real death takes its sandboxes with it; here the branch's forked sandbox, held by the
     # job the "dead" pipeline never finished, is released by hand, so none outlives the test.
-    for job in list(first._jobs.values()):
-        await first._cleanup(job)
+    for job in list(first.stages.jobs.values()):
+        await first.stages.cleanup(job)
     await store.close()
     await services.close()
     fresh = TaskServices(llm=Scripts(tok, {}), sandbox_config=BwrapConfig())

@@ -13,9 +13,9 @@ import pytest
 
 from raas.api.app import create_app
 from raas.pipeline import (
+    InitQueueFull,
     JobRequest,
     JobState,
-    Overloaded,
     Pipeline,
     QuotaExceeded,
     policies_from,
@@ -130,7 +130,7 @@ def test_a_token_budget_refuses_until_its_window_frees() -> None:
 
 
 def req(tenant: str, **stages: str) -> JobRequest:
-    return JobRequest(probe_instance(**stages), tenant=tenant)
+    return JobRequest.of(probe_instance(**stages), tenant=tenant)
 
 
 async def test_jobs_in_flight_quota_refuses_whole_and_loses_nothing(
@@ -257,11 +257,11 @@ async def test_a_full_init_queue_refuses_the_tenant_that_filled_it_not_another(
         (a0,) = await pipeline.submit([req("a", init="block")])
         await probe.wait_entered(a0.job_id, "init")
         flood = await pipeline.submit([req("a"), req("a")])
-        with pytest.raises(Overloaded) as refused:
+        with pytest.raises(InitQueueFull) as refused:
             await pipeline.submit([req("a")])  # the control: a filled it
         assert "0 places left to this tenant" in str(refused.value)
         (b0,) = await pipeline.submit([req("b")])  # b's share of the places, a's backlog aside
-        with pytest.raises(Overloaded):
+        with pytest.raises(InitQueueFull):
             await pipeline.submit([req("b")])  # and no more: its share of 2 is 1
         probe.release(a0.job_id, "init")
         for view in (a0, *flood, b0):

@@ -68,7 +68,7 @@ async def test_each_finished_job_is_one_event_however_it_ended(
             "misbehaved": probe_instance(eval="policy"),
             "cancelled": probe_instance(run="block"),
         }
-        await pipeline.submit([JobRequest(i, job_id=j) for j, i in jobs.items()])
+        await pipeline.submit([JobRequest.of(i, job_id=j) for j, i in jobs.items()])
         await probe.wait_entered("cancelled", "run")
         assert pipeline.cancel("cancelled") is not None
         for job_id in jobs:
@@ -95,9 +95,9 @@ async def test_a_job_failed_at_a_restart_is_an_event_of_the_new_process(
     await store.open()
     first = Pipeline(registry, store, small_config())
     await first.start()
-    await first.submit([JobRequest(probe_instance(run="block"), job_id="in-flight")])
+    await first.submit([JobRequest.of(probe_instance(run="block"), job_id="in-flight")])
     await probe.wait_entered("in-flight", "run")
-    for task in first._workers:  # the process "dies" with the job in RUN
+    for task in first.stages.workers:  # the process "dies" with the job in RUN
         task.cancel()
     await store.close()
 

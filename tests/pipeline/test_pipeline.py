@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from raas.pipeline import (
+    TRANSITIONS,
+    BadTransition,
     Draining,
+    InitQueueFull,
     JobIdConflict,
     JobRequest,
     JobState,
-    Overloaded,
+    Phase,
     Pipeline,
     RequestRejected,
     Stage,
@@ -30,7 +33,7 @@ STAGES = ["init", "run", "eval"]
 
 
 def req(instance: dict[str, Any], **kw: Any) -> JobRequest:
-    return JobRequest(instance=instance, **kw)
+    return JobRequest.of(instance=instance, **kw)
 
 
 async def submit_one(pipeline: Pipeline, instance: dict[str, Any], **kw: Any) -> str:
@@ -179,7 +182,9 @@ async def test_cancel_while_waiting_for_run_cleans_up_once(
         await probe.wait_entered(waiting, "init")
         job = pipeline.active(waiting)
         assert job is not None
-        await settle(lambda: job.state is JobState.RUN and not job.owned)  # in the RUN queue
+        await settle(
+            lambda: job.state is JobState.RUN and job.phase is Phase.QUEUED
+        )  # in the RUN queue
         pipeline.cancel(waiting)
         result = await finished(pipeline, waiting)
         probe.release(blocker, "run")
@@ -336,7 +341,7 @@ async def test_full_init_queue_is_refused_and_nothing_accepted_is_dropped(
         first = await submit_one(pipeline, probe_instance(init="block"))
         await probe.wait_entered(first, "init")
         queued = [await submit_one(pipeline, probe_instance()) for _ in range(2)]
-        with pytest.raises(Overloaded) as exc:
+        with pytest.raises(InitQueueFull) as exc:
             await submit_one(pipeline, probe_instance())
         assert exc.value.retry_after_s >= 1
         probe.release(first, "init")
@@ -351,7 +356,7 @@ async def test_a_batch_is_accepted_whole_or_not_at_all(
         first = await submit_one(pipeline, probe_instance(init="block"))
         await probe.wait_entered(first, "init")
         batch = [req(probe_instance(), job_id=f"b{i}") for i in range(2)]
-        with pytest.raises(Overloaded):
+        with pytest.raises(InitQueueFull):
             await pipeline.submit(batch)
         assert await pipeline.lookup("b0") is None and await pipeline.lookup("b1") is None
         probe.release(first, "init")
@@ -464,7 +469,7 @@ async def test_restart_reports_in_flight_jobs_as_failed_and_keeps_results(
     await first.submit([req(probe_instance(run="block"), job_id="in-flight")])
     await probe.wait_entered("in-flight", "run")
     # The process "dies": workers vanish without finishing anything, the store just closes.
-    for task in first._workers:
+    for task in first.stages.workers:
         task.cancel()
     await store.close()
 
@@ -497,3 +502,15 @@ async def test_an_infra_failure_a_retry_cannot_help_ends_the_job_at_once(
     assert result["state"] == "failed" and result["error"]["kind"] == "infra"
     assert result["attempts"] == attempts
     assert probe.calls[job_id, "init"] == attempts
+
+
+def test_a_job_moves_only_along_the_transition_table(probe: ProbeTask) -> None:
+    job = Job("j", JobRequest.of(probe_instance()), probe)
+    assert job.phase is Phase.QUEUED
+    for phase in (Phase.HELD, Phase.RETRYING, Phase.HELD, Phase.FINISHING, Phase.FINISHED):
+        assert phase in TRANSITIONS[job.phase]
+        job.move(phase)
+    with pytest.raises(BadTransition):
+        job.move(Phase.HELD)  # a finished job is held by no one again
+    assert job.phase is Phase.FINISHED
+    assert set(TRANSITIONS) == set(Phase)

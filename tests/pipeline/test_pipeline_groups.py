@@ -96,7 +96,7 @@ def registry(task: Forking, plain: InitCounting) -> TaskRegistry:
 
 def group_of(n: int, task: str, group: str | None = "g1", **params: Any) -> list[JobRequest]:
     instance = {"data_source": task, "question": "q"}
-    return [JobRequest(instance, dict(params), f"{group}-{k}", group=group) for k in range(n)]
+    return [JobRequest.of(instance, dict(params), f"{group}-{k}", group=group) for k in range(n)]
 
 
 async def test_a_group_runs_init_once_and_forks_every_member(
@@ -123,7 +123,7 @@ async def test_a_failed_member_is_forked_again_not_the_group(
 ) -> None:
     async with make_pipeline(max_attempts=2) as pipeline:
         ok = group_of(2, "forking")
-        failing = JobRequest(ok[0].instance, {"fail_once": True}, "g1-bad", group="g1")
+        failing = JobRequest.of(ok[0].rollout.instance, {"fail_once": True}, "g1-bad", group="g1")
         views = await pipeline.submit([*ok, failing])
         results = {v.job_id: await finished(pipeline, v.job_id) for v in views}
     assert len(task.inits) == 1
@@ -136,7 +136,7 @@ async def test_different_groups_and_instances_do_not_share_init(
     make_pipeline: Any, task: Forking
 ) -> None:
     async with make_pipeline() as pipeline:
-        other = JobRequest({"data_source": "forking", "question": "other"}, {}, "o", group="g1")
+        other = JobRequest.of({"data_source": "forking", "question": "other"}, {}, "o", group="g1")
         requests = [*group_of(2, "forking"), *group_of(2, "forking", "g2"), other]
         views = await pipeline.submit(requests)
         for v in views:
@@ -172,7 +172,7 @@ async def test_a_group_revived_after_a_crash_makes_one_new_template(
     await first.submit(group_of(3, "forking"))
     await settle(lambda: bool(task.inits))
     # The process "dies": workers vanish without finishing anything, the store just closes.
-    for worker in first._workers:
+    for worker in first.stages.workers:
         worker.cancel()
     await store.close()
     task.inits.clear()

@@ -20,7 +20,7 @@ STAGES = ["init", "run", "eval"]
 
 
 async def submit(pipeline: Pipeline, instance: dict[str, Any], **kw: Any) -> str:
-    (view,) = await pipeline.submit([JobRequest(instance=instance, **kw)])
+    (view,) = await pipeline.submit([JobRequest.of(instance=instance, **kw)])
     return view.job_id
 
 

@@ -219,12 +219,14 @@ async def test_never_ending_jobs_of_one_tenant_keep_no_run_slot_from_another(
 ) -> None:
     async with make_pipeline(run_workers=2) as pipeline:
         endless = await pipeline.submit(
-            [JobRequest(probe_instance(run="block"), tenant="a") for _ in range(4)]
+            [JobRequest.of(probe_instance(run="block"), tenant="a") for _ in range(4)]
         )
         await probe.wait_entered(endless[0].job_id, "run")
         await probe.wait_entered(endless[1].job_id, "run")  # a alone took every RUN slot
         # The attack: jobs that never end hold them; b's quick jobs must all finish anyway.
-        quick = await pipeline.submit([JobRequest(probe_instance(), tenant="b") for _ in range(5)])
+        quick = await pipeline.submit(
+            [JobRequest.of(probe_instance(), tenant="b") for _ in range(5)]
+        )
         for view in quick:
             assert (await finished(pipeline, view.job_id))["state"] == "done"
         # The control: a, over its share, started no more of its own meanwhile.
@@ -350,7 +352,7 @@ def served(tmp_path: Path, tok: Any) -> Served:
 
 def lines(tenant: str, job_id: str, keep: int = 0, **more: Any) -> JobRequest:
     params = {"keep_snapshots": keep} if keep else {}
-    return JobRequest(LINES, params, job_id, tenant=tenant, **more)
+    return JobRequest.of(LINES, params, job_id, tenant=tenant, **more)
 
 
 async def test_kept_snapshots_count_in_max_sandboxes(served: Served) -> None:

@@ -84,8 +84,8 @@ async def test_a_job_whose_reward_is_not_a_number_ends_failed_never_done(
     make_pipeline: Any,
 ) -> None:
     async with make_pipeline() as pipeline:
-        (nan,) = await pipeline.submit([JobRequest(probe_instance() | {"reward": "nan"})])
-        (inf,) = await pipeline.submit([JobRequest(probe_instance() | {"reward": "inf"})])
+        (nan,) = await pipeline.submit([JobRequest.of(probe_instance() | {"reward": "nan"})])
+        (inf,) = await pipeline.submit([JobRequest.of(probe_instance() | {"reward": "inf"})])
         results = [await finished(pipeline, view.job_id) for view in (nan, inf)]
         page = await pipeline.store.finished()
     for got in results:

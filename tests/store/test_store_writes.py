@@ -75,7 +75,7 @@ async def test_a_result_the_store_cannot_write_is_held_never_reported_done(
     make_pipeline: Any, probe: ProbeTask
 ) -> None:
     async with make_pipeline(store_retry_s=0.01) as pipeline:
-        (view,) = await pipeline.submit([JobRequest(probe_instance(eval="block"))])
+        (view,) = await pipeline.submit([JobRequest.of(probe_instance(eval="block"))])
         job_id = view.job_id
         await probe.wait_entered(job_id, "eval")
         await refuse_writes(pipeline.store)
@@ -101,7 +101,7 @@ async def test_a_result_still_held_at_shutdown_runs_again_at_the_next_start(
 ) -> None:
     db = tmp_path / "raas.db"
     async with make_pipeline(db, store_retry_s=0.01, max_attempts=2) as pipeline:
-        (view,) = await pipeline.submit([JobRequest(probe_instance(eval="block"))])
+        (view,) = await pipeline.submit([JobRequest.of(probe_instance(eval="block"))])
         await probe.wait_entered(view.job_id, "eval")
         await refuse_writes(pipeline.store)
         probe.release(view.job_id, "eval")

@@ -146,7 +146,7 @@ async def run_job(
     )
     await pipeline.start()
     try:
-        await pipeline.submit([JobRequest({"data_source": "harness", **instance}, job_id="job")])
+        await pipeline.submit([JobRequest.of({"data_source": "harness", **instance}, job_id="job")])
         view = await pipeline.wait("job", WAIT_S * 6)
         assert view is not None and view.result is not None, view
         return view.result.model_dump(mode="json")

@@ -50,7 +50,7 @@ def run(tmp_path: Path) -> Run:
         pipeline = Pipeline(registry(), store, config, services=services)
         await pipeline.start()
         try:
-            await pipeline.submit([JobRequest(instance, job_id="job", **request)])
+            await pipeline.submit([JobRequest.of(instance, job_id="job", **request)])
             view = await pipeline.wait("job", WAIT_S * 6)
             assert view is not None and view.result is not None, view
             assert policy.released == ["job"] or view.result.stage_failed == "init"
@@ -325,7 +325,7 @@ async def test_malformed_instances_name_the_field(
     await store.open()
     pipeline = Pipeline(registry(), store, PipelineConfig())
     with pytest.raises(RequestRejected):
-        await pipeline.submit([JobRequest(instance, sampling_params=job.sampling_params)])
+        await pipeline.submit([JobRequest.of(instance, sampling_params=job.sampling_params)])
     await store.close()
 
 

@@ -18,14 +18,21 @@ from fastapi.exceptions import RequestValidationError
 
 from raas.api.auth import logged_in, session_cookie
 from raas.api.errors import responses
-from raas.api.routes.rollouts import Cursor, FinalStateName, no_job
+from raas.api.routes.rollouts import Cursor, no_job
 from raas.api.series import read_series
 from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
 from raas.store.dashboard import JobFilter
-from raas.wire import DashboardSeries, DashboardStats, JobSummaryPage, TokenView, Trajectory
+from raas.wire import (
+    DashboardSeries,
+    DashboardStats,
+    FinalStateName,
+    JobSummaryPage,
+    TokenView,
+    Trajectory,
+)
 
 router = APIRouter(tags=["dashboard"])
 Service = Annotated[ServiceState, Depends(service)]

@@ -54,7 +54,7 @@ async def submit_new(pipeline: Pipeline, call: ProRLCall, name: str | None, tena
     fresh id under it (submit's own check, past its last await, settles races between equal
     names)."""
     if name is not None:
-        request = JobRequest(call.instance, call.sampling_params, name, tenant=tenant)
+        request = JobRequest.of(call.instance, call.sampling_params, name, tenant=tenant)
         try:
             (view,) = await pipeline.submit([request])
         except JobIdConflict:
@@ -62,7 +62,9 @@ async def submit_new(pipeline: Pipeline, call: ProRLCall, name: str | None, tena
         else:
             if view.created:
                 return view
-    request = JobRequest(call.instance, call.sampling_params, process_job_id(name), tenant=tenant)
+    request = JobRequest.of(
+        call.instance, call.sampling_params, process_job_id(name), tenant=tenant
+    )
     (view,) = await pipeline.submit([request])
     return view
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
 from fastapi.responses import StreamingResponse
@@ -17,10 +17,10 @@ from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
 from raas.store.export import stream_jsonl
 from raas.wire import (
-    FINAL_STATES,
     BatchRequest,
     BatchSubmitted,
     ExportedResult,
+    FinalStateName,
     JobStatus,
     ResultPage,
     RolloutRequest,
@@ -37,10 +37,6 @@ MAX_WAIT_S = 300.0
 # larger one would overflow there (a 500), so it is a 422 here, and the document says the bound.
 MAX_CURSOR = 2**63 - 1
 Cursor = Annotated[int, Field(ge=0, le=MAX_CURSOR)]
-# Only finished jobs are listed; a Literal, so a bad state is FastAPI's own 422 and the
-# OpenAPI document lists the values.
-FinalStateName = Literal["done", "failed", "timeout", "cancelled"]
-assert get_args(FinalStateName) == FINAL_STATES
 
 
 # A branch's parent is looked up, not validated: a job the server does not know is a 404.
@@ -164,6 +160,8 @@ async def list_running(
 async def list_results(
     svc: Service,
     who: Who,
+    # Only finished jobs are listed; a Literal, so a bad state is FastAPI's own 422 and the
+    # OpenAPI document lists the values.
     state: Annotated[
         FinalStateName | None,
         Query(

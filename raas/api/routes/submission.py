@@ -11,26 +11,13 @@ from raas.pipeline import JobRequest, JobView, Pipeline, RequestRejected
 from raas.wire import JobStatus, RolloutRequest, RolloutResult
 
 
-def job_request(req: RolloutRequest, tenant: str) -> JobRequest:
-    return JobRequest(
-        req.instance,
-        req.sampling_params,
-        req.job_id,
-        req.timeout_s,
-        priority=req.priority,
-        tenant=tenant,
-        group=req.group,
-        branch=req.branch,
-    )
-
-
 async def submit(
     pipeline: Pipeline, reqs: Sequence[RolloutRequest], batch: bool, who: Caller
 ) -> list[JobView]:
     """Submit all or none, as ``who``'s jobs; bad input becomes a FieldError naming the field
     (``jobs.3.instance``)."""
     try:
-        return await pipeline.submit([job_request(r, who.submits_as) for r in reqs])
+        return await pipeline.submit([JobRequest(r, who.submits_as) for r in reqs])
     except RequestRejected as e:
         raise field_error(e.cause, ["jobs", e.index] if batch else []) from e
 

@@ -29,8 +29,8 @@ from raas.llm.engine.generator import (
 from raas.llm.engine.protocol import (
     CompletionRequest,
     CompletionResponse,
+    EngineErrorInfo,
     EngineStatsResponse,
-    ErrorInfo,
     ErrorResponse,
     IsPausedResponse,
     ModelCard,
@@ -137,7 +137,7 @@ def engine_app(
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        info = ErrorInfo(message=exc.message, type=exc.kind, param=exc.param, code=exc.status)
+        info = EngineErrorInfo(message=exc.message, type=exc.kind, param=exc.param, code=exc.status)
         return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=exc.status)
 
     @app.get("/health", tags=["system"])

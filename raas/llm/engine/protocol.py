@@ -207,7 +207,9 @@ class EngineStatsResponse(BaseModel):
     max_model_len: int
 
 
-class ErrorInfo(BaseModel):
+class EngineErrorInfo(BaseModel):
+    """What went wrong, in vLLM's error body (a job's failure is raas.wire.ErrorInfo)."""
+
     message: str
     type: str
     param: str | None = None
@@ -217,4 +219,4 @@ class ErrorInfo(BaseModel):
 class ErrorResponse(BaseModel):
     """vLLM's (and OpenAI's) error body."""
 
-    error: ErrorInfo
+    error: EngineErrorInfo
