@@ -106,14 +106,15 @@ def test_no_two_modules_import_each_other() -> None:
 # What each library may import of raas (docs/design.md's table; itself always). "raas" alone is the
 # root package, which holds the version and nothing else.
 MAY_IMPORT = {
-    "raas.llm": ("raas", "raas.helpers"),
-    "raas.sandbox": ("raas.helpers", "raas.image_refs"),
+    "raas.llm": ("raas", "raas.helpers", "raas.paths"),
+    "raas.sandbox": ("raas.helpers", "raas.image_refs", "raas.paths"),
     "raas.sandbox.inside": (),  # runs in the sandbox on the image's own Python: stdlib only
     "raas.client": ALLOWED_RAAS,
     "raas.harness_agents": (),
     "raas.wire": (),
     "raas.helpers": (),
     "raas.image_refs": (),
+    "raas.paths": (),
 }
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raas.helpers import NotReady, free_port, terminate, wait_until_answers
+from raas.paths import host_paths
 
 TOOLS = {"umoci": "umoci", "skopeo": "skopeo", "docker-registry": "docker-registry"}
 MAKE_ROOTFS = "scripts/images/make-base-rootfs.sh"
@@ -37,8 +38,7 @@ def missing_tools() -> list[str]:
 def base_rootfs_dir() -> Path:
     """Where ``scripts/images/make-base-rootfs.sh`` puts the image tier's root filesystem
     (complete once it holds ``.raas-complete``)."""
-    cache = Path(os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas")
-    return cache / "swe-images" / "base-rootfs"
+    return host_paths().cache_dir / "swe-images" / "base-rootfs"
 
 
 def rootfs_ready(root: Path) -> bool:

@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 
 from raas.helpers import PortBusy, check_port
-from raas.settings import ServeSettings, choices, flag, is_directory, is_list, scalar_type
+from raas.settings import FIELDS, choices, flag, is_directory, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
     "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
@@ -45,27 +45,33 @@ def _param_type(name: str) -> Any:
     return kind if kind in (int, float) else str
 
 
-def _help(name: str) -> str:
-    info = ServeSettings.model_fields[name]
+def _help(name: str, more: str = "") -> str:
+    info = FIELDS[name]
     default = info.get_default(call_default_factory=True)
-    text = info.description or ""
-    if default not in (None, [], ""):
+    text = (info.description or "") + more
+    if default not in (None, [], "") and "[default: " not in text:
         text += f"  [default: {default}]"
     return text
 
 
+def setting_option(name: str, more_help: str = "") -> Callable[[F], F]:
+    """The option of one setting, as ``raas serve`` has it (another command that passes it on
+    to its servers takes it so); not given, it is None (the environment and the file can
+    supply it)."""
+    return click.option(
+        flag(name),
+        name,
+        type=_param_type(name),
+        multiple=is_list(name),
+        default=None,
+        help=_help(name, more_help),
+    )
+
+
 def settings_options(f: F) -> F:
-    """One option a ``ServeSettings`` field, in field order; an option not given is None (so
-    the environment and the file can supply it)."""
-    for name in reversed(list(ServeSettings.model_fields)):
-        f = click.option(
-            flag(name),
-            name,
-            type=_param_type(name),
-            multiple=is_list(name),
-            default=None,
-            help=_help(name),
-        )(f)
+    """One option a setting, in the groups' order; an option not given is None."""
+    for name in reversed(list(FIELDS)):
+        f = setting_option(name)(f)
     return f
 
 
@@ -85,6 +91,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     from raas.api.server import KeyNeeded
     from raas.api.server import serve as run_server
     from raas.cli.output import setup_logging
+    from raas.paths import install as install_paths
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
     from raas.store.sqlite import DatabaseInUse
@@ -96,8 +103,9 @@ def serve(config_file: Path | None, **options: Any) -> None:
         settings = load_settings(config_file, options)
     except SettingsError as e:
         raise click.UsageError(str(e)) from e
-    setup_logging(settings.log_level)
-    check_tokenizer(settings.tokenizer)
+    install_paths(settings.paths)  # the libraries of this process read the server's paths
+    setup_logging(settings.server.log_level)
+    check_tokenizer(settings.inference.tokenizer)
     try:
         run_server(settings)
     except (

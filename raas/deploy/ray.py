@@ -37,7 +37,8 @@ from raas.helpers import (
     wait_until_answers,
     write_server_list,
 )
-from raas.settings import ENV_PREFIX, PER_SERVER, SettingsError, to_flags, validate
+from raas.paths import ENV_PREFIX
+from raas.settings import PER_SERVER, SettingsError, to_flags, validate
 
 log = logging.getLogger(__name__)
 
