@@ -1,20 +1,25 @@
-"""Where raas keeps things on this host, and the sandboxes' image: the settings that the
-libraries (``raas.llm``, ``raas.sandbox``) read too, below the server's ``raas.settings``.
+"""Where raas keeps things on this host, the sandboxes' image, and how big an image may
+unpack: the settings that the libraries (``raas.llm``, ``raas.sandbox``) read too, below the
+server's ``raas.settings``.
 
-``HostPaths`` is the one declaration of these fields and their defaults; ``ServeSettings``
-holds it as its ``paths`` group (so ``raas serve`` takes them from its file, the environment or
-its flags), and a library used on its own reads them with ``host_paths()``: from the same
-``RAAS_<FIELD>`` variables (``RAAS_CACHE_DIR``, ``RAAS_IMAGE_STORE``, ...), the only place
-outside the settings that reads them.
+``HostPaths`` and ``ImageCaps`` are the one declaration of these fields and their defaults;
+``ServeSettings`` holds them as its ``paths`` and ``images`` groups (so ``raas serve`` takes them
+from its file, the environment or its flags), and a library reads them with ``host_paths()``
+and ``image_caps()``: those a server ``installed``, else the same ``RAAS_<FIELD>`` variables
+(``RAAS_CACHE_DIR``, ``RAAS_IMAGE_STORE``, ``RAAS_LAYER_MAX_BYTES``, ...). Nothing else in raas
+reads these variables.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.config import JsonDict
 
 ENV_PREFIX = "RAAS_"
@@ -83,22 +88,83 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-_installed: HostPaths | None = None
+GiB = 1 << 30
+_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 
 
-def install(paths: HostPaths) -> None:
-    """Make ``paths`` this process's, as ``host_paths()`` answers: ``raas serve`` installs its
-    settings' (from its flags, file or environment), so that every library in its process
-    (the model cache, the image store, the sandboxes' runtime root) reads those."""
-    global _installed
-    _installed = paths
+class ImageCaps(BaseModel):
+    """What a layer, and an image's layers together, may unpack to when the image store takes
+    an image in: the tar stream's bytes (its files' data and headers; a sparse file counts its
+    whole size) and its entries. Generous defaults: the largest images run in RL (CUDA's)
+    unpack to about 20 GiB and 500,000 entries."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layer_max_bytes: int = Field(
+        default=16 * GiB, gt=0, description="Bytes one layer may unpack to (16G, 512M, or bytes)."
+    )
+    layer_max_entries: int = Field(
+        default=1_000_000, gt=0, description="Entries (files, directories, links) of one layer."
+    )
+    image_max_bytes: int = Field(
+        default=64 * GiB, gt=0, description="Bytes an image's layers together may unpack to."
+    )
+    image_max_entries: int = Field(
+        default=4_000_000, gt=0, description="Entries of an image's layers together."
+    )
+
+    @field_validator("layer_max_bytes", "image_max_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        """``16G``, ``512M``, ``4KiB`` (binary units) or a number of bytes."""
+        found = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+        if found is None:
+            return value
+        shift = 10 * ("KMGT".find(found[2].upper()) + 1) if found[2] else 0
+        return int(found[1]) << shift
+
+
+Group = TypeVar("Group", HostPaths, ImageCaps)
+_installed: dict[type[BaseModel], BaseModel] = {}
+
+
+@contextlib.contextmanager
+def installed(*groups: HostPaths | ImageCaps) -> Iterator[None]:
+    """Make these this process's while it lasts, as ``host_paths()`` and ``image_caps()``
+    answer: ``raas serve`` installs its settings' (from its flags, file or environment), so
+    that every library in its process (the model cache, the image store, the sandboxes' runtime
+    root) reads those."""
+    before = dict(_installed)
+    _installed.update({type(group): group for group in groups})
+    try:
+        yield
+    finally:
+        _installed.clear()
+        _installed.update(before)
+
+
+def _read(model: type[Group], environ: Mapping[str, str] | None) -> Group:
+    """``model``'s installed value, else from the environment (an empty variable is unset),
+    else its defaults; a ValueError names the variable that is wrong."""
+    installed = _installed.get(model) if environ is None else None
+    if isinstance(installed, model):
+        return installed
+    environ = os.environ if environ is None else environ
+    given = {name: environ.get(env_name(name), "").strip() for name in model.model_fields}
+    given = {k: v for k, v in given.items() if v}
+    try:
+        return model.model_validate(given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else ""
+        raise ValueError(f"{env_name(name)}={given.get(name)!r}: {err['msg']}") from None
 
 
 def host_paths(environ: Mapping[str, str] | None = None) -> HostPaths:
-    """This process's paths: those ``install``ed, else from the environment (an empty variable
-    is unset), else their defaults."""
-    if environ is None and _installed is not None:
-        return _installed
-    environ = os.environ if environ is None else environ
-    given = {name: environ.get(env_name(name), "") for name in HostPaths.model_fields}
-    return HostPaths.model_validate({k: v for k, v in given.items() if v})
+    """This process's paths (``installed``, else ``RAAS_*``, else the defaults)."""
+    return _read(HostPaths, environ)
+
+
+def image_caps(environ: Mapping[str, str] | None = None) -> ImageCaps:
+    """This process's image caps (``installed``, else ``RAAS_*``, else the defaults)."""
+    return _read(ImageCaps, environ)

@@ -33,7 +33,7 @@ from raas.client.task_files import (
 from raas.helpers import free_port, wait_until_answers
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
-from raas.paths import host_paths
+from raas.paths import host_paths, image_caps
 from raas.sandbox import BwrapConfig
 from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
@@ -111,6 +111,7 @@ async def served(options: RunOptions, llm: list[str], console: Console) -> Async
     settings = validate(
         {
             "paths": host_paths(),
+            "images": image_caps(),
             **options.serve,
             "port": port,
             # Not raas.db, `raas serve`'s default: a run beside a server keeps to its own.

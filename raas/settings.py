@@ -1,7 +1,7 @@
 """Settings of ``raas serve``: the one place a default lives.
 
 ``ServeSettings`` holds them by concern (``server``, ``pipeline``, ``auth``, ``http``,
-``inference``, ``sandboxes``, ``agents``, ``paths``), and each consumer takes its group.
+``inference``, ``sandboxes``, ``agents``, ``paths``, ``images``), and each consumer takes its group.
 Outside, they are flat: a setting's TOML key, its ``RAAS_<NAME>`` variable and its ``--flag``
 are its name alone (names are unique across the groups), as they always were.
 
@@ -40,14 +40,14 @@ from pydantic_settings import (
 from pydantic_settings import SettingsError as SourceError
 
 from raas.helpers import without_none
-from raas.paths import ENV_PREFIX, HostPaths, env_name
+from raas.paths import ENV_PREFIX, HostPaths, ImageCaps, env_name
 from raas.wire import BackendUrl
 
 # Set for each server by a deployment (Slurm, Ray), never passed through to all of them.
 PER_SERVER = frozenset({"host", "port", "db"})
 # The groups whose settings `raas run` takes (its flags generated as `raas serve`'s) for the
 # service it starts; the rest it sets itself (--llm, --model) or does without.
-RUN_GROUPS = ("sandboxes", "agents", "paths")
+RUN_GROUPS = ("sandboxes", "agents", "paths", "images")
 SandboxName = Literal["bwrap", "local", "apptainer"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -323,6 +323,7 @@ GROUPS: dict[str, type[BaseModel]] = {
     "sandboxes": SandboxSettings,
     "agents": AgentSettings,
     "paths": HostPaths,
+    "images": ImageCaps,
 }
 # Each setting's group, by its name (names are unique across the groups: the file's keys, the
 # RAAS_<NAME> variables and the --flags are flat).
@@ -339,11 +340,15 @@ FIELDS: dict[str, FieldInfo] = {
 
 def nest(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flat settings (``{"run_workers": 16}``) into their groups (``{"pipeline": {...}}``); a
-    group given whole, or a name of no group, passes as it is (``extra="forbid"`` names it)."""
+    group may come whole too (a model or a dict), its settings named one by one winning; a name
+    of no group passes as it is (``extra="forbid"`` names it)."""
     nested: dict[str, Any] = {}
     for key, value in values.items():
         group = GROUP_OF.get(key)
-        if group is None:
+        if group is None and key in GROUPS and key in nested:  # after some of its settings
+            whole = value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+            nested[key] = {**whole, **nested[key]}  # the settings named one by one win
+        elif group is None:
             nested[key] = value
         else:
             inner = nested.setdefault(group, {})
@@ -366,6 +371,7 @@ class ServeSettings(BaseSettings):
     sandboxes: SandboxSettings = Field(default_factory=SandboxSettings)
     agents: AgentSettings = Field(default_factory=AgentSettings)
     paths: HostPaths = Field(default_factory=HostPaths)
+    images: ImageCaps = Field(default_factory=ImageCaps)
 
     @model_validator(mode="before")
     @classmethod

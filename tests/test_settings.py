@@ -164,3 +164,22 @@ def test_the_libraries_read_the_same_variables_as_the_server(
     assert ApptainerConfig().images_dir == tmp_path / "images"
     monkeypatch.setenv("RAAS_IMAGE_STORE", str(tmp_path / "store"))
     assert default_store_dir() == load_settings(None, {}).paths.store_dir() == tmp_path / "store"
+
+
+def test_a_group_given_whole_yields_to_its_settings_named_one_by_one() -> None:
+    from raas.paths import HostPaths
+
+    for values in (
+        {"paths": HostPaths(cache_dir=Path("/a"), image_store=Path("/s")), "cache_dir": "/b"},
+        {"cache_dir": "/b", "paths": {"cache_dir": "/a", "image_store": "/s"}},
+    ):
+        paths = validate(values).paths
+        assert (paths.cache_dir, paths.image_store) == (Path("/b"), Path("/s"))
+
+
+def test_the_image_caps_are_settings_and_read_as_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAAS_LAYER_MAX_BYTES", "512M")
+    settings = load_settings(None, {"image_max_entries": "7"})
+    assert settings.images.layer_max_bytes == 512 << 20 and settings.images.image_max_entries == 7
+    with pytest.raises(SettingsError, match="layer_max_entries"):
+        validate({"layer_max_entries": 0})

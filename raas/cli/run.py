@@ -150,8 +150,7 @@ def run(
 
     from raas.client.task_files import as_requests, markup, read_tasks, write_results
     from raas.helpers import new_run_dir
-    from raas.paths import host_paths
-    from raas.paths import install as install_paths
+    from raas.paths import host_paths, image_caps, installed
     from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
     from raas.settings import SettingsError, flag, validate
@@ -168,10 +167,11 @@ def run(
         flags = ", ".join(flag(name) for name in given)
         raise click.UsageError(f"{flags}: settings of the service started here, not with --url")
     try:  # a bad setting is said before anything starts
-        settings = validate({**host_paths().model_dump(exclude_unset=True), **given})
+        host = {**host_paths().model_dump(exclude_unset=True)}
+        host |= image_caps().model_dump(exclude_unset=True)
+        settings = validate({**host, **given})
     except SettingsError as e:
         raise click.UsageError(str(e)) from e
-    install_paths(settings.paths)  # this process's libraries read the service's paths
     if (tasks is None) == (bundled_name is None):
         why = (
             " (--replay re-scores stored results against the tasks they came from: give those"
@@ -209,7 +209,8 @@ def run(
             f" {params['max_turns']} turns (--sampling-params sets others)"
         )
     if replay is not None:
-        rows = asyncio.run(do_replay([task for _, task in items], replay, console))
+        with installed(settings.paths, settings.images):
+            rows = asyncio.run(do_replay([task for _, task in items], replay, console))
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
@@ -225,9 +226,10 @@ def run(
     )
     finished: list[RolloutResult] = []
     names = [where for where, _ in items]
-    results, wall = run_keeping(
-        run_tasks(requests, options, console, finished, names), finished, out
-    )
+    with installed(settings.paths, settings.images):  # the libraries of this process read them
+        results, wall = run_keeping(
+            run_tasks(requests, options, console, finished, names), finished, out
+        )
     console.print(result_table(results, f"{len(results)} rollouts"))
     console.print(summary(results, wall))
     write_results(results, out)

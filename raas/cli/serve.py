@@ -91,7 +91,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     from raas.api.server import KeyNeeded
     from raas.api.server import serve as run_server
     from raas.cli.output import setup_logging
-    from raas.paths import install as install_paths
+    from raas.paths import installed
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
     from raas.store.sqlite import DatabaseInUse
@@ -103,11 +103,12 @@ def serve(config_file: Path | None, **options: Any) -> None:
         settings = load_settings(config_file, options)
     except SettingsError as e:
         raise click.UsageError(str(e)) from e
-    install_paths(settings.paths)  # the libraries of this process read the server's paths
     setup_logging(settings.server.log_level)
-    check_tokenizer(settings.inference.tokenizer)
     try:
-        run_server(settings)
+        # The libraries of this process read the server's paths and image caps.
+        with installed(settings.paths, settings.images):
+            check_tokenizer(settings.inference.tokenizer)
+            run_server(settings)
     except (
         PortBusy,
         NewerDatabase,
