@@ -11,6 +11,9 @@ from pathlib import Path
 
 from raas.helpers import exited, free_port, guarded, terminate, wait_until_answers
 
+# `raas engine`'s port unless told (a deployment's nodes start theirs there too).
+ENGINE_PORT = 8001
+
 
 class ChildServer:
     """``python -m raas ARGS --port P`` in a child process, logging to a file, stopped with

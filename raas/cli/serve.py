@@ -10,6 +10,7 @@ import click
 from click.core import ParameterSource
 
 from raas.helpers import PortBusy, check_port
+from raas.launch import ENGINE_PORT
 from raas.settings import FIELDS, choices, flag, is_directory, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
@@ -141,7 +142,7 @@ def check_tokenizer(name: str) -> None:
     " (gold tool-call trajectories for the bundled tasks: no weights) or a checkpoint directory.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8001, show_default=True)
+@click.option("--port", type=int, default=ENGINE_PORT, show_default=True)
 @click.option("--max-batch", type=int, default=8, show_default=True, help="Sequences per batch.")
 @click.option("--served-name", default=None, help="Model name in the API (default: --model).")
 @click.option("--prefix-cache-tokens", type=int, default=32768, show_default=True)

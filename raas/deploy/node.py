@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from raas.helpers import NotReady, exited, wait_until_answers, write_atomic, write_server_list
-from raas.launch import ChildServer
+from raas.launch import ENGINE_PORT, ChildServer
 from raas.settings import SettingsError, defaults, load_settings, parse_flags
 
 
@@ -43,7 +43,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-dir", type=Path, required=True)
     p.add_argument("--llm", action="append", default=[], help="URL; {host} is this node.")
     p.add_argument("--engine-model")
-    p.add_argument("--engine-port", type=int, default=8001)
+    p.add_argument("--engine-port", type=int, default=ENGINE_PORT)
     p.add_argument("--ready-timeout-s", type=float, default=900.0)
     p.add_argument(
         "--expect-nodes",

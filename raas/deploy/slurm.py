@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from raas.launch import ENGINE_PORT
 from raas.paths import ENV_PREFIX
 from raas.settings import (
     ServeSettings,
@@ -68,7 +69,7 @@ class SlurmOptions:
     llm: list[str] = field(default_factory=list)
     llm_ports: list[int] = field(default_factory=list)
     engine_model: str | None = None
-    engine_port: int = 8001
+    engine_port: int = ENGINE_PORT
     # raas serve's --drain-grace-s, passed on with its other options; None: the servers' own
     # (their default, or RAAS_DRAIN_GRACE_S, or their --config file's).
     drain_grace_s: float | None = None
