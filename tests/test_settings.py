@@ -183,3 +183,27 @@ def test_the_image_caps_are_settings_and_read_as_sizes(monkeypatch: pytest.Monke
     assert settings.images.layer_max_bytes == 512 << 20 and settings.images.image_max_entries == 7
     with pytest.raises(SettingsError, match="layer_max_entries"):
         validate({"layer_max_entries": 0})
+
+
+def test_raas_run_takes_the_service_s_settings_as_raas_serve_s_options(tmp_path: Path) -> None:
+    """raas run's options for the service it starts are generated from the same settings as
+    raas serve's (no copy of their names, types or help); with --url they are refused."""
+    from click.testing import CliRunner
+
+    from raas.cli import main
+    from raas.cli.run import run
+    from raas.cli.serve import serve
+    from raas.settings import RUN_SETTINGS
+
+    def described(command: object) -> dict[str, tuple[object, ...]]:
+        params = command.params  # type: ignore[attr-defined]
+        return {p.name: (p.opts, p.help, p.multiple) for p in params if p.name in RUN_SETTINGS}
+
+    assert {"agents_venv", "sandbox", "cache_dir", "layer_max_bytes"} <= set(RUN_SETTINGS)
+    assert described(run) == described(serve) and len(described(run)) == len(RUN_SETTINGS)
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("")
+    said = CliRunner().invoke(
+        main, ["run", str(tasks), "--url", "http://x:1", "--sandbox", "local"]
+    )
+    assert said.exit_code == 2 and "--sandbox: settings of the service started here" in said.output
