@@ -15,7 +15,8 @@ from raas.settings import FIELDS, choices, flag, is_directory, is_list, scalar_t
 
 SERVE_HELP_EPILOG = (
     "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
-    "named like the options with underscores) or from RAAS_<OPTION> environment variables "
+    "named like the options with underscores; a group's table, as [serve.pipeline], is read "
+    "too) or from RAAS_<OPTION> environment variables "
     "(e.g. RAAS_RUN_WORKERS=16). Flags win over the environment, which wins over the file."
 )
 F = Callable[..., Any]
