@@ -13,6 +13,9 @@ from raas.helpers.children import guarded, terminate
 from raas.helpers.ports import free_port
 from raas.helpers.readiness import exited, wait_until_answers
 
+# `raas engine`'s port unless told (a deployment's nodes start theirs there too).
+ENGINE_PORT = 8001
+
 
 class ChildServer:
     """``python -m raas ARGS --port P`` in a child process, logging to a file, stopped with

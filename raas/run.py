@@ -28,6 +28,7 @@ from raas.helpers.ports import free_port
 from raas.helpers.readiness import wait_until_answers
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
+from raas.paths import host_paths, image_caps
 from raas.sandbox import BwrapConfig
 from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
@@ -48,12 +49,11 @@ class RunOptions:
     url: str | None = None
     api_key: str | None = None  # the --url server's
     llm: list[str] = field(default_factory=list)
-    model: str = field(default_factory=lambda: defaults().tokenizer)
+    model: str = field(default_factory=lambda: defaults().inference.tokenizer)
     workdir: Path = Path("out/run")
     quiet_server: bool = True
-    agents_venv: Path | None = None  # the in-process service's (ServeSettings.agents_venv)
-    agents_node: Path | None = None  # the in-process service's (ServeSettings.agents_node)
-    agent_files: Path | None = None  # the in-process service's (ServeSettings.agent_files)
+    # More settings of the in-process service, by name (raas.settings: RUN_SETTINGS' flags).
+    serve: dict[str, Any] = field(default_factory=dict)
     engine_args: list[str] = field(default_factory=list)  # for the engine started here
 
 
@@ -101,22 +101,23 @@ async def service(options: RunOptions, console: Console) -> AsyncIterator[str]:
 async def served(options: RunOptions, llm: list[str], console: Console) -> AsyncIterator[str]:
     """``raas serve`` in this process on ``llm``, until the way out."""
     port = free_port()
-    # The run's own service: configured here, not by RAAS_* variables meant for `raas serve`.
+    # The run's own service: configured here and by its flags, not by RAAS_* variables meant
+    # for `raas serve`; but the paths are the process's (the libraries read them too).
     settings = validate(
         {
+            "paths": host_paths(),
+            "images": image_caps(),
+            **options.serve,
             "port": port,
             # Not raas.db, `raas serve`'s default: a run beside a server keeps to its own.
             "db": options.workdir / "run.db",
             "llm": llm,
             "tokenizer": options.model,
             "log_level": "warning" if options.quiet_server else "info",
-            "agents_venv": options.agents_venv,
-            "agents_node": options.agents_node,
-            "agent_files": options.agent_files,
         }
     )
     server = InProcessServer(
-        uvicorn.Config(create_app(settings), port=port, log_level=settings.log_level)
+        uvicorn.Config(create_app(settings), port=port, log_level=settings.server.log_level)
     )
     task = asyncio.create_task(server.serve())
     url = f"http://127.0.0.1:{port}"

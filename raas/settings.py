@@ -1,37 +1,53 @@
 """Settings of ``raas serve``: the one place a default lives.
 
+``ServeSettings`` holds them by concern (``server``, ``pipeline``, ``auth``, ``http``,
+``inference``, ``sandboxes``, ``agents``, ``paths``, ``images``), and each consumer takes its group.
+Outside, they are flat: a setting's TOML key, its ``RAAS_<NAME>`` variable and its ``--flag``
+are its name alone (names are unique across the groups), as they always were.
+
 Sources, later ones winning: the defaults below, a TOML file (``--config``; flat keys or a
-``[serve]`` table), ``RAAS_<NAME>`` environment variables, then flags. The ``serve`` command's
-options are generated from these fields (``raas.cli.serve``), so its ``--help`` shows these
-defaults and descriptions; deployments turn settings into flags with ``to_flags`` and read flags
-back with ``parse_flags``.
+``[serve]`` table, whose group tables such as ``[serve.pipeline]`` are read too),
+``RAAS_<NAME>`` environment variables, then flags. The ``serve`` command's options are generated
+from these fields (``raas.cli.serve``), so its ``--help`` shows these defaults and descriptions;
+deployments turn settings into flags with ``to_flags`` and read flags back with ``parse_flags``.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import DirectoryPath, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    DirectoryPath,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
-    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 from pydantic_settings import SettingsError as SourceError
 
 from raas.helpers.optional import without_none
+from raas.paths import ENV_PREFIX, HostPaths, ImageCaps, env_name
 from raas.wire import BackendUrl
 
-ENV_PREFIX = "RAAS_"
 # Set for each server by a deployment (Slurm, Ray), never passed through to all of them.
 PER_SERVER = frozenset({"host", "port", "db"})
+# The groups whose settings `raas run` takes (its flags generated as `raas serve`'s) for the
+# service it starts; the rest it sets itself (--llm, --model) or does without.
+RUN_GROUPS = ("sandboxes", "agents", "paths", "images")
 SandboxName = Literal["bwrap", "local", "apptainer"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -58,20 +74,61 @@ class _TomlFile(PydanticBaseSettingsSource):
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise SettingsError(f"cannot read config file {path}: {e}") from e
         table = data.get("serve", data)
-        return dict(table) if isinstance(table, dict) else {}
+        if not isinstance(table, dict):
+            return {}
+        # A group's table ([serve.pipeline]) is its settings by name, as flat keys are.
+        flat: dict[str, Any] = {}
+        for key, value in table.items():
+            if key in GROUPS and isinstance(value, dict):
+                flat.update(value)
+            else:
+                flat[key] = value
+        return flat
 
 
-class ServeSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        extra="forbid",
-        env_parse_none_str="none",
-        env_ignore_empty=True,
-    )
+class _FlatEnv(PydanticBaseSettingsSource):
+    """``RAAS_<NAME>`` for every setting, whatever its group (pydantic-settings' own source
+    would want ``RAAS_PIPELINE__RUN_WORKERS``). An empty variable is unset; ``none`` is None
+    (``RAAS_RUN_TIMEOUT_S=none``); a list's variable is comma-separated (its validator splits
+    it). Names are matched ignoring case, as pydantic-settings does."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads every variable at once
+
+    def __call__(self) -> dict[str, Any]:
+        environ = {k.upper(): v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
+        values: dict[str, Any] = {}
+        for name in FIELDS:
+            value = environ.get(env_name(name))
+            if value:
+                values[name] = None if value == "none" else value
+        return values
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def comma_separated(value: Any) -> Any:
+    """A list from the environment: one string, comma-separated (a file or flags give a list)."""
+    if isinstance(value, str):
+        return [a.strip() for a in value.split(",") if a.strip()]
+    return value
+
+
+class ServerSettings(_Group):
+    """Where the server listens, what it keeps its results in, what it logs."""
 
     host: str = Field(default="127.0.0.1", description="Address to bind.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port to bind.")
     db: Path = Field(default=Path("raas.db"), description="SQLite file for durable results.")
+    log_level: LogLevel = Field(default="info", description="Logging level.")
+
+
+class PipelineSettings(_Group):
+    """The stage pools, their queues and a job's time (``raas.pipeline.PipelineConfig`` is
+    built from these)."""
+
     init_workers: int = Field(default=8, ge=1, description="Concurrent INIT stages (set-up).")
     run_workers: int = Field(
         default=8, ge=1, description="Concurrent RUN stages (agent loops; LLM slots)."
@@ -120,6 +177,11 @@ class ServeSettings(BaseSettings):
         ge=0,
         description="On SIGTERM, how long jobs in flight may finish before they are cancelled.",
     )
+
+
+class AuthSettings(_Group):
+    """Who may call the server: the admin's API key and the tenants."""
+
     api_key: str | None = Field(
         default=None,
         description="Require 'Authorization: Bearer KEY' on every route but /healthz. Without"
@@ -138,7 +200,12 @@ class ServeSettings(BaseSettings):
         " admin's, which sees all. Read again when it changes (or on SIGHUP). Needs an API key"
         " (RAAS_API_KEY), where a deployment's servers have theirs.",
     )
-    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+
+
+class HttpSettings(_Group):
+    """What the HTTP front accepts."""
+
+    allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Names the server is reached by besides localhost, 127.0.0.1, ::1 and --host"
         " (a reverse proxy's, say): without an API key a request naming another Host is refused"
@@ -165,7 +232,17 @@ class ServeSettings(BaseSettings):
         description="How long a connection may take to send a request's head (from its opening,"
         " or from the end of its last response) before it is closed.",
     )
-    llm: Annotated[list[BackendUrl], NoDecode] = Field(
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return comma_separated(value)
+
+
+class LlmSettings(_Group):
+    """The inference servers and the model's tokenizer."""
+
+    llm: list[BackendUrl] = Field(
         default_factory=list,
         description="An inference server to register at start (repeatable; RAAS_LLM:"
         " comma-separated).",
@@ -180,10 +257,20 @@ class ServeSettings(BaseSettings):
         default="smollm2",
         description="The served model's tokenizer: smollm2, tiny or a directory.",
     )
+
+    @field_validator("llm", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return comma_separated(value)
+
+
+class SandboxSettings(_Group):
+    """The sandboxes tasks run in."""
+
     sandbox: SandboxName = Field(
         default="bwrap",
         description="Sandbox provider for agent tasks ('local' has no isolation; 'apptainer'"
-        " runs $RAAS_APPTAINER_IMAGE from $RAAS_APPTAINER_IMAGES, see `raas images`).",
+        " runs --apptainer-image from --apptainer-images, see `raas images`).",
     )
     warm_sandboxes: int = Field(default=0, ge=0, description="Sandboxes kept started ahead.")
     max_snapshots: int = Field(
@@ -193,6 +280,12 @@ class ServeSettings(BaseSettings):
         " of a sandbox, counted in the tenant's max_sandboxes; a tenant's oldest is evicted"
         " first, and only by its own).",
     )
+
+
+class AgentSettings(_Group):
+    """Agent programs of harness tasks, and their gateway (``raas.tasks.services.TaskServices``
+    takes these)."""
+
     agents_venv: DirectoryPath | None = Field(
         default=None,
         description="A virtual environment holding agent frameworks that harness tasks run"
@@ -218,20 +311,81 @@ class ServeSettings(BaseSettings):
         " parameter, so that every token is drawn as the trainer asked. Off: the call's own"
         " values are used (and recorded on its turn).",
     )
-    log_level: LogLevel = Field(default="info", description="Logging level.")
 
-    @field_validator("llm", "allowed_hosts", mode="before")
+
+# The groups of ``ServeSettings``, by attribute, in the order of ``raas serve --help``.
+GROUPS: dict[str, type[BaseModel]] = {
+    "server": ServerSettings,
+    "pipeline": PipelineSettings,
+    "auth": AuthSettings,
+    "http": HttpSettings,
+    "inference": LlmSettings,
+    "sandboxes": SandboxSettings,
+    "agents": AgentSettings,
+    "paths": HostPaths,
+    "images": ImageCaps,
+}
+# Each setting's group, by its name (names are unique across the groups: the file's keys, the
+# RAAS_<NAME> variables and the --flags are flat).
+GROUP_OF: dict[str, str] = {
+    name: group for group, model in GROUPS.items() for name in model.model_fields
+}
+RUN_SETTINGS = tuple(name for name, group in GROUP_OF.items() if group in RUN_GROUPS)
+# A group's name is no setting's, so that {"inference": {...}} and {"llm": [...]} never mix.
+assert not set(GROUPS) & set(GROUP_OF), "a settings group named like a setting"
+FIELDS: dict[str, FieldInfo] = {
+    name: GROUPS[group].model_fields[name] for name, group in GROUP_OF.items()
+}
+
+
+def nest(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat settings (``{"run_workers": 16}``) into their groups (``{"pipeline": {...}}``); a
+    group may come whole too (a model or a dict), its settings named one by one winning; a name
+    of no group passes as it is (``extra="forbid"`` names it)."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        group = GROUP_OF.get(key)
+        if group is None and key in GROUPS and key in nested:  # after some of its settings
+            whole = value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+            nested[key] = {**whole, **nested[key]}  # the settings named one by one win
+        elif group is None:
+            nested[key] = value
+        else:
+            inner = nested.setdefault(group, {})
+            if isinstance(inner, BaseModel):  # a group given whole, then one of its settings
+                inner = nested[group] = inner.model_dump(exclude_unset=True)
+            inner[key] = value
+    return nested
+
+
+class ServeSettings(BaseSettings):
+    """Every setting of ``raas serve``, by concern; each consumer takes its group."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    pipeline: PipelineSettings = Field(default_factory=PipelineSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    inference: LlmSettings = Field(default_factory=LlmSettings)
+    sandboxes: SandboxSettings = Field(default_factory=SandboxSettings)
+    agents: AgentSettings = Field(default_factory=AgentSettings)
+    paths: HostPaths = Field(default_factory=HostPaths)
+    images: ImageCaps = Field(default_factory=ImageCaps)
+
+    @model_validator(mode="before")
     @classmethod
-    def _comma_separated(cls, value: Any) -> Any:
-        # The environment gives one string; a TOML file or flags give a list.
-        if isinstance(value, str):
-            return [a.strip() for a in value.split(",") if a.strip()]
-        return value
+    def _nest(cls, values: Any) -> Any:
+        return nest(values) if isinstance(values, Mapping) else values
 
     @model_validator(mode="after")
     def _key_from_file(self) -> ServeSettings:
-        self.api_key = one_key(self.api_key, self.api_key_file)
+        self.auth.api_key = one_key(self.auth.api_key, self.auth.api_key_file)
         return self
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its (flat) name: what ``to_flags`` writes."""
+        return {name: getattr(getattr(self, group), name) for name, group in GROUP_OF.items()}
 
     @classmethod
     def settings_customise_sources(
@@ -242,7 +396,7 @@ class ServeSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, _TomlFile(settings_cls)
+        return init_settings, _FlatEnv(settings_cls), _TomlFile(settings_cls)
 
 
 def one_key(api_key: str | None, api_key_file: Path | None) -> str | None:
@@ -306,7 +460,15 @@ def _problems(e: ValidationError) -> str:
 def _problem(err: Any) -> str:
     if not err["loc"]:  # a check across fields: its input is every setting, the key included
         return str(err["msg"]).removeprefix("Value error, ")
-    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+    return f"{setting_of(err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+
+
+def setting_of(loc: Sequence[Any]) -> str:
+    """The flat name of the setting an error's location points at (its group left out)."""
+    parts = [str(p) for p in loc]
+    if len(parts) > 1 and parts[0] in GROUPS:
+        parts = parts[1:]
+    return ".".join(parts)
 
 
 # -- settings as command-line flags ------------------------------------------------------------
@@ -317,7 +479,7 @@ def flag(name: str) -> str:
 
 
 def is_list(name: str) -> bool:
-    annotation = ServeSettings.model_fields[name].annotation
+    annotation = FIELDS[name].annotation
     return typing.get_origin(annotation) is list
 
 
@@ -326,7 +488,7 @@ def to_flags(values: Mapping[str, Any]) -> list[str]:
     flag); ``parse_flags`` reads them back."""
     args: list[str] = []
     for name, value in values.items():
-        if name not in ServeSettings.model_fields:
+        if name not in FIELDS:
             raise SettingsError(f"{flag(name)}: not an option of raas serve (raas serve --help)")
         for v in value if isinstance(value, list | tuple) else [value]:
             if v is not None:
@@ -347,14 +509,14 @@ def parse_flags(args: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any
             raise SettingsError(f"server options: expected a --flag, got {token!r}")
         name, eq, value = token[2:].partition("=")
         key = name.replace("-", "_")
-        if key not in extra and key not in ServeSettings.model_fields:
+        if key not in extra and key not in FIELDS:
             raise SettingsError(f"--{name}: not an option of raas serve (raas serve --help)")
         if not eq:
             if i + 1 >= len(tokens):
                 raise SettingsError(f"--{name}: needs a value")
             i += 1
             value = tokens[i]
-        if key in ServeSettings.model_fields and is_list(key):
+        if key in FIELDS and is_list(key):
             values.setdefault(key, []).append(value)
         else:
             values[key] = value
@@ -364,7 +526,7 @@ def parse_flags(args: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any
 
 def choices(name: str) -> tuple[str, ...] | None:
     """The allowed values of a Literal field (for a Choice option), else None."""
-    annotation = without_none(ServeSettings.model_fields[name].annotation)[0]
+    annotation = without_none(FIELDS[name].annotation)[0]
     if typing.get_origin(annotation) is Literal:
         return tuple(str(a) for a in typing.get_args(annotation))
     return None
@@ -372,13 +534,16 @@ def choices(name: str) -> tuple[str, ...] | None:
 
 def is_directory(name: str) -> bool:
     """Whether a path field names a directory (``DirectoryPath``): its flag takes one."""
-    annotation = without_none(ServeSettings.model_fields[name].annotation)[0]
+    info = FIELDS[name]
+    if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("directory"):
+        return True  # a directory made when needed (raas.paths.DIRECTORY)
+    annotation = without_none(info.annotation)[0]
     return any(getattr(m, "path_type", None) == "dir" for m in typing.get_args(annotation)[1:])
 
 
 def scalar_type(name: str) -> type:
     """The Python type a flag's value converts to (a list field: its items')."""
-    annotation = without_none(ServeSettings.model_fields[name].annotation)[0]
+    annotation = without_none(FIELDS[name].annotation)[0]
     if typing.get_origin(annotation) is list:
         annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) is Annotated:

@@ -28,28 +28,32 @@ def test_precedence_file_then_env_then_flags(
     monkeypatch.setenv("RAAS_LLM", "http://a:1, http://b:2")
     monkeypatch.setenv("RAAS_RUN_TIMEOUT_S", "none")
     settings = load_settings(config, {"init_workers": 17, "port": None})
-    assert (settings.run_workers, settings.eval_workers, settings.init_workers) == (3, 11, 17)
-    assert settings.db == Path("x.db") and settings.api_key == "k" and settings.port == 8000
-    assert settings.llm == ["http://a:1", "http://b:2"] and settings.run_timeout_s is None
-    cfg = PipelineConfig.from_settings(settings)
+    pipeline = settings.pipeline
+    assert (pipeline.run_workers, pipeline.eval_workers, pipeline.init_workers) == (3, 11, 17)
+    assert settings.server.db == Path("x.db") and settings.server.port == 8000
+    assert settings.auth.api_key == "k" and pipeline.run_timeout_s is None
+    assert settings.inference.llm == ["http://a:1", "http://b:2"]
+    cfg = PipelineConfig.from_settings(pipeline)
     assert cfg.workers[Stage.RUN] == 3 and cfg.queue_size[Stage.INIT] == 1024
 
 
 def test_the_pipeline_s_defaults_are_the_settings_defaults() -> None:
-    cfg, settings = PipelineConfig(), ServeSettings.model_construct()
+    cfg, settings = PipelineConfig(), ServeSettings.model_construct().pipeline
     assert (
         cfg.workers
         == {Stage.INIT: 8, Stage.RUN: 8, Stage.EVAL: 8}
         == {stage: getattr(settings, f"{stage.value}_workers") for stage in Stage}
     )
     assert (cfg.job_timeout_s, cfg.cancel_grace_s) == (settings.timeout_s, settings.cancel_grace_s)
+    assert cfg == PipelineConfig.from_settings(settings)
 
 
 def test_flags_round_trip_through_the_settings() -> None:
     values = {"run_workers": 16, "llm": ["http://a:1", "http://b:2"], "sandbox": "local"}
     flags = to_flags(values)
     assert flags.count("--llm") == 2
-    assert validate(parse_flags(flags)).model_dump(include=set(values)) == values
+    flat = validate(parse_flags(flags)).flat()
+    assert {k: flat[k] for k in values} == values
 
 
 def test_bad_settings_name_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,15 +73,15 @@ def test_the_key_comes_from_a_file_or_the_environment_once(
 ) -> None:
     key_file = tmp_path / "raas.key"
     key_file.write_text("  file-key \n# a second line is not read\n")
-    assert load_settings(None, {"api_key_file": key_file}).api_key == "file-key"
+    assert load_settings(None, {"api_key_file": key_file}).auth.api_key == "file-key"
     monkeypatch.setenv("RAAS_API_KEY_FILE", str(key_file))
-    assert load_settings(None, {}).api_key == "file-key"
+    assert load_settings(None, {}).auth.api_key == "file-key"
     monkeypatch.setenv("RAAS_API_KEY", "env-key")
     with pytest.raises(SettingsError, match="give the API key once") as twice:
         load_settings(None, {})
     assert "env-key" not in str(twice.value)  # a check across settings echoes none of them
     monkeypatch.delenv("RAAS_API_KEY_FILE")
-    assert load_settings(None, {}).api_key == "env-key"
+    assert load_settings(None, {}).auth.api_key == "env-key"
     monkeypatch.delenv("RAAS_API_KEY")
     empty = tmp_path / "empty.key"
     empty.write_text("\n")
@@ -90,7 +94,7 @@ def test_allowed_hosts_come_comma_separated_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RAAS_ALLOWED_HOSTS", "raas.internal, node-7")
-    assert load_settings(None, {}).allowed_hosts == ["raas.internal", "node-7"]
+    assert load_settings(None, {}).http.allowed_hosts == ["raas.internal", "node-7"]
 
 
 @pytest.mark.parametrize("name", ["agents_venv", "agents_node", "agent_files"])
@@ -113,5 +117,93 @@ def test_raas_serve_s_directory_flags_take_a_directory(name: str, tmp_path: Path
 def test_a_switch_round_trips_through_the_flags() -> None:
     flags = to_flags({"gateway_fixed_sampling": True})
     assert flags == ["--gateway-fixed-sampling", "True"]
-    assert validate(parse_flags(flags)).gateway_fixed_sampling is True
-    assert ServeSettings().gateway_fixed_sampling is False  # off unless asked for
+    assert validate(parse_flags(flags)).agents.gateway_fixed_sampling is True
+    assert ServeSettings().agents.gateway_fixed_sampling is False  # off unless asked for
+
+
+def test_each_setting_is_flat_outside_and_in_its_group_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setting's file key, variable and flag are its name alone, whatever its group; a group's
+    TOML table ([serve.pipeline]) is read as flat keys are."""
+    config = tmp_path / "raas.toml"
+    config.write_text("[serve]\nport = 9000\n[serve.pipeline]\nrun_workers = 5\n")
+    monkeypatch.setenv("RAAS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAAS_APPTAINER_IMAGE", "my-env")
+    settings = load_settings(config, {"sandbox": "apptainer", "drain_grace_s": 7})
+    assert settings.server.port == 9000 and settings.pipeline.run_workers == 5
+    assert settings.pipeline.drain_grace_s == 7 and settings.sandboxes.sandbox == "apptainer"
+    assert settings.paths.store_dir() == tmp_path / "cache" / "oci"
+    assert settings.paths.images_dir() == tmp_path / "cache" / "images"
+    assert settings.paths.apptainer_image == "my-env"
+    assert to_flags({"cache_dir": "/c"}) == ["--cache-dir", "/c"]
+    with pytest.raises(SettingsError, match=r"^invalid settings: run_workers: "):
+        validate({"run_workers": 0})
+
+
+def test_every_setting_has_one_name_and_one_default() -> None:
+    """No two groups declare the same setting, and no group is named like a setting."""
+    from raas.settings import FIELDS, GROUP_OF, GROUPS
+
+    declared = [name for model in GROUPS.values() for name in model.model_fields]
+    assert len(declared) == len(set(declared)) == len(FIELDS) == len(GROUP_OF)
+    assert not set(GROUPS) & set(FIELDS)
+
+
+def test_the_libraries_read_the_same_variables_as_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raas.llm.models import cache_dir
+    from raas.sandbox.config import ApptainerConfig
+    from raas.sandbox.oci.store import default_store_dir
+
+    monkeypatch.setenv("RAAS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("RAAS_IMAGE_STORE", raising=False)
+    monkeypatch.delenv("RAAS_APPTAINER_IMAGES", raising=False)
+    assert cache_dir() == tmp_path and default_store_dir() == tmp_path / "oci"
+    assert ApptainerConfig().images_dir == tmp_path / "images"
+    monkeypatch.setenv("RAAS_IMAGE_STORE", str(tmp_path / "store"))
+    assert default_store_dir() == load_settings(None, {}).paths.store_dir() == tmp_path / "store"
+
+
+def test_a_group_given_whole_yields_to_its_settings_named_one_by_one() -> None:
+    from raas.paths import HostPaths
+
+    for values in (
+        {"paths": HostPaths(cache_dir=Path("/a"), image_store=Path("/s")), "cache_dir": "/b"},
+        {"cache_dir": "/b", "paths": {"cache_dir": "/a", "image_store": "/s"}},
+    ):
+        paths = validate(values).paths
+        assert (paths.cache_dir, paths.image_store) == (Path("/b"), Path("/s"))
+
+
+def test_the_image_caps_are_settings_and_read_as_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAAS_LAYER_MAX_BYTES", "512M")
+    settings = load_settings(None, {"image_max_entries": "7"})
+    assert settings.images.layer_max_bytes == 512 << 20 and settings.images.image_max_entries == 7
+    with pytest.raises(SettingsError, match="layer_max_entries"):
+        validate({"layer_max_entries": 0})
+
+
+def test_raas_run_takes_the_service_s_settings_as_raas_serve_s_options(tmp_path: Path) -> None:
+    """raas run's options for the service it starts are generated from the same settings as
+    raas serve's (no copy of their names, types or help); with --url they are refused."""
+    from click.testing import CliRunner
+
+    from raas.cli import main
+    from raas.cli.run import run
+    from raas.cli.serve import serve
+    from raas.settings import RUN_SETTINGS
+
+    def described(command: object) -> dict[str, tuple[object, ...]]:
+        params = command.params  # type: ignore[attr-defined]
+        return {p.name: (p.opts, p.help, p.multiple) for p in params if p.name in RUN_SETTINGS}
+
+    assert {"agents_venv", "sandbox", "cache_dir", "layer_max_bytes"} <= set(RUN_SETTINGS)
+    assert described(run) == described(serve) and len(described(run)) == len(RUN_SETTINGS)
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text("")
+    said = CliRunner().invoke(
+        main, ["run", str(tasks), "--url", "http://x:1", "--sandbox", "local"]
+    )
+    assert said.exit_code == 2 and "--sandbox: settings of the service started here" in said.output

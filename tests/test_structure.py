@@ -106,8 +106,8 @@ def test_no_two_modules_import_each_other() -> None:
 # What each library may import of raas (docs/design.md's table; itself always). "raas" alone is the
 # root package, which holds the version and nothing else.
 MAY_IMPORT = {
-    "raas.llm": ("raas", "raas.helpers"),
-    "raas.sandbox": ("raas.helpers", "raas.images.refs"),
+    "raas.llm": ("raas", "raas.helpers", "raas.paths"),
+    "raas.sandbox": ("raas.helpers", "raas.images.refs", "raas.paths"),
     "raas.sandbox.inside": (),  # runs in the sandbox on the image's own Python: stdlib only
     "raas.judge": ("raas.sandbox", "raas.wire"),  # answer checking included: nothing of tasks/
     "raas.judge.inside": (),  # runs in the judge's sandbox: stdlib only
@@ -116,6 +116,7 @@ MAY_IMPORT = {
     "raas.wire": (),
     "raas.helpers": (),
     "raas.images.refs": (),
+    "raas.paths": (),
 }
 
 

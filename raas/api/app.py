@@ -75,32 +75,32 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = ResultStore(settings.db)
+        store = ResultStore(settings.server.db)
         await store.open()
         metrics = PipelineMetrics()
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
-        llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, settings.tokenizer))
-        for address in settings.llm:
-            llm.add(address, settings.llm_protocol, settings.llm_capacity)
+        inference = settings.inference
+        llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, inference.tokenizer))
+        for address in inference.llm:
+            llm.add(address, inference.llm_protocol, inference.llm_capacity)
         # The sandboxes' own directory, keyed by the database: a restart after a crash kills
         # and removes what the crashed server's sandboxes left.
-        runtime = await asyncio.to_thread(claim_runtime_dir, runtime_key(settings.db))
+        runtime = await asyncio.to_thread(claim_runtime_dir, runtime_key(settings.server.db))
         services = TaskServices(
             llm=llm,
-            tokenizer_name=settings.tokenizer,
-            sandbox_config=sandbox_config(settings.sandbox, runtime_dir=runtime.path),
-            warm_sandboxes=settings.warm_sandboxes,
-            snapshots=Snapshots(settings.max_snapshots),
-            agents_venv=settings.agents_venv,
-            agents_node=settings.agents_node,
-            agent_files=settings.agent_files,
-            gateway_fixed_sampling=settings.gateway_fixed_sampling,
+            tokenizer_name=inference.tokenizer,
+            sandbox_config=sandbox_config(
+                settings.sandboxes.sandbox, runtime_dir=runtime.path, paths=settings.paths
+            ),
+            warm_sandboxes=settings.sandboxes.warm_sandboxes,
+            snapshots=Snapshots(settings.sandboxes.max_snapshots),
+            agents=settings.agents,
         )
         pipeline = Pipeline(
             tasks,
             store,
-            PipelineConfig.from_settings(settings),
+            PipelineConfig.from_settings(settings.pipeline),
             services=services,
         )
         metrics.watch(pipeline)
@@ -128,21 +128,23 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             watch.start()
         await pipeline.start()
         await _report_backends(llm)
-        log.info("raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.db)
+        log.info(
+            "raas ready: tasks %s, results in %s", ", ".join(tasks.names()), settings.server.db
+        )
         # uvicorn names the address alone; the page a person opens is said here.
-        log.info("the dashboard: http://%s:%d/ui", settings.host, settings.port)
+        log.info("the dashboard: http://%s:%d/ui", settings.server.host, settings.server.port)
         try:
             yield
         finally:
             if watch is not None:
                 await watch.stop()
             await images.stop()
-            await pipeline.stop(grace_s=settings.drain_grace_s)
+            await pipeline.stop(grace_s=settings.pipeline.drain_grace_s)
             await llm.stop()
             await services.close()
             await asyncio.to_thread(runtime.release)
             await store.close()
-            log.info("raas stopped; every result is in %s", settings.db)
+            log.info("raas stopped; every result is in %s", settings.server.db)
 
     app = FastAPI(
         title="raas",
@@ -154,17 +156,19 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
     install_error_handlers(app, methods)
     # The last added runs first: a page's request is refused, then the key checked, then the
     # body's size, all before any of the body is read.
-    app.add_middleware(BodyLimitMiddleware, max_body_mb=settings.max_body_mb)
+    app.add_middleware(BodyLimitMiddleware, max_body_mb=settings.http.max_body_mb)
     app.add_middleware(
         ApiKeyMiddleware,
-        api_key=settings.api_key,
+        api_key=settings.auth.api_key,
         job_path=is_gateway_path,
         job_token=lambda token: _job_token(app, token),
         tenants=lambda: watch.current if watch is not None else None,
     )
     app.add_middleware(
         BrowserGuardMiddleware,
-        policy=guard_policy(settings.api_key, settings.host, settings.allowed_hosts, [LOGIN_PATH]),
+        policy=guard_policy(
+            settings.auth.api_key, settings.server.host, settings.http.allowed_hosts, [LOGIN_PATH]
+        ),
     )
 
     @app.get("/healthz", tags=["system"], responses=responses(403, 413))
@@ -193,7 +197,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             document_instances(document, tasks)
             document_form_refusal(document, UNSAFE_METHODS, form_paths={LOGIN_PATH})
             document_streams(document, rollouts.JsonLines.media_type)
-            if settings.api_key:
+            if settings.auth.api_key:
                 document_api_key(document)
         return app.openapi_schema or {}
 

@@ -75,9 +75,10 @@ def check_exposure(settings: ServeSettings) -> None:
     """Refuse to serve without a key anywhere but on loopback: whoever reaches the address
     could run jobs, read every result and stop the server. A key made up here instead would
     reach no trainer (and be one more secret in a log), so the operator is told what to do."""
-    if settings.api_key is None and not is_loopback(settings.host):
+    host = settings.server.host
+    if settings.auth.api_key is None and not is_loopback(host):
         raise KeyNeeded(
-            f"--host {settings.host} without an API key would let anyone who reaches it run and"
+            f"--host {host} without an API key would let anyone who reaches it run and"
             " cancel jobs: give a key (RAAS_API_KEY or --api-key-file FILE; clients send the"
             " same), or bind 127.0.0.1 and reach it over ssh -L"
         )
@@ -92,22 +93,25 @@ def check_free(db: Path) -> None:
 
 def serve(settings: ServeSettings, registry: TaskRegistry | None = None) -> None:
     check_exposure(settings)
-    check_port(settings.host, settings.port)  # a busy port is said before the app starts
-    check_version(settings.db)  # and a database from a newer raas
-    check_free(settings.db)  # or one another server holds
+    check_port(
+        settings.server.host, settings.server.port
+    )  # a busy port is said before the app starts
+    check_version(settings.server.db)  # and a database from a newer raas
+    check_free(settings.server.db)  # or one another server holds
     # The cap on connections keeps half the file limit (raised first) for the rest: a cap
     # too high for it (TooManyConnections) is said before the app starts.
     bounds = ConnectionBounds(
-        connection_cap(settings.max_connections, raise_file_limit()), settings.head_timeout_s
+        connection_cap(settings.http.max_connections, raise_file_limit()),
+        settings.http.head_timeout_s,
     )
     app = create_app(settings, registry)
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
+        host=settings.server.host,
+        port=settings.server.port,
         http=bounded_protocol(bounds),
-        log_level=settings.log_level,
+        log_level=settings.server.log_level,
         timeout_graceful_shutdown=5,
     )
-    redact_logs(settings.api_key)  # uvicorn's handlers are set up by Config
-    DrainingServer(config, app, settings.drain_grace_s).run()
+    redact_logs(settings.auth.api_key)  # uvicorn's handlers are set up by Config
+    DrainingServer(config, app, settings.pipeline.drain_grace_s).run()

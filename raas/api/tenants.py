@@ -99,10 +99,10 @@ def watch_tenants(settings: ServeSettings) -> TenantsWatch | None:
     """The server's tenants file, read now (None: it has none): one that cannot be used, or one
     without the admin's key (without a key nobody is told apart), stops the server before it
     starts, in one line."""
-    path = settings.tenants_file
+    path = settings.auth.tenants_file
     if path is None:
         return None
-    if settings.api_key is None:
+    if settings.auth.api_key is None:
         raise TenantsFileError(
             f"tenants file {path}: needs an API key, the admin's (RAAS_API_KEY or"
             " --api-key-file): without one every caller is the admin"

@@ -21,7 +21,7 @@ from typing import Any
 
 from raas.bench.forked import ForkedServer, serve_raas
 from raas.client import RolloutClient, collect_groups, reward_varies
-from raas.settings import ServeSettings
+from raas.settings import load_settings
 from raas.tasks import RewardInfo, TaskContext, TaskJob
 from raas.wire import Trajectory
 
@@ -105,8 +105,16 @@ async def bench(args: argparse.Namespace, url: str) -> None:
 
 
 def _serve(port: int, db: Path) -> None:
-    settings = ServeSettings(
-        db=db, init_workers=64, run_workers=256, eval_workers=64, run_queue=1024, eval_queue=1024
+    settings = load_settings(
+        None,
+        {
+            "db": db,
+            "init_workers": 64,
+            "run_workers": 256,
+            "eval_workers": 64,
+            "run_queue": 1024,
+            "eval_queue": 1024,
+        },
     )
     serve_raas(port, settings, [LotteryTask()], log_level="error")  # no line per cancelled job
 

@@ -35,7 +35,7 @@ from raas.llm.models import load_tokenizer
 from raas.llm.openai_chat import render_prompt
 from raas.llm.openai_types import ChatRequest
 from raas.llm.types import SamplingParams
-from raas.settings import ServeSettings
+from raas.settings import load_settings
 from raas.tasks import TaskRegistry
 from raas.wire import Trajectory
 
@@ -71,9 +71,8 @@ def _serve_fake_llm(port: int, latency_s: float) -> None:
 
 def _serve_raas(port: int, db: Path, llm_url: str) -> None:
     logging.getLogger("raas").setLevel(logging.WARNING)
-    settings = ServeSettings(
-        db=db, port=port, llm=[llm_url], llm_capacity=4096, tokenizer=TOKENIZER, log_level="warning"
-    )
+    flat = {"db": db, "port": port, "llm": [llm_url], "llm_capacity": 4096, "tokenizer": TOKENIZER}
+    settings = load_settings(None, {**flat, "log_level": "warning"})
     app = create_app(settings, TaskRegistry())
 
     async def open_session(request: Request) -> dict[str, str]:

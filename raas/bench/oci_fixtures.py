@@ -26,6 +26,7 @@ from pathlib import Path
 from raas.helpers.children import terminate
 from raas.helpers.ports import free_port
 from raas.helpers.readiness import NotReady, wait_until_answers
+from raas.paths import host_paths
 
 TOOLS = {"umoci": "umoci", "skopeo": "skopeo", "docker-registry": "docker-registry"}
 MAKE_ROOTFS = "scripts/images/make-base-rootfs.sh"
@@ -39,8 +40,7 @@ def missing_tools() -> list[str]:
 def base_rootfs_dir() -> Path:
     """Where ``scripts/images/make-base-rootfs.sh`` puts the image tier's root filesystem
     (complete once it holds ``.raas-complete``)."""
-    cache = Path(os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas")
-    return cache / "swe-images" / "base-rootfs"
+    return host_paths().cache_dir / "swe-images" / "base-rootfs"
 
 
 def rootfs_ready(root: Path) -> bool:

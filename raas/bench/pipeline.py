@@ -30,7 +30,7 @@ from raas.api.app import create_app
 from raas.bench import jobload
 from raas.bench.forked import ForkedServer
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig, Stage
-from raas.settings import ServeSettings
+from raas.settings import load_settings
 from raas.store.sqlite import ResultStore
 from raas.tasks import RewardInfo, TaskContext, TaskJob, TaskRegistry
 from raas.wire import Trajectory
@@ -156,7 +156,7 @@ async def in_process_noop(n_jobs: int, db: Path) -> list[float]:
 def _serve_noop(port: int, db: Path) -> None:
     registry = TaskRegistry()
     registry.register(NoopTask())
-    app = create_app(ServeSettings(db=db, port=port), registry)
+    app = create_app(load_settings(None, {"db": db, "port": port}), registry)
     uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning")).run()
 
 

@@ -399,7 +399,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    d = defaults()
+    d = defaults().pipeline
     workers = f"{d.init_workers}/{d.run_workers}/{d.eval_workers} INIT/RUN/EVAL workers"
     intro = (
         f"raas bench tenants: raas serve ({workers}) running math jobs of {args.turns}"

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from raas.cli.output import api_key_option, exit_for_infra, run_keeping
-from raas.settings import defaults
+from raas.cli.serve import setting_option
+from raas.settings import RUN_SETTINGS, defaults
 
+F = Callable[..., Any]
 SABOTAGE = click.option(
     "--sabotage",
     type=click.FloatRange(0.0, 1.0),
@@ -31,6 +35,14 @@ def check_model(model: str) -> None:
         )
 
 
+def in_process_settings(f: F) -> F:
+    """The settings of ``raas serve`` that the run's own service takes, as flags (raas serve's
+    own: the same names, types and help)."""
+    for name in reversed(RUN_SETTINGS):
+        f = setting_option(name)(f)
+    return f
+
+
 def engine_args(model: str, sabotage: float | None) -> list[str]:
     if sabotage is None:
         return []
@@ -41,7 +53,10 @@ def engine_args(model: str, sabotage: float | None) -> list[str]:
 
 @click.command(short_help="A mix of bundled tasks end to end on the embedded engine.")
 @click.option(
-    "--model", default=defaults().tokenizer, show_default=True, help="Model of the engine."
+    "--model",
+    default=defaults().inference.tokenizer,
+    show_default=True,
+    help="Model of the engine.",
 )
 @click.option(
     "--oracle",
@@ -64,7 +79,12 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     sys.exit(plan.report(results, wall))
 
 
-@click.command(short_help="Run a task file or a bundled set, with progress and a table.")
+@click.command(
+    short_help="Run a task file or a bundled set, with progress and a table.",
+    epilog="Without --url, the service started here takes raas serve's options of its"
+    " sandboxes, agents and paths (--sandbox ... --sandbox-dir above), and the same variables"
+    " for its paths (RAAS_CACHE_DIR, ...); it reads no other RAAS_* setting.",
+)
 @click.argument(
     "tasks", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
@@ -83,7 +103,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
 @api_key_option("The --url server's API key")
 @click.option(
     "--model",
-    default=defaults().tokenizer,
+    default=defaults().inference.tokenizer,
     show_default=True,
     help="Model (and tokenizer) of the embedded engine started when no --llm is given:"
     " smollm2, tiny, oracle (the oracle policy), or a model directory.",
@@ -103,26 +123,11 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     "  [default: out/run/YYYYmmdd-HHMMSS/results.jsonl, a new directory each run]",
 )
 @click.option(
-    "--agents-venv",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The in-process service's agents environment (raas serve --agents-venv).",
-)
-@click.option(
-    "--agents-node",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The in-process service's node environment of agent CLIs (raas serve --agents-node).",
-)
-@click.option(
-    "--agent-files",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A directory of your own agent's files, at $RAAS_AGENT_DIR in harness sandboxes"
-    " (raas serve --agent-files).",
-)
-@click.option(
     "--replay",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Re-score the results in this file (no model) instead of running.",
 )
+@in_process_settings
 def run(
     tasks: Path | None,
     bundled_name: str | None,
@@ -136,10 +141,8 @@ def run(
     sampling_params: str | None,
     timeout_s: float,
     out: Path | None,
-    agents_venv: Path | None,
-    agents_node: Path | None,
-    agent_files: Path | None,
     replay: Path | None,
+    **serve: Any,
 ) -> None:
     """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
     with a progress bar, a result table and a summary; results go to --out as JSONL."""
@@ -148,8 +151,10 @@ def run(
     from raas.cli.progress import markup
     from raas.client.task_files import as_requests, read_tasks, write_results
     from raas.helpers.files import new_run_dir
+    from raas.paths import host_paths, image_caps, installed
     from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
     from raas.run import replay as do_replay
+    from raas.settings import SettingsError, flag, validate
     from raas.tasks.datasets import DatasetError, bundled
     from raas.wire import RolloutResult
 
@@ -157,6 +162,17 @@ def run(
         check_model(model)
     if sabotage is not None and (url or llm):
         raise click.UsageError("--sabotage is for the oracle started here (not with --url/--llm)")
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in serve.items()}
+    given = {k: v for k, v in given.items() if v not in (None, [])}
+    if url is not None and given:
+        flags = ", ".join(flag(name) for name in given)
+        raise click.UsageError(f"{flags}: settings of the service started here, not with --url")
+    try:  # a bad setting is said before anything starts
+        host = {**host_paths().model_dump(exclude_unset=True)}
+        host |= image_caps().model_dump(exclude_unset=True)
+        settings = validate({**host, **given})
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from e
     if (tasks is None) == (bundled_name is None):
         why = (
             " (--replay re-scores stored results against the tasks they came from: give those"
@@ -194,7 +210,8 @@ def run(
             f" {params['max_turns']} turns (--sampling-params sets others)"
         )
     if replay is not None:
-        rows = asyncio.run(do_replay([task for _, task in items], replay, console))
+        with installed(settings.paths, settings.images):
+            rows = asyncio.run(do_replay([task for _, task in items], replay, console))
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
@@ -205,16 +222,15 @@ def run(
         llm=list(llm),
         model=model,
         workdir=out.parent,
-        agents_venv=agents_venv,
-        agents_node=agents_node,
-        agent_files=agent_files,
+        serve=given,
         engine_args=engine_args(model, sabotage),
     )
     finished: list[RolloutResult] = []
     names = [where for where, _ in items]
-    results, wall = run_keeping(
-        run_tasks(requests, options, console, finished, names), finished, out
-    )
+    with installed(settings.paths, settings.images):  # the libraries of this process read them
+        results, wall = run_keeping(
+            run_tasks(requests, options, console, finished, names), finished, out
+        )
     console.print(result_table(results, f"{len(results)} rollouts"))
     console.print(summary(results, wall))
     write_results(results, out)

@@ -10,11 +10,13 @@ import click
 from click.core import ParameterSource
 
 from raas.helpers.ports import PortBusy, check_port
-from raas.settings import ServeSettings, choices, flag, is_directory, is_list, scalar_type
+from raas.launch import ENGINE_PORT
+from raas.settings import FIELDS, choices, flag, is_directory, is_list, scalar_type
 
 SERVE_HELP_EPILOG = (
     "Every option can also come from a TOML file (--config; flat keys or a [serve] table, "
-    "named like the options with underscores) or from RAAS_<OPTION> environment variables "
+    "named like the options with underscores; a group's table, as [serve.pipeline], is read "
+    "too) or from RAAS_<OPTION> environment variables "
     "(e.g. RAAS_RUN_WORKERS=16). Flags win over the environment, which wins over the file."
 )
 F = Callable[..., Any]
@@ -45,27 +47,33 @@ def _param_type(name: str) -> Any:
     return kind if kind in (int, float) else str
 
 
-def _help(name: str) -> str:
-    info = ServeSettings.model_fields[name]
+def _help(name: str, more: str = "") -> str:
+    info = FIELDS[name]
     default = info.get_default(call_default_factory=True)
-    text = info.description or ""
-    if default not in (None, [], ""):
+    text = (info.description or "") + more
+    if default not in (None, [], "") and "[default: " not in text:
         text += f"  [default: {default}]"
     return text
 
 
+def setting_option(name: str, more_help: str = "") -> Callable[[F], F]:
+    """The option of one setting, as ``raas serve`` has it (another command that passes it on
+    to its servers takes it so); not given, it is None (the environment and the file can
+    supply it)."""
+    return click.option(
+        flag(name),
+        name,
+        type=_param_type(name),
+        multiple=is_list(name),
+        default=None,
+        help=_help(name, more_help),
+    )
+
+
 def settings_options(f: F) -> F:
-    """One option a ``ServeSettings`` field, in field order; an option not given is None (so
-    the environment and the file can supply it)."""
-    for name in reversed(list(ServeSettings.model_fields)):
-        f = click.option(
-            flag(name),
-            name,
-            type=_param_type(name),
-            multiple=is_list(name),
-            default=None,
-            help=_help(name),
-        )(f)
+    """One option a setting, in the groups' order; an option not given is None."""
+    for name in reversed(list(FIELDS)):
+        f = setting_option(name)(f)
     return f
 
 
@@ -85,6 +93,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     from raas.api.server import KeyNeeded
     from raas.api.server import serve as run_server
     from raas.cli.output import setup_logging
+    from raas.paths import installed
     from raas.settings import SettingsError, load_settings
     from raas.store.schema import NewerDatabase
     from raas.store.sqlite import DatabaseInUse
@@ -96,10 +105,12 @@ def serve(config_file: Path | None, **options: Any) -> None:
         settings = load_settings(config_file, options)
     except SettingsError as e:
         raise click.UsageError(str(e)) from e
-    setup_logging(settings.log_level)
-    check_tokenizer(settings.tokenizer)
+    setup_logging(settings.server.log_level)
     try:
-        run_server(settings)
+        # The libraries of this process read the server's paths and image caps.
+        with installed(settings.paths, settings.images):
+            check_tokenizer(settings.inference.tokenizer)
+            run_server(settings)
     except (
         PortBusy,
         NewerDatabase,
@@ -132,7 +143,7 @@ def check_tokenizer(name: str) -> None:
     " (gold tool-call trajectories for the bundled tasks: no weights) or a checkpoint directory.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8001, show_default=True)
+@click.option("--port", type=int, default=ENGINE_PORT, show_default=True)
 @click.option("--max-batch", type=int, default=8, show_default=True, help="Sequences per batch.")
 @click.option("--served-name", default=None, help="Model name in the API (default: --model).")
 @click.option("--prefix-cache-tokens", type=int, default=32768, show_default=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from raas.cli.serve import setting_option
 from raas.deploy.slurm import (
     NO_KEY,
     SlurmOptionError,
@@ -68,12 +69,10 @@ SLURM_HELP_EPILOG = (
     " checkpoint directory); the servers' --tokenizer too, unless --tokenizer is given.",
 )
 @click.option("--engine-port", type=int, default=DEFAULT.engine_port, help="That engine's port.")
-@click.option(
-    "--drain-grace-s",
-    type=float,
-    default=DEFAULT.drain_grace_s,
-    help="On scancel, how long jobs in flight may finish; keep it below the cluster's KillWait"
-    " (scontrol show config), after which Slurm kills what still runs.",
+@setting_option(
+    "drain_grace_s",
+    " On scancel, too: keep it below the cluster's KillWait (scontrol show config), after"
+    " which Slurm kills what still runs.",
 )
 @click.option(
     "--server-list",

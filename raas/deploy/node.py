@@ -29,7 +29,8 @@ from types import FrameType
 from raas.helpers.files import write_atomic
 from raas.helpers.readiness import NotReady, exited, wait_until_answers
 from raas.helpers.server_list import write_server_list
-from raas.launch import ChildServer
+from raas.launch import ENGINE_PORT, ChildServer
+from raas.settings import SettingsError, defaults, load_settings, parse_flags
 
 
 class StartFailed(RuntimeError):
@@ -42,10 +43,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-list", type=Path, required=True)
     p.add_argument("--db-dir", type=Path, required=True)
     p.add_argument("--log-dir", type=Path, required=True)
-    p.add_argument("--drain-grace-s", type=float, default=20.0)
     p.add_argument("--llm", action="append", default=[], help="URL; {host} is this node.")
     p.add_argument("--engine-model")
-    p.add_argument("--engine-port", type=int, default=8001)
+    p.add_argument("--engine-port", type=int, default=ENGINE_PORT)
     p.add_argument("--ready-timeout-s", type=float, default=900.0)
     p.add_argument(
         "--expect-nodes",
@@ -53,11 +53,26 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=int(os.environ.get("SLURM_JOB_NUM_NODES", "1")),
         help="Servers node 0 waits for before it writes the list.",
     )
-    p.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then raas serve options")
+    p.add_argument(
+        "serve_args",
+        nargs=argparse.REMAINDER,
+        help="-- then raas serve options (--drain-grace-s among them: this node waits as long)",
+    )
     args = p.parse_args(argv)
     if args.serve_args[:1] == ["--"]:
         args.serve_args = args.serve_args[1:]
     return args
+
+
+def drain_grace_s(serve_args: list[str]) -> float:
+    """How long this node's raas serve drains: as it reads its settings (its flags, the
+    environment, its --config file); settings it will refuse give the default (it exits)."""
+    try:
+        flags = parse_flags(serve_args, extra=("config",))
+        config = flags.pop("config", None)
+        return load_settings(Path(config) if config else None, flags).pipeline.drain_grace_s
+    except SettingsError:
+        return defaults().pipeline.drain_grace_s
 
 
 class NodeRunner:
@@ -70,6 +85,7 @@ class NodeRunner:
         self.list_dir = Path(str(args.server_list) + ".d")
         self.own_file = self.list_dir / f"node-{self.node_id}.url"
         self.stopping = threading.Event()
+        self.drain_grace_s = drain_grace_s(args.serve_args)
         self.engine: ChildServer | None = None
         self.serve: ChildServer | None = None
 
@@ -107,7 +123,6 @@ class NodeRunner:
         db = a.db_dir / f"raas-{self.host}.db"
         # Every interface: the trainer reaches the server by the node's name.
         args = ["serve", "--host", "0.0.0.0", "--db", str(db)]
-        args += ["--drain-grace-s", str(a.drain_grace_s)]
         for url in llm:
             args += ["--llm", url]
         return [*args, *a.serve_args]
@@ -177,7 +192,7 @@ class NodeRunner:
         for name, child in (("serve", self.serve), ("engine", self.engine)):
             if child is None:
                 continue
-            grace = self.args.drain_grace_s + 10.0 if name == "serve" else 30.0
+            grace = self.drain_grace_s + 10.0 if name == "serve" else 30.0
             if self.under_slurm and not self._wait(child, grace):
                 self.say(f"{name} still runs {grace:g} s after the signal: stopping it")
             code = child.stop(timeout_s=grace)

@@ -31,7 +31,8 @@ from raas.helpers.children import guarded, terminate
 from raas.helpers.ports import free_port, port_free
 from raas.helpers.readiness import NotReady, exited, wait_until_answers
 from raas.helpers.server_list import write_server_list
-from raas.settings import ENV_PREFIX, PER_SERVER, SettingsError, to_flags, validate
+from raas.paths import ENV_PREFIX
+from raas.settings import PER_SERVER, SettingsError, to_flags, validate
 
 log = logging.getLogger(__name__)
 

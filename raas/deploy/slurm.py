@@ -24,13 +24,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from raas.launch import ENGINE_PORT
+from raas.paths import ENV_PREFIX
 from raas.settings import (
-    ENV_PREFIX,
     ServeSettings,
     SettingsError,
     defaults,
     flag,
     parse_flags,
+    setting_of,
+    to_flags,
 )
 
 # Set per node by the deployment: a pass-through copy would clash with them.
@@ -39,7 +42,6 @@ OWN_SERVE_OPTIONS = {
     "port": "use raas slurm --port",
     "db": "use raas slurm --db-dir (one database per node)",
     "llm": "use raas slurm --llm (with {host} for the node's name) or --llm-port",
-    "drain_grace_s": "use raas slurm --drain-grace-s",
 }
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 TIME_RE = re.compile(r"^(\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+)$")
@@ -63,12 +65,14 @@ class SlurmOptions:
     account: str | None = None
     job_name: str = "raas"
     cpus_per_task: int | None = None
-    port: int = field(default_factory=lambda: defaults().port)
+    port: int = field(default_factory=lambda: defaults().server.port)
     llm: list[str] = field(default_factory=list)
     llm_ports: list[int] = field(default_factory=list)
     engine_model: str | None = None
-    engine_port: int = 8001
-    drain_grace_s: float = 20.0
+    engine_port: int = ENGINE_PORT
+    # raas serve's --drain-grace-s, passed on with its other options; None: the servers' own
+    # (their default, or RAAS_DRAIN_GRACE_S, or their --config file's).
+    drain_grace_s: float | None = None
     server_list: Path = Path("raas-servers.txt")
     workdir: Path = Path(".")
     log_dir: Path | None = None
@@ -101,7 +105,7 @@ def serve_values(args: Sequence[str]) -> dict[str, Any]:
     except ValidationError as e:
         # Name the flag as typed, not the settings field.
         err = e.errors()[0]
-        option = flag(str(err["loc"][0])) if err["loc"] else "server options"
+        option = flag(setting_of(err["loc"])) if err["loc"] else "server options"
         raise SlurmOptionError(option, f"{err['msg']} (got {err.get('input')!r})") from e
     return values
 
@@ -164,7 +168,7 @@ def check(opts: SlurmOptions) -> None:
             url.format(host="h")
         except (KeyError, IndexError, ValueError) as e:
             raise SlurmOptionError("--llm", f"{url!r}: only {{host}} may be filled in") from e
-    if opts.drain_grace_s < 0:
+    if opts.drain_grace_s is not None and opts.drain_grace_s < 0:
         raise SlurmOptionError("--drain-grace-s", "must not be negative")
     for arg in opts.sbatch_args:
         if not arg.startswith("--") or any(c.isspace() for c in arg):
@@ -189,13 +193,14 @@ def node_command(opts: SlurmOptions) -> list[list[str]]:
         ["--server-list", str(opts.server_list.resolve())],
         ["--db-dir", str((opts.db_dir or workdir).resolve())],
         ["--log-dir", str((opts.log_dir or workdir).resolve())],
-        ["--drain-grace-s", f"{opts.drain_grace_s:g}"],
     ]
     groups += [["--llm", url] for url in opts.llm]
     groups += [["--llm", f"http://{{host}}:{p}"] for p in opts.llm_ports]
     if opts.engine_model:
         groups += [["--engine-model", opts.engine_model], ["--engine-port", str(opts.engine_port)]]
     serve_args = list(opts.serve_args)
+    if opts.drain_grace_s is not None:
+        serve_args += to_flags({"drain_grace_s": f"{opts.drain_grace_s:g}"})
     if opts.engine_model and "tokenizer" not in serve_values(serve_args):
         serve_args += ["--tokenizer", opts.engine_model]
     return [*groups, ["--", *serve_args]]

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from raas.paths import host_paths
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -66,9 +68,8 @@ def smollm2_gguf() -> Path:
 
 
 def cache_dir() -> Path:
-    """Where converted models live: ``$RAAS_CACHE_DIR``, or ``~/.cache/raas``."""
-    env = os.environ.get("RAAS_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "raas"
+    """Where converted models live: ``$RAAS_CACHE_DIR``, or ``~/.cache/raas`` (``HostPaths``)."""
+    return host_paths().models_dir()
 
 
 def _publish(tmp: Path, dest: Path, marker: str) -> None:

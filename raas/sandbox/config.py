@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from raas.paths import HostPaths, host_paths
 from raas.sandbox.oci.store import default_store_dir
 
 MiB = 1024 * 1024
@@ -114,10 +114,7 @@ class LocalConfig(_Base):
 
 def default_images_dir() -> Path:
     """``$RAAS_APPTAINER_IMAGES``, else ``images`` in raas's cache (``$RAAS_CACHE_DIR``)."""
-    if os.environ.get("RAAS_APPTAINER_IMAGES"):
-        return Path(os.environ["RAAS_APPTAINER_IMAGES"])
-    cache = os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas"
-    return Path(cache) / "images"
+    return host_paths().images_dir()
 
 
 class ApptainerConfig(_Namespaced):
@@ -143,7 +140,7 @@ class ApptainerConfig(_Namespaced):
     )
     # From the environment too, so that `raas serve --sandbox apptainer` needs no config file.
     image: str | None = Field(
-        default_factory=lambda: os.environ.get("RAAS_APPTAINER_IMAGE") or None,
+        default_factory=lambda: host_paths().apptainer_image,
         description="The image sandboxes run (a name or a path; default $RAAS_APPTAINER_IMAGE).",
     )
     network: bool = False
@@ -166,9 +163,17 @@ def sandbox_types() -> list[str]:
     return [str(provider.model_fields["type"].default) for provider in providers]
 
 
-def sandbox_config(name: str, runtime_dir: Path | None = None) -> SandboxConfig:
-    """The config of provider ``name`` (its ``type``) with every default but ``runtime_dir``."""
+def sandbox_config(
+    name: str, runtime_dir: Path | None = None, paths: HostPaths | None = None
+) -> SandboxConfig:
+    """The config of provider ``name`` (its ``type``) with every default but ``runtime_dir``
+    and, given ``paths`` (a server's settings), the image store and apptainer's images."""
     if name not in sandbox_types():
         known = ", ".join(sandbox_types())
         raise ValueError(f"unknown sandbox type {name!r}: the known types are {known}")
-    return _sandbox_configs.validate_python({"type": name, "runtime_dir": runtime_dir})
+    values: dict[str, object] = {"type": name, "runtime_dir": runtime_dir}
+    if paths is not None and name != "local":
+        values["image_store"] = paths.store_dir()
+    if paths is not None and name == "apptainer":
+        values.update(images_dir=paths.images_dir(), image=paths.apptainer_image)
+    return _sandbox_configs.validate_python(values)

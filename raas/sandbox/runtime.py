@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from raas.paths import host_paths
 from raas.sandbox import cgroups, procs
 from raas.sandbox.client import SandboxError
 
@@ -117,7 +118,7 @@ def _root_mode() -> int:
 def _base() -> Path:
     """The directory the root is made in: ``$RAAS_SANDBOX_DIR``, else ``$XDG_RUNTIME_DIR`` (not
     as root: it is 0700, and the sandboxes' uids must pass through), else the temporary one."""
-    chosen = os.environ.get("RAAS_SANDBOX_DIR")
+    chosen = host_paths().sandbox_dir
     if chosen:
         base = Path(chosen)
         base.mkdir(parents=True, exist_ok=True)

@@ -199,7 +199,9 @@ class HarnessTask(AgentTask):
         instance = HarnessInstance.model_validate(job.instance)
         agent = instance.agent
         ctx = HarnessContext(job=job)
-        if services.agent_files is None and "RAAS_AGENT_DIR" in (instance.agent_command or ""):
+        if services.agents.agent_files is None and "RAAS_AGENT_DIR" in (
+            instance.agent_command or ""
+        ):
             raise SandboxError(
                 "the agent_command runs a file in $RAAS_AGENT_DIR, but this service has no agent"
                 " files: start raas serve with --agent-files DIR (raas run --agent-files DIR,"
@@ -208,7 +210,7 @@ class HarnessTask(AgentTask):
         async with self.cleaned_up_on_error(ctx):
             if agent in NODE_AGENTS:
                 ctx.agent_node = await asyncio.to_thread(
-                    node_environment, services.agents_node, agent
+                    node_environment, services.agents.agents_node, agent
                 )
             elif agent != "reference":
                 ctx.agent_site = await asyncio.to_thread(agents_site_packages, services)
@@ -269,8 +271,8 @@ class HarnessTask(AgentTask):
             }
             if ctx.agent_node is not None:
                 env |= ctx.agent_node.variables(_bound(sandbox))
-            if services.agent_files is not None:
-                env["RAAS_AGENT_DIR"] = _agent_dir(sandbox, services.agent_files)
+            if services.agents.agent_files is not None:
+                env["RAAS_AGENT_DIR"] = _agent_dir(sandbox, services.agents.agent_files)
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
             workdir = shlex.quote(sandbox.config.workdir)
             # A subshell: the variables and the cd stay out of the sandbox's shell.
@@ -352,8 +354,8 @@ def _agent_sandbox(
             staged = staged_binds("openai", launchers)
         else:
             staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
-        if services.agent_files is not None:
-            own = {str(services.agent_files.resolve()): AGENT_FILES_INSIDE}
+        if services.agents.agent_files is not None:
+            own = {str(services.agents.agent_files.resolve()): AGENT_FILES_INSIDE}
             staged |= staged_binds(None, own, own_files=True)
         config = config.model_copy(update={"ro_binds": {**config.ro_binds, **staged}})
     return create_sandbox(config)
@@ -374,7 +376,7 @@ def _bound(sandbox: Sandbox) -> bool:
 
 def agents_site_packages(services: TaskServices) -> Path:
     """The site-packages of the service's agents environment (where mini-swe-agent lives)."""
-    venv = services.agents_venv
+    venv = services.agents.agents_venv
     if venv is None:
         raise SandboxError(
             "the mini-swe-agent agent needs an agents environment: start raas serve with"

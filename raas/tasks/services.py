@@ -15,6 +15,7 @@ from raas.agent.snapshots import Snapshots
 from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
 from raas.sandbox.oci import StoredImage
 from raas.sandbox.oci.store import ImageStore, default_store_dir
+from raas.settings import AgentSettings, LlmSettings, SandboxSettings
 
 
 class ImageResolver(Protocol):
@@ -29,22 +30,17 @@ class ImageResolver(Protocol):
 @dataclass
 class TaskServices:
     llm: Generator
-    tokenizer_name: str = "smollm2"
+    # The defaults are the settings' (raas.settings): the server passes its own.
+    tokenizer_name: str = field(default_factory=lambda: LlmSettings().tokenizer)
     sandbox_config: SandboxConfig = field(default_factory=BwrapConfig)
-    warm_sandboxes: int = 0
-    # A virtual environment holding agent frameworks for harness tasks (mini-swe-agent), whose
-    # dependencies conflict with raas's own; its site-packages is bound into their sandboxes.
-    agents_venv: Path | None = None
-    # A node environment holding agent CLIs from npm (Qwen Code): its node_modules and the
-    # host's node are bound into their sandboxes.
-    agents_node: Path | None = None
-    # A directory of the user's own agent program, bound read-only into harness sandboxes.
-    agent_files: Path | None = None
+    warm_sandboxes: int = field(default_factory=lambda: SandboxSettings().warm_sandboxes)
+    # Agent programs of harness tasks: the agents environment (mini-swe-agent, whose
+    # dependencies conflict with raas's own), the node one (CLIs from npm), the user's own agent
+    # files, and whether gateway calls may change a job's sampling (a 400 naming it).
+    agents: AgentSettings = field(default_factory=AgentSettings)
     # Where images named by tasks are found; default: the store at the sandbox config's
     # image_store directory, opened on first use.
     image_store: ImageResolver | None = None
-    # Gateway calls may not change a job's temperature, top_p or seed (a 400 naming it).
-    gateway_fixed_sampling: bool = False
     # Per-turn snapshots of jobs that keep them (sampling_params.keep_snapshots), for branches.
     snapshots: Snapshots = field(default_factory=Snapshots)
     _pool: SandboxPool | None = None
@@ -57,7 +53,7 @@ class TaskServices:
             self.llm,
             self.tokenizer,
             model=self.tokenizer_name,
-            fixed_sampling=self.gateway_fixed_sampling,
+            fixed_sampling=self.agents.gateway_fixed_sampling,
         )
 
     def tokenizer(self) -> Any:

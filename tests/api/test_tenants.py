@@ -457,7 +457,7 @@ def test_tenants_need_the_admins_key_and_travel_to_every_deployed_server(
     with pytest.raises(TenantsFileError, match="needs an API key, the admin's"):
         create_app(keyless, registry)
     monkeypatch.setenv("RAAS_TENANTS_FILE", str(tenants_file))
-    assert load_settings().tenants_file == tenants_file
+    assert load_settings().auth.tenants_file == tenants_file
     # What a deployment passes to each server it starts (the key goes by the environment).
     flags = ["--tenants-file", str(tenants_file)]
     assert serve_args({"tenants_file": tenants_file}) == flags

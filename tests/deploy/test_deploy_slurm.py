@@ -244,13 +244,13 @@ def _node(tmp_path: Path, port: int, *serve_args: str, node_id: int = 0) -> subp
             str(tmp_path / str(node_id)),
             "--log-dir",
             str(tmp_path),
-            "--drain-grace-s",
-            "5",
             "--llm",
             "http://{host}:1",
             "--expect-nodes",
             "2",
             "--",
+            "--drain-grace-s",  # raas serve's, which the node reads too
+            "5",
             *serve_args,
         ],
         stdout=subprocess.PIPE,
@@ -290,3 +290,23 @@ def test_node_that_cannot_start_fails_and_lists_nothing(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "could not start: serve exited with 2" in out
     assert not (tmp_path / "servers.txt").exists()
+
+
+def test_a_node_waits_for_its_server_as_long_as_the_server_drains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain grace has one default, raas serve's; a node reads it as its server will (flag,
+    then environment, then --config file), and a flag raas slurm writes reaches both."""
+    from raas.deploy.node import drain_grace_s
+    from raas.settings import defaults
+
+    monkeypatch.delenv("RAAS_DRAIN_GRACE_S", raising=False)
+    assert drain_grace_s([]) == defaults().pipeline.drain_grace_s == 30.0
+    config = tmp_path / "raas.toml"
+    config.write_text("drain_grace_s = 7\n")
+    assert drain_grace_s(["--config", str(config)]) == 7.0
+    monkeypatch.setenv("RAAS_DRAIN_GRACE_S", "9")
+    assert drain_grace_s(["--config", str(config)]) == 9.0
+    assert drain_grace_s(["--drain-grace-s=11", "--run-workers", "0"]) == 30.0  # refused: default
+    serve = node_command(options(tmp_path, drain_grace_s=12.0))[-1]
+    assert serve[-2:] == ["--drain-grace-s", "12"] and drain_grace_s(serve[1:]) == 12.0

@@ -24,7 +24,7 @@ from raas.sandbox import (
     sandbox_config,
 )
 from raas.sandbox.images import candidate_names
-from raas.settings import validate
+from raas.settings import load_settings, validate
 from tests.support.hpc import BINARY, IMAGE_ROOTFS, apptainer_config
 
 DJANGO = "swebench/sweb.eval.x86_64.django__django-11099:latest"
@@ -95,10 +95,14 @@ async def test_a_missing_binary_is_a_clear_error(
 def test_serve_settings_and_config_files_select_apptainer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAAS_APPTAINER_IMAGE", DJANGO)
     monkeypatch.setenv("RAAS_APPTAINER_IMAGES", "/scratch/images")
-    settings = validate({"sandbox": "apptainer"})
-    config = sandbox_config(settings.sandbox)
-    assert isinstance(config, ApptainerConfig)
-    assert config.image == DJANGO and config.images_dir == Path("/scratch/images")
+    settings = load_settings(None, {"sandbox": "apptainer"})
+    # As the server makes it (its settings' paths), and as a library user does (the variables).
+    for config in (
+        sandbox_config(settings.sandboxes.sandbox, paths=settings.paths),
+        sandbox_config(validate({"sandbox": "apptainer"}).sandboxes.sandbox),
+    ):
+        assert isinstance(config, ApptainerConfig)
+        assert config.image == DJANGO and config.images_dir == Path("/scratch/images")
     parsed = TypeAdapter(SandboxConfig).validate_python(
         {"type": "apptainer", "image": "x.sif", "network": True, "limits": {"max_processes": 9}}
     )

@@ -19,6 +19,7 @@ from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline, PipelineConfig
 from raas.sandbox import BwrapConfig, SandboxError
 from raas.sandbox.pydeps import staged_binds
+from raas.settings import AgentSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.datasets import humaneval_problems
@@ -488,7 +489,9 @@ async def test_your_own_agent_runs_from_the_service_s_agent_files(tmp_path: Path
     secret.chmod(0o600)
     (agent / "secret").symlink_to(secret)
     (agent / "outside").symlink_to("../key.txt")
-    services = TaskServices(llm=NoLLM(), sandbox_config=BwrapConfig(), agent_files=agent)
+    services = TaskServices(
+        llm=NoLLM(), sandbox_config=BwrapConfig(), agents=AgentSettings(agent_files=agent)
+    )
     math = {"judge": "math", "problem": "What is 6 * 7?", "answer": "42"}
     command = "python3 $RAAS_AGENT_DIR/agent.py"
     result = await run_job(

@@ -20,6 +20,7 @@ from raas.llm.models import load_tokenizer
 from raas.llm.pool import BackendPool
 from raas.sandbox import BwrapConfig, SandboxLimits
 from raas.sandbox.pydeps import staged_binds
+from raas.settings import AgentSettings
 from raas.tasks.datasets import bundled
 from raas.tasks.harness import AGENTS_DIR, AGENTS_INSIDE
 from raas.tasks.harness_node import NODE_AGENTS, NODE_MODULES_INSIDE, node_environment
@@ -66,7 +67,10 @@ async def test_mini_swe_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     llm = BackendPool()
     llm.add(server.url, "vllm", 8)
     services = TaskServices(
-        llm=llm, tokenizer_name="tiny", sandbox_config=BwrapConfig(), agents_venv=agents_venv
+        llm=llm,
+        tokenizer_name="tiny",
+        sandbox_config=BwrapConfig(),
+        agents=AgentSettings(agents_venv=agents_venv),
     )
     job = {**instance, "data_source": "harness", "judge": "swe", "agent": "mini-swe-agent"}
     try:
@@ -235,7 +239,10 @@ async def test_an_npm_agent_fixes_a_bundled_swe_instance_through_the_gateway(
     limits = SandboxLimits() if agent.address_space_limit else SandboxLimits(memory_bytes=None)
     sandbox_config = BwrapConfig(limits=limits)
     services = TaskServices(
-        llm=llm, tokenizer_name="tiny", sandbox_config=sandbox_config, agents_node=agents_node
+        llm=llm,
+        tokenizer_name="tiny",
+        sandbox_config=sandbox_config,
+        agents=AgentSettings(agents_node=agents_node),
     )
     job = {**instance, "data_source": "harness", "judge": "swe", "agent": name}
     try:

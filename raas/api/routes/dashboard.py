@@ -93,7 +93,7 @@ async def dashboard(
 )
 async def login(request: Request, svc: Service) -> Response:
     """The dashboard's sign-in form (``key``, form-encoded): sets the session cookie."""
-    expected = svc.settings.api_key
+    expected = svc.settings.auth.api_key
     root = request.scope.get("root_path", "")
     body = b""
     async for chunk in request.stream():  # anyone may post here: little is read
@@ -211,7 +211,7 @@ async def _decode(
     svc: ServiceState, prompt: list[int], response: list[int]
 ) -> tuple[Texts | None, str | None, str | None]:
     """The texts of both token lists, the tokenizer's name; or why there are none."""
-    name = svc.settings.tokenizer
+    name = svc.settings.inference.tokenizer
     if svc.tokenizer is None:
         return None, None, "the server has no tokenizer"
     if not prompt and not response:

@@ -134,8 +134,8 @@ async def add_llm_server(req: LLMServerRequest, svc: Service) -> Ack:
     try:
         svc.llm.add(
             req.address,
-            req.protocol or settings.llm_protocol,
-            req.capacity or settings.llm_capacity,
+            req.protocol or settings.inference.llm_protocol,
+            req.capacity or settings.inference.llm_capacity,
         )
     except ValueError as e:
         raise FieldError(["address"], str(e), "url_parsing") from e

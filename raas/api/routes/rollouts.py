@@ -119,7 +119,7 @@ async def cancel_job(svc: ServiceState, key: str, who: Caller) -> JobStatus:
     """Cancel the job of ``key`` (``who``'s: ``who.key`` made it)."""
     job = svc.pipeline.cancel(key)
     if job is not None:
-        settle_s = svc.settings.cancel_grace_s + 5.0
+        settle_s = svc.settings.pipeline.cancel_grace_s + 5.0
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(job.done.wait(), timeout=settle_s)
     view = await svc.pipeline.lookup(key)

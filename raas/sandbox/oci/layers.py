@@ -43,7 +43,6 @@ import gzip
 import hashlib
 import io
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from raas.paths import ImageCaps, env_name, image_caps
 from raas.sandbox import layers
 
 WHITEOUT_PREFIX = ".wh."
@@ -72,50 +72,44 @@ class DigestError(LayerError):
     """A layer blob whose content is not what its digest says."""
 
 
-GiB = 1 << 30
-_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+def _cap(name: str) -> int:
+    return int(ImageCaps.model_fields[name].default)
 
 
 @dataclass(frozen=True)
 class Caps:
     """What a layer, and an image's layers together, may unpack to: the tar stream's bytes (the
     data of its files and their headers; a sparse file counts its whole size) and its entries
-    (every member, and every directory the tar leaves implicit). Generous defaults: the largest
-    images run in RL (CUDA's) unpack to about 20 GiB and 500,000 entries."""
+    (every member, and every directory the tar leaves implicit). The settings and their
+    defaults are ``raas.paths.ImageCaps``'."""
 
-    layer_bytes: int = 16 * GiB
-    layer_entries: int = 1_000_000
-    image_bytes: int = 64 * GiB
-    image_entries: int = 4_000_000
+    layer_bytes: int = _cap("layer_max_bytes")
+    layer_entries: int = _cap("layer_max_entries")
+    image_bytes: int = _cap("image_max_bytes")
+    image_entries: int = _cap("image_max_entries")
 
     ENV: ClassVar[dict[str, str]] = {
-        "layer_bytes": "RAAS_LAYER_MAX_BYTES",
-        "layer_entries": "RAAS_LAYER_MAX_ENTRIES",
-        "image_bytes": "RAAS_IMAGE_MAX_BYTES",
-        "image_entries": "RAAS_IMAGE_MAX_ENTRIES",
+        "layer_bytes": env_name("layer_max_bytes"),
+        "layer_entries": env_name("layer_max_entries"),
+        "image_bytes": env_name("image_max_bytes"),
+        "image_entries": env_name("image_max_entries"),
     }
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Caps:
-        """The defaults, each replaced by its variable where set (bytes: ``16G``, ``512M`` or
-        a number); a LayerError names a variable that is not a number."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, int] = {}
-        for name, var in cls.ENV.items():
-            text = environ.get(var, "").strip()
-            if not text:
-                continue
-            found = _SIZE.fullmatch(text) if name.endswith("_bytes") else None
-            if found is not None:
-                shift = 10 * ("KMGT".find(found[2].upper()) + 1) if found[2] else 0
-                values[name] = int(found[1]) << shift
-            elif text.isdigit():
-                values[name] = int(text)
-            else:
-                raise LayerError(f"{var}={text!r} is not a number (bytes: 16G, 512M or 1000000)")
-            if values[name] <= 0:
-                raise LayerError(f"{var}={text!r}: a cap must be above 0")
-        return cls(**values)
+        """The process's caps (``raas.paths.image_caps``: a server's settings, else each
+        variable where set, bytes as ``16G``, ``512M`` or a number, else the defaults); a
+        LayerError names a variable that is not a number above 0."""
+        try:
+            caps = image_caps(environ)
+        except ValueError as e:
+            raise LayerError(f"{e} (caps: 16G, 512M or 1000000)") from None
+        return cls(
+            caps.layer_max_bytes,
+            caps.layer_max_entries,
+            caps.image_max_bytes,
+            caps.image_max_entries,
+        )
 
 
 @dataclass(frozen=True)

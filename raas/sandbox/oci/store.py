@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raas.images.refs import normalize
+from raas.paths import env_name, host_paths
 from raas.sandbox.oci import archives, locks, manifests, skopeo
 from raas.sandbox.oci.image import ImageError, ImageNotStored, StoredImage
 from raas.sandbox.oci.layers import (
@@ -62,18 +63,14 @@ from raas.sandbox.oci.manifests import Image, ManifestError
 
 log = logging.getLogger(__name__)
 
-GROUP_ENV = "RAAS_IMAGE_STORE_GROUP"
+GROUP_ENV = env_name("image_store_group")
 # In the root: every layer here was unpacked (or later made) as unpack_layer makes them.
 HARDENED = "layers-hardened"
 
 
 def default_store_dir() -> Path:
-    """$RAAS_IMAGE_STORE, else $RAAS_CACHE_DIR/oci, else ~/.cache/raas/oci."""
-    if os.environ.get("RAAS_IMAGE_STORE"):
-        return Path(os.environ["RAAS_IMAGE_STORE"]).expanduser()
-    if os.environ.get("RAAS_CACHE_DIR"):
-        return Path(os.environ["RAAS_CACHE_DIR"]).expanduser() / "oci"
-    return Path.home() / ".cache" / "raas" / "oci"
+    """$RAAS_IMAGE_STORE, else $RAAS_CACHE_DIR/oci, else ~/.cache/raas/oci (``HostPaths``)."""
+    return host_paths().store_dir()
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,7 @@ class ImageStore:
     ) -> None:
         self.root = (root or default_store_dir()).expanduser().absolute()
         self.max_bytes = max_bytes
-        self.group = group if group is not None else os.environ.get(GROUP_ENV) or None
+        self.group = group if group is not None else host_paths().image_store_group
         self.caps = caps
         self.blob_dir = self.root / "blobs"
         self.layer_dir = self.root / "layers"
