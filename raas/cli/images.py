@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 
 if TYPE_CHECKING:
-    from raas.sandbox.oci.store import ImageStore
+    from raas.images.store import ImageStore
 
 
 @click.group(short_help="Task images: the OCI image store, and Apptainer images.")
@@ -144,7 +144,7 @@ def _pull_options(f: Any) -> Any:
 
 
 def _store(store_dir: Path | None, max_gb: float | None = None) -> ImageStore:
-    from raas.sandbox.oci.store import ImageStore
+    from raas.images.store import ImageStore
 
     max_bytes = int(max_gb * 1e9) if max_gb is not None else None
     return ImageStore(store_dir, max_bytes=max_bytes)
@@ -152,7 +152,7 @@ def _store(store_dir: Path | None, max_gb: float | None = None) -> ImageStore:
 
 @contextlib.contextmanager
 def _one_line() -> Iterator[None]:
-    from raas.sandbox.oci.image import ImageError
+    from raas.images.errors import ImageError
 
     try:
         yield
@@ -299,7 +299,7 @@ def images_prefetch(
     store = _store(store_dir, max_gb)
     failed = 0
     for i, ref in enumerate(refs, 1):
-        from raas.sandbox.oci.image import ImageError
+        from raas.images.errors import ImageError
 
         try:
             store.resolve(ref)

@@ -48,13 +48,14 @@ import os
 import shutil
 from pathlib import Path
 
+from raas.images.errors import ImageError
+from raas.images.image import StoredImage
 from raas.sandbox import procs, seccomp
 from raas.sandbox.base import launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.images import find_binary, resolve_image
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, inside_dir
-from raas.sandbox.oci.image import ImageError, StoredImage
 
 log = logging.getLogger(__name__)
 

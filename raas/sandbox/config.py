@@ -8,7 +8,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from raas.sandbox.oci.store import default_store_dir
+from raas.images.store import default_store_dir
 
 MiB = 1024 * 1024
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from raas.sandbox import layers
+from raas.images import overlay
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -597,7 +597,7 @@ def harden_tree(path: Path) -> int:
             kind = stat.S_IFMT(st.st_mode)
             if kind == stat.S_IFLNK:
                 continue
-            if kind not in (stat.S_IFREG, stat.S_IFDIR) and not layers.is_whiteout(st):
+            if kind not in (stat.S_IFREG, stat.S_IFDIR) and not overlay.is_whiteout(st):
                 with _writable(dirpath):
                     os.unlink(entry)
                 changed += 1
