@@ -70,17 +70,20 @@ def images_build(
     Runs `apptainer build [--sandbox] OUT ROOTFS_DIR`, which reads only the local directory.
     Example: `raas images build ./rootfs ~/.cache/raas/images/my-env.sif`.
     """
+    from raas.images.build import build_image
+    from raas.images.errors import ImageError
+    from raas.sandbox.apptainer import find_binary
     from raas.sandbox.client import SandboxError
-    from raas.sandbox.images import build_image
 
     kind: Literal["sif", "sandbox"] = (
         "sif" if (sif if sif is not None else out.suffix == ".sif") else "sandbox"
     )
     try:
+        found = find_binary(binary)
         warnings = build_image(
-            rootfs_dir, out, kind, binary, force, fakeroot, mksquashfs_args=mksquashfs_args
+            rootfs_dir, out, kind, found, force, fakeroot, mksquashfs_args=mksquashfs_args
         )
-    except SandboxError as e:
+    except (SandboxError, ImageError) as e:  # no apptainer; a build that failed
         raise click.ClickException(str(e)) from e
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -96,14 +99,16 @@ def images_build(
 )
 def images_resolve(name: str, images_dir: Path | None) -> None:
     """Print the SIF or sandbox directory that image NAME resolves to."""
-    from raas.sandbox import ApptainerConfig, SandboxError, resolve_image
+    from raas.images.errors import ImageError
+    from raas.images.sif_dir import resolve_image
+    from raas.sandbox import ApptainerConfig
 
     config = ApptainerConfig()
     if images_dir is not None:
         config = config.model_copy(update={"images_dir": images_dir})
     try:
         click.echo(resolve_image(config, name))
-    except SandboxError as e:
+    except ImageError as e:
         raise click.ClickException(str(e)) from e
 
 
