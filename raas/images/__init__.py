@@ -11,6 +11,9 @@
   with. ``errors``: ``ImageError`` and the kinds a job reads (not stored, not runnable).
 - ``overlay``: layers as overlayfs reads them (whiteouts, opaque directories), and the copy
   fallback, also run alone by the host's python (standard library only).
+- ``sif_dir`` and ``build``: Apptainer's own images, a name looked up as a SIF or sandbox
+  directory in a local directory (what an apptainer sandbox runs directly when it is given no
+  image of the store), and one built from a root filesystem (``raas images build``).
 
 A sandbox's root is an overlay over an image's layers (``raas.sandbox.rootfs``), so a sandbox
 writes only its own upper layer. ``raas.sandbox`` imports this package, never the reverse; this
