@@ -153,9 +153,9 @@ def test_every_setting_has_one_name_and_one_default() -> None:
 def test_the_libraries_read_the_same_variables_as_the_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from raas.images.store import default_store_dir
     from raas.llm.models import cache_dir
     from raas.sandbox.config import ApptainerConfig
-    from raas.sandbox.oci.store import default_store_dir
 
     monkeypatch.setenv("RAAS_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("RAAS_IMAGE_STORE", raising=False)

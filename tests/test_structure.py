@@ -107,7 +107,7 @@ def test_no_two_modules_import_each_other() -> None:
 # root package, which holds the version and nothing else.
 MAY_IMPORT = {
     "raas.llm": ("raas", "raas.helpers", "raas.paths"),
-    "raas.sandbox": ("raas.helpers", "raas.images.refs", "raas.paths"),
+    "raas.sandbox": ("raas.helpers", "raas.images", "raas.paths"),
     "raas.sandbox.inside": (),  # runs in the sandbox on the image's own Python: stdlib only
     "raas.judge": ("raas.sandbox", "raas.wire"),  # answer checking included: nothing of tasks/
     "raas.judge.inside": (),  # runs in the judge's sandbox: stdlib only
@@ -115,8 +115,10 @@ MAY_IMPORT = {
     "raas.harness_agents": (),
     "raas.wire": (),
     "raas.helpers": (),
+    "raas.images": ("raas.helpers", "raas.paths"),  # the image store: below the sandboxes
     "raas.images.refs": (),
     "raas.paths": (),
+    "raas.images.overlay": (),  # also run alone by the host's python: stdlib only
 }
 
 

@@ -30,11 +30,11 @@ from raas.api.openapi import (
 from raas.api.routes import backends, dashboard, gateway, prorl, rollouts, system
 from raas.api.state import ServiceState
 from raas.api.tenants import watch_tenants
+from raas.images.store import ImageStore
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig, policies_of
 from raas.sandbox import claim_runtime_dir, sandbox_config
-from raas.sandbox.oci import ImageStore
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry

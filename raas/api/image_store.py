@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from raas.sandbox.oci.store import ImageStore, StoreUsage
+from raas.images.store import ImageStore, StoreUsage
 
 log = logging.getLogger(__name__)
 

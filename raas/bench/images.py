@@ -34,9 +34,11 @@ from pathlib import Path
 
 from raas.bench import oci_fixtures
 from raas.bench.tools import bare_bwrap, pct
+from raas.images import manifests
+from raas.images.layers import remove_tree, tree_bytes
+from raas.images.sources import skopeo
+from raas.images.store import ImageStore, StoreUsage
 from raas.sandbox import BwrapConfig, create_sandbox
-from raas.sandbox.oci import ImageStore, StoreUsage, manifests, skopeo
-from raas.sandbox.oci.layers import remove_tree, tree_bytes
 from raas.sandbox.rootfs import overlay_options
 
 WIDTH = 80  # every line of the report fits

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import click
 
 if TYPE_CHECKING:
-    from raas.sandbox.oci.store import ImageStore
+    from raas.images.store import ImageStore
 
 
 @click.group(short_help="Task images: the OCI image store, and Apptainer images.")
@@ -70,17 +70,20 @@ def images_build(
     Runs `apptainer build [--sandbox] OUT ROOTFS_DIR`, which reads only the local directory.
     Example: `raas images build ./rootfs ~/.cache/raas/images/my-env.sif`.
     """
+    from raas.images.build import build_image
+    from raas.images.errors import ImageError
+    from raas.sandbox.apptainer import find_binary
     from raas.sandbox.client import SandboxError
-    from raas.sandbox.images import build_image
 
     kind: Literal["sif", "sandbox"] = (
         "sif" if (sif if sif is not None else out.suffix == ".sif") else "sandbox"
     )
     try:
+        found = find_binary(binary)
         warnings = build_image(
-            rootfs_dir, out, kind, binary, force, fakeroot, mksquashfs_args=mksquashfs_args
+            rootfs_dir, out, kind, found, force, fakeroot, mksquashfs_args=mksquashfs_args
         )
-    except SandboxError as e:
+    except (SandboxError, ImageError) as e:  # no apptainer; a build that failed
         raise click.ClickException(str(e)) from e
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -96,14 +99,16 @@ def images_build(
 )
 def images_resolve(name: str, images_dir: Path | None) -> None:
     """Print the SIF or sandbox directory that image NAME resolves to."""
-    from raas.sandbox import ApptainerConfig, SandboxError, resolve_image
+    from raas.images.errors import ImageError
+    from raas.images.sif_dir import resolve_image
+    from raas.sandbox import ApptainerConfig
 
     config = ApptainerConfig()
     if images_dir is not None:
         config = config.model_copy(update={"images_dir": images_dir})
     try:
         click.echo(resolve_image(config, name))
-    except SandboxError as e:
+    except ImageError as e:
         raise click.ClickException(str(e)) from e
 
 
@@ -144,7 +149,7 @@ def _pull_options(f: Any) -> Any:
 
 
 def _store(store_dir: Path | None, max_gb: float | None = None) -> ImageStore:
-    from raas.sandbox.oci.store import ImageStore
+    from raas.images.store import ImageStore
 
     max_bytes = int(max_gb * 1e9) if max_gb is not None else None
     return ImageStore(store_dir, max_bytes=max_bytes)
@@ -152,7 +157,7 @@ def _store(store_dir: Path | None, max_gb: float | None = None) -> ImageStore:
 
 @contextlib.contextmanager
 def _one_line() -> Iterator[None]:
-    from raas.sandbox.oci.image import ImageError
+    from raas.images.errors import ImageError
 
     try:
         yield
@@ -299,7 +304,7 @@ def images_prefetch(
     store = _store(store_dir, max_gb)
     failed = 0
     for i, ref in enumerate(refs, 1):
-        from raas.sandbox.oci.image import ImageError
+        from raas.images.errors import ImageError
 
         try:
             store.resolve(ref)

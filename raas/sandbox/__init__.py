@@ -17,7 +17,6 @@ from raas.sandbox.config import (
     SandboxLimits,
     sandbox_config,
 )
-from raas.sandbox.images import resolve_image
 from raas.sandbox.pool import SandboxPool
 from raas.sandbox.providers import create_sandbox
 from raas.sandbox.runtime import RuntimeDir, claim_runtime_dir, runtime_root
@@ -38,7 +37,6 @@ __all__ = [
     "ToolError",
     "claim_runtime_dir",
     "create_sandbox",
-    "resolve_image",
     "runtime_root",
     "sandbox_config",
 ]

@@ -37,7 +37,9 @@ which turns off the setuid bits of a setuid install's starter and of ``newuidmap
 built without libseccomp only warns and runs unfiltered: raas says so in its log (once).
 
 An image of the image store (raas as root) is run as a sandbox directory: the copy-on-write
-overlay of its layers that ``raas.sandbox.rootfs`` mounts in that same mount namespace.
+overlay of its layers that ``raas.sandbox.rootfs`` mounts in that same mount namespace. Any other
+image is a SIF or sandbox directory that ``raas.images.sif_dir`` finds by its name, run directly
+(root or not).
 """
 
 from __future__ import annotations
@@ -48,15 +50,36 @@ import os
 import shutil
 from pathlib import Path
 
+from raas.images.errors import ImageError
+from raas.images.image import StoredImage
+from raas.images.sif_dir import resolve_image
 from raas.sandbox import procs, seccomp
 from raas.sandbox.base import launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
-from raas.sandbox.images import find_binary, resolve_image
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, inside_dir
-from raas.sandbox.oci.image import ImageError, StoredImage
 
 log = logging.getLogger(__name__)
+
+BINARIES = ("apptainer", "singularity")
+
+
+def find_binary(binary: str | None) -> str:
+    """The apptainer (or singularity) executable to run; a SandboxError says what to do."""
+    if binary is not None and os.sep in binary:
+        if os.access(binary, os.X_OK) and not os.path.isdir(binary):
+            return binary
+        raise SandboxError(f"apptainer binary {binary} does not exist or is not executable")
+    for name in (binary,) if binary else BINARIES:
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    raise SandboxError(
+        f"{binary or 'apptainer (or singularity)'} is not on PATH: install Apptainer or"
+        " SingularityCE, or set the sandbox config's binary to its path (for tests on a"
+        " machine without one: scripts/hpc/make-apptainer-env.sh builds a nested apptainer)"
+    )
+
 
 # Mount a size-capped tmpfs on each of the directories, then run the rest (from root's unshare).
 _MOUNT_TMPFS = (

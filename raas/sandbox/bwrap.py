@@ -27,6 +27,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from raas.images.image import StoredImage
 from raas.sandbox import procs, seccomp
 from raas.sandbox.base import INSIDE_DIR, launch_env
 from raas.sandbox.client import SandboxError
@@ -43,7 +44,6 @@ from raas.sandbox.fork import (
     read_shell_command,
 )
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
-from raas.sandbox.oci.image import StoredImage
 
 log = logging.getLogger(__name__)
 

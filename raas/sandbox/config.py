@@ -7,8 +7,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from raas.images.store import default_store_dir
 from raas.paths import HostPaths, host_paths
-from raas.sandbox.oci.store import default_store_dir
 
 MiB = 1024 * 1024
 
@@ -121,7 +121,7 @@ class ApptainerConfig(_Namespaced):
     """Apptainer (or SingularityCE), as HPC sites run it: a SIF file or a sandbox directory.
 
     ``image`` (and any name given to ``resolve_image``) is a path, or a name looked up in
-    ``image_map`` and then in ``images_dir``; see ``raas.sandbox.images.resolve_image``.
+    ``image_map`` and then in ``images_dir``; see ``raas.images.sif_dir.resolve_image``.
     """
 
     type: Literal["apptainer"] = "apptainer"

@@ -26,11 +26,11 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from raas.images.image import StoredImage
 from raas.sandbox import cgroups, copies, procs, pydeps
 from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, SERVER_PYTHON_FLAGS, Sandbox, reap
 from raas.sandbox.config import ApptainerConfig, BwrapConfig
 from raas.sandbox.hostpython import MOUNT, provided_python
-from raas.sandbox.oci.image import StoredImage
 from raas.sandbox.rootfs import ImageRoot, check_layers, image_env, overlay_options, probe_python
 
 log = logging.getLogger(__name__)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from raas.images.errors import ImageError
+from raas.images.image import StoredImage
 from raas.sandbox.apptainer import ApptainerSandbox
 from raas.sandbox.base import Sandbox
 from raas.sandbox.bwrap import BwrapSandbox
 from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig, SandboxConfig
 from raas.sandbox.local import LocalSandbox
-from raas.sandbox.oci.image import ImageError, StoredImage
 
 
 def create_sandbox(config: SandboxConfig, image: StoredImage | None = None) -> Sandbox:

@@ -47,16 +47,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.sandbox import layers
-from raas.sandbox.layers import is_opaque, is_whiteout
-from raas.sandbox.oci.image import ImageError, ImageUnrunnable, StoredImage
+from raas.images import overlay
+from raas.images.errors import ImageError, ImageUnrunnable
+from raas.images.image import StoredImage
+from raas.images.overlay import is_opaque, is_whiteout
 
 log = logging.getLogger(__name__)
 
 MIN_PYTHON = (3, 8)
 # The directories of an image that the agent edits (besides its config's WorkingDir).
 WORK_DIRS = ("/testbed",)
-# World-writable in an image, but the store keeps no such bit (raas.sandbox.oci.layers): as root
+# World-writable in an image, but the store keeps no such bit (raas.images.layers): as root
 # they are given to the sandbox's uid like the work directories, so that the agent can write
 # there as in a container (/tmp and /dev/shm are the sandbox's own tmpfs).
 SCRATCH_DIRS = ("/var/tmp", "/run/lock")
@@ -471,13 +472,13 @@ class ImageRoot:
         return args
 
     def launch_env(self) -> dict[str, str]:
-        """The launch's environment: the copy fallback's python and script (raas's
-        ``layers.py``), a fork's seed (``MOUNT_SCRIPT``), which the mount script unsets before
-        it runs the rest."""
+        """The launch's environment: the copy fallback's python and script
+        (``raas/images/overlay.py``), a fork's seed (``MOUNT_SCRIPT``), which the mount script
+        unsets before it runs the rest."""
         env: dict[str, str] = {}
         if self.overlay is None:
             env["RAAS_PYTHON"] = sys.executable
-            env["RAAS_COPY"] = layers.__file__
+            env["RAAS_COPY"] = overlay.__file__
         if self.seed_fd is not None:
             env["RAAS_PYTHON"] = sys.executable
             env["RAAS_SEED"] = str(self.seed_fd)

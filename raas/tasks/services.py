@@ -12,14 +12,14 @@ from typing import Any, Protocol
 from raas.agent.gateway import Gateway
 from raas.agent.loop import Generator
 from raas.agent.snapshots import Snapshots
+from raas.images.image import StoredImage
+from raas.images.store import ImageStore, default_store_dir
 from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
-from raas.sandbox.oci import StoredImage
-from raas.sandbox.oci.store import ImageStore, default_store_dir
 from raas.settings import AgentSettings, LlmSettings, SandboxSettings
 
 
 class ImageResolver(Protocol):
-    """What a task's sandbox asks of the image store (``raas.sandbox.oci.store.ImageStore``):
+    """What a task's sandbox asks of the image store (``raas.images.store.ImageStore``):
     the image of a name, and a hold on it (``in_use``) that each sandbox keeps while it runs."""
 
     def resolve(self, ref: str) -> StoredImage: ...

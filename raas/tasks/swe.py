@@ -43,6 +43,7 @@ from pydantic import (
     model_validator,
 )
 
+from raas.images.errors import ImageError
 from raas.images.refs import IMAGE_FIELDS, image_of
 from raas.judge.code import Verdict
 from raas.judge.swe import judge_swe
@@ -320,7 +321,9 @@ async def _image_sandbox(services: TaskServices, instance: dict[str, Any], image
     """A sandbox of ``image``, or an infra error that names the image and why there is none."""
     try:
         return await services.sandbox(image=image)
-    except SandboxError as e:  # the same class: whether a retry may help stays with it
+    # An image the store lacks or raas cannot run is an ImageError, not a SandboxError (the
+    # store sits below the sandboxes): both are an infra failure that names the image.
+    except (SandboxError, ImageError) as e:  # the same class: whether a retry may help stays
         raise type(e)(f"{_named(instance)} needs its environment image {image}: {e}") from e
 
 

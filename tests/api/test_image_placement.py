@@ -20,7 +20,7 @@ import pytest
 from raas.api.app import create_app
 from raas.api.image_store import ImageStoreMonitor
 from raas.client.rollout_client import RolloutClient
-from raas.sandbox.oci import ImageStore
+from raas.images.store import ImageStore
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 from raas.wire import RolloutRequest

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from raas.bench import images, oci_fixtures
 from raas.cli import main
 from raas.cli.bench import known
-from raas.sandbox.oci import StoreUsage
+from raas.images.store import StoreUsage
 
 
 def test_it_is_a_benchmark_and_its_fixtures_are_not() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from raas.sandbox.oci import StoredImage
+from raas.images.image import StoredImage
 
 ROOTFS = Path(os.environ.get("RAAS_CACHE_DIR") or Path.home() / ".cache" / "raas")
 ROOTFS = ROOTFS / "swe-images" / "base-rootfs"

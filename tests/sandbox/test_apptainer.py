@@ -14,16 +14,16 @@ from click.testing import CliRunner
 from pydantic import TypeAdapter
 
 from raas.cli import main
+from raas.images.errors import ImageError
+from raas.images.sif_dir import candidate_names, resolve_image
 from raas.sandbox import (
     ApptainerConfig,
     SandboxConfig,
     SandboxError,
     SandboxLimits,
     create_sandbox,
-    resolve_image,
     sandbox_config,
 )
-from raas.sandbox.images import candidate_names
 from raas.settings import load_settings, validate
 from tests.support.hpc import BINARY, IMAGE_ROOTFS, apptainer_config
 
@@ -55,17 +55,17 @@ def test_image_names_resolve_through_the_map_then_the_images_directory(tmp_path:
 
 def test_a_missing_image_is_a_clear_error_naming_it(tmp_path: Path) -> None:
     config = ApptainerConfig(images_dir=tmp_path, image_map={"mapped:1": "gone.sif"})
-    with pytest.raises(SandboxError) as e:
+    with pytest.raises(ImageError) as e:
         resolve_image(config, DJANGO)
     message = str(e.value)
     assert DJANGO in message and str(tmp_path) in message
     assert "swebench_sweb.eval.x86_64.django__django-11099_latest.sif" in message
     assert "raas images build" in message and "image_map" in message
-    with pytest.raises(SandboxError, match=r"'mapped:1' is mapped to .*gone\.sif"):
+    with pytest.raises(ImageError, match=r"'mapped:1' is mapped to .*gone\.sif"):
         resolve_image(config, "mapped:1")
-    with pytest.raises(SandboxError, match="no apptainer image given"):
+    with pytest.raises(ImageError, match="no apptainer image given"):
         resolve_image(config.model_copy(update={"image": None}))
-    with pytest.raises(SandboxError, match=r"/nowhere/x\.sif does not exist"):
+    with pytest.raises(ImageError, match=r"/nowhere/x\.sif does not exist"):
         resolve_image(config, "/nowhere/x.sif")
 
 
@@ -73,7 +73,7 @@ async def test_a_sandbox_with_a_missing_image_fails_to_start_naming_it(tmp_path:
     # Any executable stands in for apptainer: the image is looked up before it runs.
     config = ApptainerConfig(binary="/bin/true", images_dir=tmp_path, image=DJANGO)
     sb = create_sandbox(config)
-    with pytest.raises(SandboxError, match="no apptainer image for 'swebench/sweb"):
+    with pytest.raises(ImageError, match="no apptainer image for 'swebench/sweb"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()
 

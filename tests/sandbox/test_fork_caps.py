@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from raas.bench.oci_fixtures import base_rootfs_dir
+from raas.images.image import StoredImage
 from raas.sandbox import (
     BwrapConfig,
     SandboxError,
@@ -39,7 +40,6 @@ from raas.sandbox import (
     runtime_root,
 )
 from raas.sandbox.bwrap import BwrapSandbox
-from raas.sandbox.oci import StoredImage
 from raas.sandbox.rootfs import MOUNT_SCRIPT, ImageRoot
 from tests.support import tiers
 from tests.support.unprivileged import unprivileged_user
@@ -326,7 +326,7 @@ import asyncio, json, os, sys
 from pathlib import Path
 from raas.sandbox import BwrapConfig, SandboxError, SandboxLimits
 from raas.sandbox.bwrap import BwrapSandbox
-from raas.sandbox.oci import StoredImage
+from raas.images.image import StoredImage
 
 async def main():
     layers = tuple(Path(p) for p in sys.argv[1:3])

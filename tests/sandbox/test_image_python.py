@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from raas.images.errors import ImageError
+from raas.images.image import StoredImage
 from raas.sandbox import rootfs
 from raas.sandbox.bwrap import BwrapSandbox
 from raas.sandbox.hostpython import MOUNT, provided_python
-from raas.sandbox.oci import ImageError, StoredImage
 from raas.sandbox.rootfs import ImagePython, probe_python
 from tests.sandbox.test_image_rootfs import layer, runtime, started  # noqa: F401  (runtime: a fixture)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from raas.bench.oci_fixtures import base_rootfs_dir
+from raas.images.errors import ImageError
+from raas.images.image import StoredImage
 from raas.sandbox import (
     BwrapConfig,
     LocalConfig,
@@ -28,7 +30,6 @@ from raas.sandbox import (
     runtime_root,
 )
 from raas.sandbox.bwrap import BwrapSandbox
-from raas.sandbox.oci import ImageError, StoredImage
 from raas.sandbox.rootfs import (
     ImageRoot,
     check_layers,

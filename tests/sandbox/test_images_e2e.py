@@ -26,12 +26,12 @@ import pytest
 from raas.api.app import runtime_key
 from raas.client import RolloutClient
 from raas.client.task_files import run_requests
+from raas.images.store import ImageStore
 from raas.launch import ServerProcess
 from raas.llm.models import load_tokenizer
 from raas.oracle.app import oracle_app
 from raas.oracle.model import Oracle
 from raas.oracle.sabotage import SABOTAGES, sabotage_of
-from raas.sandbox.oci.store import ImageStore
 from raas.sandbox.procs import descendants, start_time
 from raas.sandbox.runtime import runtime_dir_of
 from raas.wire import RolloutRequest, RolloutResult

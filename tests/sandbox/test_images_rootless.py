@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from raas.bench.oci_fixtures import run_tool
-from raas.sandbox.layers import is_opaque, is_whiteout
-from raas.sandbox.oci.layers import WHITEOUT_PREFIX
+from raas.images.layers import WHITEOUT_PREFIX
+from raas.images.overlay import is_opaque, is_whiteout
+from tests.images.test_image_store import GZIP, _blob, _entry, _tar
 from tests.sandbox.test_image_rootfs import snapshot
-from tests.sandbox.test_image_store import GZIP, _blob, _entry, _tar
 from tests.support.oci_images import ImageBuilder, base_rootfs, registry, require_tools
 from tests.support.unprivileged import User, readable, unprivileged_user
 
@@ -88,7 +88,7 @@ def setup(user: User) -> Iterator[Setup]:
 
 
 UNPACK = (
-    "import sys; from pathlib import Path; from raas.sandbox.oci.layers import unpack_layer;"
+    "import sys; from pathlib import Path; from raas.images.layers import unpack_layer;"
     " unpack_layer(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], Path(sys.argv[5]))"
 )
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from raas.images.layers import remove_tree
 from raas.sandbox import BwrapConfig, SandboxLimits, claim_runtime_dir, create_sandbox, procs
 from raas.sandbox.copies import StagedCopyError
-from raas.sandbox.oci.layers import remove_tree
 from raas.sandbox.pydeps import staged_binds
 from raas.sandbox.runtime import NAME_KEY, RuntimeDirError, record_launch, runtime_root
 from tests.support.unprivileged import NOBODY, TOOLS_PATH, User, unprivileged_user

@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from raas.images.errors import ImageNotStored
 from raas.pipeline import JobState, Pipeline, Stage
-from raas.sandbox.oci import ImageNotStored
 from raas.tasks import RewardInfo, TaskContext, TaskJob
 from raas.tasks.protocol import PolicyError
 from raas.wire import Trajectory

@@ -29,13 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raas.sandbox.oci.layers import remove_tree
+from raas.images.layers import remove_tree
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # What the user's interpreter must import (raas, and what its CLI and sandboxes need).
-IMPORTS = "import raas.cli, raas.sandbox.bwrap, raas.sandbox.oci.store, pydantic, click"
+IMPORTS = "import raas.cli, raas.sandbox.bwrap, raas.images.store, pydantic, click"
 # The standard library's parts nothing here needs (and the venv's own site-packages).
 STDLIB_LEFT_OUT = ("site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip")
 
@@ -222,9 +222,9 @@ SHELL_CHECKS = {
 
 async def sandbox_report(ref: str, how: str) -> dict[str, object]:
     """Start a bwrap sandbox of ``ref`` from the default store, run the checks, close it."""
+    from raas.images.store import ImageStore, default_store_dir
     from raas.sandbox import BwrapConfig, SandboxLimits, namespaced, rootfs
     from raas.sandbox.bwrap import BwrapSandbox
-    from raas.sandbox.oci.store import ImageStore, default_store_dir
 
     report: dict[str, object] = {"overlay": rootfs.overlay_options(rootless=True)}
     if how == "copy":  # as where the kernel refuses an overlay

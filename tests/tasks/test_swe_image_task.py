@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from raas.images.errors import ImageError
+from raas.images.image import StoredImage
 from raas.images.refs import image_of, swe_gym_image
 from raas.sandbox import BwrapConfig, SandboxError
-from raas.sandbox.oci import StoredImage
-from raas.tasks.protocol import InvalidInstance, TaskJob, parse_instance
+from raas.tasks.protocol import InvalidInstance, TaskJob, error_kind, parse_instance
 from raas.tasks.services import TaskServices
 from raas.tasks.swe import SweInstance, SweTask
 from tests.judge.swe_image_rows import (
@@ -109,8 +110,10 @@ def test_an_image_row_is_told_where_its_repository_is() -> None:
 
 async def test_without_image_sandboxes_init_fails_as_infra_naming_the_image() -> None:
     services = TaskServices(llm=None, sandbox_config=BwrapConfig())  # type: ignore[arg-type]
-    with pytest.raises(SandboxError, match=r"xingyaoww/sweb\.eval\.x86_64\.raas-tests_s_stats-1"):
+    image = r"xingyaoww/sweb\.eval\.x86_64\.raas-tests_s_stats-1"
+    with pytest.raises(ImageError, match=image) as e:
         await SweTask().init(TaskJob("j", row(), {}, services))
+    assert error_kind(e.value) == "infra"
     await services.close()
 
 

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from raas.sandbox.layers import is_whiteout
-from raas.sandbox.oci import ImageError
-from raas.sandbox.oci.layers import (
+from raas.images.errors import ImageError
+from raas.images.layers import (
     Caps,
     DigestError,
     LayerError,
@@ -31,9 +30,10 @@ from raas.sandbox.oci.layers import (
     Unpacked,
     unpack_layer,
 )
-from raas.sandbox.oci.manifests import Image, Layer
-from raas.sandbox.oci.store import HARDENED, ImageStore
-from tests.sandbox.test_image_store import GZIP, Blob, _blob, _entry, _layer, _tar
+from raas.images.manifests import Image, Layer
+from raas.images.overlay import is_whiteout
+from raas.images.store import HARDENED, ImageStore
+from tests.images.test_image_store import GZIP, Blob, _blob, _entry, _layer, _tar
 from tests.support.oci_images import (
     ImageBuilder,
     Registry,

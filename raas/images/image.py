@@ -5,26 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raas.sandbox.client import SandboxError
-
-
-class ImageError(SandboxError):
-    """An image that cannot be pulled, imported, found or run: one line naming it and why."""
-
-
-class ImageNotStored(ImageError):
-    """The store holds no image of that name: a job that needs it fails at once, since running
-    it again cannot make the image appear (``retry``: the pipeline reads it)."""
-
-    retry = False
-
-
-class ImageUnrunnable(ImageError):
-    """An image raas cannot run its action server in (no Python for it, no bash for the
-    tools): a job that needs it fails at once, as running it again cannot change the image."""
-
-    retry = False
-
 
 @dataclass(frozen=True)
 class StoredImage:

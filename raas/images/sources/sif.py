@@ -8,7 +8,7 @@ here make it an ordinary image of the store (the partition itself is not kept as
 layer directory is what sandboxes use). Environment variables in the SIF's /.singularity.d are
 not read.
 
-As a layer of a tar is (``raas.sandbox.oci.layers``): the partition's listing (``unsquashfs
+As a layer of a tar is (``raas.images.layers``): the partition's listing (``unsquashfs
 -lln``, its own tables: what it would write) is held to the caps before anything is unpacked;
 it is unpacked without extended attributes (no file capability) into a partial directory that
 no one else enters, where every mode is masked with 0755 and device nodes, FIFOs and sockets
@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.sandbox.oci import locks
-from raas.sandbox.oci.layers import (
+from raas.images import locks
+from raas.images.layers import (
     Caps,
     Unpacked,
     harden_tree,
@@ -37,7 +37,7 @@ from raas.sandbox.oci.layers import (
     remove_tree,
     write_sizes,
 )
-from raas.sandbox.oci.manifests import MANIFEST, blob_path
+from raas.images.manifests import MANIFEST, blob_path
 
 _HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")  # launch, magic ... data offset, data size
 _DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")

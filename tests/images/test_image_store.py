@@ -29,10 +29,10 @@ from click.testing import CliRunner
 
 from raas.cli import main
 from raas.cli.images import dataset_images
+from raas.images.errors import ImageError
+from raas.images.layers import DigestError, LayerError, unpack_layer
 from raas.images.refs import normalize
-from raas.sandbox.oci import ImageError
-from raas.sandbox.oci.layers import DigestError, LayerError, unpack_layer
-from raas.sandbox.oci.store import ImageStore, default_store_dir
+from raas.images.store import ImageStore, default_store_dir
 from tests.support.oci_images import (
     ImageBuilder,
     Registry,
@@ -121,7 +121,7 @@ def test_whiteouts_become_overlayfs_whiteouts_and_hard_links_stay_links(tmp_path
     assert not (dest / "opt/.wh..wh..opq").exists()
     assert os.stat(dest / "opt/one").st_ino == os.stat(dest / "opt/two").st_ino
     assert not (dest / "dev/null").exists()  # device nodes are the sandbox's own
-    # Masked on the host (tests/sandbox/test_image_store_hardening.py); the sandbox's /tmp is
+    # Masked on the host (tests/images/test_image_store_hardening.py); the sandbox's /tmp is
     # its own.
     assert stat.S_IMODE(os.stat(dest / "tmp").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(dest / "usr/bin/su").st_mode) == 0o755
@@ -207,7 +207,7 @@ def test_a_layer_killed_mid_unpack_leaves_only_a_partial_that_the_next_try_repla
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from raas.sandbox.oci.layers import"
+            "import sys; from pathlib import Path; from raas.images.layers import"
             " unpack_layer as u; u(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4],"
             " Path(sys.argv[5]))",
             str(fifo),
@@ -453,7 +453,7 @@ def test_a_blob_damaged_in_the_store_is_caught_at_unpack_and_fetched_again(
     store.remove(images.a)
     store.pull(images.a, tls_verify=False)
     # Damage a's top blob and its layer; skopeo reuses a blob already in the store unread.
-    from raas.sandbox.oci.layers import remove_tree
+    from raas.images.layers import remove_tree
 
     remove_tree(a.layers[-1])
     path.write_bytes(b"garbage")
@@ -470,7 +470,7 @@ def test_a_pull_killed_while_unpacking_leaves_no_layer_and_the_next_pull_complet
 ) -> None:
     root = tmp_path / "store"
     code = (
-        "import sys; from pathlib import Path; from raas.sandbox.oci.store import ImageStore;"
+        "import sys; from pathlib import Path; from raas.images.store import ImageStore;"
         " ImageStore(Path(sys.argv[1])).pull(sys.argv[2], tls_verify=False)"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
@@ -606,7 +606,7 @@ def test_import_of_docker_save_and_oci_layout(images: Images, tmp_path: Path) ->
 def test_two_processes_pulling_one_image_unpack_it_once(images: Images, tmp_path: Path) -> None:
     root = tmp_path / "store"
     code = (
-        "import sys; from pathlib import Path; from raas.sandbox.oci.store import ImageStore;"
+        "import sys; from pathlib import Path; from raas.images.store import ImageStore;"
         " print(ImageStore(Path(sys.argv[1])).pull(sys.argv[2], tls_verify=False).digest)"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}

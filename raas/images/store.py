@@ -43,11 +43,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from raas.images.refs import normalize
-from raas.paths import env_name, host_paths
-from raas.sandbox.oci import archives, locks, manifests, skopeo
-from raas.sandbox.oci.image import ImageError, ImageNotStored, StoredImage
-from raas.sandbox.oci.layers import (
+from raas.images import locks, manifests
+from raas.images.errors import ImageError, ImageNotStored
+from raas.images.image import StoredImage
+from raas.images.layers import (
     Caps,
     DigestError,
     LayerError,
@@ -59,7 +58,10 @@ from raas.sandbox.oci.layers import (
     unpack_layer,
     write_sizes,
 )
-from raas.sandbox.oci.manifests import Image, ManifestError
+from raas.images.manifests import Image, ManifestError
+from raas.images.refs import normalize
+from raas.images.sources import archive, skopeo
+from raas.paths import env_name, host_paths
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +156,8 @@ class ImageStore:
         """Import a ``docker save`` archive, an OCI image layout (a directory or a tar) or a
         ``.sif``, named ``ref`` (default: the name the archive gives)."""
         try:
-            source = archives.identify(path, ref)
-        except archives.ArchiveError as e:
+            source = archive.identify(path, ref)
+        except archive.ArchiveError as e:
             raise ImageError(f"cannot import {path}: {e}") from e
         if source.sif is not None:
             return self._import_sif(path, _normalize(source.ref))
@@ -196,7 +198,7 @@ class ImageStore:
         return self.resolve(name)
 
     def _import_sif(self, path: Path, name: str) -> StoredImage:
-        from raas.sandbox.oci import sif
+        from raas.images.sources import sif
 
         try:
             self._setup()

@@ -1,7 +1,7 @@
 """Image layers as overlayfs reads them: whiteouts, opaque directories, and the copy fallback.
 
 Standard library only: besides being imported, this file is run by the host's python in a
-sandbox's mount namespace (``python3 -I -S layers.py ROOT LINK...``) to copy an image's layers
+sandbox's mount namespace (``python3 -I -S overlay.py ROOT LINK...``) to copy an image's layers
 into the sandbox's tmpfs where the kernel refuses an overlay (``raas.sandbox.rootfs``).
 """
 

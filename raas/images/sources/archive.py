@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raas.sandbox.oci.manifests import REF_NAME, ManifestError, index_manifests
+from raas.images.manifests import REF_NAME, ManifestError, index_manifests
 
 
 class ArchiveError(Exception):

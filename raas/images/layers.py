@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from raas.images import overlay
 from raas.paths import ImageCaps, env_name, image_caps
-from raas.sandbox import layers
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -591,7 +591,7 @@ def harden_tree(path: Path) -> int:
             kind = stat.S_IFMT(st.st_mode)
             if kind == stat.S_IFLNK:
                 continue
-            if kind not in (stat.S_IFREG, stat.S_IFDIR) and not layers.is_whiteout(st):
+            if kind not in (stat.S_IFREG, stat.S_IFDIR) and not overlay.is_whiteout(st):
                 with _writable(dirpath):
                     os.unlink(entry)
                 changed += 1
