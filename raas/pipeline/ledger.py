@@ -6,7 +6,10 @@ PipelineObserver), and a job finished (a JobEvent, which the pipeline makes wher
 finishes: ``record``). It keeps, in memory since the process started:
 
 - totals by tenant and data_source (a Counts each), and two histograms (seconds a finished job
-  waited in queues; seconds of each stage run): what /metrics and ``Pipeline.stats()`` show;
+  waited in queues; seconds of each stage run): what /metrics and ``Pipeline.stats()`` show. A
+  data_source is counted under the server's own name for it (``source_label``), never as a
+  client wrote it: the string is a tenant's, and every spelling of it would be a total kept till
+  the process ends, a series on /metrics, and shown there to every tenant;
 - two windows of time buckets, each bucket a Counts a tenant: ``recent`` (10 s buckets, two
   hours: the dashboard's plots) and ``daily`` (one-minute buckets, a day: each tenant's usage).
   A window keeps only the buckets that saw something, at most ``keep``.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from raas.pipeline.events import JobEvent
 from raas.pipeline.job import Job
 from raas.pipeline.states import JobState, Stage
+from raas.tasks import sources
 from raas.wire import PASS_REWARD
 
 # Seconds: a stage run, a job's wait in queues (the bounds of /metrics' histograms).
@@ -37,6 +41,23 @@ DURATION_BOUNDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 
 class WindowSpec:
     bucket_s: float
     keep: int  # buckets
+
+
+# The label of the jobs of a data_source no task of this server runs (a job from before a restart
+# whose task is gone, a result that could be stored only without its data_source).
+UNKNOWN_SOURCE = "(unknown)"
+
+
+def source_label(data_source: str, task: str | None) -> str:
+    """The name the jobs of ``data_source``, run by ``task``, are counted under: the task's own
+    name, or a dataset name as the alias table spells it (``aime*`` for every ``aime...``,
+    raas.tasks.sources.canonical), so one of the names the server runs, however the client
+    spelled it; UNKNOWN_SOURCE when no task ran it."""
+    if task is None:
+        return UNKNOWN_SOURCE
+    if data_source == task:
+        return task
+    return sources.canonical(data_source) or task
 
 
 RECENT = WindowSpec(10.0, 720)  # two hours: the dashboard's plots
@@ -188,9 +209,9 @@ class Ledger:
         self.recent = Window(recent, clock)
         self.daily = Window(daily, clock)
 
-    def _counts(self, tenant: str, data_source: str) -> Iterator[Counts]:
-        """Each place a count of ``tenant``'s job of ``data_source`` goes."""
-        yield self.totals[tenant, data_source]
+    def _counts(self, tenant: str, data_source: str, task: str | None) -> Iterator[Counts]:
+        """Each place a count of ``tenant``'s job of ``data_source`` (run by ``task``) goes."""
+        yield self.totals[tenant, source_label(data_source, task)]
         yield self.recent.now(tenant)
         yield self.daily.now(tenant)
 
@@ -198,16 +219,16 @@ class Ledger:
 
     def record(self, event: JobEvent) -> None:
         """A job finished: the one place its end is counted."""
-        for counts in self._counts(event.tenant, event.data_source):
+        for counts in self._counts(event.tenant, event.data_source, event.task):
             counts.add_event(event)
         self.queue_seconds.observe(event.queue_s)
 
     def job_submitted(self, job: Job) -> None:
-        for counts in self._counts(job.tenant, job.data_source):
+        for counts in self._counts(job.tenant, job.data_source, job.task):
             counts.submitted += 1
 
     def stage_ended(self, job: Job, stage: Stage, seconds: float) -> None:
-        for counts in self._counts(job.tenant, job.data_source):
+        for counts in self._counts(job.tenant, job.data_source, job.task):
             counts.add_stage(stage, seconds)
         self.stage_seconds[stage].observe(seconds)
 

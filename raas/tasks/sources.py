@@ -3,8 +3,9 @@
 verl's RL rows name their dataset in ``data_source`` (``openai/gsm8k``, ``math_dapo``...) and verl
 picks the reward function by that name (``verl.utils.reward_score.default_compute_score``). raas
 runs such a row as one of its own tasks: the registry resolves the name through this table
-(``TaskRegistry.resolve``), the row keeps its ``data_source`` (results, metrics and exports say
-``openai/gsm8k``), and the result's ``task`` says which raas task ran it.
+(``TaskRegistry.resolve``), the row keeps its ``data_source`` (results and exports say
+``openai/gsm8k``; /metrics counts it under the table's name, ``canonical``: ``aime*`` for every
+``aime...``), and the result's ``task`` says which raas task ran it.
 
 Each name also says where a reply puts its answer, as the dataset's prompt asks and as verl's
 scorer for it reads it (in that order; the finish tool's answer comes before all of them):
@@ -83,6 +84,8 @@ PREFIXES: dict[str, DataSource] = {"aime": DAPO, "deepcoder": CODE}
 NATIVE_MARKERS: dict[str, tuple[AnswerMarker, ...]] = {"math": ("boxed", "answer_line")}
 
 _LOWER = {name.lower(): source for name, source in ALIASES.items()}
+_SPELLED = {name.lower(): name for name in ALIASES}
+_LONGEST = max(len(name) for name in [*ALIASES, *PREFIXES])
 
 
 def lookup(data_source: str) -> DataSource | None:
@@ -94,6 +97,25 @@ def lookup(data_source: str) -> DataSource | None:
     for prefix, source in PREFIXES.items():
         if lowered.startswith(prefix):
             return source
+    return None
+
+
+def canonical(data_source: str) -> str | None:
+    """The table's own name for ``data_source``, as ``lookup`` finds it: the alias as the table
+    spells it (``openai/gsm8k`` for ``OpenAI/GSM8K``), or its prefix's pattern (``aime*`` for
+    ``aime_2024``, as ``names_for`` lists it); None when the table lacks it. One of a fixed set
+    of names, whatever a client wrote (what a count of jobs by dataset is labelled with)."""
+    if data_source in ALIASES:
+        return data_source
+    # A name longer than every one of the table's is none of them: only its head is read (a
+    # client's string may be megabytes, and a job's counts ask several times).
+    lowered = data_source[: _LONGEST + 1].lower()
+    spelled = _SPELLED.get(lowered)
+    if spelled is not None:
+        return spelled
+    for prefix in PREFIXES:
+        if lowered.startswith(prefix):
+            return f"{prefix}*"
     return None
 
 

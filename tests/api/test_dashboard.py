@@ -352,7 +352,7 @@ def test_the_series_ring_keeps_the_last_buckets_and_fills_the_gaps() -> None:
 
     now = [1000.0]
     ledger = Ledger(clock=lambda: now[0], recent=WindowSpec(bucket_s=10.0, keep=3))
-    job = SimpleNamespace(tenant="default", data_source="probe")
+    job = SimpleNamespace(tenant="default", data_source="probe", task="probe")
     ledger.stage_ended(job, Stage.RUN, 2.0)  # type: ignore[arg-type]
     now[0] = 1015.0
     ledger.stage_ended(job, Stage.RUN, 4.0)  # type: ignore[arg-type]

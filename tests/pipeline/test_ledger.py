@@ -13,11 +13,12 @@ from raas.api.series import read_series
 from raas.api.usage import read_usage
 from raas.pipeline import JobRequest, JobState, Pipeline, Stage
 from raas.pipeline.events import JobEvent
-from raas.pipeline.ledger import Histogram, Ledger, WindowSpec
+from raas.pipeline.ledger import UNKNOWN_SOURCE, Histogram, Ledger, WindowSpec, source_label
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
+from raas.tenants import job_key
 from tests.conftest import small_config
-from tests.support.probe import ProbeTask, finished, probe_instance
+from tests.support.probe import ProbeTask, finished, probe_instance, settle
 
 
 def event(tenant: str = "a", state: JobState = JobState.DONE, **kw: Any) -> JobEvent:
@@ -123,7 +124,7 @@ async def test_a_job_failed_at_a_restart_is_an_event_of_the_new_process(
 def test_the_ledger_keeps_totals_and_each_tenants_windows() -> None:
     now = [1000.0]
     ledger = Ledger(clock=lambda: now[0], recent=WindowSpec(10.0, 3), daily=WindowSpec(60.0, 5))
-    a_job = SimpleNamespace(tenant="a", data_source="probe")
+    a_job = SimpleNamespace(tenant="a", data_source="probe", task="probe")
     ledger.job_submitted(a_job)  # type: ignore[arg-type]
     ledger.stage_ended(a_job, Stage.RUN, 1.0)  # type: ignore[arg-type]
     ledger.record(event("a"))
@@ -160,3 +161,87 @@ def test_a_histogram_counts_a_value_under_the_first_bound_it_does_not_pass(
     histogram = Histogram()
     histogram.observe(value)
     assert histogram.counts.index(1) == bucket and histogram.sum == value
+
+
+@pytest.mark.parametrize(
+    ("data_source", "task", "label"),
+    [
+        ("probe", "probe", "probe"),  # a task's own name
+        ("openai/gsm8k", "math", "openai/gsm8k"),  # a dataset name stays that
+        ("OpenAI/GSM8K", "math", "openai/gsm8k"),  # as the alias table spells it
+        ("aime_2024", "math", "aime*"),  # a prefix takes any tail: its pattern
+        ("aime" + "x" * 100_000, "math", "aime*"),
+        ('aime"}\n# forged', "math", "aime*"),
+        ("deepcoder", "code", "deepcoder"),
+        ("deepcoder-v2", "code", "deepcoder*"),
+        ("", None, UNKNOWN_SOURCE),  # a result stored without its data_source
+        ("gone-task", None, UNKNOWN_SOURCE),  # a job from before a restart, its task gone
+    ],
+)
+def test_a_data_source_is_counted_under_the_servers_name_for_it(
+    data_source: str, task: str | None, label: str
+) -> None:
+    assert source_label(data_source, task) == label
+
+
+def test_a_data_source_spelled_anew_for_each_job_is_one_total() -> None:
+    """A tenant writes data_source: a new spelling a job (a prefix with any tail, a name in any
+    case) is no new total, so neither memory nor /metrics' series grow with the jobs."""
+    ledger = Ledger()
+    for i in range(1000):
+        spelled = (
+            f"aime-{i}"
+            if i % 2
+            else "".join(c.upper() if (i >> n) & 1 else c for n, c in enumerate("openai/gsm8k"))
+        )
+        job = SimpleNamespace(tenant="mallory", data_source=spelled, task="math")
+        ledger.job_submitted(job)  # type: ignore[arg-type]
+        ledger.stage_ended(job, Stage.RUN, 0.1)  # type: ignore[arg-type]
+        ledger.record(event("mallory", data_source=spelled, task="math"))
+    assert sorted(ledger.totals) == [("mallory", "aime*"), ("mallory", "openai/gsm8k")]
+    assert sum(c.submitted for c in ledger.totals.values()) == 1000
+    assert ledger.finished() == {"done": 1000}
+
+
+async def test_one_tenants_retries_cancels_and_endless_jobs_count_as_its_own_only(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    """Mallory names Alice's job ids (her own namespace), cancels them and never lets one of
+    hers end: Alice's counts are her jobs', each counted once however it ended."""
+    # Slots for every job at once: none waits behind another's blocked run.
+    async with make_pipeline(max_attempts=2, init_workers=8, run_workers=8) as pipeline:
+        ledger: Ledger = pipeline.ledger
+        alice = [
+            JobRequest(probe_instance(run="raise_once"), job_id="retried", tenant="alice"),
+            JobRequest(probe_instance(run="block"), job_id="cancelled", tenant="alice"),
+        ]
+        mallory = [
+            JobRequest(probe_instance(run="block"), job_id=job_id, tenant="mallory")
+            for job_id in ("retried", "cancelled", "endless")
+        ]
+        await pipeline.submit(alice)
+        await pipeline.submit(mallory)  # the same ids: her own jobs
+        assert pipeline.cancel(job_key("mallory", "retried")) is not None  # hers, not Alice's
+        await finished(pipeline, job_key("alice", "retried"))
+        await probe.wait_entered(job_key("alice", "cancelled"), "run")
+        assert pipeline.cancel(job_key("alice", "cancelled")) is not None  # Alice's own cancel
+        await finished(pipeline, job_key("alice", "cancelled"))
+        await pipeline.submit(alice)  # again: known ids, no new job, nothing counted
+        await finished(pipeline, job_key("mallory", "retried"))
+        await probe.wait_entered(job_key("mallory", "endless"), "run")
+        await settle(lambda: pipeline.stats()["in_flight"] == 2)
+        tenants = ledger.by(lambda tenant, data_source: tenant)
+        usage = {u.tenant: u for u in read_usage(ledger, 3600).tenants}
+        series = read_series(ledger.recent, "alice")
+        everyone = ledger.finished()
+    hers = tenants["alice"]
+    assert hers.submitted == 2 and hers.finished == {"done": 1, "cancelled": 1}
+    # The retried job's first run, and the cancel (an ending of kind infra, as ever).
+    assert hers.errors == {"infra": 2}
+    assert hers.stage_runs["run"] == 3  # two runs of the retried job, one of the cancelled
+    assert (usage["alice"].submitted, usage["alice"].finished) == (2, {"done": 1, "cancelled": 1})
+    assert sum(series.finished) == 2 and sum(series.errors["infra"]) == 2
+    # The control: Mallory's jobs are hers: three accepted, one cancelled, two never ending.
+    theirs = tenants["mallory"]
+    assert theirs.submitted == 3 and theirs.finished == {"cancelled": 1}
+    assert everyone == {"done": 1, "cancelled": 2}
