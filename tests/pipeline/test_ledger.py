@@ -212,11 +212,11 @@ async def test_one_tenants_retries_cancels_and_endless_jobs_count_as_its_own_onl
     async with make_pipeline(max_attempts=2, init_workers=8, run_workers=8) as pipeline:
         ledger: Ledger = pipeline.ledger
         alice = [
-            JobRequest(probe_instance(run="raise_once"), job_id="retried", tenant="alice"),
-            JobRequest(probe_instance(run="block"), job_id="cancelled", tenant="alice"),
+            JobRequest.of(probe_instance(run="raise_once"), job_id="retried", tenant="alice"),
+            JobRequest.of(probe_instance(run="block"), job_id="cancelled", tenant="alice"),
         ]
         mallory = [
-            JobRequest(probe_instance(run="block"), job_id=job_id, tenant="mallory")
+            JobRequest.of(probe_instance(run="block"), job_id=job_id, tenant="mallory")
             for job_id in ("retried", "cancelled", "endless")
         ]
         await pipeline.submit(alice)
