@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
-from pydantic_core import InitErrorDetails, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 # The one spelling of a job's states (raas.pipeline.states.JobState mirrors it, checked): in
 # flight, then finished. A job in flight is queued or in a stage, so its stages are its names too.
@@ -40,14 +40,35 @@ def _require_data_source(instance: dict[str, Any]) -> dict[str, Any]:
 JsonT = TypeVar("JsonT")
 
 
+_NOT_TEXT = PydanticCustomError(
+    "unicode_text", "a lone surrogate is not text: send each character as UTF-8 or a pair"
+)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text UTF-8 can hold (no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(value: str) -> str:
+    """``value`` as a 422 can echo it: each lone surrogate written as its escape (the answer is
+    UTF-8 too, and could not hold it)."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def reject_non_finite(value: JsonT) -> JsonT:
     """``value`` itself, or a ValidationError locating each NaN or infinity inside it.
 
     Python's json (and so FastAPI) reads ``NaN``, ``Infinity`` and ``1e999`` (as inf) into
     floats; nothing downstream can use them (``int(inf)`` raises, JSON answers cannot hold them),
-    so free-form fields (an instance, sampling_params) are walked once at the door. Raised from a
-    validator, the errors' locations are joined to the field's, so the 422 names the very value:
-    ``["body", "instance", "numbers", 1]``.
+    so free-form fields (an instance, sampling_params) are walked once at the door. So are their
+    texts: JSON's ``"\\ud800"`` reads as a lone surrogate, which no UTF-8 store or answer can
+    hold (it was a 500 at the store's write). Raised from a validator, the errors' locations are
+    joined to the field's, so the 422 names the very value: ``["body", "instance", "numbers", 1]``.
     """
     errors: list[InitErrorDetails] = []
     stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
@@ -55,8 +76,19 @@ def reject_non_finite(value: JsonT) -> JsonT:
         loc, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             errors.append({"type": "finite_number", "loc": loc, "input": item})
+        elif isinstance(item, str) and not _is_text(item):
+            errors.append({"type": _NOT_TEXT, "loc": loc, "input": _shown(item)})
         elif isinstance(item, dict):
-            keys = [k if isinstance(k, str | int) else str(k) for k in item]
+            errors += [
+                {"type": _NOT_TEXT, "loc": (*loc, _shown(k)), "input": _shown(k)}
+                for k in item
+                if isinstance(k, str) and not _is_text(k)
+            ]
+            # A location is echoed in the 422 (UTF-8 too): a key as it can be shown.
+            keys = [
+                _shown(k) if isinstance(k, str) else k if isinstance(k, int) else str(k)
+                for k in item
+            ]
             # reversed: popped from the end, so the errors come out in document order
             stack += reversed([((*loc, k), v) for k, v in zip(keys, item.values(), strict=True)])
         elif isinstance(item, list | tuple):

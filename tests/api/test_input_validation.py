@@ -96,6 +96,42 @@ async def test_non_finite_numbers_are_a_422_at_the_value(
     await still_works(http)
 
 
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"instance": {**COUNTDOWN, "note": "@x"}}, ["body", "instance", "note"]),
+        ({"instance": {**COUNTDOWN, "@x": 1}}, ["body", "instance", "a\\ud800b"]),
+        (
+            {"instance": COUNTDOWN, "sampling_params": {"stop": ["ok", "@x"]}},
+            ["body", "sampling_params", "stop", 1],
+        ),
+    ],
+)
+async def test_a_lone_surrogate_is_a_422_at_the_text(
+    http: httpx.AsyncClient, body: dict[str, Any], loc: list[str | int]
+) -> None:
+    # JSON's escape of half a surrogate pair reads as a str no UTF-8 store can hold: it was a 500
+    # at the store's write, after the request had been taken.
+    r = await post(http, "/v1/rollouts", raw(body, x='"a\\ud800b"'))
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == loc
+    assert error["type"] == "unicode_text"
+    assert (await http.get("/v1/status")).json()["in_flight"] == 0
+    await still_works(http)
+
+
+async def test_text_beyond_ascii_and_a_whole_surrogate_pair_are_accepted(
+    http: httpx.AsyncClient,
+) -> None:
+    # The control: "\ud83d\ude00" is one character (an emoji) once read, and é is plain text.
+    instance = {**probe_instance(), "note": "@x"}
+    r = await post(
+        http, "/v1/rollouts", raw({"instance": instance}, x='"caf\\u00e9 \\ud83d\\ude00"')
+    )
+    assert r.status_code == 202, r.text
+
+
 async def test_the_batch_names_the_job_and_the_key(http: httpx.AsyncClient) -> None:
     good = {"instance": probe_instance()}
     jobs = [good, good, good, {"instance": COUNTDOWN, "sampling_params": {"seed": "@x"}}]
