@@ -25,7 +25,7 @@ import asyncio
 import importlib.util
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ TEST_TIMEOUT_S = 2.0
 CASE_TIMEOUT_S = 1.0
 # Every other attempt ends by itself: limits of minutes, so that a slow or loaded machine never
 # decides its verdict.
-GENEROUS_TIMEOUT_S = 300.0
+GENEROUS_S = 300.0
 CONCURRENCY = 4
 
 
@@ -74,12 +74,13 @@ Outcome = RewardInfo | BaseException
 Run = Callable[[TaskServices], Awaitable[RewardInfo]]
 
 
-def run_family(runs: dict[str, Run], hanging: bool = False) -> dict[str, Outcome]:
+def run_family(runs: dict[str, Run], hanging: Collection[str] = ()) -> dict[str, Outcome]:
     """Every attempt of a family, a few at a time, each with the same fresh TaskServices (real
     bwrap sandboxes, a warm pool); an attempt that raises has that exception as its outcome.
-    The code judges' limits are tiny for ``hanging`` attempts, else generous."""
+    The code judges' limits are generous; the attempts named in ``hanging`` run after the
+    others, under tiny ones."""
 
-    async def go() -> dict[str, Outcome]:
+    async def go(patch: pytest.MonkeyPatch) -> dict[str, Outcome]:
         services = TaskServices(llm=NoModel(), sandbox_config=BwrapConfig(), warm_sandboxes=2)
         gate = asyncio.Semaphore(CONCURRENCY)
 
@@ -90,31 +91,30 @@ def run_family(runs: dict[str, Run], hanging: bool = False) -> dict[str, Outcome
                 except Exception as e:  # the verdict is that it raised
                     return e
 
+        outcomes: dict[str, Outcome] = {}
         try:
-            outcomes = await asyncio.gather(*(one(run) for run in runs.values()))
+            for tier in (False, True):
+                test_s, case_s = (TEST_TIMEOUT_S, CASE_TIMEOUT_S) if tier else (GENEROUS_S,) * 2
+                patch.setattr(raas.tasks.code, "TEST_TIMEOUT_S", test_s)
+                patch.setattr(raas.tasks.code, "CASE_TIMEOUT_S", case_s)
+                patch.setattr(raas.tasks.code, "CONTEST_TIMEOUT_S", 4 * case_s)
+                names = [name for name in runs if (name in hanging) is tier]
+                results = await asyncio.gather(*(one(runs[name]) for name in names))
+                outcomes.update(zip(names, results, strict=True))
         finally:
             await services.close()
-        return dict(zip(runs, outcomes, strict=True))
+        return {name: outcomes[name] for name in runs}
 
-    test_s, case_s = (TEST_TIMEOUT_S, CASE_TIMEOUT_S) if hanging else (GENEROUS_TIMEOUT_S,) * 2
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(raas.tasks.code, "TEST_TIMEOUT_S", test_s)
-        patch.setattr(raas.tasks.code, "CASE_TIMEOUT_S", case_s)
-        patch.setattr(raas.tasks.code, "CONTEST_TIMEOUT_S", 4 * case_s)
-        return asyncio.run(go())
+        return asyncio.run(go(patch))
 
 
 def run_attempts(
     attempts: list[Attempt], judged: Callable[[dict[str, Any]], Run]
 ) -> dict[str, Outcome]:
-    """``run_family`` on a family's attempts: those that end under generous limits, then those
-    that hang under tiny ones."""
-    outcomes: dict[str, Outcome] = {}
-    for hanging in (False, True):
-        runs = {a.name: judged(a.given) for a in attempts if a.hangs is hanging}
-        if runs:
-            outcomes |= run_family(runs, hanging=hanging)
-    return outcomes
+    """``run_family`` on a family's attempts, those that hang marked so."""
+    runs = {a.name: judged(a.given) for a in attempts}
+    return run_family(runs, hanging={a.name for a in attempts if a.hangs})
 
 
 def deadline_reached(metrics: dict[str, Any], test_timeout_s: float) -> str | None:
@@ -135,7 +135,7 @@ def assert_reward(outcome: Outcome, attempt: Attempt) -> None:
         raise AssertionError(f"the judge raised instead of judging: {outcome!r}") from outcome
     metrics = {k: v for k, v in outcome.metrics.items() if k != "artifact"}
     shown = str(metrics)[:1500]
-    deadline = deadline_reached(metrics, TEST_TIMEOUT_S if attempt.hangs else GENEROUS_TIMEOUT_S)
+    deadline = deadline_reached(metrics, TEST_TIMEOUT_S if attempt.hangs else GENEROUS_S)
     if attempt.hangs:
         assert deadline is not None, (
             f"an attempt that never ends ended before its deadline: {shown}"
