@@ -209,9 +209,9 @@ def test_a_pinned_namespace_keeps_its_number_after_its_processes_died() -> None:
     """
     holder = subprocess.Popen([*UNSHARE, "sleep", "100"], stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a safety net: the child comes in milliseconds
         while not (children := procs.children_of(holder.pid)):
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "unshare's child never came"
             time.sleep(0.01)
         number = procs.pid_namespace(children[0])
         assert number is not None
