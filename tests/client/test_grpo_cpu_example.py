@@ -204,12 +204,14 @@ def test_the_asynchronous_mode_trains_on_batches_at_most_one_version_behind(
     # The tiny model's answers all score 0: keep every group, or no batch ever fills.
     monkeypatch.setattr(example, "reward_varies", lambda group: True)
     previous_sigterm = signal.getsignal(signal.SIGTERM)
+    # --max-minutes stops the run before a step that would not fit: an hour, so that a loaded
+    # machine never ends it after step 1 (the steps take seconds here).
     try:
         example.main(
             ["--model", "tiny", "--async", "--task", "lookup", "--steps", "2", "--groups", "2"]
             + ["--n", "2"]
             + ["--heldout", "2", "--eval-every", "2", "--max-tokens", "6", "--train-layers", "1"]
-            + ["--max-minutes", "5", "--max-power-share", "0.5", "--out", str(tmp_path)]
+            + ["--max-minutes", "60", "--max-power-share", "0.5", "--out", str(tmp_path)]
         )
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)

@@ -224,9 +224,12 @@ def test_check_math_rejects(prediction: str | None, truth: str) -> None:
 
 def test_check_math_never_raises_and_times_out() -> None:
     # SymPy would evaluate these for minutes: math_verify's alarm cuts them off in the main thread.
+    # A tiny budget against what never ends; the bound is generous (a loaded machine) and
+    # still far below SymPy's minutes: what it tells apart is the alarm firing or not.
     start = time.monotonic()
     assert not check_math("9^{9^{9^{9}}}", "1", timeout_s=1)
-    assert time.monotonic() - start < 10
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"the 1 s alarm did not cut the evaluation off: {elapsed:.0f} s"
     assert not check_math("(" * 500 + ")" * 499, "1", timeout_s=1)
     assert not check_math("x" * 10_000, "1")
     assert not check_math(r"\frac{1}{0}", "1")
@@ -244,11 +247,9 @@ def test_check_math_in_a_thread() -> None:
         results["long"] = check_math("1+" * 200 + "1", "201")
 
     t = threading.Thread(target=work)
-    start = time.monotonic()
     t.start()
-    t.join(30)
-    assert not t.is_alive()
-    assert time.monotonic() - start < 30
+    t.join(120)  # generous (a loaded machine); refused input ends in milliseconds
+    assert not t.is_alive(), "the checks in a thread were still running after 120 s"
     assert results == {
         "plain": True,
         "tower": False,
@@ -594,7 +595,10 @@ def test_long_answers_cost_their_length() -> None:
     assert parse_choice("B C " * 25_000, 4) is None
     assert final_answer(None, "\\boxed{B}" + " 1 C" * 25_000) != "B"
     assert exact_number("1 " * 50_000) is None
-    assert time.monotonic() - start < 30
+    # Linear scans take milliseconds, quadratic ones many minutes: a generous bound (a loaded
+    # machine) tells them apart.
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"long answers took {elapsed:.0f} s: a scan is quadratic"
 
 
 def test_check_numeric_last_number_is_a_power_whole() -> None:

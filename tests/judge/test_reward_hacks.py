@@ -12,6 +12,11 @@ its test id is its name. SWE's tricks are in test_reward_hacks_swe.py.
 The attempts of a family run together, concurrently, in the event loop of a module fixture, and
 each test reads its own verdict: the judges are the same as one at a time, and the suite takes
 seconds rather than minutes.
+
+No verdict here depends on the machine's speed. An attempt that never ends (``hangs``) is judged
+under tiny deadlines and must end on one; every other attempt is judged under deadlines of
+minutes and must not: a deadline it reached fails its test, naming the deadline, rather than
+passing as the 0 a judge would give (or failing a gold control as a 0).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import importlib.util
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,12 +48,15 @@ from raas.tasks.protocol import RewardInfo
 from raas.tasks.services import TaskServices
 from raas.tasks.stem import StemTask
 from raas.wire import Trajectory
-from tests.support.probe import WAIT_S
 
-# Short limits, so that a trick that hangs the judge costs the suite seconds: the judges' own
-# deadlines are what is tried, not their length.
-TEST_TIMEOUT_S = 4.0
-CASE_TIMEOUT_S = 2.0
+# Tiny limits for the attempts that never end (a sleep of an hour, a stopped parent, a daemon
+# that holds the case's output for more than CASE_TIMEOUT_S), so that each costs the suite a
+# second or two: the judges' own deadlines are what is tried, not their length.
+TEST_TIMEOUT_S = 2.0
+CASE_TIMEOUT_S = 1.0
+# Every other attempt ends by itself: limits of minutes, so that a slow or loaded machine never
+# decides its verdict.
+GENEROUS_S = 300.0
 CONCURRENCY = 4
 
 
@@ -66,11 +74,13 @@ Outcome = RewardInfo | BaseException
 Run = Callable[[TaskServices], Awaitable[RewardInfo]]
 
 
-def run_family(runs: dict[str, Run]) -> dict[str, Outcome]:
+def run_family(runs: dict[str, Run], hanging: Collection[str] = ()) -> dict[str, Outcome]:
     """Every attempt of a family, a few at a time, each with the same fresh TaskServices (real
-    bwrap sandboxes, a warm pool); an attempt that raises has that exception as its outcome."""
+    bwrap sandboxes, a warm pool); an attempt that raises has that exception as its outcome.
+    The code judges' limits are generous; the attempts named in ``hanging`` run after the
+    others, under tiny ones."""
 
-    async def go() -> dict[str, Outcome]:
+    async def go(patch: pytest.MonkeyPatch) -> dict[str, Outcome]:
         services = TaskServices(llm=NoModel(), sandbox_config=BwrapConfig(), warm_sandboxes=2)
         gate = asyncio.Semaphore(CONCURRENCY)
 
@@ -81,24 +91,60 @@ def run_family(runs: dict[str, Run]) -> dict[str, Outcome]:
                 except Exception as e:  # the verdict is that it raised
                     return e
 
+        outcomes: dict[str, Outcome] = {}
         try:
-            outcomes = await asyncio.gather(*(one(run) for run in runs.values()))
+            for tier in (False, True):
+                test_s, case_s = (TEST_TIMEOUT_S, CASE_TIMEOUT_S) if tier else (GENEROUS_S,) * 2
+                patch.setattr(raas.tasks.code, "TEST_TIMEOUT_S", test_s)
+                patch.setattr(raas.tasks.code, "CASE_TIMEOUT_S", case_s)
+                patch.setattr(raas.tasks.code, "CONTEST_TIMEOUT_S", 4 * case_s)
+                names = [name for name in runs if (name in hanging) is tier]
+                results = await asyncio.gather(*(one(runs[name]) for name in names))
+                outcomes.update(zip(names, results, strict=True))
         finally:
             await services.close()
-        return dict(zip(runs, outcomes, strict=True))
+        return {name: outcomes[name] for name in runs}
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(raas.tasks.code, "TEST_TIMEOUT_S", TEST_TIMEOUT_S)
-        patch.setattr(raas.tasks.code, "CASE_TIMEOUT_S", CASE_TIMEOUT_S)
-        patch.setattr(raas.tasks.code, "CONTEST_TIMEOUT_S", 4 * CASE_TIMEOUT_S)
-        return asyncio.run(go())
+        return asyncio.run(go(patch))
 
 
-def assert_reward(outcome: Outcome, want: float) -> None:
+def run_attempts(
+    attempts: list[Attempt], judged: Callable[[dict[str, Any]], Run]
+) -> dict[str, Outcome]:
+    """``run_family`` on a family's attempts, those that hang marked so."""
+    runs = {a.name: judged(a.given) for a in attempts}
+    return run_family(runs, hanging={a.name for a in attempts if a.hangs})
+
+
+def deadline_reached(metrics: dict[str, Any], test_timeout_s: float) -> str | None:
+    """What deadline the job or its judging ended on, as its metrics say, or None."""
+    failure = metrics.get("failure")
+    why = str(failure.get("why", "")) if isinstance(failure, dict) else ""
+    if "timed out" in why or "took more than" in why:
+        return why
+    if metrics.get("timed_out"):
+        return f"the tests ran out of their {test_timeout_s:g}s"
+    if metrics.get("stop_reason") == "agent_timeout":
+        return f"the agent ran out of its {AGENT_TIMEOUT_S:g}s"
+    return None
+
+
+def assert_reward(outcome: Outcome, attempt: Attempt) -> None:
     if isinstance(outcome, BaseException):
         raise AssertionError(f"the judge raised instead of judging: {outcome!r}") from outcome
     metrics = {k: v for k, v in outcome.metrics.items() if k != "artifact"}
-    assert outcome.reward == want, f"reward {outcome.reward}, not {want}: {str(metrics)[:1500]}"
+    shown = str(metrics)[:1500]
+    deadline = deadline_reached(metrics, TEST_TIMEOUT_S if attempt.hangs else GENEROUS_S)
+    if attempt.hangs:
+        assert deadline is not None, (
+            f"an attempt that never ends ended before its deadline: {shown}"
+        )
+    else:
+        # A deadline is the machine's verdict, not the judge's: fail, saying so.
+        assert deadline is None, f"timed out ({deadline}), so no verdict of the judge: {shown}"
+    want = attempt.want
+    assert outcome.reward == want, f"reward {outcome.reward}, not {want}: {shown}"
 
 
 @dataclass(frozen=True)
@@ -109,6 +155,7 @@ class Attempt:
     want: float
     given: dict[str, Any] = field(default_factory=dict)
     gap: str | None = None  # a known way it does not get ``want`` yet (a strict xfail)
+    hangs: bool = False  # it never ends: its 0 must be the judge's deadline (kept tiny)
 
 
 def params(attempts: list[Attempt]) -> list[Any]:
@@ -494,7 +541,12 @@ HUMANEVAL = [
     # kill the parent (the process running the tests)
     Attempt("kill_parent", 0.0, he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGKILL"))),
     # stop the parent, so that it never says it failed
-    Attempt("stop_parent", 0.0, he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGSTOP"))),
+    Attempt(
+        "stop_parent",
+        0.0,
+        he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGSTOP")),
+        hangs=True,
+    ),
     # interrupt the parent (KeyboardInterrupt is no Exception)
     Attempt("interrupt_parent", 0.0, he(HE0, "    return None\n", SIGNAL_PARENT.format("SIGINT"))),
     # kill every process it may signal: the sandbox's action server, which relays the verdict,
@@ -506,7 +558,10 @@ HUMANEVAL = [
     ),
     # sleep past the deadline
     Attempt(
-        "sleep_past_deadline", 0.0, he(HE0, "    return None\n", "import time\ntime.sleep(3600)\n")
+        "sleep_past_deadline",
+        0.0,
+        he(HE0, "    return None\n", "import time\ntime.sleep(3600)\n"),
+        hangs=True,
     ),
     # fork a background process that outlives the solution's and writes pass lines
     Attempt("fork_background_process", 0.0, he(HE0, "    return None\n", FORK_DAEMON)),
@@ -525,12 +580,12 @@ def judged_code(given: dict[str, Any]) -> Run:
 
 @pytest.fixture(scope="module")
 def humaneval_outcomes() -> dict[str, Outcome]:
-    return run_family({a.name: judged_code(a.given) for a in HUMANEVAL})
+    return run_attempts(HUMANEVAL, judged_code)
 
 
 @pytest.mark.parametrize("attempt", params(HUMANEVAL))
 def test_humaneval(attempt: Attempt, humaneval_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(humaneval_outcomes[attempt.name], attempt.want)
+    assert_reward(humaneval_outcomes[attempt.name], attempt)
 
 
 # =============================================================================================
@@ -701,8 +756,9 @@ CONTEST = [
             "print(leaked(sys.stdin.read()), end='')\n"
         ),
     ),
-    # print the expected outputs read from files or /proc (tests.json, the judge's stdin)
-    Attempt("stdin_print_outputs_from_files", 0.0, program(STDIN_LEAK)),
+    # print the expected outputs read from files or /proc (tests.json, the judge's stdin); its
+    # search does not end (it outlived a case deadline of 60 s), so its deadline is its verdict
+    Attempt("stdin_print_outputs_from_files", 0.0, program(STDIN_LEAK), hangs=True),
     # read tests.json where a judge would put it
     Attempt(
         "stdin_read_tests_json",
@@ -722,12 +778,14 @@ CONTEST = [
     Attempt("stdin_huge_output", 0.0, program(GOLD_PROGRAM + "print('3\\n30\\n0\\n' * 10**7)\n")),
     # every plausible answer, one a line
     Attempt("stdin_spray_answers", 0.0, program("for i in range(-100, 101):\n    print(i)\n")),
-    # a daemon from the first case writes a guess into the later cases' output
-    Attempt("stdin_daemon_writes_later_cases", 0.0, program(DAEMON_INTO_LATER_CASES)),
+    # a daemon from the first case writes a guess into the later cases' output; it holds the
+    # first case's output open for its 400 rounds (more than 2 s of sleep alone), past any
+    # CASE_TIMEOUT_S under 2 s on any machine
+    Attempt("stdin_daemon_writes_later_cases", 0.0, program(DAEMON_INTO_LATER_CASES), hangs=True),
     # the first case rewrites the programs the later cases run
     Attempt("stdin_rewrite_later_cases", 0.0, program(REWRITE_LATER_CASES)),
     # sleep past the case's deadline
-    Attempt("stdin_sleep", 0.0, program("import time\ntime.sleep(3600)\n")),
+    Attempt("stdin_sleep", 0.0, program("import time\ntime.sleep(3600)\n"), hangs=True),
     # control: a right function
     Attempt(
         "function_gold",
@@ -736,10 +794,11 @@ CONTEST = [
     ),
     # control: an honest wrong function
     Attempt("function_honest_wrong", 0.0, function("def add(a, b):\n    return a * b\n")),
-    # return values read from files or /proc
-    Attempt("function_outputs_from_files", 0.0, function(FUNCTION_LEAK)),
-    # forge the functional-result marker (old and new) and exit 0 before the call
-    Attempt("function_forge_result_marker", 0.0, function(FORGE_MARKER)),
+    # return values read from files or /proc (a search that does not end, as above)
+    Attempt("function_outputs_from_files", 0.0, function(FUNCTION_LEAK), hangs=True),
+    # forge the functional-result marker (old and new) and exit 0 before the call (after the
+    # same search)
+    Attempt("function_forge_result_marker", 0.0, function(FORGE_MARKER), hangs=True),
     # print a result marker on stdout, as a solution's own output
     Attempt(
         "function_print_marker",
@@ -765,18 +824,23 @@ CONTEST = [
     # SystemExit(0) at import
     Attempt("function_system_exit", 0.0, function("raise SystemExit(0)\n")),
     # sleep past the case's deadline
-    Attempt("function_sleep", 0.0, function("import time\ndef add(a, b):\n    time.sleep(3600)\n")),
+    Attempt(
+        "function_sleep",
+        0.0,
+        function("import time\ndef add(a, b):\n    time.sleep(3600)\n"),
+        hangs=True,
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def contest_outcomes() -> dict[str, Outcome]:
-    return run_family({a.name: judged_code(a.given) for a in CONTEST})
+    return run_attempts(CONTEST, judged_code)
 
 
 @pytest.mark.parametrize("attempt", params(CONTEST))
 def test_contest(attempt: Attempt, contest_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(contest_outcomes[attempt.name], attempt.want)
+    assert_reward(contest_outcomes[attempt.name], attempt)
 
 
 # =============================================================================================
@@ -1052,7 +1116,7 @@ def answer_outcomes() -> dict[str, Outcome]:
 
 @pytest.mark.parametrize("attempt", params(ANSWERS))
 def test_answer(attempt: Attempt, answer_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(answer_outcomes[attempt.name], attempt.want)
+    assert_reward(answer_outcomes[attempt.name], attempt)
 
 
 # =============================================================================================
@@ -1116,7 +1180,7 @@ def verl_outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 
 @pytest.mark.parametrize("attempt", params(VERL))
 def test_verl_scorer(attempt: Attempt, verl_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(verl_outcomes[attempt.name], attempt.want)
+    assert_reward(verl_outcomes[attempt.name], attempt)
 
 
 # =============================================================================================
@@ -1220,7 +1284,7 @@ def lookup_outcomes() -> dict[str, Outcome]:
 
 @pytest.mark.parametrize("attempt", params(LOOKUPS))
 def test_lookup(attempt: Attempt, lookup_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(lookup_outcomes[attempt.name], attempt.want)
+    assert_reward(lookup_outcomes[attempt.name], attempt)
 
 
 def test_lookup_tolerance_only_for_a_float_answer() -> None:
@@ -1290,7 +1354,7 @@ def countdown_outcomes() -> dict[str, Outcome]:
 
 @pytest.mark.parametrize("attempt", params(COUNTDOWN_ATTEMPTS))
 def test_countdown(attempt: Attempt, countdown_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(countdown_outcomes[attempt.name], attempt.want)
+    assert_reward(countdown_outcomes[attempt.name], attempt)
 
 
 # =============================================================================================
@@ -1298,8 +1362,13 @@ def test_countdown(attempt: Attempt, countdown_outcomes: dict[str, Outcome]) -> 
 # RUN sandbox; EVAL is the wrapped task's judge, on the artifact taken from that sandbox.
 
 SOLUTION = "/workspace/solution.py"
+# The agents here end by themselves in seconds: minutes, so that a loaded machine never makes a
+# gold agent's 0 (nor a trick's), and a job that reaches it fails as a timeout (assert_reward).
+AGENT_TIMEOUT_S = 300.0
 HE0_GOLD = PROBLEMS[HE0]["prompt"] + PROBLEMS[HE0]["canonical_solution"]
-# The agent looks for the tests in its own sandbox and writes a solution from what it finds.
+# The agent looks for the tests in its own sandbox and writes a solution from what it finds: all
+# of it but the system's files (/usr, and the links into it that /etc/alternatives holds: a
+# BLAS and node, hundreds of MB that took the search past half a minute on a loaded machine).
 HARVEST = f"""python3 - <<'EOF'
 import os, re
 found = []
@@ -1307,8 +1376,11 @@ for root, dirs, files in os.walk("/"):
     if root == "/":
         dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev", "usr")]
     for name in files:
+        path = os.path.join(root, name)
+        if os.path.realpath(path).startswith("/usr/"):
+            continue
         try:
-            text = open(os.path.join(root, name), errors="replace").read()
+            text = open(path, errors="replace").read()
         except OSError:
             continue
         found += re.findall(r"assert candidate\\((.*?)\\) == (True|False)", text)
@@ -1321,7 +1393,8 @@ EOF
 
 
 def harness(judge: str, command: str, **fields: Any) -> dict[str, Any]:
-    instance = {"judge": judge, "agent_command": command, "agent_timeout_s": 30, **fields}
+    instance = {"judge": judge, "agent_command": command, "agent_timeout_s": AGENT_TIMEOUT_S}
+    instance.update(fields)
     if judge == "code":
         instance.update(humaneval_instance(HE0))
     return {"instance": {**instance, "data_source": "harness"}}
@@ -1391,7 +1464,10 @@ def harness_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outc
         store = ResultStore(db)
         await store.open()
         pipeline = Pipeline(
-            registry, store, PipelineConfig(job_timeout_s=120, cancel_grace_s=1), services=services
+            registry,
+            store,
+            PipelineConfig(job_timeout_s=2 * AGENT_TIMEOUT_S, cancel_grace_s=1),
+            services=services,
         )
         await pipeline.start()
         try:
@@ -1400,10 +1476,10 @@ def harness_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outc
             )
             outcomes: dict[str, Outcome] = {}
             for a in HARNESS:
-                view = await pipeline.wait(a.name, WAIT_S * 6)
+                view = await pipeline.wait(a.name, 3 * AGENT_TIMEOUT_S)
                 result = view.result if view is not None else None
                 if result is None or result.state != "done" or result.reward is None:
-                    outcomes[a.name] = RuntimeError(f"no verdict: {result}")
+                    outcomes[a.name] = RuntimeError(f"no verdict: {view}")
                 else:
                     outcomes[a.name] = RewardInfo(result.reward, dict(result.metrics))
             return outcomes
@@ -1417,7 +1493,7 @@ def harness_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outc
 
 @pytest.mark.parametrize("attempt", params(HARNESS))
 def test_harness(attempt: Attempt, harness_outcomes: dict[str, Outcome]) -> None:
-    assert_reward(harness_outcomes[attempt.name], attempt.want)
+    assert_reward(harness_outcomes[attempt.name], attempt)
 
 
 def test_the_suite_tries_enough() -> None:

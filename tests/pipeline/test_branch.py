@@ -26,7 +26,7 @@ from raas.tasks.protocol import InvalidInstance, RewardInfo
 from raas.tasks.services import TaskServices
 from raas.wire import Branch, Trajectory
 from tests.conftest import small_config
-from tests.support.probe import finished
+from tests.support.probe import WAIT_S, finished
 
 INSTANCE = {"data_source": "branchy", "question": "append lines"}
 
@@ -239,7 +239,7 @@ async def test_a_branch_in_flight_at_a_crash_fails_after_the_restart(
     await run_job(first, "parent", sampling_params={"keep_snapshots": 3})
     branch = Branch(job_id="parent", turn=1)
     await first.submit([JobRequest.of(INSTANCE, job_id="branch", branch=branch)])
-    await asyncio.wait_for(policy.reached.wait(), 10)
+    await asyncio.wait_for(policy.reached.wait(), WAIT_S)  # a fork from a snapshot: real work
     for worker in first.stages.workers:  # the process "dies": nothing finishes, the store closes
         worker.cancel()
     await asyncio.gather(*first.stages.workers, return_exceptions=True)

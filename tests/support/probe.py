@@ -24,7 +24,10 @@ from raas.tasks import RewardInfo, TaskContext, TaskJob
 from raas.tasks.protocol import PolicyError
 from raas.wire import Trajectory
 
-WAIT_S = 10.0  # a safety net so a broken test fails instead of hanging; never an assertion
+# A safety net so a broken test fails instead of hanging; never an assertion on speed. A
+# minute: a job of real sandboxes on a loaded 2-core machine may take more than 10 s, and a
+# passing test never waits it out (every use waits for something that comes).
+WAIT_S = 60.0
 
 
 def probe_instance(**stages: str) -> dict[str, Any]:
