@@ -45,8 +45,10 @@ typecheck: $(STAMP)
 		raas/judge/inside/swe_pytest.py raas/judge/inside/swe_django.py raas/judge/inside/swe_sympy.py \
 		raas/judge/inside/results.py raas/judge/inside/probe.py
 
+# Three processes, each taking whole files (a module's fixtures stay in one): the tests mostly
+# wait on sandboxes, servers and children. `pytest -q` alone runs the same tests in one.
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 3 --dist loadfile
 
 # Slow tier: TRL's GRPOTrainer on rollouts from raas.
 test-trl: $(STAMP)
