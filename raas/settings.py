@@ -76,14 +76,35 @@ class _TomlFile(PydanticBaseSettingsSource):
         table = data.get("serve", data)
         if not isinstance(table, dict):
             return {}
-        # A group's table ([serve.pipeline]) is its settings by name, as flat keys are.
-        flat: dict[str, Any] = {}
-        for key, value in table.items():
-            if key in GROUPS and isinstance(value, dict):
-                flat.update(value)
-            else:
-                flat[key] = value
-        return flat
+        return _flat_table(table, path)
+
+
+def _flat_table(table: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A config file's ``[serve]`` table with its groups' tables ([serve.pipeline]) read as their
+    settings by name, as flat keys are. A setting in another group's table, or given twice (flat
+    and in its table), is an error naming both: which one won would be a guess."""
+    flat: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for key, value in table.items():
+        if not (key in GROUPS and isinstance(value, dict)):
+            if key in where:
+                raise SettingsError(
+                    f"{path}: {key} is given twice, in {where[key]} and [serve]: keep one"
+                )
+            flat[key], where[key] = value, "[serve]"
+            continue
+        for name, inner in value.items():
+            group = GROUP_OF.get(name)
+            if group is not None and group != key:
+                raise SettingsError(
+                    f"{path}: {name} is a setting of [serve.{group}], not [serve.{key}]"
+                )
+            if name in where:
+                raise SettingsError(
+                    f"{path}: {name} is given twice, in {where[name]} and [serve.{key}]: keep one"
+                )
+            flat[name], where[name] = inner, f"[serve.{key}]"
+    return flat
 
 
 class _FlatEnv(PydanticBaseSettingsSource):

@@ -121,6 +121,29 @@ def test_a_switch_round_trips_through_the_flags() -> None:
     assert ServeSettings().agents.gateway_fixed_sampling is False  # off unless asked for
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "[serve]\nrun_workers = 3\n[serve.pipeline]\nrun_workers = 2\n",
+            r"run_workers is given twice, in \[serve\] and \[serve.pipeline\]: keep one",
+        ),
+        (
+            "[serve.pipeline]\ntokenizer = 'x'\n",
+            r"tokenizer is a setting of \[serve.inference\], not \[serve.pipeline\]",
+        ),
+    ],
+)
+def test_a_setting_twice_or_in_another_groups_table_names_both(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    # Which of two values won would be a guess (the group's table did, silently).
+    config = tmp_path / "raas.toml"
+    config.write_text(text)
+    with pytest.raises(SettingsError, match=f"^{config}: {error}$"):
+        load_settings(config, {})
+
+
 def test_each_setting_is_flat_outside_and_in_its_group_inside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
