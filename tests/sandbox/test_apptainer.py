@@ -162,6 +162,6 @@ async def test_as_root_each_sandbox_runs_as_its_own_unprivileged_uid() -> None:
 @pytest.mark.hpc
 async def test_a_missing_image_with_the_real_binary_names_it() -> None:
     sb = create_sandbox(apptainer_config(image=DJANGO))
-    with pytest.raises(SandboxError, match="django__django-11099"):
+    with pytest.raises(ImageError, match="django__django-11099"):
         await sb.start()
     assert sb.closed and not sb.dir.exists()
