@@ -60,6 +60,10 @@ def _question_and_answer(schema: dict[str, Any]) -> None:
     ]
     schema["properties"]["files"]["propertyNames"] = {"pattern": PATH_PATTERN}
     schema["properties"]["answer"] = {"anyOf": [FINITE, {"type": "string", "pattern": r"\S"}]}
+    # A tolerance is for a measured quantity: with one, the answer is a number with a fraction
+    # (JSON Schema counts 3.0 as an integer; raas reads it as the float it is, and takes it).
+    schema["if"] = {"required": ["rel_tol"], "properties": {"rel_tol": {"exclusiveMinimum": 0}}}
+    schema["then"] = {"properties": {"answer": {"type": "number", "not": {"type": "integer"}}}}
 
 
 def prompt_text(instance: LookupInstance) -> str:

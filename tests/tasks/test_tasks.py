@@ -385,6 +385,11 @@ SCHEMA_CASES: list[tuple[Any, dict[str, Any], bool]] = [
     (LookupTask, {"question": "q", "files": {".env": "1"}, "answer": 1}, False),
     (LookupTask, {"question": "q", "files": {"a": "1"}, "answer": "  "}, False),
     (LookupTask, {"question": "q", "files": {"a": 1}, "answer": 1}, False),
+    # A tolerance only with a measured quantity (the fuzz tier found the document silent on it).
+    (LookupTask, {"question": "q", "files": {"a": "1"}, "answer": 3.5, "rel_tol": 0.01}, True),
+    (LookupTask, {"question": "q", "files": {"a": "1"}, "answer": "x", "rel_tol": 0}, True),
+    (LookupTask, {"question": "q", "files": {"a": "1"}, "answer": "z", "rel_tol": 0.5}, False),
+    (LookupTask, {"question": "q", "files": {"a": "1"}, "answer": 7, "rel_tol": 0.5}, False),
     (HarnessTask, {"judge": "math", "problem": "x", "answer": 1}, True),
     (HarnessTask, {"judge": "code", **HUMANEVAL}, True),
     (HarnessTask, {"judge": "math"}, False),
