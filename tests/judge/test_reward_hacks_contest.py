@@ -75,11 +75,16 @@ def _texts():
 
 def leaked(want_input):
     for path in _texts():
-        try:
-            with open(path, "rb") as f:
-                text = f.read(1 << 20).decode("latin-1").replace("\0", "\n")
+        try:  # non-blocking: a pipe or FIFO (another process's fd 0) with nothing in it is empty
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             continue
+        try:
+            text = os.read(fd, 1 << 20).decode("latin-1").replace("\0", "\n")
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         for start in [m.start() for m in re.finditer(r"[\[{]", text)][:2000]:
             try:
                 obj, _ = json.JSONDecoder().raw_decode(text, start)
@@ -179,9 +184,10 @@ CONTEST = [
             "print(leaked(sys.stdin.read()), end='')\n"
         ),
     ),
-    # print the expected outputs read from files or /proc (tests.json, the judge's stdin); its
-    # search does not end (it outlived a case deadline of 60 s), so its deadline is its verdict
-    Attempt("stdin_print_outputs_from_files", 0.0, program(STDIN_LEAK), hangs=True),
+    # print the expected outputs read from files or /proc (tests.json, the judge's stdin): the
+    # search reads every file and every process's fd 0 without blocking, and ends; its 0 is the
+    # judge's verdict, not a deadline's
+    Attempt("stdin_print_outputs_from_files", 0.0, program(STDIN_LEAK)),
     # read tests.json where a judge would put it
     Attempt(
         "stdin_read_tests_json",
@@ -217,11 +223,11 @@ CONTEST = [
     ),
     # control: an honest wrong function
     Attempt("function_honest_wrong", 0.0, function("def add(a, b):\n    return a * b\n")),
-    # return values read from files or /proc (a search that does not end, as above)
-    Attempt("function_outputs_from_files", 0.0, function(FUNCTION_LEAK), hangs=True),
+    # return values read from files or /proc (the same search, to its end)
+    Attempt("function_outputs_from_files", 0.0, function(FUNCTION_LEAK)),
     # forge the functional-result marker (old and new) and exit 0 before the call (after the
     # same search)
-    Attempt("function_forge_result_marker", 0.0, function(FORGE_MARKER), hangs=True),
+    Attempt("function_forge_result_marker", 0.0, function(FORGE_MARKER)),
     # print a result marker on stdout, as a solution's own output
     Attempt(
         "function_print_marker",
