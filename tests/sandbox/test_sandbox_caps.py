@@ -281,7 +281,8 @@ async def test_the_server_claims_a_directory_by_its_database_and_removes_it(
         sandbox = await services.sandbox()
         assert sandbox.dir.parent == services.sandbox_config.runtime_dir
         await sandbox.close()
-    assert set(runtime_root().glob("srv-*")) - before == set()
+    # Ours only: another server (a test in another process) may come and go meanwhile.
+    assert ours and {path for path in ours if path.exists()} == set()
     assert not os.path.exists(services.sandbox_config.runtime_dir)
 
 
