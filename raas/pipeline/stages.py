@@ -28,7 +28,7 @@ from raas.pipeline.observer import PipelineObserver
 from raas.pipeline.queue import StageQueue
 from raas.pipeline.result import build_result
 from raas.pipeline.slots import StageSlots
-from raas.pipeline.states import ENDED, JobState, Phase, Stage
+from raas.pipeline.states import ENDED, BadTransition, JobState, Phase, Stage
 from raas.pipeline.tenants import TenantBooks
 from raas.store.sqlite import ResultStore, StoreWriteError
 from raas.tasks.protocol import PolicyError, RewardInfo, TaskContext, TaskHandler, error_kind
@@ -130,7 +130,11 @@ class Stages:
         slots = self._slots[stage]
         while True:
             job = await queue.get()
-            job.move(Phase.HELD)
+            try:
+                job.move(Phase.HELD)
+            except BadTransition:  # a bug of ours: the job is another's; keep the worker
+                log.exception("a worker of %s took job %s, not queued", stage, job.id)
+                continue
             job.stop_waiting()
             slots.take(job.tenant)
             if stage is Stage.INIT:

@@ -514,3 +514,19 @@ def test_a_job_moves_only_along_the_transition_table(probe: ProbeTask) -> None:
         job.move(Phase.HELD)  # a finished job is held by no one again
     assert job.phase is Phase.FINISHED
     assert set(TRANSITIONS) == set(Phase)
+
+
+async def test_a_worker_handed_a_job_it_may_not_hold_keeps_working(
+    make_pipeline: Any, probe: ProbeTask, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Only a bug of the pipeline's queues a job that is not QUEUED; the worker that takes it
+    # says so and takes the next job, rather than dying with the stage one worker short.
+    async with make_pipeline(init_workers=1) as pipeline:
+        stray = Job("stray", JobRequest.of(probe_instance()), probe)
+        for phase in (Phase.HELD, Phase.FINISHING):
+            stray.move(phase)
+        pipeline.stages.queues[Stage.INIT].put_nowait(stray)
+        job_id = await submit_one(pipeline, probe_instance())
+        result = await finished(pipeline, job_id)
+    assert result["state"] == "done"
+    assert "took job stray, not queued" in caplog.text
