@@ -114,6 +114,10 @@ async def collect_groups(
                 owner[f"dapo-{key}-{k}"] = key
         try:
             ids = await client.submit_batch(requests)
+        except asyncio.CancelledError:
+            # Stopped mid-request: the server may hold the jobs already (its answer is what was
+            # lost), so they stay in flight for the cancels on the way out.
+            raise
         except BaseException:
             for request in requests:
                 owner.pop(str(request.job_id), None)

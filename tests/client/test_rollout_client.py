@@ -189,6 +189,43 @@ async def test_dapo_cancels_its_jobs_when_every_task_is_cancelled_at_once(coin_s
     assert len(listed["results"]) == 6
 
 
+class HoldAnswers(httpx.AsyncBaseTransport):
+    """Delivers each submission to the server, then holds its answer until the caller gives up
+    (a slow network): the jobs are on the server, their ids never reach the caller's code."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.delivered = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "POST" and request.url.path.endswith("/rollouts:batch"):
+            await response.aread()
+            self.delivered.set()
+            await asyncio.Event().wait()
+        return response
+
+
+async def test_dapo_cancels_jobs_whose_submission_was_cut_short(coin_server: str) -> None:
+    # Every task cancelled (as asyncio.run does on leaving) while the server's answer to a
+    # submission is on its way: the jobs run there, so they must be cancelled as the ones whose
+    # answer came back are.
+    transport = HoldAnswers()
+    async with RolloutClient(coin_server, transport=transport) as client:
+        collecting = asyncio.create_task(
+            collect_groups(client, [coin(block=True)], n=3, batch_size=1, max_in_flight=3)
+        )
+        async with asyncio.timeout(30):
+            await transport.delivered.wait()
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await collecting
+    listed = httpx.get(f"{coin_server}/v1/rollouts", params={"state": "cancelled"}).json()
+    assert len(listed["results"]) == 3
+
+
 async def test_cancelled_groups_cancel_their_jobs_on_the_server(coin_server: str) -> None:
     """A held-out pass stopped by Ctrl-C: its jobs would otherwise run on for nobody (and a
     server stopping after it would wait for them)."""
