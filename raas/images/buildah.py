@@ -1,0 +1,464 @@
+"""Building a Dockerfile context (a Harbor task's ``environment/``) into the image store with
+buildah, offline.
+
+``build_context(store, context)`` names the image by what goes into it:
+``localhost/raas-build/HEX:latest``, HEX the first 32 hex digits of sha256 over the context's
+digest (``dockerfile.context_digest``) and the store digests of its base images. A store that
+holds that name already answers at once, without buildah: the tasks of a data set that share
+one context build it once, and a base image pulled anew makes a new image.
+
+Otherwise, with its own storage (``BuildahDirs``, under raas's cache: never the system's
+/var/lib/containers):
+
+1. each base image (``FROM``, ``COPY --from``) is taken from the store, never a registry:
+   ``buildah pull oci:STORE:REF`` (the store is an OCI layout whose index names its images by
+   their normalized refs) and ``buildah tag`` under the same name, which ``FROM`` finds locally;
+   a base the store lacks is an ``ImageNotStored`` naming the command that gets it;
+2. ``buildah build --pull=never`` with RUN steps cut off from the network: as root, buildah
+   runs in a fresh network namespace (``unshare --net``; ``--isolation chroot``, which needs
+   no OCI runtime but refuses ``--network none``); as anyone else, ``--isolation rootless
+   --network none`` (crun or runc, and subordinate ids in /etc/subuid);
+3. ``buildah push`` to an OCI layout, whose manifest is rewritten to name the base layers by
+   the store's own blobs (buildah recompresses them, to other digests: the same diff_ids), then
+   ``store.import_``: so the base's blobs and unpacked layers are shared, never copied;
+4. the built image is removed from buildah's storage (``rmi``); the base images stay there, as
+   a cache of the store's (one copy per base: pulling one anew costs a few seconds).
+
+Every buildah process runs in its own process group, killed (SIGTERM, then SIGKILL) when the
+build's deadline passes or the caller cancels; ``build_context_async`` runs the build in a
+thread, so no event loop waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from raas.images import locks, manifests
+from raas.images.dockerfile import ContextError, base_refs, context_digest
+from raas.images.errors import ImageError, ImageNotStored
+from raas.images.image import StoredImage
+from raas.images.refs import normalize
+from raas.images.store import ImageStore
+from raas.paths import host_paths
+
+log = logging.getLogger(__name__)
+
+INSTALL = "apt-get install buildah"
+REF_PREFIX = "localhost/raas-build/"
+Isolation = Literal["auto", "chroot", "rootless", "oci"]
+_TAIL_LINES = 12  # of buildah's output, in an ImageError
+_KILL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: StoredImage
+    cached: bool  # the store held it already: buildah did not run
+    seconds: float  # wall time of this call
+    context_digest: str
+
+
+@dataclass(frozen=True)
+class BuildahDirs:
+    """buildah's own storage: ``root`` (images, layers), ``runroot`` (its locks and mounts),
+    ``tmp`` (its big temporary files and our push layouts), and the locks of raas's builds."""
+
+    base: Path
+
+    @classmethod
+    def default(cls) -> BuildahDirs:
+        """``buildah`` in raas's cache dir ($RAAS_CACHE_DIR, else ~/.cache/raas)."""
+        return cls(host_paths().cache_dir.expanduser() / "buildah")
+
+    @property
+    def root(self) -> Path:
+        return self.base / "root"
+
+    @property
+    def runroot(self) -> Path:
+        return self.base / "runroot"
+
+    @property
+    def tmp(self) -> Path:
+        return self.base / "tmp"
+
+    @property
+    def locks(self) -> Path:
+        return self.base / "locks"
+
+
+class Cancelled(ImageError):
+    """The caller cancelled the build (``build_context_async``'s task was cancelled)."""
+
+
+def build_context(
+    store: ImageStore,
+    context: Path,
+    *,
+    dockerfile: Path | None = None,
+    timeout_s: float = 600.0,
+    isolation: Isolation = "auto",
+    dirs: BuildahDirs | None = None,
+    cancel: threading.Event | None = None,
+) -> BuildResult:
+    """Build ``context`` (its ``Dockerfile``, or ``dockerfile``) into ``store``, or find it
+    there; see the module docstring. ``timeout_s`` bounds the whole build; ``cancel``, once
+    set, stops it (its processes killed) with ``Cancelled``. ImageError, one line, on any
+    failure (buildah's own last lines where buildah failed)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    dockerfile = dockerfile or context / "Dockerfile"
+    try:
+        text = dockerfile.read_text()
+        bases = base_refs(text)
+        digest = context_digest(context, dockerfile)
+    except ContextError as e:
+        raise ImageError(f"cannot build {context}: {e}") from e
+    except OSError as e:
+        raise ImageError(f"cannot build {context}: {dockerfile}: {e.strerror or e}") from e
+    stored = {ref: _base_image(store, ref, dockerfile) for ref in bases}
+    ref = image_ref(digest, [stored[r].digest for r in bases])
+    cached = _stored(store, ref)
+    if cached is not None:
+        return BuildResult(cached, True, time.monotonic() - started, digest)
+    dirs = dirs or BuildahDirs.default()
+    buildah = Buildah(dirs, deadline, cancel, isolation)
+    with locks.hold(dirs.locks / f"{ref.rsplit('/', 1)[-1].split(':')[0]}.lock"):
+        cached = _stored(store, ref)  # another process built it while this one waited
+        if cached is not None:
+            return BuildResult(cached, True, time.monotonic() - started, digest)
+        image = buildah.build(store, context, dockerfile, ref, stored, digest)
+    return BuildResult(image, False, time.monotonic() - started, digest)
+
+
+async def build_context_async(
+    store: ImageStore,
+    context: Path,
+    *,
+    dockerfile: Path | None = None,
+    timeout_s: float = 600.0,
+    isolation: Isolation = "auto",
+    dirs: BuildahDirs | None = None,
+) -> BuildResult:
+    """``build_context`` in a thread. Cancelling the task kills buildah and waits (briefly:
+    its process group's kill) for the thread to end before the CancelledError goes on."""
+    cancel = threading.Event()
+    work = asyncio.ensure_future(
+        asyncio.to_thread(
+            build_context,
+            store,
+            context,
+            dockerfile=dockerfile,
+            timeout_s=timeout_s,
+            isolation=isolation,
+            dirs=dirs,
+            cancel=cancel,
+        )
+    )
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        cancel.set()
+        with contextlib.suppress(BaseException):
+            await work  # the thread ends once its child is killed; nothing runs on unseen
+        raise
+
+
+def image_ref(context_digest: str, base_digests: Sequence[str]) -> str:
+    """The store name of a build: ``localhost/raas-build/HEX:latest``."""
+    h = hashlib.sha256(context_digest.encode())
+    for digest in base_digests:
+        h.update(b"\0" + digest.encode())
+    return f"{REF_PREFIX}{h.hexdigest()[:32]}:latest"
+
+
+def _stored(store: ImageStore, ref: str) -> StoredImage | None:
+    try:
+        return store.resolve(ref)
+    except ImageNotStored:
+        return None
+
+
+def _base_image(store: ImageStore, ref: str, dockerfile: Path) -> StoredImage:
+    if "@" in ref:
+        raise ImageError(
+            f"{dockerfile}: FROM {ref}: a base image named by digest is not supported; name it"
+            " by tag (as it is named in the image store)"
+        )
+    try:
+        return store.resolve(ref)
+    except ImageNotStored:
+        raise ImageNotStored(
+            f"{dockerfile}: base image {ref} is not in the image store {store.root}: get it with"
+            f" `raas images pull {ref}` (or `raas images import ARCHIVE --ref {ref}`); builds"
+            " never pull"
+        ) from None
+
+
+class Buildah:
+    """buildah on one storage (``dirs``), every call within ``deadline`` (monotonic)."""
+
+    def __init__(
+        self,
+        dirs: BuildahDirs,
+        deadline: float,
+        cancel: threading.Event | None = None,
+        isolation: Isolation = "auto",
+    ) -> None:
+        binary = shutil.which("buildah")
+        if binary is None:
+            raise ImageError(f"building a Dockerfile needs buildah: {INSTALL}")
+        self.binary = binary
+        self.dirs = dirs
+        self.deadline = deadline
+        self.cancel = cancel or threading.Event()
+        self.root = os.geteuid() == 0
+        self.isolation = isolation if isolation != "auto" else "chroot" if self.root else "rootless"
+        if self.isolation == "chroot" and not self.root:
+            raise ImageError("buildah --isolation chroot needs root here (use rootless)")
+
+    # -- the build ---------------------------------------------------------------------------
+
+    def build(
+        self,
+        store: ImageStore,
+        context: Path,
+        dockerfile: Path,
+        ref: str,
+        bases: dict[str, StoredImage],
+        digest: str,
+    ) -> StoredImage:
+        for d in (self.dirs.root, self.dirs.runroot, self.dirs.tmp, self.dirs.locks):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, image in bases.items():
+            self._load_base(store, name, image)
+        with tempfile.TemporaryDirectory(prefix="build-", dir=self.dirs.tmp) as tmp:
+            iid_file = Path(tmp) / "iid"
+            self._run(self._build_argv(context, dockerfile, iid_file, digest), what="build")
+            image_id = iid_file.read_text().strip()
+            try:
+                layout = Path(tmp) / "layout"
+                self._run(
+                    ["push", "--quiet", image_id, f"oci:{layout}:latest"], what="push", net=False
+                )
+                reuse_base_blobs(layout, store, list(bases.values()))
+                return store.import_(layout, ref)
+            finally:
+                self._remove_image(image_id)
+
+    def _build_argv(self, context: Path, dockerfile: Path, iid: Path, digest: str) -> list[str]:
+        argv = [
+            "build",
+            "--pull=never",  # base images come from the store (loaded above), never a registry
+            f"--isolation={self.isolation}",
+            "--force-rm",  # a failed build leaves no working container behind
+            "--layers=false",  # one image, no intermediate ones to clean up
+            "--format=oci",
+            "--iidfile",
+            str(iid),
+            "--label",
+            f"io.raas.build.context={digest}",
+            "-f",
+            str(dockerfile),
+        ]
+        if self.isolation != "chroot":
+            argv.append("--network=none")  # chroot refuses it: its namespace is cut instead
+        return [*argv, str(context)]
+
+    def _load_base(self, store: ImageStore, name: str, image: StoredImage) -> None:
+        """The store's ``image`` in buildah's storage under ``name``, as FROM spells it out
+        (a no-op of milliseconds when its layers are there already)."""
+        image_id = self._run(
+            ["pull", "--quiet", f"oci:{store.root}:{image.ref}"], what=f"load {name}", net=False
+        ).strip()
+        image_id = image_id.splitlines()[-1]
+        self._run(["tag", image_id, normalize(name)], what="tag", net=False)
+        # buildah names an image pulled from a layout after the layout's path; that name is
+        # dropped (the image keeps the FROM name), so one store's name does not move between
+        # bases and hold an old one's layers.
+        stray = f"localhost/{store.root.as_posix().strip('/').lower()}:latest"
+        if stray != normalize(name):
+            with contextlib.suppress(ImageError):
+                self._run(["rmi", stray], what="untag", net=False)
+
+    def _remove_image(self, image_id: str) -> None:
+        try:
+            self._run(["rmi", image_id], what="rmi", net=False, check_cancel=False, min_s=30.0)
+        except ImageError as e:  # the image is in the store already; a leftover is only space
+            log.warning("could not remove built image %s from buildah's storage: %s", image_id, e)
+
+    # -- running buildah ---------------------------------------------------------------------
+
+    def _argv(self, args: Sequence[str], net: bool) -> list[str]:
+        argv = [
+            self.binary,
+            "--root",
+            str(self.dirs.root),
+            "--runroot",
+            str(self.dirs.runroot),
+            *args,
+        ]
+        if net and self.isolation == "chroot":
+            unshare = shutil.which("unshare")
+            if unshare is None:
+                raise ImageError("building as root needs unshare: apt-get install util-linux")
+            argv = [unshare, "--net", "--", *argv]
+        return argv
+
+    def _run(
+        self,
+        args: Sequence[str],
+        *,
+        what: str,
+        net: bool = True,
+        check_cancel: bool = True,
+        min_s: float = 0.0,
+    ) -> str:
+        """buildah ``args`` (``net``: the build, whose RUN steps must have no network); its
+        stdout. ImageError with its last lines if it fails, or when the deadline passes or the
+        build is cancelled (its process group killed)."""
+        argv = self._argv(args, net)
+        env = {**os.environ, "TMPDIR": str(self.dirs.tmp), "BUILDAH_LAYERS": "false"}
+        env.pop("BUILDAH_ISOLATION", None)  # the flag decides
+        with _group(argv, env) as proc:
+            budget = max(self.deadline - time.monotonic(), min_s)
+            out = _wait(proc, budget, self.cancel if check_cancel else None)
+        if out.cancelled:
+            raise Cancelled(f"buildah {what} cancelled")
+        if out.timed_out:
+            raise ImageError(
+                f"buildah {what} ran past the build's deadline (killed): {_tail(out.output)}"
+            )
+        if proc.returncode != 0:
+            raise ImageError(f"buildah {what} failed ({proc.returncode}): {_tail(out.output)}")
+        return out.stdout
+
+
+@dataclass
+class _Outcome:
+    stdout: str
+    output: str  # stderr, then stdout: what failed is near the end
+    timed_out: bool = False
+    cancelled: bool = False
+
+
+@contextlib.contextmanager
+def _group(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """``argv`` in a new process group (a session of its own), killed if left running."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+
+
+def _wait(proc: subprocess.Popen[str], budget_s: float, cancel: threading.Event | None) -> _Outcome:
+    """Collect ``proc``'s output until it exits, ``budget_s`` passes or ``cancel`` is set
+    (checked every 0.2 s: the communicate below returns at once when the process ends)."""
+    end = time.monotonic() + budget_s
+    while True:
+        step = min(0.2, max(end - time.monotonic(), 0.0)) if cancel is not None else budget_s
+        try:
+            stdout, stderr = proc.communicate(timeout=max(step, 0.001))
+            return _Outcome(stdout, stderr + stdout)
+        except subprocess.TimeoutExpired:
+            cancelled = cancel is not None and cancel.is_set()
+            if cancelled or time.monotonic() >= end:
+                _kill_group(proc)
+                stdout, stderr = proc.communicate()
+                return _Outcome(
+                    stdout, stderr + stdout, timed_out=not cancelled, cancelled=cancelled
+                )
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the group (buildah removes its working container), SIGKILL after a grace."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_KILL_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what of the group outlived its leader too
+    proc.wait()
+
+
+def _tail(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return " | ".join(lines[-_TAIL_LINES:]) or "(no output)"
+
+
+# -- sharing the base's blobs ------------------------------------------------------------------
+
+
+def reuse_base_blobs(layout: Path, store: ImageStore, bases: Sequence[StoredImage]) -> int:
+    """In the one-image OCI ``layout`` buildah pushed, name each layer a base image has (the
+    same diff_id) by the base's blob in the store, instead of buildah's recompression of it;
+    the number of layers so named. The content is the same (the config's diff_ids are not
+    touched); the store then keeps one blob per layer."""
+    known: dict[str, dict[str, object]] = {}
+    for base in bases:
+        image = manifests.read_image(store.blob_dir, base.digest)
+        for layer in image.layers:
+            known[layer.diff_id] = {
+                "mediaType": layer.media_type,
+                "digest": layer.digest,
+                "size": manifests.blob_path(store.blob_dir, layer.digest).stat().st_size,
+            }
+    blob_dir = layout / "blobs"
+    index = json.loads((layout / "index.json").read_text())
+    (descriptor,) = index["manifests"]
+    manifest = manifests.read_json(blob_dir, descriptor["digest"])
+    config = manifests.read_json(blob_dir, manifest["config"]["digest"])
+    diff_ids = config["rootfs"]["diff_ids"]
+    replaced = 0
+    for i, (layer, diff_id) in enumerate(zip(manifest["layers"], diff_ids, strict=True)):
+        ours = known.get(diff_id)
+        if ours is None or ours["digest"] == layer["digest"]:
+            continue
+        manifests.blob_path(blob_dir, layer["digest"]).unlink(missing_ok=True)
+        _link_or_copy(manifests.blob_path(store.blob_dir, str(ours["digest"])), blob_dir, ours)
+        manifest["layers"][i] = {**layer, **ours}
+        replaced += 1
+    if replaced:
+        body = json.dumps(manifest, separators=(",", ":")).encode()
+        new = "sha256:" + hashlib.sha256(body).hexdigest()
+        manifests.blob_path(blob_dir, new).write_bytes(body)
+        manifests.blob_path(blob_dir, descriptor["digest"]).unlink()
+        descriptor.update(digest=new, size=len(body))
+        (layout / "index.json").write_text(json.dumps(index))
+    return replaced
+
+
+def _link_or_copy(blob: Path, blob_dir: Path, desc: dict[str, object]) -> None:
+    dest = manifests.blob_path(blob_dir, str(desc["digest"]))
+    if dest.exists():
+        return
+    try:
+        os.link(blob, dest)  # the store and raas's cache usually share a file system
+    except OSError:
+        shutil.copyfile(blob, dest)
