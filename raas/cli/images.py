@@ -1,5 +1,5 @@
-"""`raas images`: the OCI image store (pull, import, ls, rm, prune, prefetch) and Apptainer
-images for the apptainer sandbox provider (build, resolve)."""
+"""`raas images`: the OCI image store (pull, import, build-context, ls, rm, prune, prefetch)
+and Apptainer images for the apptainer sandbox provider (build, resolve)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 def images() -> None:
     """Task images (SWE-bench, SWE-Gym, R2E-Gym environments...).
 
-    The OCI image store (pull, import, ls, rm, prune, prefetch) keeps images from registries or
-    archives with each layer unpacked once and shared by every image that holds it; sandboxes
-    run on an overlay over an image's layers. It lives in --store DIR, default $RAAS_IMAGE_STORE,
-    else $RAAS_CACHE_DIR/oci, else ~/.cache/raas/oci; several servers on a node may share it.
+    The OCI image store (pull, import, build-context, ls, rm, prune, prefetch) keeps images from
+    registries, archives or Dockerfiles with each layer unpacked once and shared by every image
+    that holds it; sandboxes run on an overlay over an image's layers. It lives in --store DIR,
+    default $RAAS_IMAGE_STORE, else $RAAS_CACHE_DIR/oci, else ~/.cache/raas/oci; several servers
+    on a node may share it.
     Pulls use skopeo (apt-get install skopeo) and its registry logins (--authfile, else
     $REGISTRY_AUTH_FILE, else `skopeo login`'s file).
 
@@ -219,6 +220,62 @@ def images_import(
     with _one_line():
         image = store.import_(path, ref)
     click.echo(f"imported {image.ref} {image.digest} ({len(image.layers)} layers)")
+
+
+@images.command("build-context")
+@click.argument(
+    "context", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
+)
+@click.option(
+    "--dockerfile",
+    "-f",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The Dockerfile.  [default: DIR/Dockerfile]",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="Seconds the whole build may take; buildah is killed after them.",
+)
+@click.option(
+    "--isolation",
+    type=click.Choice(["auto", "chroot", "rootless", "oci"]),
+    default="auto",
+    show_default=True,
+    help="How buildah runs RUN steps: auto is chroot as root (no OCI runtime needed; the"
+    " build runs in a network namespace of its own), rootless otherwise (crun or runc).",
+)
+@_store_option
+def images_build_context(
+    context: Path,
+    dockerfile: Path | None,
+    timeout_s: float,
+    isolation: Literal["auto", "chroot", "rootless", "oci"],
+    store_dir: Path | None,
+) -> None:
+    """Build the Dockerfile context DIR (a Harbor task's environment/) into the store, offline.
+
+    The image is named localhost/raas-build/HEX:latest, HEX from the digest of DIR's files
+    (paths, contents, executable bits, symlink targets), the Dockerfile and its base images'
+    digests in the store: a context built before is found in the store and not built again.
+    Base images (FROM, COPY --from) come from the store, never from a registry: get them first
+    with `raas images pull REF` or `raas images import`. RUN steps have no network. buildah
+    (apt-get install buildah) keeps its own storage in buildah/ of raas's cache dir
+    ($RAAS_CACHE_DIR, else ~/.cache/raas), where the base images stay between builds.
+    Prints the stored ref, whether it was cached, and the seconds taken.
+    """
+    from raas.images.buildah import build_context
+
+    store = _store(store_dir)
+    with _one_line():
+        result = build_context(
+            store, context, dockerfile=dockerfile, timeout_s=timeout_s, isolation=isolation
+        )
+    how = "cached" if result.cached else "built"
+    click.echo(f"{result.image.ref} {how} in {result.seconds:.2f} s ({result.image.digest})")
 
 
 @images.command("ls")
