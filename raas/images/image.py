@@ -13,7 +13,8 @@ class StoredImage:
     ``layers`` are the unpacked layer directories, bottom first (overlayfs takes them top
     first), each shared with every other image that holds the same layer; whiteouts in them are
     overlayfs whiteouts. ``env``, ``workdir`` and ``user`` are the image config's ``Env``,
-    ``WorkingDir`` and ``User``.
+    ``WorkingDir`` and ``User``; ``command`` its ``Entrypoint`` then ``Cmd`` (what a container
+    of it would run: raas starts it only where a task asks, as a Harbor task's service).
     """
 
     ref: str
@@ -23,3 +24,4 @@ class StoredImage:
     workdir: str = "/"
     user: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()

@@ -41,6 +41,7 @@ class Image:
     workdir: str = "/"
     user: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ()  # Entrypoint then Cmd: what a container of it would run
 
     @property
     def blobs(self) -> tuple[str, ...]:
@@ -96,6 +97,9 @@ def read_image(blob_dir: Path, digest: str) -> Image:
             workdir=str(run.get("WorkingDir") or "/"),
             user=str(run.get("User") or ""),
             labels={str(k): str(v) for k, v in (run.get("Labels") or {}).items()},
+            command=tuple(
+                str(a) for a in [*(run.get("Entrypoint") or ()), *(run.get("Cmd") or ())]
+            ),
         )
     except (KeyError, TypeError, AttributeError) as e:
         raise ManifestError(f"manifest {digest} or its config is malformed ({e})") from e

@@ -274,6 +274,7 @@ class ImageStore:
             workdir=image.workdir,
             user=image.user,
             labels=image.labels,
+            command=image.command,
         )
 
     @contextlib.contextmanager

@@ -17,6 +17,7 @@ from raas.sandbox.config import (
     SandboxLimits,
     sandbox_config,
 )
+from raas.sandbox.fork import ForkCarry
 from raas.sandbox.pool import SandboxPool
 from raas.sandbox.providers import create_sandbox
 from raas.sandbox.runtime import RuntimeDir, claim_runtime_dir, runtime_root
@@ -26,6 +27,7 @@ __all__ = [
     "BashResult",
     "BwrapConfig",
     "ExecResult",
+    "ForkCarry",
     "IPythonResult",
     "LocalConfig",
     "RuntimeDir",

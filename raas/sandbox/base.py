@@ -35,6 +35,7 @@ from raas.sandbox.client import (
     SandboxError,
 )
 from raas.sandbox.config import SandboxConfig, SandboxLimits
+from raas.sandbox.fork import CARRY_ALL, ForkCarry
 from raas.sandbox.runtime import check_runtime_dir, record_launch, runtime_root
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
@@ -122,12 +123,15 @@ class Sandbox(ABC):
         for held in self._held:
             child._held.append(held.share())
 
-    async def fork(self, limits: SandboxLimits | None = None) -> Sandbox:
+    async def fork(
+        self, limits: SandboxLimits | None = None, carry: ForkCarry = CARRY_ALL
+    ) -> Sandbox:
         """A new, started sandbox whose files are a copy of this one's now (root, workspace,
         scratch), with its own limits (``limits``, else this one's), its own action server, and
         a shell in this shell's directory with its exported variables. Processes are not
         carried over: what ran here besides the shell is named in the child's ``note``. Call it
         between tool calls (no action of this sandbox running); the two are independent after.
+        ``carry`` may leave some of it behind (a judge's fork: ``ForkCarry``).
         """
         raise SandboxError(f"{type(self).__name__} cannot fork")
 

@@ -33,8 +33,10 @@ from raas.sandbox.base import INSIDE_DIR, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig, SandboxLimits
 from raas.sandbox.fork import (
+    CARRY_ALL,
     SCRATCH_OWN,
     SHELL_OUTPUT_BYTES,
+    ForkCarry,
     ShellState,
     check_fits,
     copy_into,
@@ -150,6 +152,7 @@ class _ForkLayer:
     source: Path
     owner: int | None
     overlay: str | None
+    image_kept: tuple[str, ...] = ()  # ForkCarry's: the root's entries left as the image has them
 
 
 class BwrapSandbox(NamespacedSandbox):
@@ -201,6 +204,8 @@ class BwrapSandbox(NamespacedSandbox):
             "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
             "--size", str(limits.disk_bytes), "--tmpfs", workdir,
         ]  # fmt: skip
+        for directory in cfg.tmpfs_dirs:
+            args += ["--size", str(limits.tmp_bytes), "--tmpfs", directory]
         for name in _inside_files():
             args += ["--perms", "0444", "--file", str(data_fds[name]), f"/.raas/inside/{name}"]
         for host, target in {**self.provided_binds(), **cfg.ro_binds}.items():
@@ -229,7 +234,9 @@ class BwrapSandbox(NamespacedSandbox):
         layer = self._fork_layer
         if layer is not None:
             owner = None if user is None else layer.owner
-            root = dataclasses.replace(root, overlay=layer.overlay, seed_owner=owner)
+            root = dataclasses.replace(
+                root, overlay=layer.overlay, seed_owner=owner, seed_keep=layer.image_kept
+            )
         self._root_binds, self._root_prefix = root.bwrap_args(), root.launch_prefix()
         if layer is not None:
             try:
@@ -243,13 +250,15 @@ class BwrapSandbox(NamespacedSandbox):
     def _host_uid(self) -> int | None:
         return None if self._slot is None else self.config.uid_base + self._slot
 
-    async def fork(self, limits: SandboxLimits | None = None) -> BwrapSandbox:
-        # The agent's shell prints its state: data for the host to check, never code to replay.
-        nonce = secrets.token_hex(8)
-        shell = await self.call(
-            "bash", command=read_shell_command(nonce), max_output=SHELL_OUTPUT_BYTES
-        )
-        state = ShellState.parse(str(shell["output"]), nonce, not shell["output_cut_bytes"])
+    async def fork(
+        self, limits: SandboxLimits | None = None, carry: ForkCarry = CARRY_ALL
+    ) -> BwrapSandbox:
+        if carry.image_kept and self._root is not None and self._root.overlay is None:
+            raise SandboxError(
+                f"sandbox {self.id}: a fork that leaves {', '.join(carry.image_kept)} as the"
+                " image has them needs overlayfs, which this kernel refuses here"
+            )
+        state = await self._shell_state() if carry.scratch else None
         pids = await asyncio.to_thread(self.host_pids)
         lost = await asyncio.to_thread(not_carried, pids)
         init = await asyncio.to_thread(namespace_init, pids)
@@ -258,12 +267,21 @@ class BwrapSandbox(NamespacedSandbox):
         config = self.config
         if limits is not None:
             config = config.model_copy(update={"limits": limits})
+        if carry.tmpfs_dirs:
+            config = config.model_copy(update={"tmpfs_dirs": carry.tmpfs_dirs})
         caps = config.limits
         # What the child's tmpfs mounts must hold, in allocated blocks: refused before a copy.
-        workspace = Path(f"/proc/{init}/root{config.workdir}")
+        scratch = [(config.workdir, "", "disk_bytes"), ("/tmp", SCRATCH_OWN, "tmp_bytes")]
+        if not carry.scratch:
+            scratch = []
         mounts = [
-            (f"workspace ({config.workdir})", workspace, "disk_bytes", caps.disk_bytes),
-            ("/tmp", Path(f"/proc/{init}/root/tmp"), "tmp_bytes", caps.tmp_bytes),
+            (
+                f"workspace ({path})" if path != "/tmp" else path,
+                Path(f"/proc/{init}/root{path}"),
+                cap,
+                getattr(caps, cap),
+            )
+            for path, _, cap in scratch
         ]
         child = BwrapSandbox(config, self.image)
         if self._root is not None:
@@ -271,33 +289,48 @@ class BwrapSandbox(NamespacedSandbox):
             # The parent's root lives in its launch's mount namespace (not bwrap's).
             mount = Path(f"/proc/{self.process.pid}/root{self._root.mount_dir}")
             mounts.append(("image root's changes", mount, "disk_bytes", caps.disk_bytes))
-            child._fork_layer = _ForkLayer(mount / tree, self._host_uid(), self._root.overlay)
+            child._fork_layer = _ForkLayer(
+                mount / tree, self._host_uid(), self._root.overlay, carry.image_kept
+            )
         await asyncio.to_thread(check_fits, self.id, mounts)
         self.share_holds(child)
+        restored = None
         try:
             await child.start()
             child_init = await asyncio.to_thread(lambda: namespace_init(child.host_pids()))
             if child_init is None:
                 raise SandboxError(f"sandbox {child.id}: its namespace was not found")
             uid = child._host_uid()
-            for path, skip in ((config.workdir, ""), ("/tmp", SCRATCH_OWN)):
+            for path, skip, _ in scratch:
                 ours, theirs = (
                     Path(f"/proc/{init}/root{path}"),
                     Path(f"/proc/{child_init}/root{path}"),
                 )
                 await asyncio.to_thread(copy_into, ours, theirs, skip, uid)
-            restored = await child.bash(state.restore_command())
-            if restored.exit_code != 0:
-                raise SandboxError(f"fork of {self.id}: the shell's state: {restored.output}")
+            if state is not None:
+                restored = await child.bash(state.restore_command())
+                if restored.exit_code != 0:
+                    raise SandboxError(f"fork of {self.id}: the shell's state: {restored.output}")
         except BaseException:
             await child.close()
             if child._seed_fd is not None:  # opened, but its launch never came to take it
                 os.close(child._seed_fd)
                 child._seed_fd = None
             raise
-        shell_lost = [*state.dropped, *state.not_restored(restored.output)]
+        shell_lost: list[str] = []
+        if state is not None and restored is not None:
+            shell_lost = [*state.dropped, *state.not_restored(restored.output)]
         child.note = fork_note(self.id, lost, shell_lost)
         return child
+
+    async def _shell_state(self) -> ShellState:
+        """The agent's shell's directory and exported variables: data the shell prints for the
+        host to check, never code to replay."""
+        nonce = secrets.token_hex(8)
+        shell = await self.call(
+            "bash", command=read_shell_command(nonce), max_output=SHELL_OUTPUT_BYTES
+        )
+        return ShellState.parse(str(shell["output"]), nonce, not shell["output_cut_bytes"])
 
     def _data(self) -> dict[str, bytes]:
         """The files bwrap makes from data: passwd, group, and the action server's code."""

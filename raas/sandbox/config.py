@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -11,6 +12,8 @@ from raas.images.store import default_store_dir
 from raas.paths import HostPaths, host_paths
 
 MiB = 1024 * 1024
+TOP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+OWN_DIRS = frozenset({"proc", "dev", "tmp", "sys", "etc", "usr", "workspace", ".raas"})
 
 
 class SandboxLimits(BaseModel):
@@ -103,6 +106,20 @@ class BwrapConfig(_Namespaced):
         description="A root filesystem directory; default: the host's /usr read-only.",
     )
     network: bool = False
+    tmpfs_dirs: tuple[str, ...] = Field(
+        default=(),
+        description="Top-level directories (/tests) the sandbox gets empty and writable, each a"
+        " tmpfs of tmp_bytes over whatever the image has there (a judge's fork: ForkCarry).",
+    )
+
+    @field_validator("tmpfs_dirs")
+    @classmethod
+    def _top_level(cls, dirs: tuple[str, ...]) -> tuple[str, ...]:
+        for path in dirs:
+            name = path.removeprefix("/")
+            if not path.startswith("/") or not TOP_NAME.fullmatch(name) or name in OWN_DIRS:
+                raise ValueError(f"tmpfs_dirs: {path!r} is not a free top-level directory")
+        return dirs
 
 
 class LocalConfig(_Base):

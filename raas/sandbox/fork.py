@@ -89,6 +89,36 @@ SCRATCH_OWN = ".raas-"
 COPY_TIMEOUT_S = 600.0
 
 
+# A name of the root's entries, as the launch's shell reads a list of them (no blank, no glob).
+ENTRY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
+@dataclass(frozen=True)
+class ForkCarry:
+    """What of its parent a fork carries: by default everything (the image root's changes, the
+    workspace, ``/tmp``, the shell's state). A judge's fork carries less, so that nothing the
+    agent left where the judge's own programs live can run in its place: ``image_kept`` names
+    the root's entries (``usr``, ``etc``...) whose changes are dropped, the child seeing the
+    image's own files there, as are the changes to the root's top-level entries that are not
+    directories (a file planted at ``/``, a directory made a link); ``scratch`` False leaves
+    the workspace, ``/tmp`` and the shell's state behind; ``tmpfs_dirs`` are top-level
+    directories the child gets empty and writable whatever the parent had there (a judge's
+    ``/tests``, ``/logs``: BwrapConfig.tmpfs_dirs). Dropping needs overlayfs (a copy
+    fallback's root cannot be pruned back to the image's files)."""
+
+    image_kept: tuple[str, ...] = ()
+    scratch: bool = True
+    tmpfs_dirs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in self.image_kept:
+            if not ENTRY_NAME.fullmatch(name):
+                raise ValueError(f"ForkCarry.image_kept: {name!r} is not an entry of the root")
+
+
+CARRY_ALL = ForkCarry()
+
+
 def _markers(nonce: str) -> tuple[str, str]:
     return f"raas-shell-{nonce}-begin", f"raas-shell-{nonce}-end"
 

@@ -76,7 +76,11 @@ TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # in the copy fallback), copied into this tmpfs (sparse files kept sparse) before the overlay is
 # mounted, so the tmpfs's size caps them too; $RAAS_SEED_OWNER, the parent's host uid, whose
 # files become the sandbox's. That fd is closed (by Python: dash names no fd above 9) before
-# the rest runs: nothing in the sandbox can reach the parent's files through it.
+# the rest runs: nothing in the sandbox can reach the parent's files through it. With
+# $RAAS_SEED_KEEP (names of the root's entries, space-separated; overlay only), the copy keeps
+# the parent's changes under the root's other directories only: those entries, and every
+# top-level entry that is not a directory (a file, a link, a whiteout), are removed from the
+# copied upper layer, so the child sees the image's own there (``ForkCarry``).
 CLOSE_AND_EXEC = "import os, sys; os.close(int(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
 MOUNT_SCRIPT = f"""set -e
 PATH={TOOLS_PATH}
@@ -85,6 +89,15 @@ seed=${{RAAS_SEED:-}} from=${{RAAS_SEED_OWNER:-}}
 fill() {{
   cp -a --sparse=always -- "/proc/self/fd/$seed/." "$1/"
   [ -z "$from" ] || [ -z "$owner" ] || chown -hR --from="$from:$from" "$owner:$owner" -- "$1"
+  [ -z "${{RAAS_SEED_KEEP:-}}" ] || prune "$1"
+}}
+prune() {{
+  for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    n=${{e##*/}}
+    case " $RAAS_SEED_KEEP " in *" $n "*) rm -rf -- "$e"; continue;; esac
+    if [ -L "$e" ] || [ ! -d "$e" ]; then rm -rf -- "$e"; fi
+  done
 }}
 mount -t tmpfs -o "$opts" tmpfs "$t"
 cd "$t"
@@ -110,7 +123,7 @@ while [ "$1" != -- ]; do
 done
 shift
 [ -z "$seed" ] || set -- "$RAAS_PYTHON" -I -S -c '{CLOSE_AND_EXEC}' "$seed" "$@"
-unset PWD OLDPWD RAAS_PYTHON RAAS_COPY RAAS_SEED RAAS_SEED_OWNER
+unset PWD OLDPWD RAAS_PYTHON RAAS_COPY RAAS_SEED RAAS_SEED_OWNER RAAS_SEED_KEEP
 exec "$@"
 """
 
@@ -437,7 +450,8 @@ class ImageRoot:
     (``overlay_options``), or None to copy the layers instead (where the kernel refuses one).
     A fork's: ``seed_fd``, an open directory of the parent's changes (its upper directory, or
     its whole root with ``overlay`` None), passed to the launch and copied into the tmpfs;
-    ``seed_owner``, the parent's host uid (raas as root)."""
+    ``seed_owner``, the parent's host uid (raas as root); ``seed_keep``: the root's entries
+    where the child keeps the image's own files (``MOUNT_SCRIPT``'s $RAAS_SEED_KEEP)."""
 
     image: StoredImage
     mount_dir: Path
@@ -446,6 +460,7 @@ class ImageRoot:
     overlay: str | None = ""
     seed_fd: int | None = None
     seed_owner: int | None = None
+    seed_keep: tuple[str, ...] = ()
 
     @property
     def root(self) -> Path:
@@ -484,6 +499,8 @@ class ImageRoot:
             env["RAAS_SEED"] = str(self.seed_fd)
             if self.seed_owner is not None:
                 env["RAAS_SEED_OWNER"] = str(self.seed_owner)
+            if self.seed_keep:
+                env["RAAS_SEED_KEEP"] = " ".join(self.seed_keep)
         return env
 
     def bwrap_args(self) -> list[str]:

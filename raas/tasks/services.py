@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,20 +67,24 @@ class TaskServices:
             return loaded
         return await asyncio.to_thread(self.tokenizer)
 
-    async def sandbox(self, image: str | None = None) -> Sandbox:
+    async def sandbox(
+        self, image: str | None = None, caps: Mapping[str, Any] | None = None
+    ) -> Sandbox:
         """A started sandbox of the configured kind (warm from the pool when one is ready); with
-        ``image``, one whose root is that image of the image store (never from the pool)."""
+        ``image``, one whose root is that image of the image store (never from the pool).
+        ``caps``: limits a task asks for (SandboxLimits' fields), each taken only where lower
+        than the server's own: a task file may narrow a sandbox, never widen it."""
         if image is not None:
-            return await self._image_sandbox(image)
+            return await self._image_sandbox(image, caps or {})
         if self._pool is None:
             self._pool = SandboxPool(self.sandbox_config, self.warm_sandboxes)
             self._pool.fill()
         return await self._pool.acquire()
 
-    async def _image_sandbox(self, ref: str) -> Sandbox:
+    async def _image_sandbox(self, ref: str, caps: Mapping[str, Any]) -> Sandbox:
         store = self._store()
         stored = await asyncio.to_thread(store.resolve, ref)
-        sandbox = create_sandbox(self.sandbox_config, stored)
+        sandbox = create_sandbox(narrowed(self.sandbox_config, caps), stored)
         # No prune removes its layers while it runs; the hold waits out a prune's lock (a thread).
         await asyncio.to_thread(sandbox.hold, store.in_use(stored))
         await sandbox.start()  # a start that fails closes it, and lets the image go
@@ -121,3 +126,17 @@ def _tokenizer(name: str) -> Any:
 
                 loaded = _loaded[name] = load_tokenizer(name)
     return loaded
+
+
+def narrowed(config: SandboxConfig, caps: Mapping[str, Any]) -> SandboxConfig:
+    """``config`` with each of ``caps`` (SandboxLimits' fields) where it is lower than the
+    config's own (a cap of None, unlimited, is lowered by any number)."""
+    if not caps:
+        return config
+    limits = config.limits
+    update: dict[str, Any] = {}
+    for name, value in caps.items():
+        own = getattr(limits, name)
+        if value is not None and (own is None or value < own):
+            update[name] = value
+    return config.model_copy(update={"limits": limits.model_copy(update=update)})

@@ -123,7 +123,8 @@ async def test_closing_one_leaves_the_other_working(parent: Sandbox) -> None:
 
 
 async def test_what_is_not_carried_is_said_once(parent: Sandbox) -> None:
-    await parent.bash("sleep 300 &")
+    # Until the job is sleep itself (a loaded machine may still show the forked shell).
+    await parent.bash('sleep 300 & until [ "$(cat /proc/$!/comm)" = sleep ]; do :; done')
     async with started(await parent.fork()) as child:
         first = await child.bash("jobs | wc -l")
         assert first.output.strip() == "0"  # the child runs no copy of the sleep

@@ -1,0 +1,163 @@
+"""A Harbor task's verifier, run where nothing of the agent runs or lies in wait.
+
+Harbor's own runner runs ``tests/test.sh`` in the agent's live container: whatever the agent
+left running (a daemon that rewrites results), planted (``/logs/verifier/reward.txt``) or
+replaced (``pytest`` or ``python3`` on the image's path) is there when the verifier runs. Here
+the verifier gets a fork of the agent's sandbox that carries only the agent's files
+(``ForkCarry``), then the agent's sandbox is closed:
+
+- no process, shell state, workspace or ``/tmp`` of the agent: a fresh action server, and
+  ``test.sh`` a fresh process with the task's verifier env and timeout;
+- the image's own ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``, ``/opt`` (``SYSTEM``):
+  the agent's changes there are dropped, so the programs the verifier runs, their libraries
+  and their configuration (``ld.so.preload``, ``sitecustomize``) are the image's; so are the
+  changes to the root's top-level entries that are not directories (a ``/pytest.ini`` or
+  ``/conftest.py`` planted where pytest would look);
+- ``/tests`` and ``/logs`` empty tmpfs mounts of the verifier's own, over whatever the agent
+  left there; ``tests/`` is written in only now (the agent never had it), and the reward is
+  read from ``/logs/verifier`` of this sandbox;
+- Python's user site and the current directory left off ``sys.path`` (``PYTHONNOUSERSITE``,
+  ``PYTHONSAFEPATH``) unless the task's verifier env says otherwise.
+
+What the agent changed under every other directory (``/app``, ``/root``, ``/srv``...) is what
+the verifier judges. A verifier that runs code from there (a project's own ``conftest.py``,
+``make``, git hooks of a repository the agent had) runs what the agent wrote: Harbor's task
+authors judge the tree by reading it, and the docs say so (docs/harbor.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+from raas.sandbox import ForkCarry, Sandbox, SandboxError, ToolError
+
+SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
+TESTS_DIR = "/tests"
+LOGS_DIR = "/logs"
+VERIFIER_DIR = "/logs/verifier"
+VERIFIER_CARRY = ForkCarry(
+    image_kept=(*SYSTEM, "tests", "logs", "solution"),
+    scratch=False,
+    tmpfs_dirs=(TESTS_DIR, LOGS_DIR),
+)
+PYTHON_GUARDS = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+REWARD_BYTES = 64 * 1024
+OUTPUT_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class VerifierRun:
+    """What the verifier runs: ``tests`` (path below ``/tests`` -> bytes, executable), the
+    task's verifier ``env``, its ``timeout_s``, the image's ``workdir`` (test.sh's directory),
+    and ``reward_key`` (the scalar of a reward.json)."""
+
+    tests: dict[str, tuple[bytes, bool]]
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    workdir: str = "/"
+    reward_key: str = "reward"
+
+
+@dataclass
+class HarborVerdict:
+    """The scalar ``reward``, every named reward of a reward.json (``rewards``), and what the
+    run said (``metrics``: exit status, timed out, the output's tail, an error)."""
+
+    reward: float
+    rewards: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class RewardFileError(ValueError):
+    pass
+
+
+async def write_tree(sandbox: Sandbox, root: str, files: dict[str, tuple[bytes, bool]]) -> None:
+    """``files`` (relative path -> bytes, executable) written under ``root`` in ``sandbox``."""
+    for rel, (data, executable) in sorted(files.items()):
+        path = posixpath.join(root, rel)
+        parent = posixpath.dirname(path)
+        if parent != root:
+            made = await sandbox.exec(["mkdir", "-p", "--", parent])
+            if made.exit_code != 0:
+                raise SandboxError(f"cannot make {parent}: {made.stderr.strip()[-300:]}")
+        await sandbox.write_file(path, data, 0o755 if executable else 0o644)
+
+
+async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
+    """``tests/test.sh`` in ``verifier`` (a fork with ``VERIFIER_CARRY``), and its reward."""
+    await write_tree(verifier, TESTS_DIR, run.tests)
+    made = await verifier.exec(["mkdir", "-p", "--", VERIFIER_DIR])
+    if made.exit_code != 0:
+        raise SandboxError(f"cannot make {VERIFIER_DIR}: {made.stderr.strip()[-300:]}")
+    env = {**PYTHON_GUARDS, **run.env}
+    result = await verifier.exec(
+        ["bash", f"{TESTS_DIR}/test.sh"],
+        cwd=run.workdir,
+        env=env,
+        timeout_s=run.timeout_s,
+    )
+    metrics: dict[str, Any] = {
+        "verifier_exit_code": result.exit_code,
+        "verifier_timed_out": result.timed_out,
+        "verifier_output": (result.stdout + result.stderr)[-OUTPUT_TAIL:],
+    }
+    if result.timed_out:
+        metrics["verifier_error"] = f"test.sh ran past its {run.timeout_s:g} s"
+        return HarborVerdict(0.0, {}, metrics)
+    try:
+        rewards = await read_rewards(verifier, run.reward_key)
+    except RewardFileError as e:
+        metrics["verifier_error"] = str(e)
+        return HarborVerdict(0.0, {}, metrics)
+    return HarborVerdict(rewards[run.reward_key], rewards, metrics)
+
+
+async def read_rewards(verifier: Sandbox, key: str) -> dict[str, float]:
+    """The rewards test.sh wrote: reward.json's named numbers, else reward.txt's one number
+    (named ``key``). Neither, or a file that is not one of them, is a RewardFileError."""
+    found = {}
+    for name in ("reward.json", "reward.txt"):
+        try:
+            found[name] = await verifier.read_file(f"{VERIFIER_DIR}/{name}", max_bytes=REWARD_BYTES)
+        except ToolError:
+            continue
+    if "reward.json" in found:
+        return parse_reward_json(found["reward.json"], key)
+    if "reward.txt" in found:
+        return {key: parse_reward_text(found["reward.txt"])}
+    raise RewardFileError(f"test.sh wrote neither {VERIFIER_DIR}/reward.txt nor reward.json")
+
+
+def parse_reward_text(data: bytes) -> float:
+    """reward.txt: one finite number."""
+    try:
+        value = float(data.decode("utf-8").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise RewardFileError(f"reward.txt holds {data[:80]!r}, not a number") from None
+    if not math.isfinite(value):
+        raise RewardFileError(f"reward.txt holds {value}, not a finite number")
+    return value
+
+
+def parse_reward_json(data: bytes, key: str) -> dict[str, float]:
+    """reward.json: an object of named finite numbers (booleans as 0 and 1), ``key`` among
+    them."""
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise RewardFileError("reward.json is not JSON") from None
+    if not isinstance(parsed, dict):
+        raise RewardFileError("reward.json is not an object of named rewards")
+    rewards: dict[str, float] = {}
+    for name, value in parsed.items():
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise RewardFileError(f"reward.json: {name!r} is {value!r}, not a finite number")
+        rewards[str(name)] = float(value)
+    if key not in rewards:
+        raise RewardFileError(f"reward.json has no {key!r} (it has {', '.join(rewards) or 'none'})")
+    return rewards

@@ -1,0 +1,43 @@
+"""A Harbor task's image: its ``docker_image`` from the image store, or its ``environment/``
+built with buildah into the store (``raas.images.buildah``: named by the build context's digest
+and its bases', so the tasks of a dataset that share an environment build it once)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+from raas.images.buildah import build_context_async
+from raas.images.store import ImageStore
+from raas.tasks.harbor.instance import HarborInstance
+from raas.tasks.services import TaskServices
+
+
+async def task_image(services: TaskServices, instance: HarborInstance) -> str:
+    """The store's name of the task's image, built first where it must be (an ImageError,
+    naming the task, where it cannot be)."""
+    env = instance.config.environment
+    if env.docker_image is not None:
+        return env.docker_image
+    store = services.image_store
+    if not isinstance(store, ImageStore):  # a test's resolver, or none opened yet
+        store = ImageStore(services.image_store_dir())
+    with tempfile.TemporaryDirectory(prefix="raas-harbor-context-") as tmp:
+        context = Path(tmp)
+        await asyncio.to_thread(write_context, context, instance.under("environment"))
+        built = await build_context_async(store, context, timeout_s=env.build_timeout_sec)
+    return built.image.ref
+
+
+def write_context(root: Path, files: dict[str, tuple[bytes, bool]]) -> None:
+    """``files`` (path below environment/ -> bytes, executable) as a directory at ``root``;
+    their paths were checked at submission (relative, inside the task)."""
+    for rel, (data, executable) in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o755 if executable else 0o644)

@@ -1,0 +1,157 @@
+"""A Harbor task as the ``harbor`` task takes it: the task directory's files, inline.
+
+``files`` maps each path in the task directory (``task.toml``, ``instruction.md``,
+``environment/...``, ``tests/...``, ``solution/...``) to its UTF-8 text, ``binary_files`` to
+base64 for what is not text, ``executable`` lists the paths with an executable bit
+(``raas.helpers.task_dirs`` reads a directory into this). ``reward_key`` picks the scalar reward
+from a ``reward.json`` (default ``reward``). Checked at submission: the paths (relative, inside
+the task, none twice), the sizes, ``task.toml`` read strictly (``raas.tasks.harbor.config``),
+an environment (a Dockerfile or a ``docker_image``), and what raas cannot run refused in one
+line naming the task: docker-compose services, a task that asks for the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import posixpath
+from typing import Any, Self
+
+from pydantic import Field, StrictStr, ValidationError, field_validator, model_validator
+
+from raas.helpers.task_dirs import MAX_TASK_BYTES, MAX_TASK_FILES, TASK_FILE
+from raas.tasks.harbor.config import HarborConfig
+from raas.tasks.protocol import TaskInstance, located_error
+
+INSTRUCTION = "instruction.md"
+TEST_SCRIPT = "tests/test.sh"
+SOLVE_SCRIPT = "solution/solve.sh"
+DOCKERFILE = "environment/Dockerfile"
+TOP_LEVEL = ("environment", "tests", "solution")
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+
+
+def _clean_path(path: str) -> str | None:
+    """``path`` if it is a plain relative path inside the task, else None."""
+    if not path or path.startswith("/") or "\\" in path or "\0" in path:
+        return None
+    if posixpath.normpath(path) != path or path.split("/")[0] in ("", ".", ".."):
+        return None
+    return path
+
+
+class HarborInstance(TaskInstance):
+    name: StrictStr | None = Field(default=None, max_length=200)
+    files: dict[StrictStr, StrictStr]
+    binary_files: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    executable: list[StrictStr] = Field(default_factory=list)
+    reward_key: StrictStr = Field(default="reward", min_length=1, max_length=200)
+
+    @field_validator("files", "binary_files")
+    @classmethod
+    def _paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            if _clean_path(path) is None:
+                raise ValueError(f"{path!r} is not a relative path inside the task")
+            if path != TASK_FILE and path != INSTRUCTION and path.split("/")[0] not in TOP_LEVEL:
+                raise ValueError(
+                    f"{path!r}: a Harbor task holds {TASK_FILE}, {INSTRUCTION} and the"
+                    f" directories {', '.join(TOP_LEVEL)}"
+                )
+        return files
+
+    @field_validator("binary_files")
+    @classmethod
+    def _base64(cls, files: dict[str, str]) -> dict[str, str]:
+        for path, data in files.items():
+            try:
+                base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError(f"{path}: not base64") from None
+        return files
+
+    @model_validator(mode="after")
+    def _a_task(self) -> Self:
+        both = set(self.files) & set(self.binary_files)
+        if both:
+            raise located_error(("binary_files",), f"{sorted(both)[0]} is also in files")
+        total = sum(len(v) for v in self.files.values()) + sum(
+            len(v) * 3 // 4 for v in self.binary_files.values()
+        )
+        if total > MAX_TASK_BYTES or len(self.files) + len(self.binary_files) > MAX_TASK_FILES:
+            raise located_error(
+                ("files",), f"over {MAX_TASK_BYTES >> 20} MiB or {MAX_TASK_FILES} files in all"
+            )
+        for path in (TASK_FILE, INSTRUCTION, TEST_SCRIPT):
+            if path not in self.files:
+                raise located_error(("files",), f"{self.label}: a Harbor task needs {path}")
+        stray = sorted(set(self.executable) - set(self.files) - set(self.binary_files))
+        if stray:
+            raise located_error(("executable",), f"{stray[0]} is not one of the task's files")
+        config = self._config_or_error()
+        self._runnable_here(config)
+        return self
+
+    def _config_or_error(self) -> HarborConfig:
+        try:
+            return self.config
+        except ValidationError as e:
+            first = e.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "task.toml"
+            raise located_error(
+                ("files", TASK_FILE), f"{self.label}: task.toml: {where}: {first['msg']}"
+            ) from None
+        except ValueError as e:  # TOML syntax
+            raise located_error(("files", TASK_FILE), f"{self.label}: task.toml: {e}") from None
+
+    def _runnable_here(self, config: HarborConfig) -> None:
+        env = config.environment
+        for name in COMPOSE_FILES:
+            if f"environment/{name}" in self.files:
+                raise located_error(
+                    ("files", f"environment/{name}"),
+                    f"{self.label}: docker-compose services are not supported by raas (one"
+                    " image per task: a Dockerfile or task.toml's docker_image)",
+                )
+        if env.docker_image is None and DOCKERFILE not in self.files:
+            raise located_error(
+                ("files",), f"{self.label}: needs {DOCKERFILE} or task.toml's docker_image"
+            )
+        if env.asks_for_network:
+            raise located_error(
+                ("files", TASK_FILE),
+                f"{self.label}: asks for the network (environment.allow_internet or"
+                " network_mode), which raas's sandboxes do not have (docs/harbor.md)",
+            )
+
+    @property
+    def label(self) -> str:
+        """How messages name the task: its ``[task]`` name, else the instance's ``name``."""
+        return f"Harbor task {self.name!r}" if self.name else "the Harbor task"
+
+    @functools.cached_property
+    def config(self) -> HarborConfig:
+        return HarborConfig.from_toml(self.files[TASK_FILE])
+
+    @property
+    def instruction(self) -> str:
+        return self.files[INSTRUCTION]
+
+    def under(self, top: str) -> dict[str, tuple[bytes, bool]]:
+        """The files under ``top`` (``tests``, ``solution``, ``environment``), by their path
+        below it: their bytes and whether they are executable."""
+        prefix = top + "/"
+        out: dict[str, tuple[bytes, bool]] = {}
+        executable = set(self.executable)
+        for path, text in self.files.items():
+            if path.startswith(prefix):
+                out[path[len(prefix) :]] = (text.encode("utf-8"), path in executable)
+        for path, data in self.binary_files.items():
+            if path.startswith(prefix):
+                out[path[len(prefix) :]] = (base64.b64decode(data), path in executable)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """What a result keeps of the task (not its files): its name and config."""
+        return {"name": self.name, "config": self.config.model_dump(exclude_defaults=True)}

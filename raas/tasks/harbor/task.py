@@ -1,0 +1,154 @@
+"""``harbor``: a Harbor task (``task.toml``, ``instruction.md``, ``environment/``, ``tests/``).
+
+INIT makes the task's image sandbox (its ``docker_image`` from the image store, or its
+``environment/`` built by ``raas.tasks.harbor.environment``), with the task's caps where they
+are lower than the server's, starts the image's command in the background (a service the task
+relies on) and waits for its healthcheck. RUN is raas's agent loop, told the instruction and
+the image's working directory, for at most the task's agent timeout (then the verifier judges
+what the agent left). EVAL runs the verifier outside the agent's reach (``raas.judge.harbor``):
+a fork of the agent's files alone, the agent's sandbox closed first. ``tests/`` and
+``solution/`` never enter the agent's sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import time
+from typing import Any, ClassVar
+
+from raas.judge.harbor import VERIFIER_CARRY, VerifierRun, run_verifier
+from raas.sandbox import Sandbox, SandboxError
+from raas.tasks.agentic import AgentContext, AgentTask
+from raas.tasks.harbor.config import HarborConfig, HealthcheckConfig
+from raas.tasks.harbor.environment import task_image
+from raas.tasks.harbor.instance import HarborInstance
+from raas.tasks.protocol import RewardInfo, TaskJob
+from raas.wire import Trajectory
+
+log = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are an agent in a Linux environment, in the task's working directory. Do the task you"
+    " are given with the tools (bash, the editor). When it is done, call finish."
+)
+SERVICE_LOG = "/tmp/.raas-service.log"
+
+
+class HarborTask(AgentTask):
+    name = "harbor"
+    instance_model = HarborInstance
+    tools = ("bash", "editor", "finish", "think")
+    default_max_turns = 20
+    can_branch: ClassVar[bool] = True
+
+    def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
+        parsed = HarborInstance.model_validate(instance)
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": parsed.instruction},
+        ]
+
+    async def init(self, job: TaskJob) -> AgentContext:
+        self.validate(job)
+        if job.branch is not None:
+            return await self.branch_context(job)
+        instance = HarborInstance.model_validate(job.instance)
+        services = self.services_of(job)
+        ctx = AgentContext(job=job)
+        async with self.cleaned_up_on_error(ctx):
+            ref = await task_image(services, instance)
+            ctx.sandbox = await services.sandbox(ref, instance.config.limits_update())
+            ctx.closing.append(ctx.sandbox)
+            await start_environment(ctx.sandbox, instance.config)
+            await ctx.sandbox.bash(f"cd {shlex.quote(workdir_of(ctx.sandbox))}")
+        return ctx
+
+    async def run(self, context: Any) -> Trajectory:
+        ctx: AgentContext = context
+        config = HarborInstance.model_validate(ctx.job.instance).config
+        try:
+            async with asyncio.timeout(config.agent.timeout_sec):
+                return await super().run(ctx)
+        except TimeoutError:
+            # Harbor's rule: the agent's time is up, and what it left is judged.
+            ctx.stop_reason = "agent_timeout"
+            return ctx.trajectory
+
+    async def eval(self, context: Any, trajectory: Trajectory) -> RewardInfo:
+        ctx: AgentContext = context
+        instance = HarborInstance.model_validate(ctx.job.instance)
+        if ctx.sandbox is None:
+            return RewardInfo(0.0, {"verifier_error": "the agent had no sandbox"})
+        agents = ctx.sandbox
+        verifier = await agents.fork(carry=VERIFIER_CARRY)
+        ctx.closing.append(verifier)
+        await agents.close()  # nothing of the agent runs on while the verifier does
+        config = instance.config
+        await start_environment(verifier, config)
+        run = VerifierRun(
+            tests=instance.under("tests"),
+            env=dict(config.verifier.env),
+            timeout_s=config.verifier.timeout_sec,
+            workdir=workdir_of(verifier),
+            reward_key=instance.reward_key,
+        )
+        verdict = await run_verifier(verifier, run)
+        metrics: dict[str, Any] = {**verdict.metrics, "rewards": verdict.rewards}
+        metrics["stop_reason"] = ctx.stop_reason
+        if instance.name:
+            metrics["harbor_task"] = instance.name
+        return RewardInfo(verdict.reward, metrics)
+
+
+def workdir_of(sandbox: Sandbox) -> str:
+    """The image's WORKDIR (Harbor's tasks work and are judged there), else /."""
+    image = getattr(sandbox, "image", None)
+    workdir = getattr(image, "workdir", "") or "/"
+    return str(workdir)
+
+
+async def start_environment(sandbox: Sandbox, config: HarborConfig) -> None:
+    """The image's command started in the background, as a container of it would run it (a
+    service the task relies on), then the task's healthcheck waited for."""
+    image = getattr(sandbox, "image", None)
+    command = tuple(getattr(image, "command", ()) or ())
+    if command and not _is_a_shell(command):
+        line = " ".join(shlex.quote(a) for a in command)
+        started = await sandbox.exec(
+            ["sh", "-c", f"setsid -f {line} >{SERVICE_LOG} 2>&1 </dev/null"],
+            cwd=workdir_of(sandbox),
+            env={**config.environment.env},
+        )
+        if started.exit_code != 0:
+            raise SandboxError(f"the image's command {line} did not start: {started.stderr}")
+    if config.environment.healthcheck is not None:
+        await wait_healthy(sandbox, config.environment.healthcheck)
+
+
+def _is_a_shell(command: tuple[str, ...]) -> bool:
+    """An image whose command is a bare shell (``/bin/bash``, base images' default) runs no
+    service: a shell without a terminal would only exit."""
+    return len(command) == 1 and command[0].rsplit("/", 1)[-1] in ("sh", "bash", "dash")
+
+
+async def wait_healthy(sandbox: Sandbox, check: HealthcheckConfig) -> None:
+    """Run the healthcheck until it passes: every ``start_interval_sec`` during the start
+    period (failures not counted), then every ``interval_sec`` until ``retries`` failures."""
+    start = time.monotonic()
+    failures = 0
+    last = ""
+    while True:
+        result = await sandbox.exec(["sh", "-c", check.command], timeout_s=check.timeout_sec)
+        if result.exit_code == 0:
+            return
+        last = (result.stdout + result.stderr).strip()[-300:]
+        in_start = time.monotonic() - start < check.start_period_sec
+        if not in_start:
+            failures += 1
+            if failures >= check.retries:
+                raise SandboxError(
+                    f"the task's healthcheck failed {failures} times: {check.command}: {last}"
+                )
+        await asyncio.sleep(check.start_interval_sec if in_start else check.interval_sec)
