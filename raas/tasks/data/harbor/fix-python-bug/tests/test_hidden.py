@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, "/app")
 
-from spans import covers, gaps, merge, normalize, total_length  # noqa: E402
+from spans import covers, gaps, merge, normalize, total_length
 
 
 def points(intervals):

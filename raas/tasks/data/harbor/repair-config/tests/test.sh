@@ -9,7 +9,7 @@ status=$?
 # The database must be the original one, not a new or edited file.
 db_ok=0
 if [ "$(sha256sum < /app/var/inventory/inventory.db 2>/dev/null | cut -d' ' -f1)" = \
-     "$(sha256sum < /tests/inventory.db | cut -d' ' -f1)" ]; then
+     "$(sha256sum < /tests/inventory.db.in | cut -d' ' -f1)" ]; then
     db_ok=1
 fi
 if [ "$status" = 0 ] && [ "$out" = "$expected" ] && [ "$db_ok" = 1 ]; then

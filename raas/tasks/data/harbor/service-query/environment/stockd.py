@@ -58,14 +58,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urlsplit(self.path)
         if url.path == "/":
-            self.send_json(200, {
-                "service": "warehouse stock",
-                "endpoints": {
-                    "/items?page=N": f"items, {PAGE_SIZE} a page, pages 1 to {PAGES}; "
-                                     "'next' is the next page's path, or null on the last",
-                    "/categories": "each category's reorder level",
+            self.send_json(
+                200,
+                {
+                    "service": "warehouse stock",
+                    "endpoints": {
+                        "/items?page=N": f"items, {PAGE_SIZE} a page, pages 1 to {PAGES}; "
+                        "'next' is the next page's path, or null on the last",
+                        "/categories": "each category's reorder level",
+                    },
                 },
-            })
+            )
         elif url.path == "/items":
             try:
                 page = int(parse_qs(url.query).get("page", ["1"])[0])
@@ -74,12 +77,13 @@ class Handler(BaseHTTPRequestHandler):
             if not 1 <= page <= PAGES:
                 self.send_json(404, {"error": f"no page {page}; pages are 1 to {PAGES}"})
                 return
-            chunk = ITEMS[(page - 1) * PAGE_SIZE: page * PAGE_SIZE]
+            chunk = ITEMS[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
             nxt = f"/items?page={page + 1}" if page < PAGES else None
             self.send_json(200, {"page": page, "pages": PAGES, "items": chunk, "next": nxt})
         elif url.path == "/categories":
-            self.send_json(200, {name: {"reorder_level": c["reorder_level"]}
-                                 for name, c in CATEGORIES.items()})
+            self.send_json(
+                200, {name: {"reorder_level": c["reorder_level"]} for name, c in CATEGORIES.items()}
+            )
         else:
             self.send_json(404, {"error": f"no such endpoint: {url.path}; see GET /"})
 

@@ -1,5 +1,4 @@
 import pytest
-
 from spans import covers, gaps, merge, normalize, total_length
 
 
