@@ -16,8 +16,10 @@ the verifier gets a fork of the agent's sandbox that carries only the agent's fi
 - ``/tests`` and ``/logs`` empty tmpfs mounts of the verifier's own, over whatever the agent
   left there; ``tests/`` is written in only now (the agent never had it), and the reward is
   read from ``/logs/verifier`` of this sandbox;
-- Python's user site and the current directory left off ``sys.path`` (``PYTHONNOUSERSITE``,
-  ``PYTHONSAFEPATH``) unless the task's verifier env says otherwise.
+- ``PATH`` the image's, less every directory outside ``SYSTEM`` (an image that puts
+  ``/app/bin`` first would run the agent's ``python3``); Python's user site and the current
+  directory left off ``sys.path`` (``PYTHONNOUSERSITE``, ``PYTHONSAFEPATH``). The task's
+  verifier env, which its author wrote, may set any of them otherwise.
 
 What the agent changed under every other directory (``/app``, ``/root``, ``/srv``...) is what
 the verifier judges. A verifier that runs code from there (a project's own ``conftest.py``,
@@ -45,6 +47,7 @@ VERIFIER_CARRY = ForkCarry(
     tmpfs_dirs=(TESTS_DIR, LOGS_DIR),
 )
 PYTHON_GUARDS = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 REWARD_BYTES = 64 * 1024
 OUTPUT_TAIL = 4000
 
@@ -53,13 +56,25 @@ OUTPUT_TAIL = 4000
 class VerifierRun:
     """What the verifier runs: ``tests`` (path below ``/tests`` -> bytes, executable), the
     task's verifier ``env``, its ``timeout_s``, the image's ``workdir`` (test.sh's directory),
-    and ``reward_key`` (the scalar of a reward.json)."""
+    ``reward_key`` (the scalar of a reward.json), and the image's ``path`` (its PATH)."""
 
     tests: dict[str, tuple[bytes, bool]]
     env: dict[str, str] = field(default_factory=dict)
+    path: str = DEFAULT_PATH
     timeout_s: float = 600.0
     workdir: str = "/"
     reward_key: str = "reward"
+
+
+def system_path(path: str) -> str:
+    """``path`` with only its directories under ``SYSTEM`` (whose agent's changes the
+    verifier's fork drops), else ``DEFAULT_PATH``."""
+    kept = [
+        entry
+        for entry in path.split(":")
+        if entry.startswith("/") and ".." not in entry.split("/") and entry.split("/")[1] in SYSTEM
+    ]
+    return ":".join(kept) or DEFAULT_PATH
 
 
 @dataclass
@@ -94,7 +109,7 @@ async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
     made = await verifier.exec(["mkdir", "-p", "--", VERIFIER_DIR])
     if made.exit_code != 0:
         raise SandboxError(f"cannot make {VERIFIER_DIR}: {made.stderr.strip()[-300:]}")
-    env = {**PYTHON_GUARDS, **run.env}
+    env = {"PATH": system_path(run.path), **PYTHON_GUARDS, **run.env}
     result = await verifier.exec(
         ["bash", f"{TESTS_DIR}/test.sh"],
         cwd=run.workdir,

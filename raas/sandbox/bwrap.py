@@ -237,7 +237,8 @@ class BwrapSandbox(NamespacedSandbox):
             root = dataclasses.replace(
                 root, overlay=layer.overlay, seed_owner=owner, seed_keep=layer.image_kept
             )
-        self._root_binds, self._root_prefix = root.bwrap_args(), root.launch_prefix()
+        own = [directory.lstrip("/") for directory in self.config.tmpfs_dirs]
+        self._root_binds, self._root_prefix = root.bwrap_args(own), root.launch_prefix()
         if layer is not None:
             try:
                 fd = os.open(layer.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

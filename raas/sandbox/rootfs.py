@@ -503,12 +503,14 @@ class ImageRoot:
                 env["RAAS_SEED_KEEP"] = " ".join(self.seed_keep)
         return env
 
-    def bwrap_args(self) -> list[str]:
+    def bwrap_args(self, own: Sequence[str] = ()) -> list[str]:
         """bwrap's binds of the root's top-level entries, writable (the overlay is the
-        sandbox's own), but for those the sandbox gets from bwrap (/proc, /dev, /tmp)."""
+        sandbox's own), but for those the sandbox gets from bwrap (/proc, /dev, /tmp, and
+        ``own``: names of the entries it makes itself, such as a judge's tmpfs dirs, which
+        the image's entry, a link perhaps, must not shape)."""
         args: list[str] = []
         for name, target in top_entries(self.image).items():
-            if name in NOT_BOUND:
+            if name in NOT_BOUND or name in own:
                 continue
             if target is not None:
                 args += ["--symlink", target, f"/{name}"]

@@ -18,8 +18,10 @@ import shlex
 import time
 from typing import Any, ClassVar
 
-from raas.judge.harbor import VERIFIER_CARRY, VerifierRun, run_verifier
+from raas.images.image import StoredImage
+from raas.judge.harbor import DEFAULT_PATH, VERIFIER_CARRY, VerifierRun, run_verifier
 from raas.sandbox import Sandbox, SandboxError
+from raas.sandbox.rootfs import image_env
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.harbor.config import HarborConfig, HealthcheckConfig
 from raas.tasks.harbor.environment import task_image
@@ -93,6 +95,7 @@ class HarborTask(AgentTask):
             timeout_s=config.verifier.timeout_sec,
             workdir=workdir_of(verifier),
             reward_key=instance.reward_key,
+            path=image_path(verifier),
         )
         verdict = await run_verifier(verifier, run)
         metrics: dict[str, Any] = {**verdict.metrics, "rewards": verdict.rewards}
@@ -100,6 +103,14 @@ class HarborTask(AgentTask):
         if instance.name:
             metrics["harbor_task"] = instance.name
         return RewardInfo(verdict.reward, metrics)
+
+
+def image_path(sandbox: Sandbox) -> str:
+    """The image's PATH (its config's Env), else the verifier's default."""
+    image = getattr(sandbox, "image", None)
+    if not isinstance(image, StoredImage):
+        return DEFAULT_PATH
+    return image_env(image).get("PATH", DEFAULT_PATH)
 
 
 def workdir_of(sandbox: Sandbox) -> str:

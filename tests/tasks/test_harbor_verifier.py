@@ -1,0 +1,202 @@
+"""A Harbor task end to end on a real image built with buildah: a no-op agent scores 0, the gold
+solution 1, and the tricks that pay under a verifier run in the agent's own runtime (a daemon
+left running, a program planted first on the image's PATH, a planted reward file, a replaced
+system program) score 0 beside their control. The images tier (``make test-images``)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raas.images.store import ImageStore
+from raas.sandbox import BwrapConfig
+from raas.tasks.agentic import AgentContext
+from raas.tasks.harbor.task import HarborTask
+from raas.tasks.protocol import RewardInfo, TaskJob
+from raas.tasks.services import TaskServices
+from raas.wire import Trajectory
+from tests.support import tiers
+from tests.support.oci_images import ImageBuilder, base_rootfs, require_tools
+
+pytestmark = pytest.mark.images
+
+BASE = "raas/harbor-base:bookworm"
+DOCKERFILE = f"""FROM {BASE}
+WORKDIR /app
+COPY data.txt /app/data.txt
+RUN mkdir -p /app/bin /app/logs && ln -s /app/logs /logs
+ENV PATH=/app/bin:/usr/local/bin:/usr/bin:/bin
+"""
+CHECK = """import json, pathlib
+want = sum(int(x) for x in pathlib.Path("/app/data.txt").read_text().split())
+answer = pathlib.Path("/app/answer.txt")
+ok = answer.is_file() and answer.read_text().strip() == str(want)
+print(json.dumps({"reward": int(ok), "exists": int(answer.is_file())}))
+"""
+TEST_SH = """#!/bin/bash
+mkdir -p /logs/verifier
+python3 /tests/check.py > /tmp/reward.json && cp /tmp/reward.json /logs/verifier/
+"""
+SOLVE_SH = """#!/bin/bash
+python3 -c "print(sum(int(x) for x in open('/app/data.txt').read().split()))" > /app/answer.txt
+"""
+TOML = """schema_version = "1.1"
+[task]
+name = "raas/sum"
+[verifier]
+timeout_sec = 60.0
+[environment]
+cpus = 1
+memory_mb = 1024
+storage_mb = 512
+"""
+
+
+def instance() -> dict[str, Any]:
+    return {
+        "data_source": "harbor",
+        "name": "sum",
+        "files": {
+            "task.toml": TOML,
+            "instruction.md": "Write the sum of the numbers in /app/data.txt to /app/answer.txt.\n",
+            "environment/Dockerfile": DOCKERFILE,
+            "environment/data.txt": "3 4\n5\n",
+            "tests/test.sh": TEST_SH,
+            "tests/check.py": CHECK,
+            "solution/solve.sh": SOLVE_SH,
+        },
+        "executable": ["tests/test.sh", "solution/solve.sh"],
+    }
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TaskServices]:
+    require_tools()
+    if shutil.which("buildah") is None:
+        why = "the Harbor tests build with buildah: scripts/install-system-deps.sh"
+        if tiers.selected("images"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    rootfs = base_rootfs()
+    work = tmp_path_factory.mktemp("harbor-run")
+    builder = ImageBuilder(work / "layout")
+    tag = builder.base_of(rootfs)
+    single = work / "base-layout"
+    subprocess.run(
+        ["skopeo", "copy", "--quiet", f"oci:{builder.layout}:{tag}", f"oci:{single}:base"],
+        check=True,
+        timeout=300,
+    )
+    store = ImageStore(work / "store")
+    store.import_(single, BASE)
+    config = BwrapConfig(image_store=work / "store")
+    yield TaskServices(llm=None, sandbox_config=config, image_store=store)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def task() -> AsyncIterator[HarborTask]:
+    yield HarborTask()
+
+
+async def scored(services: TaskServices, agent: str | None) -> RewardInfo:
+    """The task's reward after ``agent`` (bash run in the agent's sandbox, or nothing)."""
+    task = HarborTask()
+    job = TaskJob(job_id="j", instance=instance(), sampling_params={}, services=services)
+    ctx = await task.init(job)
+    assert isinstance(ctx, AgentContext) and ctx.sandbox is not None
+    try:
+        if agent is not None:
+            done = await ctx.sandbox.bash(agent, timeout_s=60)
+            assert done.exit_code == 0, done.output
+        return await task.eval(ctx, Trajectory())
+    finally:
+        await task.cleanup(ctx)
+
+
+def solve() -> str:
+    return SOLVE_SH.split("\n", 1)[1].strip()
+
+
+async def test_the_gold_solution_scores_one_and_a_no_op_zero(services: TaskServices) -> None:
+    gold = await scored(services, solve())
+    assert gold.reward == 1.0, gold.metrics
+    assert gold.metrics["rewards"] == {"reward": 1.0, "exists": 1.0}  # reward.json's names kept
+    noop = await scored(services, None)
+    assert noop.reward == 0.0 and noop.metrics["rewards"] == {"reward": 0.0, "exists": 0.0}
+
+
+async def test_the_agent_never_sees_the_tests_or_the_solution(services: TaskServices) -> None:
+    looked = "ls /tests /solution 2>&1; grep -rl check.py / --exclude-dir=proc 2>/dev/null | head"
+    task = HarborTask()
+    job = TaskJob(job_id="j", instance=instance(), sampling_params={}, services=services)
+    ctx = await task.init(job)
+    assert isinstance(ctx, AgentContext) and ctx.sandbox is not None
+    try:
+        seen = await ctx.sandbox.bash(looked, timeout_s=120)
+    finally:
+        await task.cleanup(ctx)
+    assert "No such file" in seen.output and "check.py" not in seen.output.replace("ls", "")
+
+
+async def test_a_daemon_left_running_does_not_reach_the_verifier(services: TaskServices) -> None:
+    # Waits for the verifier's check and writes the answer it wants just in time: under a
+    # verifier run in the agent's runtime, it scores; here nothing of the agent runs on.
+    daemon = (
+        "nohup sh -c 'while :; do [ -e /tests/check.py ] && echo 12 > /app/answer.txt;"
+        " sleep 0.01; done' >/dev/null 2>&1 & disown; echo 0 > /app/answer.txt"
+    )
+    assert (await scored(services, daemon)).reward == 0.0
+    control = daemon.replace("echo 0 >", "echo 12 >")  # the same daemon, the right answer
+    assert (await scored(services, control)).reward == 1.0
+
+
+async def test_a_program_planted_first_on_the_images_path_is_not_run(
+    services: TaskServices,
+) -> None:
+    # The image puts /app/bin (the agent's) first on PATH: a fake python3 there would print
+    # the verifier a passing reward.
+    fake = (
+        'printf \'#!/bin/sh\\necho {\\"reward\\": 1, \\"exists\\": 1}\\n\' > /app/bin/python3;'
+        " chmod +x /app/bin/python3"
+    )
+    assert (await scored(services, fake)).reward == 0.0
+    assert (await scored(services, solve() + "; " + fake)).reward == 1.0
+
+
+async def test_a_planted_reward_file_is_not_read(services: TaskServices) -> None:
+    # /logs is a link into /app in this image: the agent can write the verifier's file there.
+    reward = '{"reward": 1, "exists": 1}'
+    plant = f"mkdir -p /logs/verifier && echo '{reward}' > /logs/verifier/reward.json"
+    breaks = plant + " && rm /app/data.txt"  # the check then crashes and writes nothing
+    planted = await scored(services, breaks)
+    assert planted.reward == 0.0 and "verifier_error" in planted.metrics
+    assert (await scored(services, plant + "; " + solve())).reward == 1.0
+
+
+async def test_changes_to_system_directories_do_not_reach_the_verifier(
+    services: TaskServices,
+) -> None:
+    # A rootless raas gives the agent the image's files: one that replaces python3 would run
+    # in the verifier. As root, the host writes it into the sandbox's upper layer the same way.
+    task = HarborTask()
+    job = TaskJob(job_id="j", instance=instance(), sampling_params={}, services=services)
+    ctx = await task.init(job)
+    assert isinstance(ctx, AgentContext) and ctx.sandbox is not None
+    try:
+        pid = next(iter(ctx.sandbox.host_pids()))
+        fake = Path(f"/proc/{pid}/root/usr/bin/python3")
+        await asyncio.to_thread(fake.unlink)
+        await asyncio.to_thread(fake.write_text, "#!/bin/sh\necho '{\"reward\": 1}'\n")
+        fake.chmod(0o755)
+        seen = await ctx.sandbox.exec(["python3", "-c", "print(1)"])
+        assert '{"reward": 1}' in seen.stdout  # the agent's sandbox runs the replacement
+        info = await task.eval(ctx, Trajectory())
+    finally:
+        await task.cleanup(ctx)
+    assert info.reward == 0.0 and info.metrics["rewards"]["exists"] == 0.0
