@@ -352,7 +352,7 @@ class Buildah:
 @dataclass
 class _Outcome:
     stdout: str
-    output: str  # stderr, then stdout: what failed is near the end
+    output: str  # stdout, then stderr: buildah says what failed last, on stderr
     timed_out: bool = False
     cancelled: bool = False
 
@@ -385,14 +385,14 @@ def _wait(proc: subprocess.Popen[str], budget_s: float, cancel: threading.Event 
         step = min(0.2, max(end - time.monotonic(), 0.0)) if cancel is not None else budget_s
         try:
             stdout, stderr = proc.communicate(timeout=max(step, 0.001))
-            return _Outcome(stdout, stderr + stdout)
+            return _Outcome(stdout, stdout + stderr)
         except subprocess.TimeoutExpired:
             cancelled = cancel is not None and cancel.is_set()
             if cancelled or time.monotonic() >= end:
                 _kill_group(proc)
                 stdout, stderr = proc.communicate()
                 return _Outcome(
-                    stdout, stderr + stdout, timed_out=not cancelled, cancelled=cancelled
+                    stdout, stdout + stderr, timed_out=not cancelled, cancelled=cancelled
                 )
 
 
