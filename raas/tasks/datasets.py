@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from raas.helpers.suggestions import did_you_mean
+from raas.helpers.task_dirs import read_task_dir, task_dirs
 from raas.tasks.countdown import generate_instances
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+HARBOR_DIR = DATA_DIR / "harbor"
 
 
 class DatasetError(ValueError):
@@ -61,6 +63,11 @@ def demo_mix() -> list[dict[str, Any]]:
     return code + swe + math
 
 
+def harbor_tasks() -> list[dict[str, Any]]:
+    """The Harbor tasks shipped with raas (raas/tasks/data/harbor), inline."""
+    return [read_task_dir(path) for path in task_dirs(HARBOR_DIR)]
+
+
 @dataclass(frozen=True)
 class BundledSet:
     name: str
@@ -91,6 +98,11 @@ BUNDLED = {
             "countdown",
             "reach a target number (scripted policy, no model)",
             lambda: generate_instances(64, seed=0),
+        ),
+        BundledSet(
+            "harbor",
+            "six Harbor tasks on raas/harbor-base:bookworm, with gold solutions (harbor)",
+            harbor_tasks,
         ),
         BundledSet("demo", "what make demo runs: 2 code, 2 swe, 4 math", demo_mix),
     )

@@ -17,6 +17,8 @@ import pytest
 from raas.images.store import ImageStore
 from raas.sandbox import BwrapConfig
 from raas.tasks.agentic import AgentContext
+from raas.tasks.datasets import harbor_tasks
+from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.harbor.task import HarborTask
 from raas.tasks.protocol import RewardInfo, TaskJob
 from raas.tasks.services import TaskServices
@@ -104,10 +106,13 @@ async def task() -> AsyncIterator[HarborTask]:
     yield HarborTask()
 
 
-async def scored(services: TaskServices, agent: str | None) -> RewardInfo:
+async def scored(
+    services: TaskServices, agent: str | None, task_instance: dict[str, Any] | None = None
+) -> RewardInfo:
     """The task's reward after ``agent`` (bash run in the agent's sandbox, or nothing)."""
     task = HarborTask()
-    job = TaskJob(job_id="j", instance=instance(), sampling_params={}, services=services)
+    inst = task_instance or instance()
+    job = TaskJob(job_id="j", instance=inst, sampling_params={}, services=services)
     ctx = await task.init(job)
     assert isinstance(ctx, AgentContext) and ctx.sandbox is not None
     try:
@@ -200,3 +205,16 @@ async def test_changes_to_system_directories_do_not_reach_the_verifier(
     finally:
         await task.cleanup(ctx)
     assert info.reward == 0.0 and info.metrics["rewards"]["exists"] == 0.0
+
+
+@pytest.mark.parametrize("name", [t["name"] for t in harbor_tasks()])
+async def test_each_shipped_task_scores_its_gold_one_and_a_no_op_zero(
+    services: TaskServices, name: str
+) -> None:
+    (shipped,) = [t for t in harbor_tasks() if t["name"] == name]
+    HarborInstance.model_validate(shipped)  # as submission reads it
+    solve_sh = shipped["files"]["solution/solve.sh"]
+    # The gold policy: solve.sh written where the agent works and run there (the oracle).
+    gold = f"cat > /tmp/solve.sh <<'RAAS_EOF'\n{solve_sh}\nRAAS_EOF\nbash /tmp/solve.sh"
+    assert (await scored(services, gold, shipped)).reward == 1.0
+    assert (await scored(services, None, shipped)).reward == 0.0
