@@ -119,6 +119,7 @@ MAY_IMPORT = {
     "raas.images.refs": (),
     "raas.paths": (),
     "raas.images.overlay": (),  # also run alone by the host's python: stdlib only
+    "raas.images.userns": (),  # run alone by the host's python (buildah as root): stdlib only
 }
 
 

@@ -14,10 +14,16 @@ Otherwise, with its own storage (``BuildahDirs``, under raas's cache: never the 
    ``buildah pull oci:STORE:REF`` (the store is an OCI layout whose index names its images by
    their normalized refs) and ``buildah tag`` under the same name, which ``FROM`` finds locally;
    a base the store lacks is an ``ImageNotStored`` naming the command that gets it;
-2. ``buildah build --pull=never`` with RUN steps cut off from the network: as root, buildah
-   runs in a fresh network namespace (``unshare --net``; ``--isolation chroot``, which needs
-   no OCI runtime but refuses ``--network none``); as anyone else, ``--isolation rootless
-   --network none`` (crun or runc, and subordinate ids in /etc/subuid);
+2. ``buildah build --pull=never`` with RUN steps cut off from the network and unable to
+   chroot (``DROPPED_CAPS``). As root, every buildah command runs as root of a user namespace
+   whose ids are unprivileged host ids (``BUILD_UID``..: ``raas.images.userns``), with a
+   network namespace of its own for the build (``--isolation chroot``, which needs no OCI
+   runtime but refuses ``--network none``): a Dockerfile's RUN steps are never the host's root,
+   which a chroot does not hold. Its storage is then ``ROOT_DIR`` (which that id can reach),
+   it reads a copy of the build context and of each base (the store is raas's alone), and the
+   Dockerfile it reads names each base in full (it finds a stored base by its full name only).
+   As anyone else, ``--isolation rootless --network none`` (crun or runc, and subordinate ids
+   in /etc/subuid);
 3. ``buildah push`` to an OCI layout, whose manifest is rewritten to name the base layers by
    the store's own blobs (buildah recompresses them, to other digests: the same diff_ids), then
    ``store.import_``: so the base's blobs and unpacked layers are shared, never copied;
@@ -39,7 +45,9 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -49,7 +57,7 @@ from pathlib import Path
 from typing import Literal
 
 from raas.images import locks, manifests
-from raas.images.dockerfile import ContextError, base_refs, context_digest
+from raas.images.dockerfile import ContextError, base_refs, context_digest, qualified
 from raas.images.errors import ImageError, ImageNotStored
 from raas.images.image import StoredImage
 from raas.images.refs import normalize
@@ -59,6 +67,18 @@ from raas.paths import host_paths
 log = logging.getLogger(__name__)
 
 INSTALL = "apt-get install buildah"
+# As root, buildah runs as root of a user namespace whose ids are these host ids
+# (``raas.images.userns``): a Dockerfile's RUN steps never run as the host's root. Below the
+# sandboxes' ids (``uid_base``, 1,200,000 up), above any account's.
+BUILD_UID = 1_100_000
+BUILD_IDS = 65536
+USERNS = Path(__file__).with_name("userns.py")
+# As root, buildah's storage: every directory above it must let BUILD_UID pass (search, not
+# list: /var/lib/raas is made 0711).
+ROOT_DIR = Path("/var/lib/raas/buildah")
+# What a RUN step may not do even as root of its namespace: chroot (the way out of buildah's
+# chroot isolation, to the files its mount namespace shares with the host).
+DROPPED_CAPS = ("CAP_SYS_CHROOT",)
 REF_PREFIX = "localhost/raas-build/"
 Isolation = Literal["auto", "chroot", "rootless", "oci"]
 _TAIL_LINES = 12  # of buildah's output, in an ImageError
@@ -82,7 +102,11 @@ class BuildahDirs:
 
     @classmethod
     def default(cls) -> BuildahDirs:
-        """``buildah`` in raas's cache dir ($RAAS_CACHE_DIR, else ~/.cache/raas)."""
+        """``buildah`` in raas's cache dir ($RAAS_CACHE_DIR, else ~/.cache/raas); as root,
+        ``ROOT_DIR``: buildah then runs as an unprivileged id, which must reach its storage
+        (root's home is closed to it)."""
+        if os.geteuid() == 0:
+            return cls(ROOT_DIR)
         return cls(host_paths().cache_dir.expanduser() / "buildah")
 
     @property
@@ -100,6 +124,10 @@ class BuildahDirs:
     @property
     def locks(self) -> Path:
         return self.base / "locks"
+
+    @property
+    def home(self) -> Path:
+        return self.base / "home"
 
 
 class Cancelled(ImageError):
@@ -245,10 +273,24 @@ class Buildah:
     ) -> StoredImage:
         for d in (self.dirs.root, self.dirs.runroot, self.dirs.tmp, self.dirs.locks):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.root:
+            _passable(self.dirs.base)
+            (self.dirs.home / "run").mkdir(parents=True, exist_ok=True, mode=0o700)
+            _own(self.dirs, (self.dirs.root, self.dirs.runroot, self.dirs.tmp, self.dirs.home))
         for name, image in bases.items():
             self._load_base(store, name, image)
         with tempfile.TemporaryDirectory(prefix="build-", dir=self.dirs.tmp) as tmp:
             iid_file = Path(tmp) / "iid"
+            # buildah's user (as root: an unprivileged id) reads a copy of the context and a
+            # Dockerfile whose bases are spelt out in full.
+            names = {name: normalize(name) for name in bases}
+            text = qualified(dockerfile.read_text(), names)
+            copy = Path(tmp) / "context"
+            shutil.copytree(context, copy, symlinks=True)
+            (Path(tmp) / "Dockerfile").write_text(text)
+            if self.root:
+                _chown_tree(Path(tmp))
+            context, dockerfile = copy, Path(tmp) / "Dockerfile"
             self._run(self._build_argv(context, dockerfile, iid_file, digest), what="build")
             image_id = iid_file.read_text().strip()
             try:
@@ -278,23 +320,50 @@ class Buildah:
         ]
         if self.isolation != "chroot":
             argv.append("--network=none")  # chroot refuses it: its namespace is cut instead
+        argv += [f"--cap-drop={cap}" for cap in DROPPED_CAPS]
         return [*argv, str(context)]
 
     def _load_base(self, store: ImageStore, name: str, image: StoredImage) -> None:
         """The store's ``image`` in buildah's storage under ``name``, as FROM spells it out
         (a no-op of milliseconds when its layers are there already)."""
+        layout, tag = store.root, image.ref
+        if self.root:  # the store is raas's alone: buildah's user reads a copy of the image
+            layout, tag = self._base_copy(store, image), "base"
         image_id = self._run(
-            ["pull", "--quiet", f"oci:{store.root}:{image.ref}"], what=f"load {name}", net=False
+            ["pull", "--quiet", f"oci:{layout}:{tag}"], what=f"load {name}", net=False
         ).strip()
         image_id = image_id.splitlines()[-1]
         self._run(["tag", image_id, normalize(name)], what="tag", net=False)
         # buildah names an image pulled from a layout after the layout's path; that name is
         # dropped (the image keeps the FROM name), so one store's name does not move between
         # bases and hold an old one's layers.
-        stray = f"localhost/{store.root.as_posix().strip('/').lower()}:latest"
+        stray = f"localhost/{layout.as_posix().strip('/').lower()}:latest"
         if stray != normalize(name):
             with contextlib.suppress(ImageError):
                 self._run(["rmi", stray], what="untag", net=False)
+
+    def _base_copy(self, store: ImageStore, image: StoredImage) -> Path:
+        """A copy of the stored ``image`` as an OCI layout that buildah's user may read (made
+        once per image digest, beside buildah's storage)."""
+        layout = self.dirs.base / "bases" / image.digest.replace(":", "-")
+        if (layout / "index.json").exists():
+            return layout
+        partial = layout.with_name(layout.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        skopeo = shutil.which("skopeo")
+        if skopeo is None:
+            raise ImageError("loading a base image needs skopeo: apt-get install skopeo")
+        store_layout = f"oci:{store.root}:{image.ref}"
+        argv = [skopeo, "copy", "--quiet", store_layout, f"oci:{partial}:base"]
+        with _group(argv, dict(os.environ)) as proc:
+            out = _wait(proc, max(self.deadline - time.monotonic(), 1.0), self.cancel)
+        if out.timed_out or out.cancelled or proc.returncode != 0:
+            raise ImageError(f"copying base image {image.ref} for buildah: {_tail(out.output)}")
+        _chown_tree(partial)
+        os.replace(partial, layout)
+        _chown_tree(layout.parent, recursive=False)
+        return layout
 
     def _remove_image(self, image_id: str) -> None:
         try:
@@ -313,11 +382,12 @@ class Buildah:
             str(self.dirs.runroot),
             *args,
         ]
-        if net and self.isolation == "chroot":
-            unshare = shutil.which("unshare")
-            if unshare is None:
-                raise ImageError("building as root needs unshare: apt-get install util-linux")
-            argv = [unshare, "--net", "--", *argv]
+        if self.root:
+            # Root of a namespace of unprivileged host ids (and, for the build, without a
+            # network: chroot isolation refuses --network none).
+            flag = "net" if net else "nonet"
+            userns = [sys.executable, "-I", "-S", str(USERNS), str(BUILD_UID), str(BUILD_IDS)]
+            argv = [*userns, flag, "--", *argv]
         return argv
 
     def _run(
@@ -334,6 +404,8 @@ class Buildah:
         build is cancelled (its process group killed)."""
         argv = self._argv(args, net)
         env = {**os.environ, "TMPDIR": str(self.dirs.tmp), "BUILDAH_LAYERS": "false"}
+        if self.root:  # buildah's user has no home of the host's: its own, beside its storage
+            env |= {"HOME": str(self.dirs.home), "XDG_RUNTIME_DIR": str(self.dirs.home / "run")}
         env.pop("BUILDAH_ISOLATION", None)  # the flag decides
         with _group(argv, env) as proc:
             budget = max(self.deadline - time.monotonic(), min_s)
@@ -405,6 +477,46 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # what of the group outlived its leader too
     proc.wait()
+
+
+def _passable(base: Path) -> None:
+    """Every directory above ``base`` lets others pass (buildah's unprivileged id must reach
+    its storage); /var/lib/raas, raas's own, is made so. An ImageError names one that does
+    not."""
+    if base.parent == ROOT_DIR.parent:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        st = base.parent.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not stat.S_ISLNK(st.st_mode):
+            os.chmod(base.parent, 0o711)
+    for above in base.parents:
+        if not os.stat(above).st_mode & stat.S_IXOTH:
+            raise ImageError(
+                f"buildah's storage {base} is below {above}, which other users cannot pass:"
+                f" buildah runs as uid {BUILD_UID} here (put its storage elsewhere, as"
+                f" {ROOT_DIR} is)"
+            )
+
+
+def _own(dirs: BuildahDirs, trees: Sequence[Path]) -> None:
+    """buildah's storage belongs to the build ids' root (made so once: a storage an older raas
+    filled as the host's root is given over whole)."""
+    for tree in trees:
+        # What a buildah run as the host's root would have made at the top (its overlay's
+        # ``l``, say) stops buildah's user: given over again, whole.
+        top = [tree, *tree.iterdir(), *(d for d in tree.glob("*/*") if d.is_dir())]
+        if any(p.lstat().st_uid != BUILD_UID for p in top):
+            _chown_tree(tree)
+    _chown_tree(dirs.base, recursive=False)
+
+
+def _chown_tree(path: Path, recursive: bool = True) -> None:
+    """``path`` (and all under it) to the build ids' root; links themselves, never followed."""
+    os.chown(path, BUILD_UID, BUILD_UID, follow_symlinks=False)
+    if not recursive:
+        return
+    for top, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(top, name), BUILD_UID, BUILD_UID, follow_symlinks=False)
 
 
 def _tail(output: str) -> str:

@@ -192,3 +192,24 @@ def _file_sha256(path: Path) -> str:
     except OSError as e:
         raise ContextError(f"{path}: cannot read it ({e.strerror or e})") from e
     return h.hexdigest()
+
+
+def qualified(text: str, names: dict[str, str]) -> str:
+    """``text`` with each base image of its ``FROM`` and ``COPY --from`` lines written as
+    ``names`` gives it (as written -> its full name): buildah in a user namespace finds a
+    stored base by its full name only. Lines, comments and layout stay; a base image named
+    through an ``ARG``, or on a continued ``FROM`` line, is left as written."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        words = line.split()
+        if words and words[0].upper() == "FROM":
+            image = next((w for w in words[1:] if not w.startswith("--")), None)
+            if image is not None and image in names:
+                head, sep, tail = line.partition(image)
+                line = head + names[image] + tail if sep else line
+        elif words and words[0].upper() == "COPY":
+            line = _FROM_FLAG.sub(
+                lambda m: f"--from={names.get(m[1], m[1])}" if m[1] in names else m[0], line
+            )
+        out.append(line)
+    return "".join(out)

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from raas.cli import main
 from raas.images import manifests
-from raas.images.buildah import BuildahDirs, build_context, build_context_async
+from raas.images.buildah import Buildah, BuildahDirs, build_context, build_context_async
 from raas.images.errors import ImageError
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore
@@ -72,7 +72,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     )
     store = ImageStore(work / "store")
     base = store.import_(single, BASE)
-    yield Setup(store=store, dirs=BuildahDirs(work / "buildah"), base=base)
+    # As root, buildah's unprivileged id must reach its storage: not below pytest's 0700 dirs.
+    own = BuildahDirs.default().base.parent / f"buildah-test-{os.getpid()}"
+    dirs = BuildahDirs(own) if os.geteuid() == 0 else BuildahDirs(work / "buildah")
+    try:
+        yield Setup(store=store, dirs=dirs, base=base)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _context(root: Path, data: str = "data\n", dockerfile: str = DOCKERFILE) -> Path:
@@ -97,8 +103,8 @@ def _build(s: Setup, ctx: Path, **kw: float) -> tuple[StoredImage, bool]:
 
 
 def _buildah(s: Setup, *args: str) -> str:
-    argv = ["buildah", "--root", str(s.dirs.root), "--runroot", str(s.dirs.runroot), *args]
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    # As raas runs it (as root: in its user namespace, which owns the storage).
+    return Buildah(s.dirs, time.monotonic() + 60)._run(list(args), what="query", net=False)
 
 
 @pytest.mark.images
@@ -241,3 +247,39 @@ def test_the_cli_prints_the_ref_and_whether_it_was_cached(setup: Setup, tmp_path
         main, ["images", "build-context", str(missing), "--store", str(setup.store.root)]
     )
     assert result.exit_code == 1 and "raas images pull raas/absent:v1" in result.output
+
+
+ESCAPE = (
+    "import os\n"
+    "os.makedirs('/esc', exist_ok=True)\n"
+    "top = os.open('/', os.O_RDONLY)\n"
+    "os.chroot('/esc')\n"
+    "os.fchdir(top)\n"
+    "for _ in range(64):\n"
+    "    os.chdir('..')\n"
+    "os.chroot('.')\n"
+    "open('{marker}', 'w').write('escaped')\n"
+)
+
+
+@pytest.mark.images
+def test_a_run_step_is_no_root_of_the_host_and_cannot_leave_its_chroot(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A Dockerfile is a task's: its RUN steps ran as the host's root in a chroot they could
+    leave (a chroot of their own, then ``..``), with all the host's files to write."""
+    marker = f"/tmp/raas-build-escape-{os.getpid()}"
+    ctx = tmp_path / "env"
+    ctx.mkdir()
+    (ctx / "escape.py").write_text(ESCAPE.format(marker=marker))
+    (ctx / "Dockerfile").write_text(
+        f"FROM {BASE}\nCOPY escape.py /escape.py\n"
+        "RUN (cat /proc/self/uid_map; python3 /escape.py) > /attempt.txt 2>&1 || true\n"
+    )
+    image, _ = _build(setup, ctx)
+    attempt = _in_layers(image, "/attempt.txt") or ""
+    assert not Path(marker).exists(), attempt
+    if os.geteuid() == 0:  # root of its namespace only: an unprivileged id of the host's
+        inside, outside, _ = attempt.split()[:3]
+        assert inside == "0" and int(outside) >= 1_000_000
+    assert "PermissionError" in attempt or "Operation not permitted" in attempt
