@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
 from raas.client.single_server import RaasHTTPError, with_job_id
+from raas.helpers.task_dirs import TaskDirError, read_task_dir, task_dirs
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 
@@ -39,9 +40,16 @@ def read_tasks(path: Path, task: str | None = None) -> list[tuple[str, dict[str,
 
 
 def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The objects in a task file, each with ``FILE:LINE`` (``FILE:ROW`` in Parquet, from 1)."""
+    """The objects in a task file, each with ``FILE:LINE`` (``FILE:ROW`` in Parquet, from 1);
+    a directory is a Harbor task or a dataset of them, each task a ``harbor`` instance with its
+    files inline, found at its directory."""
     if not path.exists():
         raise TaskFileError(f"no such task file: {path}")
+    if path.is_dir():
+        try:
+            return [(str(task), read_task_dir(task)) for task in task_dirs(path)]
+        except TaskDirError as e:
+            raise TaskFileError(str(e)) from e
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -63,7 +71,7 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
                     except json.JSONDecodeError as e:
                         raise TaskFileError(f"{path}:{lineno}: not JSON: {e}") from e
     else:
-        raise TaskFileError(f"{path}: use .jsonl or .parquet")
+        raise TaskFileError(f"{path}: use .jsonl, .parquet or a Harbor task directory")
     for where, row in numbered:
         if not isinstance(row, dict):
             raise TaskFileError(f"{where}: expected a JSON object")

@@ -11,7 +11,9 @@ sentence and Hermes ``<tool_call>{json}</tool_call>`` markup, as the agent loop 
   tests, finish; a row in its own image works in /testbed and runs its tests with pytest;
 - math: compute the answer with ipython (``math_solvers``: from the problem's text), then give
   the printed value to finish;
-- stem: give the answer (the letter, or the number and its unit) to finish.
+- stem: give the answer (the letter, or the number and its unit) to finish;
+- harbor: write the task's ``solution/solve.sh`` to /tmp and run it with bash, with the task's
+  ``[solution] env``, where the agent works (the image's WORKDIR), then finish.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from raas.oracle import sabotage
 from raas.oracle.catalogue import GoldTask
 from raas.oracle.math_solvers import solver_program
 from raas.tasks.code import SOLUTION
+from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.swe import IMAGE_TEST_COMMAND, REPO, TEST_COMMAND, SweInstance, SweTask
 
 PATCH_FILE = "/tmp/fix.patch"
@@ -81,7 +84,7 @@ def call(name: str, **arguments: object) -> str:
 
 def plan(task: GoldTask, way: str | None) -> list[Step]:
     """The steps of ``task``'s trajectory; ``way`` is how it is sabotaged (None: gold)."""
-    plans = {"code": _code, "swe": _swe, "math": _math, "stem": _stem}
+    plans = {"code": _code, "swe": _swe, "math": _math, "stem": _stem, "harbor": _harbor}
     return plans[task.kind](task, way)
 
 
@@ -300,3 +303,25 @@ def _stem(task: GoldTask, way: str | None) -> list[Step]:
         return say(f"The answer is {given}.", call("finish", answer=given))
 
     return [answer]
+
+
+# --- harbor -----------------------------------------------------------------------------------
+
+SOLVE_FILE = "/tmp/solve.sh"
+
+
+def _harbor(task: GoldTask, way: str | None) -> list[Step]:
+    if way == "no_op":
+        return [_finish("Nothing to do.")]
+    env = HarborInstance.model_validate(task.instance).config.solution.env
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    end = "RAAS_ORACLE_SOLVE_SH"
+    command = (
+        f"cat > {SOLVE_FILE} <<'{end}'\n{task.solution.rstrip(chr(10))}\n{end}\n"
+        f"{'env ' + assignments + ' ' if assignments else ''}bash {SOLVE_FILE}"
+    )
+
+    def solve(turns: list[Turn]) -> str:
+        return say("I will run the solution script.", call("bash", command=command))
+
+    return [solve, _finish("The task is done.")]

@@ -12,7 +12,8 @@ score 0.0. The ways are the mistakes a policy makes and the shortcuts it may fin
   untouched; the failing tests' bodies replaced by ``pass``);
 - math: ``wrong_value`` (the computed answer + 1), ``hedge`` (the wrong and the right answer);
 - stem: ``wrong_value`` (the next letter, or the number off by five times the tolerance),
-  ``hedge``.
+  ``hedge``;
+- harbor: ``no_op`` (finish at once: the environment as built must score 0).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SABOTAGES: dict[str, tuple[str, ...]] = {
     "swe": ("broken_patch", "wrong_fix", "edit_tests"),
     "math": ("wrong_value", "hedge"),
     "stem": ("wrong_value", "hedge"),
+    "harbor": ("no_op",),
 }
 
 

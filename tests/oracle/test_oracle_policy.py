@@ -22,10 +22,10 @@ from raas.llm.chat import encode, observation_delta, render_text
 from raas.llm.models import ModelNotFound, load_model, load_tokenizer, tokenizer_missing
 from raas.llm.toolcalls import HermesParser
 from raas.oracle import sabotage
-from raas.oracle.catalogue import HANDLERS, SETS, GoldTask, catalogue, gold_tasks
+from raas.oracle.catalogue import HANDLERS, IMAGE_SETS, SETS, GoldTask, catalogue, gold_tasks
 from raas.oracle.math_solvers import solver_program
 from raas.oracle.model import Oracle, token_logprob
-from raas.oracle.policy import UNKNOWN, chatml, last_written_line
+from raas.oracle.policy import UNKNOWN, chatml, last_written_line, plan
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +69,22 @@ def test_every_math_answer_follows_from_its_problem_text() -> None:
 
 
 def test_the_catalogue_knows_every_bundled_task() -> None:
-    counts = {name: len(gold_tasks(name)) for name in SETS}
-    assert counts == {"humaneval": 164, "swe": 24, "math": 200, "stem": 120}
+    counts = {name: len(gold_tasks(name)) for name in [*SETS, *IMAGE_SETS]}
+    assert counts == {"humaneval": 164, "swe": 24, "math": 200, "stem": 120, "harbor": 6}
     assert len(catalogue()) == sum(counts.values())
+
+
+def test_the_harbor_oracle_runs_the_tasks_solution_or_does_nothing() -> None:
+    (task,) = [t for t in gold_tasks("harbor") if t.instance["name"] == "shell-pipeline"]
+    gold = plan(task, None)
+    reply = gold[0]([])
+    call = json.loads(reply.split("<tool_call>")[1].split("</tool_call>")[0])
+    command = call["arguments"]["command"]
+    assert call["name"] == "bash" and command.endswith("\nbash /tmp/solve.sh")
+    assert task.solution.strip() in command
+    assert "finish" in gold[1]([])
+    (no_op,) = plan(task, "no_op")
+    assert "finish" in no_op([]) and "solve.sh" not in no_op([])
 
 
 def test_sabotage_is_a_deterministic_fraction() -> None:
