@@ -278,7 +278,10 @@ class Buildah:
             (self.dirs.home / "run").mkdir(parents=True, exist_ok=True, mode=0o700)
             _own(self.dirs, (self.dirs.root, self.dirs.runroot, self.dirs.tmp, self.dirs.home))
         for name, image in bases.items():
-            self._load_base(store, name, image)
+            # One loader a base at a time: builds in parallel (a dataset's tasks) share its
+            # copy, and each one's pull names it anew and drops the name (``_load_base``).
+            with locks.hold(self.dirs.locks / f"base-{image.digest.replace(':', '-')}.lock"):
+                self._load_base(store, name, image)
         with tempfile.TemporaryDirectory(prefix="build-", dir=self.dirs.tmp) as tmp:
             iid_file = Path(tmp) / "iid"
             # buildah's user (as root: an unprivileged id) reads a copy of the context and a
