@@ -203,3 +203,68 @@ def datasets_export(name: str, out: Path) -> None:
 def _flat(row: dict[str, Any]) -> dict[str, Any]:
     """The scalar fields of a task, as Parquet columns (the whole task is in `task`)."""
     return {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool)) and k != "task"}
+
+
+@datasets.command("check")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The image store the tasks' images come from and are built into (default: raas's).",
+)
+@click.option("--jobs", type=click.IntRange(1, 16), default=2, show_default=True)
+def datasets_check(path: Path, store: Path | None, jobs: int) -> None:
+    """Check a Harbor task directory, or a dataset of them, before training on it.
+
+    Each task is built and run twice with no model: once with its solution/solve.sh run where
+    the agent works (the gold policy: it must score 1), once with nothing done (a no-op agent:
+    it must score 0). Prints a line a task; exits 1 if a task is broken (it does not build or
+    start), its gold fails, or its no-op already passes.
+    """
+    from raas.helpers.task_dirs import TaskDirError, read_task_dir, task_dirs
+
+    try:
+        instances = [read_task_dir(task) for task in task_dirs(path)]
+    except TaskDirError as e:
+        raise click.UsageError(str(e)) from e
+    checks = asyncio.run(_check_all(instances, store, jobs))
+    click.echo(f"{'task':<28} {'gold':>5} {'no-op':>6} {'s':>6}  verdict")
+    for check in checks:
+        gold = "-" if check.gold is None else f"{check.gold:g}"
+        no_op = "-" if check.no_op is None else f"{check.no_op:g}"
+        line = f"{check.name[:28]:<28} {gold:>5} {no_op:>6} {check.seconds:>6.1f}  {check.verdict}"
+        click.echo(line)
+        if check.error:
+            click.echo(textwrap.shorten(f"  {check.error}", 80))
+    bad = [c for c in checks if not c.ok]
+    click.echo(f"{len(checks) - len(bad)} of {len(checks)} tasks ok")
+    if bad:
+        raise SystemExit(1)
+
+
+async def _check_all(instances: list[dict[str, Any]], store: Path | None, jobs: int) -> list[Any]:
+    from raas.sandbox import BwrapConfig
+    from raas.tasks.harbor.check import check_task
+    from raas.tasks.harbor.instance import HarborInstance
+    from raas.tasks.services import TaskServices
+
+    for instance in instances:  # a task that is not one is said before anything runs
+        try:
+            HarborInstance.model_validate(instance)
+        except ValueError as e:
+            raise click.UsageError(f"{instance.get('name')}: {e}") from e
+    config = BwrapConfig() if store is None else BwrapConfig(image_store=store)
+    services = TaskServices(llm=None, sandbox_config=config)  # type: ignore[arg-type]
+    gate = asyncio.Semaphore(jobs)
+
+    async def one(instance: dict[str, Any]) -> Any:
+        async with gate:
+            check = await check_task(services, instance)
+        click.echo(f"checked {check.name}: {check.verdict}", err=True)
+        return check
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in instances)))
+    finally:
+        await services.close()

@@ -307,19 +307,12 @@ def _stem(task: GoldTask, way: str | None) -> list[Step]:
 
 # --- harbor -----------------------------------------------------------------------------------
 
-SOLVE_FILE = "/tmp/solve.sh"
-
 
 def _harbor(task: GoldTask, way: str | None) -> list[Step]:
     if way == "no_op":
         return [_finish("Nothing to do.")]
-    env = HarborInstance.model_validate(task.instance).config.solution.env
-    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
-    end = "RAAS_ORACLE_SOLVE_SH"
-    command = (
-        f"cat > {SOLVE_FILE} <<'{end}'\n{task.solution.rstrip(chr(10))}\n{end}\n"
-        f"{'env ' + assignments + ' ' if assignments else ''}bash {SOLVE_FILE}"
-    )
+    command = HarborInstance.model_validate(task.instance).gold_command()
+    assert command is not None  # the catalogue holds Harbor tasks with their solve.sh
 
     def solve(turns: list[Turn]) -> str:
         return say("I will run the solution script.", call("bash", command=command))

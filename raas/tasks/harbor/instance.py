@@ -16,6 +16,7 @@ import base64
 import binascii
 import functools
 import posixpath
+import shlex
 from typing import Any, Self
 
 from pydantic import Field, StrictStr, ValidationError, field_validator, model_validator
@@ -28,6 +29,7 @@ INSTRUCTION = "instruction.md"
 TEST_SCRIPT = "tests/test.sh"
 SOLVE_SCRIPT = "solution/solve.sh"
 DOCKERFILE = "environment/Dockerfile"
+SOLVE_FILE = "/tmp/solve.sh"  # where a gold policy writes solve.sh in the agent's sandbox
 TOP_LEVEL = ("environment", "tests", "solution")
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
@@ -151,6 +153,19 @@ class HarborInstance(TaskInstance):
             if path.startswith(prefix):
                 out[path[len(prefix) :]] = (base64.b64decode(data), path in executable)
         return out
+
+    def gold_command(self) -> str | None:
+        """The shell command that runs ``solution/solve.sh`` where the agent works (written to
+        ``SOLVE_FILE``, run by bash with ``[solution] env``): the gold policy of the oracle and
+        of ``raas datasets check``; None where the task has no solution."""
+        solve = self.files.get(SOLVE_SCRIPT)
+        if solve is None:
+            return None
+        env = self.config.solution.env
+        assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+        run = f"env {assignments} bash {SOLVE_FILE}" if assignments else f"bash {SOLVE_FILE}"
+        end = "RAAS_SOLVE_SH"
+        return f"cat > {SOLVE_FILE} <<'{end}'\n{solve.rstrip()}\n{end}\n{run}"
 
     def summary(self) -> dict[str, Any]:
         """What a result keeps of the task (not its files): its name and config."""
