@@ -60,17 +60,24 @@ HEAVY = {
     "Agents raas did not write: the gateway and harness tasks :: make agents-node": "builds"
     " .agents-node from npm (612 MB), Pi's rollout with the tiny model, then the harness_agents"
     " tier's npm agents",
+    "Running the shipped tasks :: scripts/harbor/import-base.sh": "makes Debian's root"
+    " filesystem with debootstrap (once), builds six images with buildah, runs them twice",
 }
 # Blocks that download (pip): they run on the host's network, not in a namespace of their own.
 # None of them listens on a fixed port.
 NETWORK = {
     "Writing a task :: .venv/bin/pip install --quiet -e examples/my_task",
+    "Running the shipped tasks :: scripts/harbor/import-base.sh",  # debootstrap, once
     "Agents raas did not write: the gateway and harness tasks :: make agents-venv",
     "Agents raas did not write: the gateway and harness tasks :: make agents-node",
 }
 # What a block's output must hold, beyond its exit status (matched with runs of whitespace as
 # one space: rich folds lines off a terminal).
 EXPECT = {
+    "Running the shipped tasks :: scripts/harbor/import-base.sh": [
+        r"6 of 6 tasks ok",
+        r"mean reward 1\.000, pass rate 6/6",
+    ],
     "Agents raas did not write: the gateway and harness tasks :: make agents-node": [
         r"humaneval-swe-0000 done 0\.0 1 32 agent_exit_0",
         r"\b6 passed\b",  # the six npm agents of the tier
