@@ -24,7 +24,13 @@ from raas.tasks.protocol import RewardInfo, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 from tests.support import tiers
-from tests.support.oci_images import ImageBuilder, base_rootfs, require_tools
+from tests.support.oci_images import (
+    ImageBuilder,
+    base_rootfs,
+    registry,
+    require_tools,
+    run_tool,
+)
 
 pytestmark = pytest.mark.images
 
@@ -218,3 +224,26 @@ async def test_each_shipped_task_scores_its_gold_one_and_a_no_op_zero(
     gold = f"cat > /tmp/solve.sh <<'RAAS_EOF'\n{solve_sh}\nRAAS_EOF\nbash /tmp/solve.sh"
     assert (await scored(services, gold, shipped)).reward == 1.0
     assert (await scored(services, None, shipped)).reward == 0.0
+
+
+async def test_a_prebuilt_image_pulled_from_a_registry_runs_the_task(
+    services: TaskServices, tmp_path: Path
+) -> None:
+    # task.toml's docker_image instead of a Dockerfile: the image is pulled into the store
+    # first (raas images pull), here from a registry on 127.0.0.1.
+    builder = ImageBuilder(tmp_path / "layout")
+    files = {"/app/data.txt": "3 4\n5\n"}
+    with registry(tmp_path) as reg:
+        tag = builder.image("sum", builder.base_of(base_rootfs()), files)
+        layout = f"{builder.layout}:{tag}"
+        run_tool("umoci", "config", "--image", layout, "--config.workingdir", "/app")
+        ref = builder.push(tag, reg, "harbor/sum:v1")
+        store = services.image_store
+        assert isinstance(store, ImageStore)
+        pulled = await asyncio.to_thread(store.pull, ref, tls_verify=False)
+    prebuilt = instance()
+    del prebuilt["files"]["environment/Dockerfile"], prebuilt["files"]["environment/data.txt"]
+    toml = TOML.replace("[environment]\n", f'[environment]\ndocker_image = "{pulled.ref}"\n')
+    prebuilt["files"]["task.toml"] = toml
+    assert (await scored(services, solve(), prebuilt)).reward == 1.0
+    assert (await scored(services, None, prebuilt)).reward == 0.0
