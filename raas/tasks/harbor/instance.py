@@ -31,6 +31,7 @@ SOLVE_SCRIPT = "solution/solve.sh"
 DOCKERFILE = "environment/Dockerfile"
 SOLVE_FILE = "/tmp/solve.sh"  # where a gold policy writes solve.sh in the agent's sandbox
 TOP_LEVEL = ("environment", "tests", "solution")
+NAME_MAX = 255  # bytes of one file name (Linux's file systems)
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
 
@@ -41,6 +42,11 @@ def _clean_path(path: str) -> str | None:
     if posixpath.normpath(path) != path or path.split("/")[0] in ("", ".", ".."):
         return None
     return path
+
+
+def _dirs_above(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 class HarborInstance(TaskInstance):
@@ -56,6 +62,8 @@ class HarborInstance(TaskInstance):
         for path in files:
             if _clean_path(path) is None:
                 raise ValueError(f"{path!r} is not a relative path inside the task")
+            if any(len(part.encode()) > NAME_MAX for part in path.split("/")):
+                raise ValueError(f"{path[:80]!r}...: a name longer than {NAME_MAX} bytes")
             if path != TASK_FILE and path != INSTRUCTION and path.split("/")[0] not in TOP_LEVEL:
                 raise ValueError(
                     f"{path!r}: a Harbor task holds {TASK_FILE}, {INSTRUCTION} and the"
@@ -88,6 +96,11 @@ class HarborInstance(TaskInstance):
         for path in (TASK_FILE, INSTRUCTION, TEST_SCRIPT):
             if path not in self.files:
                 raise located_error(("files",), f"{self.label}: a Harbor task needs {path}")
+        paths = {*self.files, *self.binary_files}
+        # A file and a directory of one name cannot both be written (INIT writes them out).
+        clash = sorted(p for p in paths if any(d in paths for d in _dirs_above(p)))
+        if clash:
+            raise located_error(("files",), f"{clash[0]} is below a file of the task's")
         stray = sorted(set(self.executable) - set(self.files) - set(self.binary_files))
         if stray:
             raise located_error(("executable",), f"{stray[0]} is not one of the task's files")
