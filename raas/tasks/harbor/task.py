@@ -36,6 +36,16 @@ SYSTEM_PROMPT = (
     " are given with the tools (bash, the editor). When it is done, call finish."
 )
 SERVICE_LOG = "/tmp/.raas-service.log"
+# The image's command in a session of its own, and this exec's end only once it is there: the
+# exec's process group is killed when it ends (raas.sandbox.inside.execute), and a service not
+# yet out of it would go with it. The session is field 6 of /proc/PID/stat (4th after comm).
+START_SERVICE = """setsid {line} >{log} 2>&1 </dev/null &
+pid=$!
+i=0
+while [ "$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f4)" != "$pid" ]; do
+  i=$((i+1))
+  [ -e /proc/$pid ] && [ $i -lt 100000 ] || break
+done"""
 
 
 class HarborTask(AgentTask):
@@ -128,7 +138,7 @@ async def start_environment(sandbox: Sandbox, config: HarborConfig) -> None:
     if command and not _is_a_shell(command):
         line = " ".join(shlex.quote(a) for a in command)
         started = await sandbox.exec(
-            ["sh", "-c", f"setsid -f {line} >{SERVICE_LOG} 2>&1 </dev/null"],
+            ["sh", "-c", START_SERVICE.format(line=line, log=SERVICE_LOG)],
             cwd=workdir_of(sandbox),
             env={**config.environment.env},
         )
