@@ -113,7 +113,10 @@ SERVICE_DOCKERFILE = DOCKERFILE + (
     'RUN printf "import pathlib, time\\npathlib.Path(\\"/tmp/ready\\").touch()\\n'
     'time.sleep(86400)\\n" > /srv/serve.py\nCMD ["python3", "/srv/serve.py"]\n'
 )
-SERVICE_TOML = TOML + '[environment.healthcheck]\ncommand = "test -e /tmp/ready"\n'
+SERVICE_TOML = TOML + (
+    '[environment.healthcheck]\ncommand = "test -e /tmp/ready"\n'
+    "start_period_sec = 60.0\nstart_interval_sec = 0.2\n"
+)
 FAKE_SERVICE = """#!/bin/bash
 [ "$1" = /srv/serve.py ] || exec /usr/bin/python3 "$@"
 mkfifo /tmp/reward.json
@@ -179,7 +182,8 @@ async def test_create_file_start_up_files_the_agent_plants_are_not_run(
     wrong = "printf 'region,orders,units,revenue\\nEast,1,1,1.00\\n' > /app/summary.csv\n"
     tricked = await scored(services, STARTUP_PLANTS + wrong, task)
     assert tricked.reward == 0.0 and tricked.metrics["rewards"]["format"] == 1.0
-    assert (await scored(services, STARTUP_PLANTS + gold(task), task)).reward == 1.0
+    # Control: planted after the gold solution (whose python3 - would import /app/re.py).
+    assert (await scored(services, gold(task) + "\n" + STARTUP_PLANTS, task)).reward == 1.0
 
 
 async def test_shell_pipeline_an_answer_that_is_no_regular_file_scores_zero(
