@@ -91,25 +91,34 @@ class RewardFileError(ValueError):
     pass
 
 
-async def write_tree(sandbox: Sandbox, root: str, files: dict[str, tuple[bytes, bool]]) -> None:
-    """``files`` (relative path -> bytes, executable) written under ``root`` in ``sandbox``."""
+async def write_tree(
+    sandbox: Sandbox,
+    root: str,
+    files: dict[str, tuple[bytes, bool]],
+    env: dict[str, str] | None = None,
+) -> None:
+    """``files`` (relative path -> bytes, executable) written under ``root`` in ``sandbox``;
+    ``env``: the environment of the ``mkdir`` it runs (a verifier's: its PATH)."""
     for rel, (data, executable) in sorted(files.items()):
         path = posixpath.join(root, rel)
         parent = posixpath.dirname(path)
         if parent != root:
-            made = await sandbox.exec(["mkdir", "-p", "--", parent])
+            made = await sandbox.exec(["mkdir", "-p", "--", parent], env=env)
             if made.exit_code != 0:
                 raise SandboxError(f"cannot make {parent}: {made.stderr.strip()[-300:]}")
         await sandbox.write_file(path, data, 0o755 if executable else 0o644)
 
 
 async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
-    """``tests/test.sh`` in ``verifier`` (a fork with ``VERIFIER_CARRY``), and its reward."""
-    await write_tree(verifier, TESTS_DIR, run.tests)
-    made = await verifier.exec(["mkdir", "-p", "--", VERIFIER_DIR])
+    """``tests/test.sh`` in ``verifier`` (a fork with ``VERIFIER_CARRY``), and its reward.
+    Every program it runs there, its own ``mkdir`` too, is found on the verifier's PATH: the
+    image's would run the agent's ``mkdir`` from ``/app/bin``."""
+    env = {"PATH": system_path(run.path), **PYTHON_GUARDS, **run.env}
+    setup = {"PATH": system_path(run.path)}
+    await write_tree(verifier, TESTS_DIR, run.tests, setup)
+    made = await verifier.exec(["mkdir", "-p", "--", VERIFIER_DIR], env=setup)
     if made.exit_code != 0:
         raise SandboxError(f"cannot make {VERIFIER_DIR}: {made.stderr.strip()[-300:]}")
-    env = {"PATH": system_path(run.path), **PYTHON_GUARDS, **run.env}
     result = await verifier.exec(
         ["bash", f"{TESTS_DIR}/test.sh"],
         cwd=run.workdir,

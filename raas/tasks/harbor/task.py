@@ -19,7 +19,13 @@ import time
 from typing import Any, ClassVar
 
 from raas.images.image import StoredImage
-from raas.judge.harbor import DEFAULT_PATH, VERIFIER_CARRY, VerifierRun, run_verifier
+from raas.judge.harbor import (
+    DEFAULT_PATH,
+    VERIFIER_CARRY,
+    VerifierRun,
+    run_verifier,
+    system_path,
+)
 from raas.sandbox import Sandbox, SandboxError
 from raas.sandbox.rootfs import image_env
 from raas.tasks.agentic import AgentContext, AgentTask
@@ -98,7 +104,9 @@ class HarborTask(AgentTask):
         ctx.closing.append(verifier)
         await agents.close()  # nothing of the agent runs on while the verifier does
         config = instance.config
-        await start_environment(verifier, config)
+        # The service again, its programs found on the verifier's PATH, not the image's (an
+        # image that puts /app/bin first would run the agent's python3 beside test.sh).
+        await start_environment(verifier, config, system_path(image_path(verifier)))
         run = VerifierRun(
             tests=instance.under("tests"),
             env=dict(config.verifier.env),
@@ -130,9 +138,13 @@ def workdir_of(sandbox: Sandbox) -> str:
     return str(workdir)
 
 
-async def start_environment(sandbox: Sandbox, config: HarborConfig) -> None:
+async def start_environment(
+    sandbox: Sandbox, config: HarborConfig, path: str | None = None
+) -> None:
     """The image's command started in the background, as a container of it would run it (a
-    service the task relies on), then the task's healthcheck waited for."""
+    service the task relies on), then the task's healthcheck waited for; ``path``: the PATH
+    both run with (a verifier's), else the sandbox's; the task's environment env may set it."""
+    base = {} if path is None else {"PATH": path}
     image = getattr(sandbox, "image", None)
     command = tuple(getattr(image, "command", ()) or ())
     if command and not _is_a_shell(command):
@@ -140,12 +152,13 @@ async def start_environment(sandbox: Sandbox, config: HarborConfig) -> None:
         started = await sandbox.exec(
             ["sh", "-c", START_SERVICE.format(line=line, log=SERVICE_LOG)],
             cwd=workdir_of(sandbox),
-            env={**config.environment.env},
+            env={**base, **config.environment.env},
         )
         if started.exit_code != 0:
             raise SandboxError(f"the image's command {line} did not start: {started.stderr}")
     if config.environment.healthcheck is not None:
-        await wait_healthy(sandbox, config.environment.healthcheck)
+        env = {**base, **config.environment.env} if base else None
+        await wait_healthy(sandbox, config.environment.healthcheck, env)
 
 
 def _is_a_shell(command: tuple[str, ...]) -> bool:
@@ -154,14 +167,18 @@ def _is_a_shell(command: tuple[str, ...]) -> bool:
     return len(command) == 1 and command[0].rsplit("/", 1)[-1] in ("sh", "bash", "dash")
 
 
-async def wait_healthy(sandbox: Sandbox, check: HealthcheckConfig) -> None:
+async def wait_healthy(
+    sandbox: Sandbox, check: HealthcheckConfig, env: dict[str, str] | None = None
+) -> None:
     """Run the healthcheck until it passes: every ``start_interval_sec`` during the start
     period (failures not counted), then every ``interval_sec`` until ``retries`` failures."""
     start = time.monotonic()
     failures = 0
     last = ""
     while True:
-        result = await sandbox.exec(["sh", "-c", check.command], timeout_s=check.timeout_sec)
+        result = await sandbox.exec(
+            ["sh", "-c", check.command], env=env, timeout_s=check.timeout_sec
+        )
         if result.exit_code == 0:
             return
         last = (result.stdout + result.stderr).strip()[-300:]
