@@ -133,6 +133,11 @@ async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
     if result.timed_out:
         metrics["verifier_error"] = f"test.sh ran past its {run.timeout_s:g} s"
         return HarborVerdict(0.0, {}, metrics)
+    if result.exit_code < 0:
+        # Killed by a signal, as code it ran (the agent's, under test) can do: what it left in
+        # /logs is not the verifier's word.
+        metrics["verifier_error"] = f"test.sh was killed by signal {-result.exit_code}"
+        return HarborVerdict(0.0, {}, metrics)
     try:
         rewards = await read_rewards(verifier, run.reward_key)
     except RewardFileError as e:

@@ -82,6 +82,45 @@ async def test_fix_python_bug_the_code_under_test_makes_pytest_pass_everything(
     )
 
 
+# ...or kills the process that decides, its reward written first (a verifier killed by a
+# signal is not read)...
+KILLS_THE_VERIFIER = """import os, signal
+
+os.makedirs("/logs/verifier", exist_ok=True)
+with open("/logs/verifier/reward.txt", "w") as f:
+    f.write("1\\n")
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+# ...or leaves a process behind that writes the reward once the verifier has (it is killed
+# before the verifier writes).
+WRITES_AFTER_THE_VERIFIER = """import os, time
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if open("/logs/verifier/reward.txt").read().strip() == "0":
+                    open("/logs/verifier/reward.txt", "w").write("1\\n")
+            except OSError:
+                pass
+            time.sleep(0.001)
+    os._exit(0)
+from spans.core import covers, gaps, merge, normalize, total_length  # noqa: E402
+"""
+
+
+async def test_fix_python_bug_the_code_under_test_cannot_outlive_or_kill_the_verifier(
+    services: TaskServices,
+) -> None:
+    task = shipped("fix-python-bug")
+    killed = await scored(services, plant("/app/spans/__init__.py", KILLS_THE_VERIFIER), task)
+    assert killed.reward == 0.0 and "signal" in killed.metrics["verifier_error"]
+    left = await scored(services, plant("/app/spans/__init__.py", WRITES_AFTER_THE_VERIFIER), task)
+    assert left.reward == 0.0, left.metrics
+
+
 # The verifier's own setup (``mkdir -p /logs/verifier``, and the mkdirs of tests/'s
 # subdirectories) runs with the image's PATH, not the verifier's: an image that puts /app/bin
 # first runs the agent's mkdir, after tests/ is written in and before test.sh starts.
