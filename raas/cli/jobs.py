@@ -130,7 +130,7 @@ def _shared(room: int, wants: dict[int, int], weights: dict[int, int]) -> dict[i
 
 @click.command(short_help="Run a task file on the server at URL; results as JSONL.")
 @click.argument("url")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -154,7 +154,8 @@ def submit(
     timeout_s: float | None,
     api_key: str | None,
 ) -> None:
-    """Run every task in FILE (JSONL or Parquet) on the server at URL and write the results.
+    """Run every task in FILE (JSONL or Parquet; or a Harbor task directory, or a directory of
+    them) on the server at URL and write the results.
 
     Each row is a task instance (with `data_source`), a verl-format row, or a full request
     (`{"instance": ..., "sampling_params": ..., "job_id": ...}`), read as `raas run` reads it.

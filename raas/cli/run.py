@@ -86,7 +86,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     " for its paths (RAAS_CACHE_DIR, ...); it reads no other RAAS_* setting.",
 )
 @click.argument(
-    "tasks", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    "tasks", required=False, type=click.Path(exists=True, path_type=Path)
 )
 @click.option(
     "--bundled", "bundled_name", help="A bundled set instead of a file (raas datasets list)."
@@ -144,8 +144,9 @@ def run(
     replay: Path | None,
     **serve: Any,
 ) -> None:
-    """Run TASKS (JSONL or Parquet, raas's or verl's format) or a bundled set through a service,
-    with a progress bar, a result table and a summary; results go to --out as JSONL."""
+    """Run TASKS (JSONL or Parquet, raas's or verl's format; or a Harbor task directory, or a
+    directory of them) or a bundled set through a service, with a progress bar, a result table
+    and a summary; results go to --out as JSONL."""
     from rich.console import Console
 
     from raas.cli.progress import markup

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from raas.cli import main
 from raas.client.task_files import TaskFileError, read_tasks
 from raas.tasks import TaskJob
-from raas.tasks.datasets import BUNDLED, DatasetError, bundled
+from raas.tasks.datasets import BUNDLED, HARBOR_DIR, DatasetError, bundled
 from raas.tasks.math import MathTask
 
 
@@ -49,8 +49,14 @@ def test_jsonl_rows_requests_and_errors(tmp_path: Path) -> None:
     # --task names the task of rows without one (SWE-Gym's); a row's own data_source wins.
     assert [t["data_source"] for _, t in read_tasks(path, "swe")] == ["swe", "math"]
     (tmp_path / "x.csv").write_text("a,b\n")
-    with pytest.raises(TaskFileError, match=r"use \.jsonl or \.parquet"):
+    with pytest.raises(TaskFileError, match=r"use \.jsonl, \.parquet or a Harbor task directory"):
         read_tasks(tmp_path / "x.csv")
+    # A directory is a Harbor task, or a dataset of them: each one a harbor instance.
+    harbor = read_tasks(HARBOR_DIR)
+    assert [t["data_source"] for _, t in harbor] == ["harbor"] * 6
+    assert harbor[0][0].endswith("create-file") and "task.toml" in harbor[0][1]["files"]
+    with pytest.raises(TaskFileError, match="holds no Harbor task"):
+        read_tasks(tmp_path)
     with pytest.raises(TaskFileError, match="no such task file"):
         read_tasks(tmp_path / "missing.jsonl")
 
