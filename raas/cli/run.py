@@ -85,9 +85,7 @@ def demo(model: str, oracle: bool, sabotage: float | None) -> None:
     " sandboxes, agents and paths (--sandbox ... --sandbox-dir above), and the same variables"
     " for its paths (RAAS_CACHE_DIR, ...); it reads no other RAAS_* setting.",
 )
-@click.argument(
-    "tasks", required=False, type=click.Path(exists=True, path_type=Path)
-)
+@click.argument("tasks", required=False, type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--bundled", "bundled_name", help="A bundled set instead of a file (raas datasets list)."
 )

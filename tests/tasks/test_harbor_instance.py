@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,13 @@ import pytest
 from raas.helpers.task_dirs import TaskDirError, read_task_dir, task_dirs
 from raas.judge.harbor import RewardFileError, parse_reward_json, parse_reward_text
 from raas.sandbox import BwrapConfig, ForkCarry
-from raas.tasks.harbor.instance import HarborInstance
+from raas.tasks.harbor.config import HarborConfig
+from raas.tasks.harbor.instance import (
+    PATH_PATTERN,
+    TASK_TOML_PATTERN,
+    HarborInstance,
+    _clean_path,
+)
 from raas.tasks.harbor.task import HarborTask
 from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import narrowed
@@ -128,8 +135,9 @@ def test_a_task_needs_its_verifier_and_an_environment() -> None:
 def test_binary_files_are_base64_and_executables_are_among_the_files() -> None:
     bad = instance() | {"binary_files": {"environment/blob": "not base64!"}}
     assert refusal(bad).loc[:2] == ("instance", "binary_files")
-    stray = instance() | {"executable": ["tests/run.sh"]}
-    assert refusal(stray).loc == ("instance", "executable")
+    # An executable bit for no file is nothing to keep (the document cannot say it is wrong).
+    stray = HarborInstance.model_validate(instance() | {"executable": ["tests/run.sh"]})
+    assert stray.under("tests") == {"test.sh": (stray.files["tests/test.sh"].encode(), False)}
 
 
 def test_a_task_directory_is_read_with_its_modes_and_binaries(tmp_path: Path) -> None:
@@ -184,3 +192,32 @@ def test_a_fork_names_only_entries_of_the_root() -> None:
     with pytest.raises(ValueError, match="tmpfs_dirs"):
         BwrapConfig(tmpfs_dirs=("/etc",))
     assert BwrapConfig(tmpfs_dirs=("/tests",)).tmpfs_dirs == ("/tests",)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        '# a task\n\nschema_version = "1.1"\n',
+        'version = "1.0"\n[metadata]\n# c\ndifficulty = "easy"\n',
+        "[metadata]\nn = -3\n\n",
+        "[verifier]\ntimeout_sec = 1\n",
+        "a = 1\n",
+        "[metadata]\na = 1\na = 2\n",
+        "[metadata]\nn = 01\n",
+        "#\x01\n",
+        '[metadata]\nx = "a\x01"\n',
+    ],
+)
+def test_the_documents_task_toml_is_one_the_server_reads(text: str) -> None:
+    """The fuzz tier sends what the document admits: every task.toml it admits must be read
+    (the document may admit less than the server reads, never more)."""
+    if re.match(TASK_TOML_PATTERN, text):
+        HarborConfig.from_toml(text)
+
+
+def test_the_documents_paths_are_the_servers() -> None:
+    for path in ("task.toml", "tests/test.sh", "tests/.x", "environment/a/..b"):
+        assert re.match(PATH_PATTERN, path) and _clean_path(path) == path
+    for path in ("tests/.", "tests/..", "tests/a/../b", "tests//a", "x/y", "/etc", "tests"):
+        assert not re.match(PATH_PATTERN, path)

@@ -19,7 +19,14 @@ import posixpath
 import shlex
 from typing import Any, Self
 
-from pydantic import Field, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from raas.helpers.task_dirs import MAX_TASK_BYTES, MAX_TASK_FILES, TASK_FILE
 from raas.tasks.harbor.config import HarborConfig
@@ -49,7 +56,51 @@ def _dirs_above(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
+# A path the document admits: a top-level file, or one below environment/, tests/ or solution/
+# whose every name is neither "." nor ".." (JSON Schema's regex has no lookahead), of at most
+# NAME_MAX ASCII characters with no "/", "\\" or NUL.
+_NAME = r"(?:[^/\\\x00.][^/\\\x00]{0,254}|\.[^/\\\x00.][^/\\\x00]{0,253}|\.\.[^/\\\x00]{1,253})"
+PATH_PATTERN = rf"^(?:task\.toml|instruction\.md|(?:environment|tests|solution)(?:/{_NAME})+)$"
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# The task.toml texts the document admits: only comments, blank lines, a schema version and a
+# [metadata] table of plain values. The server reads every task.toml Harbor defines (strictly:
+# raas.tasks.harbor.config); JSON Schema cannot say which TOML texts those are, so the document
+# says less than the server takes, never more.
+_PLAIN = r"[^\x00-\x08\x0a-\x1f\x7f"
+_BLANK = rf"[ \t]*(?:#{_PLAIN}]*)?"  # a blank line or a comment (TOML takes no control character)
+_VALUE = rf'(?:"{_PLAIN}"\\]*"|-?(?:0|[1-9][0-9]{{0,8}})|true|false)'
+_PAIR = rf"[a-z_]{{1,30}}[ \t]*=[ \t]*{_VALUE}[ \t]*"  # one, so never a key twice
+TASK_TOML_PATTERN = (
+    rf'^(?:(?:schema_version|version)[ \t]*=[ \t]*"1\.[01]"\n)?(?:{_BLANK}\n)*'
+    rf"(?:\[metadata\]\n(?:{_BLANK}\n)*(?:{_PAIR}\n)?(?:{_BLANK}\n)*)?$"
+)
+
+
+def _a_task_in_the_document(schema: dict[str, Any]) -> None:
+    """What submission checks, as far as JSON Schema can say it: the paths, the files a task
+    needs (a Dockerfile, or task.toml's docker_image, which the admitted task.toml cannot
+    name), base64, and the task.toml texts above."""
+    files = schema["properties"]["files"]
+    files["propertyNames"] = {"pattern": PATH_PATTERN}
+    files["maxProperties"] = MAX_TASK_FILES
+    files["required"] = [TASK_FILE, INSTRUCTION, TEST_SCRIPT, DOCKERFILE]
+    files["properties"] = {
+        TASK_FILE: {
+            "type": "string",
+            "pattern": TASK_TOML_PATTERN,
+            "description": "task.toml's text; the document admits a plain subset, the server"
+            " reads every key Harbor defines (docs/harbor.md)",
+        }
+    }
+    binary = schema["properties"]["binary_files"]
+    binary["propertyNames"] = {"pattern": PATH_PATTERN, "not": {"enum": [TASK_FILE, INSTRUCTION]}}
+    binary["additionalProperties"] = {"type": "string", "pattern": BASE64_PATTERN}
+    schema["properties"]["executable"]["items"] = {"type": "string", "pattern": PATH_PATTERN}
+
+
 class HarborInstance(TaskInstance):
+    model_config = ConfigDict(json_schema_extra=_a_task_in_the_document)
+
     name: StrictStr | None = Field(default=None, max_length=200)
     files: dict[StrictStr, StrictStr]
     binary_files: dict[StrictStr, StrictStr] = Field(default_factory=dict)
@@ -101,9 +152,6 @@ class HarborInstance(TaskInstance):
         clash = sorted(p for p in paths if any(d in paths for d in _dirs_above(p)))
         if clash:
             raise located_error(("files",), f"{clash[0]} is below a file of the task's")
-        stray = sorted(set(self.executable) - set(self.files) - set(self.binary_files))
-        if stray:
-            raise located_error(("executable",), f"{stray[0]} is not one of the task's files")
         config = self._config_or_error()
         self._runnable_here(config)
         return self
