@@ -235,8 +235,8 @@ def datasets_check(path: Path, store: Path | None, jobs: int) -> None:
         no_op = "-" if check.no_op is None else f"{check.no_op:g}"
         line = f"{check.name[:28]:<28} {gold:>5} {no_op:>6} {check.seconds:>6.1f}  {check.verdict}"
         click.echo(line)
-        if check.error:
-            click.echo(textwrap.shorten(f"  {check.error}", 80))
+        if check.error:  # whole: its end says what to do
+            click.echo(textwrap.fill(check.error, 80, initial_indent="  ", subsequent_indent="  "))
     bad = [c for c in checks if not c.ok]
     click.echo(f"{len(checks) - len(bad)} of {len(checks)} tasks ok")
     if bad:

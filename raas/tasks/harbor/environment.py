@@ -10,9 +10,13 @@ import tempfile
 from pathlib import Path
 
 from raas.images.buildah import build_context_async
+from raas.images.errors import ImageError
 from raas.images.store import ImageStore
 from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.services import TaskServices
+
+SHIPPED_BASE = "raas/harbor-base:"
+IMPORT_BASE = "scripts/harbor/import-base.sh"
 
 
 async def task_image(services: TaskServices, instance: HarborInstance) -> str:
@@ -27,7 +31,13 @@ async def task_image(services: TaskServices, instance: HarborInstance) -> str:
     with tempfile.TemporaryDirectory(prefix="raas-harbor-context-") as tmp:
         context = Path(tmp)
         await asyncio.to_thread(write_context, context, instance.under("environment"))
-        built = await build_context_async(store, context, timeout_s=env.build_timeout_sec)
+        try:
+            built = await build_context_async(store, context, timeout_s=env.build_timeout_sec)
+        except ImageError as e:  # named by the task, not by the build's scratch directory
+            said = str(e).replace(str(context / "Dockerfile"), "environment/Dockerfile")
+            if SHIPPED_BASE in said:
+                said += f" (the shipped tasks' base: {IMPORT_BASE})"
+            raise type(e)(f"{instance.label}: {said}") from e
     return built.image.ref
 
 
