@@ -227,7 +227,3 @@ class HarborInstance(TaskInstance):
         run = f"env {assignments} bash {SOLVE_FILE}" if assignments else f"bash {SOLVE_FILE}"
         end = "RAAS_SOLVE_SH"
         return f"cat > {SOLVE_FILE} <<'{end}'\n{solve.rstrip()}\n{end}\n{run}"
-
-    def summary(self) -> dict[str, Any]:
-        """What a result keeps of the task (not its files): its name and config."""
-        return {"name": self.name, "config": self.config.model_dump(exclude_defaults=True)}

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import shlex
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 from raas.images.image import StoredImage
 from raas.judge.harbor import (
@@ -59,7 +59,6 @@ class HarborTask(AgentTask):
     instance_model = HarborInstance
     tools = ("bash", "editor", "finish", "think")
     default_max_turns = 20
-    can_branch: ClassVar[bool] = True
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         parsed = HarborInstance.model_validate(instance)
