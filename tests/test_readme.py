@@ -308,6 +308,21 @@ def run_block(block: Block, cwd: Path, deadline_s: float) -> Outcome:
     return Outcome(returncode, log_path.read_text(errors="replace"), survivors)
 
 
+# pip's complaint about each index directory of the machine's pip configuration that lacks a
+# package (one line per package looked up): noise that pushed the real error out of the tail.
+PIP_INDEX_NOISE = re.compile(
+    r"^WARNING: Location '\S+' is ignored: it is neither a file nor a directory\.$"
+)
+
+
+def failure_tail(output: str, cwd: Path) -> str:
+    """What a failing block's message shows: its output's last 6,000 characters without pip's
+    index noise, and the free space where it ran (a full disk fails a block in any command)."""
+    kept = "\n".join(line for line in output.splitlines() if not PIP_INDEX_NOISE.match(line))
+    free = shutil.disk_usage(cwd).free
+    return f"{kept[-6000:]}\n[{free / 2**30:.1f} GiB free in {cwd}]"
+
+
 def _params() -> list[object]:
     params: list[object] = []
     for block in BLOCKS:
@@ -322,12 +337,28 @@ def _params() -> list[object]:
     return params
 
 
+def test_a_failure_shows_the_error_under_pip_index_noise(tmp_path: Path) -> None:
+    noise = "".join(
+        f"WARNING: Location 'file:///opt/x/simple/p{i}/' is ignored: it is neither a file nor a"
+        " directory.\n"
+        for i in range(500)
+    )
+    tail = failure_tail(
+        "Collecting a\n" + noise + "ERROR: No space left on device\n" + noise, tmp_path
+    )
+    assert "Collecting a" in tail and "ERROR: No space left on device" in tail
+    assert "is ignored" not in tail
+    assert re.search(r"\[\d+\.\d GiB free in ", tail)
+    # a warning of another shape is the block's own output, kept
+    assert "WARNING: other" in failure_tail("WARNING: other\n", tmp_path)
+
+
 @pytest.mark.parametrize("block", _params())
 def test_readme_block_runs_as_written(block: Block, workdir: Path) -> None:
     heavy = block.key in HEAVY
     outcome = run_block(block, workdir, HEAVY_DEADLINE_S if heavy else DEADLINE_S)
     where = f"{block.page}:{block.line} ({block.key})"
-    tail = outcome.output[-6000:]
+    tail = failure_tail(outcome.output, workdir)
     assert outcome.returncode is not None, f"{where} ran past its deadline; output:\n{tail}"
     assert outcome.returncode == 0, f"{where} exited {outcome.returncode}; output:\n{tail}"
     assert not outcome.survivors, f"{where} left processes after SIGKILL: {outcome.survivors}"

@@ -12,23 +12,25 @@ Otherwise, with its own storage (``BuildahDirs``, under raas's cache: never the 
 
 1. each base image (``FROM``, ``COPY --from``) is taken from the store, never a registry:
    ``buildah pull oci:STORE:REF`` (the store is an OCI layout whose index names its images by
-   their normalized refs) and ``buildah tag`` under the same name, which ``FROM`` finds locally;
-   a base the store lacks is an ``ImageNotStored`` naming the command that gets it;
+   their normalized refs), tagged in buildah's storage by its store digest (``base_tag``), the
+   name the Dockerfile buildah reads gives it (so no other build's base of the same name can
+   stand in for it); a base the store lacks is an ``ImageNotStored`` naming the command that
+   gets it;
 2. ``buildah build --pull=never`` with RUN steps cut off from the network and unable to
    chroot (``DROPPED_CAPS``). As root, every buildah command runs as root of a user namespace
    whose ids are unprivileged host ids (``BUILD_UID``..: ``raas.images.userns``), with a
    network namespace of its own for the build (``--isolation chroot``, which needs no OCI
    runtime but refuses ``--network none``): a Dockerfile's RUN steps are never the host's root,
    which a chroot does not hold. Its storage is then ``ROOT_DIR`` (which that id can reach),
-   it reads a copy of the build context and of each base (the store is raas's alone), and the
-   Dockerfile it reads names each base in full (it finds a stored base by its full name only).
+   it reads a copy of the build context and of each base (the store is raas's alone; the copy
+   is removed once pulled).
    As anyone else, ``--isolation rootless --network none`` (crun or runc, and subordinate ids
    in /etc/subuid);
 3. ``buildah push`` to an OCI layout, whose manifest is rewritten to name the base layers by
    the store's own blobs (buildah recompresses them, to other digests: the same diff_ids), then
    ``store.import_``: so the base's blobs and unpacked layers are shared, never copied;
 4. the built image is removed from buildah's storage (``rmi``); the base images stay there, as
-   a cache of the store's (one copy per base: pulling one anew costs a few seconds).
+   a cache of the store's, the ``KEEP_BASES`` last used (loading one anew costs a few seconds).
 
 Every buildah process runs in its own process group, killed (SIGTERM, then SIGKILL) when the
 build's deadline passes or the caller cancels; ``build_context_async`` runs the build in a
@@ -60,7 +62,6 @@ from raas.images import locks, manifests
 from raas.images.dockerfile import ContextError, base_refs, context_digest, qualified
 from raas.images.errors import ImageError, ImageNotStored
 from raas.images.image import StoredImage
-from raas.images.refs import normalize
 from raas.images.store import ImageStore
 from raas.paths import host_paths
 
@@ -80,6 +81,9 @@ ROOT_DIR = Path("/var/lib/raas/buildah")
 # chroot isolation, to the files its mount namespace shares with the host).
 DROPPED_CAPS = ("CAP_SYS_CHROOT",)
 REF_PREFIX = "localhost/raas-build/"
+# Bases in buildah's storage: tagged by store digest, the last KEEP_BASES used kept.
+BASE_TAG_PREFIX = "localhost/raas-base:"
+KEEP_BASES = 8
 Isolation = Literal["auto", "chroot", "rootless", "oci"]
 _TAIL_LINES = 12  # of buildah's output, in an ImageError
 _KILL_GRACE_S = 5.0
@@ -207,6 +211,11 @@ async def build_context_async(
         raise
 
 
+def base_tag(image: StoredImage) -> str:
+    """The name of a stored base image in buildah's storage: its store digest."""
+    return f"{BASE_TAG_PREFIX}{image.digest.removeprefix('sha256:')}"
+
+
 def image_ref(context_digest: str, base_digests: Sequence[str]) -> str:
     """The store name of a build: ``localhost/raas-build/HEX:latest``."""
     h = hashlib.sha256(context_digest.encode())
@@ -277,16 +286,33 @@ class Buildah:
             _passable(self.dirs.base)
             (self.dirs.home / "run").mkdir(parents=True, exist_ok=True, mode=0o700)
             _own(self.dirs, (self.dirs.root, self.dirs.runroot, self.dirs.tmp, self.dirs.home))
-        for name, image in bases.items():
-            # One loader a base at a time: builds in parallel (a dataset's tasks) share its
-            # copy, and each one's pull names it anew and drops the name (``_load_base``).
-            with locks.hold(self.dirs.locks / f"base-{image.digest.replace(':', '-')}.lock"):
-                self._load_base(store, name, image)
+        # Legacy: raas kept a copy of each base under bases/ for good (76 MB each, one per base
+        # digest); a base now lives only in buildah's storage, pruned (``_prune_bases``).
+        shutil.rmtree(self.dirs.base / "bases", ignore_errors=True)
+        with contextlib.ExitStack() as using:
+            for image in bases.values():
+                using.enter_context(self._base_loaded(store, image))
+            try:
+                return self._build(store, context, dockerfile, ref, bases, digest)
+            finally:
+                using.close()
+                self._prune_bases()
+
+    def _build(
+        self,
+        store: ImageStore,
+        context: Path,
+        dockerfile: Path,
+        ref: str,
+        bases: dict[str, StoredImage],
+        digest: str,
+    ) -> StoredImage:
         with tempfile.TemporaryDirectory(prefix="build-", dir=self.dirs.tmp) as tmp:
             iid_file = Path(tmp) / "iid"
             # buildah's user (as root: an unprivileged id) reads a copy of the context and a
-            # Dockerfile whose bases are spelt out in full.
-            names = {name: normalize(name) for name in bases}
+            # Dockerfile that names each base by its digest's tag in buildah's storage: a name
+            # that no other build's base of the same name can move.
+            names = {name: base_tag(image) for name, image in bases.items()}
             text = qualified(dockerfile.read_text(), names)
             copy = Path(tmp) / "context"
             shutil.copytree(context, copy, symlinks=True)
@@ -326,47 +352,84 @@ class Buildah:
         argv += [f"--cap-drop={cap}" for cap in DROPPED_CAPS]
         return [*argv, str(context)]
 
-    def _load_base(self, store: ImageStore, name: str, image: StoredImage) -> None:
-        """The store's ``image`` in buildah's storage under ``name``, as FROM spells it out
-        (a no-op of milliseconds when its layers are there already)."""
-        layout, tag = store.root, image.ref
-        if self.root:  # the store is raas's alone: buildah's user reads a copy of the image
-            layout, tag = self._base_copy(store, image), "base"
-        image_id = self._run(
-            ["pull", "--quiet", f"oci:{layout}:{tag}"], what=f"load {name}", net=False
-        ).strip()
-        image_id = image_id.splitlines()[-1]
-        self._run(["tag", image_id, normalize(name)], what="tag", net=False)
-        # buildah names an image pulled from a layout after the layout's path; that name is
-        # dropped (the image keeps the FROM name), so one store's name does not move between
-        # bases and hold an old one's layers.
-        stray = f"localhost/{layout.as_posix().strip('/').lower()}:latest"
-        if stray != normalize(name):
-            with contextlib.suppress(ImageError):
-                self._run(["rmi", stray], what="untag", net=False)
+    def _base_lock(self, image: StoredImage) -> Path:
+        return self.dirs.locks / f"base-{image.digest.replace(':', '-')}.lock"
 
-    def _base_copy(self, store: ImageStore, image: StoredImage) -> Path:
-        """A copy of the stored ``image`` as an OCI layout that buildah's user may read (made
-        once per image digest, beside buildah's storage)."""
-        layout = self.dirs.base / "bases" / image.digest.replace(":", "-")
-        if (layout / "index.json").exists():
-            return layout
-        partial = layout.with_name(layout.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    @contextlib.contextmanager
+    def _base_loaded(self, store: ImageStore, image: StoredImage) -> Iterator[None]:
+        """``image`` in buildah's storage as ``base_tag(image)``, for as long as this holds: a
+        shared lock on its lock file keeps ``_prune_bases`` off it, while builds in parallel
+        (a dataset's tasks) share it. One process loads a missing base (exclusive lock)."""
+        lock, tag = self._base_lock(image), base_tag(image)
+        for _ in range(3):  # a prune between a load and its use makes one more load
+            with locks.hold(lock, shared=True):
+                if self._has_image(tag):
+                    os.utime(lock)  # its use, which pruning goes by
+                    yield
+                    return
+            with locks.hold(lock):
+                if not self._has_image(tag):  # another loader was first
+                    self._load_base(store, image)
+                os.utime(lock)
+        raise ImageError(f"base image {image.ref} was removed from buildah's storage thrice")
+
+    def _has_image(self, name: str) -> bool:
+        try:
+            self._run(["inspect", "--type", "image", name], what="inspect", net=False)
+        except Cancelled:
+            raise
+        except ImageError:
+            return False
+        return True
+
+    def _load_base(self, store: ImageStore, image: StoredImage) -> None:
+        """The store's ``image`` into buildah's storage, tagged ``base_tag(image)``."""
+        with tempfile.TemporaryDirectory(prefix="base-", dir=self.dirs.tmp) as tmp:
+            layout, tag = store.root, image.ref
+            if self.root:  # the store is raas's alone: buildah's user reads a copy
+                layout, tag = self._base_copy(store, image, Path(tmp) / "layout"), "base"
+            image_id = self._run(
+                ["pull", "--quiet", f"oci:{layout}:{tag}"], what=f"load {image.ref}", net=False
+            ).strip()
+        image_id = image_id.splitlines()[-1]
+        self._run(["tag", image_id, base_tag(image)], what="tag", net=False)
+        # buildah names an image pulled from a layout after the layout's path; that name is
+        # dropped, so the image has only its digest's tag, which ``_prune_bases`` removes.
+        stray = f"localhost/{layout.as_posix().strip('/').lower()}:latest"
+        with contextlib.suppress(ImageError):
+            self._run(["rmi", stray], what="untag", net=False)
+
+    def _base_copy(self, store: ImageStore, image: StoredImage, layout: Path) -> Path:
+        """A copy of the stored ``image`` as an OCI layout at ``layout`` that buildah's user may
+        read (removed once buildah has pulled it)."""
         skopeo = shutil.which("skopeo")
         if skopeo is None:
             raise ImageError("loading a base image needs skopeo: apt-get install skopeo")
         store_layout = f"oci:{store.root}:{image.ref}"
-        argv = [skopeo, "copy", "--quiet", store_layout, f"oci:{partial}:base"]
+        argv = [skopeo, "copy", "--quiet", store_layout, f"oci:{layout}:base"]
         with _group(argv, dict(os.environ)) as proc:
             out = _wait(proc, max(self.deadline - time.monotonic(), 1.0), self.cancel)
         if out.timed_out or out.cancelled or proc.returncode != 0:
             raise ImageError(f"copying base image {image.ref} for buildah: {_tail(out.output)}")
-        _chown_tree(partial)
-        os.replace(partial, layout)
-        _chown_tree(layout.parent, recursive=False)
+        _chown_tree(layout.parent)
         return layout
+
+    def _prune_bases(self) -> None:
+        """Remove from buildah's storage the bases beyond the ``KEEP_BASES`` last used that no
+        build is using (a base pulled anew into the store is a new digest: without this, every
+        old one stays). One in use by another process is skipped (its lock is held); removing
+        one costs, at worst, loading it again."""
+        for lock in _by_last_use(self.dirs.locks.glob("base-*.lock"))[KEEP_BASES:]:
+            try:
+                with locks.hold(lock, wait=False):
+                    tag = f"{BASE_TAG_PREFIX}{lock.stem.removeprefix('base-sha256-')}"
+                    with contextlib.suppress(ImageError):
+                        self._run(
+                            ["rmi", tag], what="prune", net=False, check_cancel=False, min_s=30.0
+                        )
+                    lock.unlink()
+            except (locks.Busy, FileNotFoundError):
+                continue
 
     def _remove_image(self, image_id: str) -> None:
         try:
@@ -520,6 +583,15 @@ def _chown_tree(path: Path, recursive: bool = True) -> None:
     for top, dirs, files in os.walk(path):
         for name in [*dirs, *files]:
             os.chown(os.path.join(top, name), BUILD_UID, BUILD_UID, follow_symlinks=False)
+
+
+def _by_last_use(paths: Iterator[Path]) -> list[Path]:
+    """``paths``, the most recently modified first (one removed meanwhile is left out)."""
+    used = []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            used.append((path.stat().st_mtime, path))
+    return [path for _, path in sorted(used, reverse=True)]
 
 
 def _tail(output: str) -> str:

@@ -22,8 +22,14 @@ import pytest
 from click.testing import CliRunner
 
 from raas.cli import main
-from raas.images import manifests
-from raas.images.buildah import Buildah, BuildahDirs, build_context, build_context_async
+from raas.images import buildah, manifests
+from raas.images.buildah import (
+    Buildah,
+    BuildahDirs,
+    base_tag,
+    build_context,
+    build_context_async,
+)
 from raas.images.errors import ImageError
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore
@@ -123,10 +129,15 @@ def test_a_context_builds_on_the_stored_base_sharing_its_layers(
     base = manifests.read_image(setup.store.blob_dir, setup.base.digest)
     assert built.layers[: len(base.layers)] == base.layers
     assert setup.store.usage().layers == len(built.layers)  # nothing unpacked twice
-    # buildah keeps the base (a cache of the store's), not the image it built.
+    # buildah keeps the base (a cache of the store's, named by its store digest), not the
+    # image it built, nor the copy of the base it pulled.
     names = _buildah(setup, "images", "--format", "{{.Name}}:{{.Tag}}").split()
-    assert names == ["docker.io/raas/harbor-base:bookworm"]
+    assert names == [base_tag(setup.base)]
     assert _buildah(setup, "containers", "-q").strip() == ""
+    assert sorted(p.name for p in setup.dirs.base.iterdir()) == sorted(
+        ["root", "runroot", "tmp", "locks", *(["home"] if os.geteuid() == 0 else [])]
+    )
+    assert list(setup.dirs.tmp.iterdir()) == []
 
 
 @pytest.mark.images
@@ -283,3 +294,26 @@ def test_a_run_step_is_no_root_of_the_host_and_cannot_leave_its_chroot(
         inside, outside, _ = attempt.split()[:3]
         assert inside == "0" and int(outside) >= 1_000_000
     assert "PermissionError" in attempt or "Operation not permitted" in attempt
+
+
+@pytest.mark.images
+def test_bases_beyond_the_last_used_are_pruned_from_buildahs_storage(
+    setup: Setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two bases: the stored one, and an image built on it that a second context names.
+    first, _ = _build(setup, _context(tmp_path / "one", data="first\n"))
+    on_first = f"FROM {first.ref}\nRUN test -f /app/built\n"
+    names = lambda: _buildah(setup, "images", "--format", "{{.Name}}:{{.Tag}}").split()  # noqa: E731
+    locks = lambda: sorted(p.name for p in setup.dirs.locks.glob("base-*.lock"))  # noqa: E731
+    # control: within KEEP_BASES, both stay
+    _build(setup, _context(tmp_path / "two", dockerfile=on_first))
+    assert sorted(names()) == sorted([base_tag(setup.base), base_tag(first)])
+    # beyond it, the one used longest ago goes, with its lock file
+    monkeypatch.setattr(buildah, "KEEP_BASES", 1)
+    _build(setup, _context(tmp_path / "three", data="x\n", dockerfile=on_first))
+    assert names() == [base_tag(first)]
+    assert locks() == [f"base-{first.digest.replace(':', '-')}.lock"]
+    # and a build on it again loads it anew
+    again, cached = _build(setup, _context(tmp_path / "four", data="again\n"))
+    assert not cached and _in_layers(again, "/app/data.txt") == "again\n"
+    assert names() == [base_tag(setup.base)]
