@@ -147,11 +147,14 @@ def build_context(
     isolation: Isolation = "auto",
     dirs: BuildahDirs | None = None,
     cancel: threading.Event | None = None,
+    cgroup: Sequence[Path] = (),
 ) -> BuildResult:
     """Build ``context`` (its ``Dockerfile``, or ``dockerfile``) into ``store``, or find it
     there; see the module docstring. ``timeout_s`` bounds the whole build; ``cancel``, once
-    set, stops it (its processes killed) with ``Cancelled``. ImageError, one line, on any
-    failure (buildah's own last lines where buildah failed)."""
+    set, stops it (its processes killed) with ``Cancelled``; ``cgroup``: the ``cgroup.procs``
+    files of a cgroup that holds every buildah process, RUN steps included, to its caps (as
+    root; the caller makes and removes it). ImageError, one line, on any failure (buildah's own
+    last lines where buildah failed)."""
     started = time.monotonic()
     deadline = started + timeout_s
     dockerfile = dockerfile or context / "Dockerfile"
@@ -169,7 +172,7 @@ def build_context(
     if cached is not None:
         return BuildResult(cached, True, time.monotonic() - started, digest)
     dirs = dirs or BuildahDirs.default()
-    buildah = Buildah(dirs, deadline, cancel, isolation)
+    buildah = Buildah(dirs, deadline, cancel, isolation, cgroup)
     with locks.hold(dirs.locks / f"{ref.rsplit('/', 1)[-1].split(':')[0]}.lock"):
         cached = _stored(store, ref)  # another process built it while this one waited
         if cached is not None:
@@ -186,6 +189,7 @@ async def build_context_async(
     timeout_s: float = 600.0,
     isolation: Isolation = "auto",
     dirs: BuildahDirs | None = None,
+    cgroup: Sequence[Path] = (),
 ) -> BuildResult:
     """``build_context`` in a thread. Cancelling the task kills buildah and waits (briefly:
     its process group's kill) for the thread to end before the CancelledError goes on."""
@@ -200,6 +204,7 @@ async def build_context_async(
             isolation=isolation,
             dirs=dirs,
             cancel=cancel,
+            cgroup=cgroup,
         )
     )
     try:
@@ -256,6 +261,7 @@ class Buildah:
         deadline: float,
         cancel: threading.Event | None = None,
         isolation: Isolation = "auto",
+        cgroup: Sequence[Path] = (),
     ) -> None:
         binary = shutil.which("buildah")
         if binary is None:
@@ -265,6 +271,7 @@ class Buildah:
         self.deadline = deadline
         self.cancel = cancel or threading.Event()
         self.root = os.geteuid() == 0
+        self.cgroup = tuple(cgroup)
         self.isolation = isolation if isolation != "auto" else "chroot" if self.root else "rootless"
         if self.isolation == "chroot" and not self.root:
             raise ImageError("buildah --isolation chroot needs root here (use rootless)")
@@ -453,7 +460,8 @@ class Buildah:
             # network: chroot isolation refuses --network none).
             flag = "net" if net else "nonet"
             userns = [sys.executable, "-I", "-S", str(USERNS), str(BUILD_UID), str(BUILD_IDS)]
-            argv = [*userns, flag, "--", *argv]
+            joins = [arg for procs in self.cgroup for arg in ("--cgroup", str(procs))]
+            argv = [*userns, flag, *joins, "--", *argv]
         return argv
 
     def _run(

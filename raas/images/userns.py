@@ -1,6 +1,7 @@
 """Run a command as root of a user namespace whose ids are unprivileged ids of the host.
 
-Run by raas as root (``python -I -S userns.py OUTER COUNT net|nonet -- ARGV...``): a child
+Run by raas as root (``python -I -S userns.py OUTER COUNT net|nonet [--cgroup PROCS]... --
+ARGV...``), first moved into each ``cgroup.procs`` file given (the build's caps), then a child
 unshares a user, a mount and a PID namespace (and a network one with ``net``), the parent
 (still root of the host) maps the child's ids 0..COUNT-1 to the host's OUTER..OUTER+COUNT-1,
 and the child becomes root of its namespace and runs ARGV as the first process of the PID
@@ -32,11 +33,28 @@ CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 
 
+USAGE = "usage: userns.py OUTER COUNT net|nonet [--cgroup PROCS]... -- ARGV...\n"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 5 or argv[3] != "--":
-        sys.stderr.write("usage: userns.py OUTER COUNT net|nonet -- ARGV...\n")
+    if len(argv) < 5 or "--" not in argv[3:]:
+        sys.stderr.write(USAGE)
         return 2
-    outer, count, net, command = int(argv[0]), int(argv[1]), argv[2] == "net", argv[4:]
+    end = argv.index("--", 3)
+    outer, count, net, command = int(argv[0]), int(argv[1]), argv[2] == "net", argv[end + 1 :]
+    options = argv[3:end]
+    if len(options) % 2 or any(flag != "--cgroup" for flag in options[::2]) or not command:
+        sys.stderr.write(USAGE)
+        return 2
+    # Into the build's cgroup (each of its cgroup.procs files) before anything is forked: every
+    # process of the command, its RUN steps', is held to the cgroup's caps.
+    for procs in options[1::2]:
+        try:
+            with open(procs, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        except OSError as e:
+            sys.stderr.write(f"joining the build's cgroup {procs}: {e.strerror}\n")
+            return 125
     # Found now: once an unprivileged id, this Python may no longer read its own modules.
     program = shutil.which(command[0]) or command[0]
     ready_r, ready_w = os.pipe()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,15 @@ from raas.agent.loop import Generator
 from raas.agent.snapshots import Snapshots
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore, default_store_dir
-from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
+from raas.sandbox import (
+    BwrapConfig,
+    Sandbox,
+    SandboxConfig,
+    SandboxPool,
+    cgroups,
+    create_sandbox,
+    runtime_root,
+)
 from raas.settings import AgentSettings, LlmSettings, SandboxSettings
 
 
@@ -89,6 +99,26 @@ class TaskServices:
         await asyncio.to_thread(sandbox.hold, store.in_use(stored))
         await sandbox.start()  # a start that fails closes it, and lets the image go
         return sandbox
+
+    @contextlib.asynccontextmanager
+    async def build_cgroup(
+        self, caps: Mapping[str, Any] | None = None
+    ) -> AsyncIterator[list[Path]]:
+        """A cgroup for one image build (a Dockerfile's RUN steps are a task's, as hostile as
+        its sandbox): the sandbox's caps on memory, processes and CPUs, narrowed by ``caps``
+        as a sandbox's are. Its ``cgroup.procs`` files, for ``build_context``; none where raas
+        can write no cgroup (as for sandboxes, said once in the log). Removed, with whatever
+        still runs in it, on the way out."""
+        limits = narrowed(self.sandbox_config, caps or {}).limits
+        held = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
+        runtime_dir = self.sandbox_config.runtime_dir or runtime_root()
+        name = f"build-{secrets.token_hex(8)}"
+        group = await asyncio.to_thread(cgroups.create, runtime_dir, name, held)
+        try:
+            yield group.procs_files() if group is not None else []
+        finally:
+            if group is not None:
+                await asyncio.to_thread(group.remove)
 
     def _store(self) -> ImageResolver:
         if self.image_store is None:

@@ -16,10 +16,14 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from raas.images.buildah import build_context
+from raas.images.errors import ImageError
+from raas.sandbox import cgroups, runtime_root
 from tests.images import test_dockerfile
 from tests.images.test_dockerfile import BASE, Setup, _build, _in_layers, _marked
 
@@ -140,3 +144,69 @@ def test_setuid_files_capabilities_and_open_dirs_do_not_survive_into_the_store(
     capped = _layer_entry(image, "/opt/capped")
     assert "security.capability" not in os.listxattr(capped, follow_symlinks=False), planted
     assert stat.S_IMODE(_layer_entry(image, "/opt/open").lstat().st_mode) & 0o022 == 0
+
+
+FORKS = """\
+import os, time
+kids = []
+try:
+    for _ in range(300):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+except OSError:
+    pass
+for pid in kids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+open('/forks.txt', 'w').write(str(len(kids)))
+"""
+
+
+@contextlib.contextmanager
+def _build_cgroup(caps: cgroups.Caps) -> Iterator[list[Path]]:
+    group = cgroups.create(runtime_root(), f"build-test-{os.getpid()}", caps)
+    if group is None:
+        pytest.skip("raas can write no cgroup here: builds run without caps")
+    try:
+        yield group.procs_files()
+    finally:
+        group.remove()
+
+
+@pytest.mark.images
+@pytest.mark.parametrize("capped", [False, True], ids=["control", "capped"])
+def test_a_run_steps_processes_are_held_to_the_builds_cgroup(
+    setup: Setup, tmp_path: Path, capped: bool
+) -> None:
+    """A fork bomb in a RUN step is held to the build's pids cap (buildah's own threads count
+    too); the control, with no cgroup, forks all 300."""
+    ctx = _context(
+        tmp_path / "env",
+        f"FROM {BASE}\nCOPY forks.py /forks.py\nRUN python3 /forks.py\n",
+        {"forks.py": FORKS, "nonce": str(capped)},
+    )
+    with contextlib.ExitStack() as stack:
+        procs = stack.enter_context(_build_cgroup(cgroups.Caps(None, 96, None))) if capped else []
+        image = build_context(setup.store, ctx, dirs=setup.dirs, timeout_s=300, cgroup=procs).image
+    forks = int(_in_layers(image, "/forks.txt") or "-1")
+    assert forks < 96 if capped else forks == 300
+
+
+@pytest.mark.images
+def test_a_run_step_over_the_builds_memory_cap_fails_the_build(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """512 MiB written in a RUN step under a 256 MiB cap: killed, and the build is an
+    ImageError; the control (the same step under a 2 GiB cap) builds."""
+    hog = "RUN python3 -c \"b = b'x' * (512 << 20); print(len(b))\"\n"
+    for cap, name in ((2048 << 20, "control"), (256 << 20, "capped")):
+        ctx = _context(tmp_path / name, f"FROM {BASE}\n{hog}", {"nonce": name})
+        with _build_cgroup(cgroups.Caps(cap, None, None)) as procs:
+            if name == "control":
+                build_context(setup.store, ctx, dirs=setup.dirs, timeout_s=300, cgroup=procs)
+            else:
+                with pytest.raises(ImageError, match="build failed"):
+                    build_context(setup.store, ctx, dirs=setup.dirs, timeout_s=300, cgroup=procs)

@@ -32,7 +32,10 @@ async def task_image(services: TaskServices, instance: HarborInstance) -> str:
         context = Path(tmp)
         await asyncio.to_thread(write_context, context, instance.under("environment"))
         try:
-            built = await build_context_async(store, context, timeout_s=env.build_timeout_sec)
+            async with services.build_cgroup(instance.config.limits_update()) as cgroup:
+                built = await build_context_async(
+                    store, context, timeout_s=env.build_timeout_sec, cgroup=cgroup
+                )
         except ImageError as e:  # named by the task, not by the build's scratch directory
             said = str(e).replace(str(context / "Dockerfile"), "environment/Dockerfile")
             if SHIPPED_BASE in said:
