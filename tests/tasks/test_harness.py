@@ -677,3 +677,12 @@ def test_a_fork_of_a_harness_context_keeps_the_agents_environments(tmp_path: Pat
         node,
         sandbox,
     )
+
+
+def test_the_harbor_pages_harness_instance_is_one_the_server_takes() -> None:
+    """docs/harbor.md's example of a harness agent on a Harbor task, as written."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "harbor.md").read_text()
+    section = page.split("## Running a harness agent on a Harbor task", 1)[1]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    HarnessTask().validate(TaskJob("j", example, {}))
+    assert (example["judge"], example["agent"]) == ("harbor", "mini-swe-agent")

@@ -7,6 +7,7 @@ agents-venv``; RAAS_AGENTS_VENV points elsewhere)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -233,6 +234,20 @@ async def test_each_job_of_a_group_gets_the_tasks_service_again(
             (result["metrics"] or {}).get("agent_output"),
             (result["metrics"] or {}).get("verifier_output"),
         )
+
+
+async def test_the_harbor_pages_example_scores_what_its_agent_did(
+    services: TaskServices, tmp_path: Path
+) -> None:
+    """docs/harbor.md's instance, its agent a shell line here: 1 once hello is written, else 0."""
+    page = (ROOT / "docs" / "harbor.md").read_text()
+    section = page.split("## Running a harness agent on a Harbor task", 1)[1]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    example.pop("agent")
+    wrote = await scored(services, tmp_path / "a", "echo hello > hello.txt", example)
+    assert (wrote["state"], wrote["reward"]) == ("done", 1.0), wrote["metrics"]
+    idle = await scored(services, tmp_path / "b", "true", example)
+    assert (idle["state"], idle["reward"]) == ("done", 0.0), idle["metrics"]
 
 
 # -- mini-swe-agent, from PyPI, unmodified --------------------------------------------------------
