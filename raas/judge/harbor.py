@@ -4,7 +4,8 @@ Harbor's own runner runs ``tests/test.sh`` in the agent's live container: whatev
 left running (a daemon that rewrites results), planted (``/logs/verifier/reward.txt``) or
 replaced (``pytest`` or ``python3`` on the image's path) is there when the verifier runs. Here
 the verifier gets a fork of the agent's sandbox that carries only the agent's files
-(``ForkCarry``), then the agent's sandbox is closed:
+(``ForkCarry``; of what was bound in, the server's own binds only, never a harness agent
+program's: ``verifier_carry``), then the agent's sandbox is closed:
 
 - no process, shell state, workspace or ``/tmp`` of the agent: a fresh action server, and
   ``test.sh`` a fresh process with the task's verifier env and timeout;
@@ -29,9 +30,11 @@ authors judge the tree by reading it, and the docs say so (docs/harbor.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +53,13 @@ PYTHON_GUARDS = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRIT
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 REWARD_BYTES = 64 * 1024
 OUTPUT_TAIL = 4000
+
+
+def verifier_carry(binds: Mapping[str, str]) -> ForkCarry:
+    """``VERIFIER_CARRY`` whose fork gets ``binds`` (the server's read-only binds) and no
+    other: the agent's sandbox may have more (a harness agent's program, its packages, the
+    user's agent files), which the verifier has no use for and is not given."""
+    return dataclasses.replace(VERIFIER_CARRY, ro_binds=tuple(sorted(binds.items())))
 
 
 @dataclass(frozen=True)

@@ -270,6 +270,8 @@ class BwrapSandbox(NamespacedSandbox):
             config = config.model_copy(update={"limits": limits})
         if carry.tmpfs_dirs:
             config = config.model_copy(update={"tmpfs_dirs": carry.tmpfs_dirs})
+        if carry.ro_binds is not None:
+            config = config.model_copy(update={"ro_binds": dict(carry.ro_binds)})
         caps = config.limits
         # What the child's tmpfs mounts must hold, in allocated blocks: refused before a copy.
         scratch = [(config.workdir, "", "disk_bytes"), ("/tmp", SCRATCH_OWN, "tmp_bytes")]

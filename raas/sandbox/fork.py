@@ -103,12 +103,15 @@ class ForkCarry:
     directories (a file planted at ``/``, a directory made a link); ``scratch`` False leaves
     the workspace, ``/tmp`` and the shell's state behind; ``tmpfs_dirs`` are top-level
     directories the child gets empty and writable whatever the parent had there (a judge's
-    ``/tests``, ``/logs``: BwrapConfig.tmpfs_dirs). Dropping needs overlayfs (a copy
-    fallback's root cannot be pruned back to the image's files)."""
+    ``/tests``, ``/logs``: BwrapConfig.tmpfs_dirs); ``ro_binds``, where not None, are the
+    child's read-only binds (host path, sandbox path) instead of the parent's (a judge's fork
+    of a harness job's sandbox: the server's own, none of the agent program's files). Dropping
+    needs overlayfs (a copy fallback's root cannot be pruned back to the image's files)."""
 
     image_kept: tuple[str, ...] = ()
     scratch: bool = True
     tmpfs_dirs: tuple[str, ...] = ()
+    ro_binds: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in self.image_kept:

@@ -10,7 +10,7 @@ model (``raas run --replay``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -79,6 +79,26 @@ class AgentTask:
         """The reward for ``artifact`` (in a fresh sandbox where tests are run)."""
         raise NotImplementedError
 
+    async def after_fork(self, ctx: AgentContext) -> None:
+        """``ctx.sandbox`` is a fork (of a group's template, or of a snapshot): start again what
+        INIT started in the sandbox it came from, since a fork carries files, not processes."""
+
+    # -- what a harness job that wraps this task asks of it (raas.tasks.harness) ---------------
+
+    async def agent_sandbox(self, job: TaskJob, binds: Mapping[str, str]) -> Sandbox:
+        """A started sandbox for an agent program raas did not write, with ``binds`` (host path
+        -> sandbox path: the program and its packages) bound read-only in; ``setup`` runs in
+        it next. One of its own: the warm pool's have none of those binds."""
+        return await self.services_of(job).sandbox(binds=binds)
+
+    def agent_workdir(self, sandbox: Sandbox) -> str:
+        """The directory an agent works in, in this task's ``sandbox``."""
+        return sandbox.config.workdir
+
+    def agent_time_limit_s(self, instance: dict[str, Any]) -> float | None:
+        """The time the task itself gives an agent (None: it says none)."""
+        return None
+
     # -- the TaskHandler protocol --------------------------------------------------------------
 
     def validate(self, job: TaskJob) -> None:
@@ -141,6 +161,8 @@ class AgentTask:
         sandbox = await source.sandbox.fork()
         ctx = self.forked(source, job, sandbox)
         ctx.closing.append(sandbox)
+        async with self.cleaned_up_on_error(ctx):
+            await self.after_fork(ctx)
         return ctx
 
     async def branch_context(self, job: TaskJob) -> AgentContext:
@@ -156,6 +178,8 @@ class AgentTask:
         ctx = self.forked(parent, job, sandbox) if sandbox is not None else AgentContext(job=job)
         if sandbox is not None:
             ctx.closing.append(sandbox)
+            async with self.cleaned_up_on_error(ctx):
+                await self.after_fork(ctx)
         ctx.trajectory = snapshot.trajectory.model_copy(deep=True)
         return ctx
 

@@ -8,8 +8,15 @@ and ``ANTHROPIC_API_KEY`` the same for Anthropic's clients),
 ``RAAS_MESSAGES_FILE`` (a file of the task's chat messages as JSON), ``RAAS_TASK_FILE`` (a file
 of the same as text), ``RAAS_ANSWER_FILE`` (where the answer goes) and ``RAAS_MAX_TURNS``, within
 ``agent_timeout_s``; ``RAAS_MESSAGES`` and ``RAAS_TASK`` are the first two's earlier names (the
-same paths). EVAL is the judge of the task the instance names (``judge``: code, swe or math), on
-the same artifact that task takes (solution file, patch, answer).
+same paths). EVAL is the EVAL of the task the instance names (``judge``: code, swe or math, the
+judge on the same artifact that task takes: solution file, patch, answer; harbor, Harbor's
+verifier on a fork of the agent's files).
+
+The judged task makes the sandbox (``AgentTask.agent_sandbox``: a plain one, or a Harbor task's
+image with its caps and its service started), says where the agent works in it
+(``agent_workdir``: a Harbor image's WORKDIR) and for how long at most (``agent_time_limit_s``:
+Harbor's ``[agent] timeout_sec``, past which what the agent left is judged), and starts again
+what a fork of it does not carry (``after_fork``: a Harbor task's service, for a group's jobs).
 
 A user's own agent comes in as the service's ``agent_files`` (``raas serve --agent-files DIR``):
 a directory copied (links as links, so that none reaches outside it) and bound read-only at
@@ -49,11 +56,11 @@ from raas.sandbox import (
     Sandbox,
     SandboxError,
     ToolError,
-    create_sandbox,
 )
 from raas.sandbox.pydeps import DEST, package_dirs, python_version, staged_binds
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.code import CodeTask
+from raas.tasks.harbor.task import HarborTask
 from raas.tasks.harness_node import NODE_AGENTS, NodeEnvironment, node_environment
 from raas.tasks.math import MathTask
 from raas.tasks.protocol import (
@@ -127,7 +134,7 @@ def _judged_too(schema: dict[str, Any]) -> None:
 class HarnessInstance(TaskInstance):
     model_config = ConfigDict(json_schema_extra=_judged_too)
 
-    judge: Literal["code", "swe", "math"]
+    judge: Literal["code", "swe", "math", "harbor"]
     agent: AgentName = Field(
         default="reference",
         description="A bundled agent: its packages are bound in, its command is the default.",
@@ -135,7 +142,13 @@ class HarnessInstance(TaskInstance):
     agent_command: str | None = Field(
         default=None, min_length=1, description="A shell command line; default: the agent's."
     )
-    agent_timeout_s: float | None = Field(default=None, gt=0, le=24 * 3600)
+    agent_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=24 * 3600,
+        description="The agent program's time (default 600 s); a task that gives its agent a"
+        " time of its own (Harbor's [agent] timeout_sec) is held to the shorter.",
+    )
 
 
 @dataclass
@@ -178,6 +191,7 @@ class HarnessTask(AgentTask):
         "code": CodeTask(),
         "swe": SweTask(),
         "math": MathTask(),
+        "harbor": HarborTask(),
     }
     default_max_turns = 20  # model calls the agent may make (RAAS_MAX_TURNS)
     can_branch = False  # the agent program runs its own loop: no turn to go on from
@@ -214,16 +228,21 @@ class HarnessTask(AgentTask):
                 )
             elif agent != "reference":
                 ctx.agent_site = await asyncio.to_thread(agents_site_packages, services)
-            ctx.sandbox = sandbox = await asyncio.to_thread(
-                _agent_sandbox, services, ctx.agent_site, ctx.agent_node
-            )
-            ctx.closing.append(sandbox)
-            await sandbox.start()
-            await self.wrapped(job.instance).setup(ctx)
+            binds = await asyncio.to_thread(_agent_binds, services, ctx.agent_site, ctx.agent_node)
+            judged = self.wrapped(job.instance)
+            ctx.sandbox = await judged.agent_sandbox(job, binds)
+            ctx.closing.append(ctx.sandbox)
+            await judged.setup(ctx)
         return ctx
 
     def forked(self, template: AgentContext, job: TaskJob, sandbox: Sandbox) -> HarnessContext:
-        return HarnessContext(job=job, sandbox=sandbox, agent_site=_harness(template).agent_site)
+        source = _harness(template)
+        return HarnessContext(
+            job=job, sandbox=sandbox, agent_site=source.agent_site, agent_node=source.agent_node
+        )
+
+    async def after_fork(self, ctx: AgentContext) -> None:
+        await self.wrapped(ctx.job.instance).after_fork(ctx)
 
     async def run(self, context: TaskContext) -> Trajectory:
         ctx = _harness(context)
@@ -242,7 +261,8 @@ class HarnessTask(AgentTask):
         await services.tokenizer_async()  # the first job loads it off the loop; open() reuses it
         session = gateway.open(job.job_id, params, ctx.trajectory)
         ctx.segments = session.segments  # the list itself: complete whenever the job ends
-        timeout_s = instance.agent_timeout_s or DEFAULT_AGENT_TIMEOUT_S
+        judged = self.wrapped(job.instance)
+        timeout_s = agent_time_s(instance.agent_timeout_s, judged.agent_time_limit_s(job.instance))
         try:
             # The relay admits the job's token alone: any other request gets its 401 before
             # its body is read.
@@ -274,7 +294,7 @@ class HarnessTask(AgentTask):
             if services.agents.agent_files is not None:
                 env["RAAS_AGENT_DIR"] = _agent_dir(sandbox, services.agents.agent_files)
             exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-            workdir = shlex.quote(sandbox.config.workdir)
+            workdir = shlex.quote(judged.agent_workdir(sandbox))
             # A subshell: the variables and the cd stay out of the sandbox's shell.
             line = f"(export {exports}; cd {workdir} && {command})"
             result = await sandbox.bash(line, timeout_s=timeout_s)
@@ -312,11 +332,19 @@ class HarnessTask(AgentTask):
         return await self.wrapped(instance).judge(instance, artifact, services)
 
     async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
-        info = await super().eval(context, trajectory)
+        # The judged task's own EVAL, on what the agent program left (Harbor's: its verifier
+        # on a fork of the sandbox; the others': their judge on the artifact).
+        info = await self.wrapped(_harness(context).job.instance).eval(context, trajectory)
         info.metrics["agent_output"] = _harness(context).agent_output
         info.metrics["agent_exit_code"] = _harness(context).agent_exit_code
         info.metrics.update(_harness(context).gateway_metrics)
         return info
+
+
+def agent_time_s(given: float | None, task_limit: float | None) -> float:
+    """The agent program's time: the instance's ``agent_timeout_s`` and the task's own limit
+    (Harbor's), the shorter where both are set; DEFAULT_AGENT_TIMEOUT_S where neither is."""
+    return min((t for t in (given, task_limit) if t is not None), default=DEFAULT_AGENT_TIMEOUT_S)
 
 
 def crashed(exit_code: int | None, output: str) -> PolicyError:
@@ -337,28 +365,28 @@ def _harness(context: TaskContext) -> HarnessContext:
     return context
 
 
-def _agent_sandbox(
+def _agent_binds(
     services: TaskServices, site: Path | None, node: NodeEnvironment | None
-) -> Sandbox:
-    """A sandbox of the service's kind with the launchers, the agent's packages (openai's
-    closure, else the agents environment's ``site``; and ``node``'s, for an npm agent) and
-    the service's agent files bound in. Not started; blocking: the first call copies the
-    packages where the sandbox's uid can read; the agent files are looked at again each time
-    (an edit reaches the next job)."""
-    config = services.sandbox_config
-    if isinstance(config, BwrapConfig | ApptainerConfig):
-        launchers = {str(AGENTS_DIR): AGENTS_INSIDE}
-        if node is not None:
-            staged = staged_binds("openai", {**launchers, **node.binds()})
-        elif site is None:
-            staged = staged_binds("openai", launchers)
-        else:
-            staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
-        if services.agents.agent_files is not None:
-            own = {str(services.agents.agent_files.resolve()): AGENT_FILES_INSIDE}
-            staged |= staged_binds(None, own, own_files=True)
-        config = config.model_copy(update={"ro_binds": {**config.ro_binds, **staged}})
-    return create_sandbox(config)
+) -> dict[str, str]:
+    """What the agent program's sandbox gets bound in (host path -> sandbox path): the
+    launchers, the agent's packages (openai's closure, else the agents environment's ``site``;
+    and ``node``'s, for an npm agent) and the service's agent files; none where the provider
+    binds nothing in (local). Blocking: the first call copies the packages where the sandbox's
+    uid can read; the agent files are looked at again each time (an edit reaches the next
+    job)."""
+    if not isinstance(services.sandbox_config, BwrapConfig | ApptainerConfig):
+        return {}
+    launchers = {str(AGENTS_DIR): AGENTS_INSIDE}
+    if node is not None:
+        staged = staged_binds("openai", {**launchers, **node.binds()})
+    elif site is None:
+        staged = staged_binds("openai", launchers)
+    else:
+        staged = staged_binds(None, {**launchers, str(site): AGENT_PY_INSIDE}, bytecode=True)
+    if services.agents.agent_files is not None:
+        own = {str(services.agents.agent_files.resolve()): AGENT_FILES_INSIDE}
+        staged |= staged_binds(None, own, own_files=True)
+    return staged
 
 
 def _agent_dir(sandbox: Sandbox, agent_files: Path) -> str:

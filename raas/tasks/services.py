@@ -18,9 +18,11 @@ from raas.agent.snapshots import Snapshots
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore, default_store_dir
 from raas.sandbox import (
+    ApptainerConfig,
     BwrapConfig,
     Sandbox,
     SandboxConfig,
+    SandboxError,
     SandboxPool,
     cgroups,
     create_sandbox,
@@ -78,23 +80,35 @@ class TaskServices:
         return await asyncio.to_thread(self.tokenizer)
 
     async def sandbox(
-        self, image: str | None = None, caps: Mapping[str, Any] | None = None
+        self,
+        image: str | None = None,
+        caps: Mapping[str, Any] | None = None,
+        binds: Mapping[str, str] | None = None,
     ) -> Sandbox:
         """A started sandbox of the configured kind (warm from the pool when one is ready); with
         ``image``, one whose root is that image of the image store (never from the pool).
         ``caps``: limits a task asks for (SandboxLimits' fields), each taken only where lower
-        than the server's own: a task file may narrow a sandbox, never widen it."""
-        if image is not None:
-            return await self._image_sandbox(image, caps or {})
+        than the server's own: a task file may narrow a sandbox, never widen it. ``binds``
+        (host path -> sandbox path), even empty: a sandbox of its own (never from the pool)
+        with those bound read-only besides the config's (a harness job's agent program)."""
+        if image is not None or binds is not None:
+            return await self._own_sandbox(image, caps or {}, binds or {})
         if self._pool is None:
             self._pool = SandboxPool(self.sandbox_config, self.warm_sandboxes)
             self._pool.fill()
         return await self._pool.acquire()
 
-    async def _image_sandbox(self, ref: str, caps: Mapping[str, Any]) -> Sandbox:
+    async def _own_sandbox(
+        self, ref: str | None, caps: Mapping[str, Any], binds: Mapping[str, str]
+    ) -> Sandbox:
+        config = with_binds(narrowed(self.sandbox_config, caps), binds)
+        if ref is None:
+            sandbox = create_sandbox(config)
+            await sandbox.start()  # a start that fails closes it
+            return sandbox
         store = self._store()
         stored = await asyncio.to_thread(store.resolve, ref)
-        sandbox = create_sandbox(narrowed(self.sandbox_config, caps), stored)
+        sandbox = create_sandbox(config, stored)
         # No prune removes its layers while it runs; the hold waits out a prune's lock (a thread).
         await asyncio.to_thread(sandbox.hold, store.in_use(stored))
         await sandbox.start()  # a start that fails closes it, and lets the image go
@@ -156,6 +170,16 @@ def _tokenizer(name: str) -> Any:
 
                 loaded = _loaded[name] = load_tokenizer(name)
     return loaded
+
+
+def with_binds(config: SandboxConfig, binds: Mapping[str, str]) -> SandboxConfig:
+    """``config`` with ``binds`` (host path -> sandbox path) bound read-only besides its own; a
+    provider that binds nothing in (local) takes none."""
+    if not binds:
+        return config
+    if not isinstance(config, BwrapConfig | ApptainerConfig):
+        raise SandboxError(f"the {config.type} sandbox binds nothing in: {sorted(binds)[0]}")
+    return config.model_copy(update={"ro_binds": {**config.ro_binds, **binds}})
 
 
 def narrowed(config: SandboxConfig, caps: Mapping[str, Any]) -> SandboxConfig:

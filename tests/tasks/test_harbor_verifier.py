@@ -247,3 +247,26 @@ async def test_a_prebuilt_image_pulled_from_a_registry_runs_the_task(
     prebuilt["files"]["task.toml"] = toml
     assert (await scored(services, solve(), prebuilt)).reward == 1.0
     assert (await scored(services, None, prebuilt)).reward == 0.0
+
+
+async def test_a_fork_of_the_tasks_sandbox_starts_its_service_again(
+    services: TaskServices,
+) -> None:
+    # A group's jobs run from forks of one INIT: a fork carries files, not the service.
+    (shipped,) = [t for t in harbor_tasks() if t["name"] == "service-query"]
+    task = HarborTask()
+    template = await task.init(TaskJob("t", shipped, {}, services))
+    try:
+        ctx = await task.fork_context(template, TaskJob("j", shipped, {}, services))
+        assert ctx.sandbox is not None and ctx.sandbox is not template.sandbox
+        try:
+            asked = await ctx.sandbox.bash(
+                "python3 -c 'import urllib.request as u;"
+                ' print(u.urlopen("http://127.0.0.1:8080/categories", timeout=5).status)\'; pwd',
+                timeout_s=60,
+            )
+        finally:
+            await task.cleanup(ctx)
+    finally:
+        await task.cleanup(template)
+    assert asked.output.split() == ["200", "/app"], asked.output  # and its shell where it was

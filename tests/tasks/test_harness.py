@@ -23,14 +23,15 @@ from raas.settings import AgentSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tasks.datasets import humaneval_problems
-from raas.tasks.harness import HarnessContext, HarnessTask
-from raas.tasks.harness_node import node_environment
+from raas.tasks.harness import HarnessContext, HarnessTask, agent_time_s
+from raas.tasks.harness_node import NodeEnvironment, node_environment
 from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 from tests.conftest import FIXTURES
 from tests.support.llm_servers import AgentBackend, ServerThread
 from tests.support.policies import call
+from tests.tasks.test_harbor_instance import instance as harbor_instance
 
 # Generous: these jobs end in seconds; a slow or loaded machine must fail a test as a timeout
 # that says so, never as a verdict (the agent's own timeout is DEFAULT_AGENT_TIMEOUT_S, 600 s).
@@ -591,3 +592,97 @@ def test_agent_files_are_staged_again_when_they_change(tmp_path: Path) -> None:
     [second] = staged_binds(None, {str(agent): "/x"}, own_files=True)
     assert second != first and (Path(second) / "agent.py").read_text() == "print(2)\n"
     assert staged_binds(None, {str(agent): "/x"}, own_files=True) == {second: "/x"}
+
+
+def harbor_harness(**fields: Any) -> dict[str, Any]:
+    """A harness instance that wraps a Harbor task (test_harbor_instance's), with ``fields``."""
+    return {**harbor_instance(), "data_source": "harness", "judge": "harbor", **fields}
+
+
+@pytest.mark.parametrize(
+    ("change", "loc", "said"),
+    [
+        (
+            {"files": {**harbor_harness()["files"], "task.toml": "[verifier]\ntimeout = 1\n"}},
+            ("instance", "files", "task.toml"),
+            "verifier.timeout: Extra inputs are not permitted",
+        ),
+        (
+            {"files": {k: v for k, v in harbor_harness()["files"].items() if k != "tests/test.sh"}},
+            ("instance", "files"),
+            "a Harbor task needs tests/test.sh",
+        ),
+        ({"reward_key": ""}, ("instance", "reward_key"), "at least 1 character"),
+        ({"agent_timeout_s": 0}, ("instance", "agent_timeout_s"), "greater than 0"),
+        ({"agent": "no-such-agent"}, ("instance", "agent"), "Input should be"),
+    ],
+)
+def test_a_harness_instance_of_a_harbor_task_is_checked_as_both(
+    change: dict[str, Any], loc: tuple[str, ...], said: str
+) -> None:
+    HarnessTask().validate(TaskJob("j", harbor_harness(), {}))  # the control: accepted
+    with pytest.raises(InvalidInstance) as err:
+        HarnessTask().validate(TaskJob("j", harbor_harness(**change), {}))
+    assert err.value.loc[: len(loc)] == loc and said in err.value.message, err.value
+
+
+async def test_a_bad_field_of_a_harness_harbor_instance_is_a_422_naming_it(
+    client: Any, registry: TaskRegistry
+) -> None:
+    registry.register(HarnessTask())  # validation only: no job of it is run here
+    bad = harbor_harness(files={**harbor_harness()["files"], "task.toml": "[agent]\nuser = 1\n"})
+    async with client() as http:
+        refused = await http.post("/v1/rollouts", json={"instance": bad})
+        schema = (await http.get("/openapi.json")).json()["components"]["schemas"]
+    assert refused.status_code == 422, refused.text
+    [detail] = refused.json()["detail"]
+    assert detail["loc"] == ["body", "instance", "files", "task.toml"]
+    assert "task.toml: agent.user: Value error, raas runs each sandbox" in detail["msg"]
+    # The document says it too: one branch of the harness instance is a Harbor task's.
+    [harbor] = [
+        b
+        for b in schema["Instance.harness"]["anyOf"]
+        if b["properties"]["judge"] == {"const": "harbor"}
+    ]
+    assert "tests/test.sh" in harbor["properties"]["files"]["required"]
+
+
+@pytest.mark.parametrize(
+    ("given", "task", "expected"),
+    [
+        (None, None, 600.0),
+        (30.0, None, 30.0),
+        (None, 900.0, 900.0),
+        (30.0, 900.0, 30.0),
+        (1200.0, 900.0, 900.0),
+    ],
+)
+def test_the_agent_programs_time_is_the_shorter_of_the_instances_and_the_tasks(
+    given: float | None, task: float | None, expected: float
+) -> None:
+    assert agent_time_s(given, task) == expected
+
+
+def test_a_fork_of_a_harness_context_keeps_the_agents_environments(tmp_path: Path) -> None:
+    """A group's job (a fork of the template's sandbox) runs the same agent: the npm agents'
+    node environment comes with it, as mini-swe-agent's site-packages do."""
+    node = NodeEnvironment(tmp_path / "node_modules", tmp_path / "node")
+    template = HarnessContext(
+        job=TaskJob("t", {}, {}), agent_site=tmp_path / "site", agent_node=node
+    )
+    sandbox: Any = object()  # forked() only carries it
+    forked = HarnessTask().forked(template, TaskJob("j", {}, {}), sandbox)
+    assert (forked.agent_site, forked.agent_node, forked.sandbox) == (
+        tmp_path / "site",
+        node,
+        sandbox,
+    )
+
+
+def test_the_harbor_pages_harness_instance_is_one_the_server_takes() -> None:
+    """docs/harbor.md's example of a harness agent on a Harbor task, as written."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "harbor.md").read_text()
+    section = page.split("## Running a harness agent on a Harbor task", 1)[1]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    HarnessTask().validate(TaskJob("j", example, {}))
+    assert (example["judge"], example["agent"]) == ("harbor", "mini-swe-agent")

@@ -1,4 +1,5 @@
-"""``raas.tasks.services``: what the service gives every task."""
+"""``raas.tasks.services``: what the service gives every task (sandboxes with binds of a task's
+own, a build's cgroup)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from raas.sandbox import BwrapConfig, SandboxLimits, cgroups
-from raas.tasks.services import TaskServices
+from raas.sandbox import BwrapConfig, LocalConfig, SandboxError, SandboxLimits, cgroups
+from raas.tasks.services import TaskServices, with_binds
 
 
 class NoLLM:
     async def generate(self, *args: object, **kwargs: object) -> object:
         raise AssertionError("no model call here")
+
+
+def test_an_agent_programs_binds_join_the_servers_and_a_local_sandbox_takes_none() -> None:
+    server = BwrapConfig(ro_binds={"/opt/data": "/.raas/data"})
+    joined = with_binds(server, {"/srv/agent": "/.raas/agents"})
+    assert joined.ro_binds == {"/opt/data": "/.raas/data", "/srv/agent": "/.raas/agents"}
+    assert with_binds(LocalConfig(), {}) == LocalConfig()
+    with pytest.raises(SandboxError, match="binds nothing in"):
+        with_binds(LocalConfig(), {"/srv/agent": "/.raas/agents"})
 
 
 def _value(procs: list[Path], controller: str, name: str) -> str:

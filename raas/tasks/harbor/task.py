@@ -7,7 +7,12 @@ relies on) and waits for its healthcheck. RUN is raas's agent loop, told the ins
 the image's working directory, for at most the task's agent timeout (then the verifier judges
 what the agent left). EVAL runs the verifier outside the agent's reach (``raas.judge.harbor``):
 a fork of the agent's files alone, the agent's sandbox closed first. ``tests/`` and
-``solution/`` never enter the agent's sandbox.
+``solution/`` never enter the agent's sandbox. A fork of the sandbox (a group's job, a branch)
+starts the image's command again: a fork carries no process.
+
+A harness job (``raas.tasks.harness``, ``"judge": "harbor"``) runs an agent program raas did not
+write instead of the loop: it gets the same sandbox (``agent_sandbox``, with the program's files
+bound in), works in the same directory for at most the same time, and is judged by this EVAL.
 """
 
 from __future__ import annotations
@@ -16,15 +21,16 @@ import asyncio
 import logging
 import shlex
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from raas.images.image import StoredImage
 from raas.judge.harbor import (
     DEFAULT_PATH,
-    VERIFIER_CARRY,
     VerifierRun,
     run_verifier,
     system_path,
+    verifier_carry,
 )
 from raas.sandbox import Sandbox, SandboxError
 from raas.sandbox.rootfs import image_env
@@ -71,22 +77,43 @@ class HarborTask(AgentTask):
         self.validate(job)
         if job.branch is not None:
             return await self.branch_context(job)
-        instance = HarborInstance.model_validate(job.instance)
-        services = self.services_of(job)
         ctx = AgentContext(job=job)
         async with self.cleaned_up_on_error(ctx):
-            ref = await task_image(services, instance)
-            ctx.sandbox = await services.sandbox(ref, instance.config.limits_update())
+            ctx.sandbox = await self.agent_sandbox(job, {})
             ctx.closing.append(ctx.sandbox)
-            await start_environment(ctx.sandbox, instance.config)
             await ctx.sandbox.bash(f"cd {shlex.quote(workdir_of(ctx.sandbox))}")
         return ctx
 
+    async def agent_sandbox(self, job: TaskJob, binds: Mapping[str, str]) -> Sandbox:
+        """The task's image (built first where it must be), with the task's caps where they
+        are lower than the server's and ``binds`` bound read-only in (a harness's agent
+        program), its service started and its healthcheck passed; closed again if any of it
+        fails."""
+        instance = HarborInstance.model_validate(job.instance)
+        services = self.services_of(job)
+        ref = await task_image(services, instance)
+        sandbox = await services.sandbox(ref, instance.config.limits_update(), binds)
+        try:
+            await start_environment(sandbox, instance.config)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def after_fork(self, ctx: AgentContext) -> None:
+        assert ctx.sandbox is not None
+        await start_environment(ctx.sandbox, HarborInstance.model_validate(ctx.job.instance).config)
+
+    def agent_workdir(self, sandbox: Sandbox) -> str:
+        return workdir_of(sandbox)
+
+    def agent_time_limit_s(self, instance: dict[str, Any]) -> float | None:
+        return HarborInstance.model_validate(instance).config.agent.timeout_sec
+
     async def run(self, context: Any) -> Trajectory:
         ctx: AgentContext = context
-        config = HarborInstance.model_validate(ctx.job.instance).config
         try:
-            async with asyncio.timeout(config.agent.timeout_sec):
+            async with asyncio.timeout(self.agent_time_limit_s(ctx.job.instance)):
                 return await super().run(ctx)
         except TimeoutError:
             # Harbor's rule: the agent's time is up, and what it left is judged.
@@ -99,7 +126,9 @@ class HarborTask(AgentTask):
         if ctx.sandbox is None:
             return RewardInfo(0.0, {"verifier_error": "the agent had no sandbox"})
         agents = ctx.sandbox
-        verifier = await agents.fork(carry=VERIFIER_CARRY)
+        # The server's own binds only: a harness agent's program and packages stay behind.
+        server = getattr(self.services_of(ctx.job).sandbox_config, "ro_binds", {})
+        verifier = await agents.fork(carry=verifier_carry(server))
         ctx.closing.append(verifier)
         await agents.close()  # nothing of the agent runs on while the verifier does
         config = instance.config
