@@ -1,7 +1,8 @@
 """Settings of ``raas serve``: the one place a default lives.
 
 ``ServeSettings`` holds them by concern (``server``, ``pipeline``, ``auth``, ``http``,
-``inference``, ``sandboxes``, ``agents``, ``paths``, ``images``), and each consumer takes its group.
+``inference``, ``sandboxes``, ``agents``, ``tasks``, ``paths``, ``images``), and each consumer
+takes its group.
 Outside, they are flat: a setting's TOML key, its ``RAAS_<NAME>`` variable and its ``--flag``
 are its name alone (names are unique across the groups), as they always were.
 
@@ -47,7 +48,7 @@ from raas.wire import BackendUrl
 PER_SERVER = frozenset({"host", "port", "db"})
 # The groups whose settings `raas run` takes (its flags generated as `raas serve`'s) for the
 # service it starts; the rest it sets itself (--llm, --model) or does without.
-RUN_GROUPS = ("sandboxes", "agents", "paths", "images")
+RUN_GROUPS = ("sandboxes", "agents", "tasks", "paths", "images")
 SandboxName = Literal["bwrap", "local", "apptainer"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -334,6 +335,44 @@ class AgentSettings(_Group):
     )
 
 
+# Directories no root may be: "/" would open every file the server can read, and these hold
+# the kernel's files, whose sizes lie and whose reads may block or change the host.
+_NO_ROOTS = ("/proc", "/sys", "/dev")
+
+
+class TaskSettings(_Group):
+    """What tasks may be named by on this host's file system (``raas.tasks.services.TaskServices``
+    takes these)."""
+
+    harbor_roots: list[DirectoryPath] = Field(
+        default_factory=list,
+        description="Directories a submission may name a Harbor task in by its path"
+        ' (`{"data_source": "harbor", "path": "/data/tb2/hello"}`): the server reads the task'
+        " directory, if it lies beneath one of these once every link is followed, into the"
+        " job's instance at submission. Every tenant may name any task beneath them: put only"
+        " shared datasets there. None (the default): a path is refused, and tasks come inline."
+        " Repeatable; RAAS_HARBOR_ROOTS: comma-separated.",
+    )
+
+    @field_validator("harbor_roots", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return comma_separated(value)
+
+    @field_validator("harbor_roots")
+    @classmethod
+    def _not_the_host(cls, roots: list[Path]) -> list[Path]:
+        for root in roots:
+            real = os.path.realpath(root)
+            if real == "/" or any(real == d or real.startswith(d + "/") for d in _NO_ROOTS):
+                named = str(root) if str(root) == real else f"{root} ({real})"
+                raise ValueError(
+                    f"{named} cannot be a root: it would open the host's own files to every"
+                    " tenant; name the directories of the datasets"
+                )
+        return roots
+
+
 # The groups of ``ServeSettings``, by attribute, in the order of ``raas serve --help``.
 GROUPS: dict[str, type[BaseModel]] = {
     "server": ServerSettings,
@@ -343,6 +382,7 @@ GROUPS: dict[str, type[BaseModel]] = {
     "inference": LlmSettings,
     "sandboxes": SandboxSettings,
     "agents": AgentSettings,
+    "tasks": TaskSettings,
     "paths": HostPaths,
     "images": ImageCaps,
 }
@@ -391,6 +431,7 @@ class ServeSettings(BaseSettings):
     inference: LlmSettings = Field(default_factory=LlmSettings)
     sandboxes: SandboxSettings = Field(default_factory=SandboxSettings)
     agents: AgentSettings = Field(default_factory=AgentSettings)
+    tasks: TaskSettings = Field(default_factory=TaskSettings)
     paths: HostPaths = Field(default_factory=HostPaths)
     images: ImageCaps = Field(default_factory=ImageCaps)
 
@@ -559,6 +600,8 @@ def is_directory(name: str) -> bool:
     if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("directory"):
         return True  # a directory made when needed (raas.paths.DIRECTORY)
     annotation = without_none(info.annotation)[0]
+    if typing.get_origin(annotation) is list:  # a list of directories: its items'
+        annotation = typing.get_args(annotation)[0]
     return any(getattr(m, "path_type", None) == "dir" for m in typing.get_args(annotation)[1:])
 
 

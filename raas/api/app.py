@@ -96,6 +96,8 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             warm_sandboxes=settings.sandboxes.warm_sandboxes,
             snapshots=Snapshots(settings.sandboxes.max_snapshots),
             agents=settings.agents,
+            tasks=settings.tasks,
+            prepared_bytes=int(settings.http.max_body_mb * 2**20),
         )
         pipeline = Pipeline(
             tasks,
@@ -194,7 +196,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = generate()  # FastAPI keeps it as app.openapi_schema
-            document_instances(document, tasks)
+            document_instances(document, tasks, settings.tasks)
             document_form_refusal(document, UNSAFE_METHODS, form_paths={LOGIN_PATH})
             document_streams(document, rollouts.JsonLines.media_type)
             if settings.auth.api_key:

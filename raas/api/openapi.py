@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raas.api.prorl_compat import params_model, prorl_params_schema, raas_task
+from raas.settings import TaskSettings
 from raas.tasks import TaskRegistry
 
 REF = "#/components/schemas/"
@@ -31,11 +32,18 @@ def _any_case(prefix: str) -> str:
 
 
 def instance_schema(
-    name: str, handler: object, components: dict[str, Any], aliases: list[str] | None = None
+    name: str,
+    handler: object,
+    components: dict[str, Any],
+    aliases: list[str] | None = None,
+    settings: TaskSettings | None = None,
 ) -> dict[str, Any]:
     """The JSON schema of task ``name``'s instances; models it refers to go to ``components``
     under names prefixed by the task's, so two tasks' models never collide. ``aliases`` are the
-    dataset names that run as the task (``PREFIX*`` for any name starting with PREFIX)."""
+    dataset names that run as the task (``PREFIX*`` for any name starting with PREFIX). A
+    handler's optional ``document_instance(schema, settings)`` says what this server's
+    ``settings`` (what tasks may name on its host) change of it: the path form of a Harbor
+    task, documented only where the server reads task directories."""
     model = getattr(handler, "instance_model", None)
     schema: dict[str, Any]
     if isinstance(model, type) and issubclass(model, BaseModel):
@@ -45,6 +53,9 @@ def instance_schema(
             components[prefix + key] = sub
     else:  # a handler that declares no model: only data_source is known
         schema = {"type": "object", "additionalProperties": True}
+    here = getattr(handler, "document_instance", None)
+    if callable(here):
+        here(schema, settings if settings is not None else TaskSettings())
     properties = {k: v for k, v in schema.get("properties", {}).items() if k != "data_source"}
     required = [k for k in schema.get("required", []) if k != "data_source"]
     source: dict[str, Any] = {"type": "string", "const": name}
@@ -91,10 +102,13 @@ def _without_data_source(schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None:
+def document_instances(
+    document: dict[str, Any], registry: TaskRegistry, settings: TaskSettings | None = None
+) -> None:
     """Make ``instance`` of the request models in ``document`` a oneOf of the tasks' instances,
     and the request a oneOf of the tasks' pairs of instance and sampling_params (the task the
-    instance names decides which keys sampling_params may hold)."""
+    instance names decides which keys sampling_params may hold); ``settings``: the server's,
+    of what its tasks may name on its host (default: nothing)."""
     components: dict[str, Any] = document.setdefault("components", {}).setdefault("schemas", {})
     mapping: dict[str, str] = {}
     pairs: dict[str, str] = {}  # instance component -> params component
@@ -102,7 +116,7 @@ def document_instances(document: dict[str, Any], registry: TaskRegistry) -> None
     for name in registry.names():
         key = "Instance." + _component_name(name)
         aliases = registry.aliases(name)
-        components[key] = instance_schema(name, registry.get(name), components, aliases)
+        components[key] = instance_schema(name, registry.get(name), components, aliases, settings)
         pairs[key] = "Params." + _component_name(name)
         components[pairs[key]] = params_schema(name, registry.get(name), components)
         components[pairs[key] + ".prorl"] = prorl_params_schema(components[pairs[key]])

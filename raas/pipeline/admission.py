@@ -32,7 +32,14 @@ from raas.pipeline.tenants import TenantBooks, token_budgets, token_ceiling
 from raas.pipeline.views import JobView, record_view, view_of
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, StoreWriteError
-from raas.tasks.protocol import InvalidInstance, TaskHandler, TaskJob, validate_request
+from raas.tasks.protocol import (
+    InvalidInstance,
+    Submission,
+    TaskHandler,
+    TaskJob,
+    prepare_instance,
+    validate_request,
+)
 from raas.tasks.registry import TaskRegistry, UnknownTask
 from raas.tenants import job_key, own_id
 from raas.wire import Branch, ErrorInfo
@@ -139,20 +146,27 @@ class Admission:
         bad input (nothing accepted), InitQueueFull when the INIT queue lacks room, QuotaExceeded
         when a tenant would go over its jobs in flight or has spent its LLM tokens, Draining, and
         StoreUnavailable when the jobs cannot be recorded: a job is queued only once its record
-        is written, so one that is turned away never runs.
+        is written, so one that is turned away never runs. Each instance is its task's prepared
+        one from the first check on (``prepare_instance``: a Harbor task named by its path read
+        into its files): that is what is compared with a known job's and recorded.
         """
         if not self.accepting:
             raise Draining(self.stages.stopping)
         ceilings: list[int] = []  # each request's LLM tokens at most, reserved if admitted
+        submission = Submission(self.services, getattr(self.services, "prepared_bytes", 0))
+        prepared: list[JobRequest] = []
         for i, request in enumerate(requests):
             try:
                 handler = self.registry.get(str(request.rollout.instance.get("data_source", "")))
+                request = await _prepared(handler, request, submission)
                 if (branch := request.keyed_branch) is not None:
                     await self._check_branch_parent(branch)
                 validate_request(handler, self._checked_job(request))
                 ceilings.append(self._check_limits(request, handler))
             except (InvalidInstance, UnknownTask) as e:
                 raise RequestRejected(i, e) from e
+            prepared.append(request)
+        requests = prepared
         while True:
             stored = await self._stored(requests)
             # A job_id whose record another submission is writing now: its outcome decides.
@@ -312,6 +326,18 @@ class Admission:
 
     def _store_retry_after(self) -> int:
         return max(1, math.ceil(self.config.store_retry_s))
+
+
+async def _prepared(
+    handler: TaskHandler, request: JobRequest, submission: Submission
+) -> JobRequest:
+    """``request`` with its instance as its task prepares it (``prepare_instance``): what the
+    job's record keeps and what runs, whatever a restart or a later change elsewhere."""
+    instance = request.rollout.instance
+    ready = await prepare_instance(handler, instance, submission)
+    if ready is instance:
+        return request
+    return JobRequest(request.rollout.model_copy(update={"instance": ready}), request.tenant)
 
 
 def _same_as_stored(request: JobRequest, record: JobRecord) -> bool:

@@ -9,6 +9,12 @@ context, so it must release what it had acquired before re-raising.
 A handler may also have ``fork_context`` (see ``context_forker``): a group of jobs of one instance
 then runs ``init`` once and each job starts from a fork of that context.
 
+A handler may also have ``prepare(instance, submission)``, called once per job at submission,
+before ``validate``: the instance as the job keeps and runs it, made from the one submitted
+(``harbor`` reads a task named by its path into its files there, so that nothing read later can
+change an accepted job; see ``Submission``). A restart's recovery does not call it: a stored
+instance is already prepared.
+
 A stage that raises fails the job with an error of kind ``infra`` (run again, in a fresh
 sandbox, up to the attempt limit) unless the exception is a ``PolicyError`` (the job's own
 doing: running it again would end the same way), see ``error_kind``.
@@ -202,6 +208,39 @@ def context_forker(handler: TaskHandler) -> ContextForker | None:
     acquired before it raises. None where the handler has none: each job runs ``init``."""
     fork = getattr(handler, "fork_context", None)
     return fork if callable(fork) else None
+
+
+@dataclass
+class Submission:
+    """What a handler's ``prepare`` is given beside an instance: the service's ``services`` (None
+    where none are set up; a server's say what it may read, raas.tasks.services), and what the
+    jobs of one submission share while they are prepared: ``memo`` (a task directory that many
+    jobs name is read once) and ``bytes_left``, what preparing may still add to what the
+    submission stores (a small instance made large counts its bytes, each job its own copy:
+    no more than the server would have taken in one body)."""
+
+    services: Any = None
+    bytes_left: int = 0
+    memo: dict[Any, Any] = field(default_factory=dict)
+
+    def spend(self, nbytes: int) -> bool:
+        """Take ``nbytes`` from ``bytes_left``; False (nothing taken) if there are not so many."""
+        if nbytes > self.bytes_left:
+            return False
+        self.bytes_left -= nbytes
+        return True
+
+
+async def prepare_instance(
+    handler: TaskHandler, instance: dict[str, Any], submission: Submission
+) -> dict[str, Any]:
+    """The instance as the job keeps it: the handler's optional ``prepare`` hook's (it raises
+    InvalidInstance), else ``instance`` itself."""
+    prepare = getattr(handler, "prepare", None)
+    if prepare is None:
+        return instance
+    prepared: dict[str, Any] = await prepare(instance, submission)
+    return prepared
 
 
 def validate_request(handler: TaskHandler, job: TaskJob) -> None:

@@ -1,12 +1,16 @@
-"""What the service gives every task: the LLM backends, the tokenizer, sandboxes."""
+"""What the service gives every task: the LLM backends, the tokenizer, sandboxes, and the task
+directories a submission may name by their path."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +19,12 @@ from typing import Any, Protocol
 from raas.agent.gateway import Gateway
 from raas.agent.loop import Generator
 from raas.agent.snapshots import Snapshots
+from raas.helpers.task_dirs import (
+    NotATaskUnderRoots,
+    TaskDirError,
+    beneath_roots,
+    read_task_under,
+)
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore, default_store_dir
 from raas.sandbox import (
@@ -28,7 +38,23 @@ from raas.sandbox import (
     create_sandbox,
     runtime_root,
 )
-from raas.settings import AgentSettings, LlmSettings, SandboxSettings
+from raas.settings import AgentSettings, HttpSettings, LlmSettings, SandboxSettings, TaskSettings
+
+# A task directory named by its path is read at submission, by a few threads of its own (a slow
+# read never holds the threads the rest of the server uses), within this time.
+TASK_DIR_READERS = 4
+TASK_DIR_TIMEOUT_S = 30.0
+
+
+class NoTaskRoots(TaskDirError):
+    """This server reads no task directories (no ``harbor_roots``)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this server reads no task directories: send the task's files inline (raas submit"
+            " DIR and raas run DIR read a directory into them), or ask its admin to name the"
+            " directories of shared datasets with raas serve --harbor-roots DIR"
+        )
 
 
 class ImageResolver(Protocol):
@@ -51,6 +77,11 @@ class TaskServices:
     # dependencies conflict with raas's own), the node one (CLIs from npm), the user's own agent
     # files, and whether gateway calls may change a job's sampling (a 400 naming it).
     agents: AgentSettings = field(default_factory=AgentSettings)
+    # The directories a submission may name a Harbor task in by its path (harbor_roots), and
+    # what reading them may add to one submission at most: the server's max_body_mb, the bytes
+    # its body could have carried the same tasks in.
+    tasks: TaskSettings = field(default_factory=TaskSettings)
+    prepared_bytes: int = field(default_factory=lambda: int(HttpSettings().max_body_mb * 2**20))
     # Where images named by tasks are found; default: the store at the sandbox config's
     # image_store directory, opened on first use.
     image_store: ImageResolver | None = None
@@ -61,7 +92,16 @@ class TaskServices:
     # gateway.open(job_id, params, trajectory) gives the session and its token.
     gateway: Gateway = field(init=False, repr=False)
 
+    _readers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    # Each root as its admin spelt it (absolute) and the directory it was then: a link changed
+    # later does not move a root.
+    _roots: list[tuple[Path, Path]] = field(init=False, repr=False)
+
     def __post_init__(self) -> None:
+        self._roots = [
+            (Path(os.path.abspath(root)), Path(os.path.realpath(root)))
+            for root in self.tasks.harbor_roots
+        ]
         self.gateway = Gateway(
             self.llm,
             self.tokenizer,
@@ -144,12 +184,38 @@ class TaskServices:
         root = getattr(self.sandbox_config, "image_store", None)  # the local one has none
         return Path(root) if root is not None else default_store_dir()
 
+    async def read_task_dir(self, path: str) -> dict[str, Any]:
+        """The ``harbor`` instance of the task directory at ``path`` (``read_task_under``),
+        which must lie beneath one of ``tasks.harbor_roots``: read by the readers' threads, off
+        the event loop, within TASK_DIR_TIMEOUT_S. Raises TaskDirError (NoTaskRoots without
+        roots, NotATaskUnderRoots for a path that names no task beneath them)."""
+        if not self._roots:
+            raise NoTaskRoots()
+        if not beneath_roots(path, self._roots):  # as text: no thread, no file looked at
+            raise NotATaskUnderRoots([given for given, _ in self._roots])
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(TASK_DIR_READERS, thread_name_prefix="task-dirs")
+        deadline = time.monotonic() + TASK_DIR_TIMEOUT_S
+        loop = asyncio.get_running_loop()
+        read = loop.run_in_executor(self._readers, read_task_under, path, self._roots, deadline)
+        try:
+            # The reader stops itself at the deadline; this bounds the wait for a free thread
+            # too (a read stuck in the kernel cannot be stopped, only left).
+            return await asyncio.wait_for(read, TASK_DIR_TIMEOUT_S + 1.0)
+        except TimeoutError:
+            raise TaskDirError(
+                f"{path}: not read within {TASK_DIR_TIMEOUT_S:g} s (the server's readers are"
+                " busy, or its file system is slow): try again"
+            ) from None
+
     def release(self, session: str) -> None:
         release = getattr(self.llm, "release", None)
         if release is not None:
             release(session)
 
     async def close(self) -> None:
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
         await self.snapshots.close()
         if self._pool is not None:
             await self._pool.close()

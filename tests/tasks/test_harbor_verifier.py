@@ -16,11 +16,12 @@ import pytest
 
 from raas.images.store import ImageStore
 from raas.sandbox import BwrapConfig
+from raas.settings import TaskSettings
 from raas.tasks.agentic import AgentContext
-from raas.tasks.datasets import harbor_tasks
+from raas.tasks.datasets import HARBOR_DIR, harbor_tasks
 from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.harbor.task import HarborTask
-from raas.tasks.protocol import RewardInfo, TaskJob
+from raas.tasks.protocol import RewardInfo, Submission, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 from tests.support import tiers
@@ -224,6 +225,27 @@ async def test_each_shipped_task_scores_its_gold_one_and_a_no_op_zero(
     gold = f"cat > /tmp/solve.sh <<'RAAS_EOF'\n{solve_sh}\nRAAS_EOF\nbash /tmp/solve.sh"
     assert (await scored(services, gold, shipped)).reward == 1.0
     assert (await scored(services, None, shipped)).reward == 0.0
+
+
+async def test_a_shipped_task_named_by_its_path_runs_as_read(services: TaskServices) -> None:
+    """The path form end to end: the task read beneath a root at submission (``prepare``),
+    then run from what was read; its result says where it was read."""
+    path = str(HARBOR_DIR / "create-file")
+    rooted = TaskServices(
+        llm=None,  # type: ignore[arg-type]
+        sandbox_config=services.sandbox_config,
+        tasks=TaskSettings(harbor_roots=[HARBOR_DIR]),
+    )
+    try:
+        given = {"data_source": "harbor", "path": path}
+        read = await HarborTask().prepare(given, Submission(rooted, 1 << 30))
+    finally:
+        await rooted.close()
+    solve_sh = read["files"]["solution/solve.sh"]
+    gold = f"cat > /tmp/solve.sh <<'RAAS_EOF'\n{solve_sh}\nRAAS_EOF\nbash /tmp/solve.sh"
+    info = await scored(services, gold, read)
+    assert info.reward == 1.0 and info.metrics["harbor_path"] == path
+    assert info.metrics["harbor_task"] == "create-file"
 
 
 async def test_a_prebuilt_image_pulled_from_a_registry_runs_the_task(

@@ -4,7 +4,10 @@
 ``environment/...``, ``tests/...``, ``solution/...``) to its UTF-8 text, ``binary_files`` to
 base64 for what is not text, ``executable`` lists the paths with an executable bit
 (``raas.helpers.task_dirs`` reads a directory into this). ``reward_key`` picks the scalar reward
-from a ``reward.json`` (default ``reward``). Checked at submission: the paths (relative, inside
+from a ``reward.json`` (default ``reward``). A submission may instead give ``path``, a task
+directory beneath the server's Harbor roots, which the server reads into ``files`` at
+submission (``raas.tasks.harbor.task.HarborTask.prepare``): the job then keeps both, ``path``
+saying where its files were read. Checked at submission: the paths (relative, inside
 the task, none twice), the sizes, ``task.toml`` read strictly (``raas.tasks.harbor.config``),
 an environment (a Dockerfile or a ``docker_image``), and what raas cannot run refused in one
 line naming the task: docker-compose services, a task that asks for the network.
@@ -15,8 +18,12 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import os
 import posixpath
+import re
 import shlex
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Self
 
 from pydantic import (
@@ -76,10 +83,26 @@ TASK_TOML_PATTERN = (
 )
 
 
+NOT_READ = (
+    "a task directory named by path is read by the server at submission, and this instance was"
+    " not read (only a server started with --harbor-roots reads one)"
+)
+NO_PATH_HERE = (
+    "Not taken by this server, which reads no task directories: a server started with"
+    " --harbor-roots DIR takes a task directory's absolute path beneath DIR instead of files"
+    " (docs/harbor.md)."
+)
+PATH_MAX = 4096  # bytes of a path (Linux's PATH_MAX)
+FILES_OR_PATH = ("files", "binary_files", "executable")
+
+
 def _a_task_in_the_document(schema: dict[str, Any]) -> None:
     """What submission checks, as far as JSON Schema can say it: the paths, the files a task
     needs (a Dockerfile, or task.toml's docker_image, which the admitted task.toml cannot
-    name), base64, and the task.toml texts above."""
+    name), base64, and the task.toml texts above. The files come inline: a server that reads
+    task directories documents the path form too (``document_path_form``)."""
+    schema["required"] = ["files"]
+    schema["properties"]["path"] = {"not": {}, "description": NO_PATH_HERE}
     files = schema["properties"]["files"]
     files["propertyNames"] = {"pattern": PATH_PATTERN}
     files["maxProperties"] = MAX_TASK_FILES
@@ -98,11 +121,45 @@ def _a_task_in_the_document(schema: dict[str, Any]) -> None:
     schema["properties"]["executable"]["items"] = {"type": "string", "pattern": PATH_PATTERN}
 
 
+def _escaped(text: str) -> str:
+    """``text`` matched literally by a pattern (ECMA-262's and Python's alike)."""
+    return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", text)
+
+
+def document_path_form(schema: dict[str, Any], roots: Sequence[Path]) -> None:
+    """The path form in ``schema`` (an instance's, ``_a_task_in_the_document``'s) of a server
+    whose Harbor roots are ``roots``: ``path`` instead of the files, an absolute path beneath a
+    root as text (either spelling of it: as given, or where its links lead). That it names a
+    task directory there is the server's to find: any other path is a 422."""
+    spellings = sorted({os.path.abspath(r) for r in roots} | {os.path.realpath(r) for r in roots})
+    alternatives = "|".join(_escaped(s.rstrip("/")) for s in spellings)
+    schema["properties"]["path"] = {
+        "type": "string",
+        "maxLength": PATH_MAX,
+        "pattern": rf"^(?:{alternatives})(?:/{_NAME})*/?$",
+        "description": "Instead of files: the absolute path of a task directory beneath one of"
+        f" this server's Harbor roots ({', '.join(spellings)}), read at submission into the"
+        " job's files (which the job keeps: a later change to the directory changes no job)."
+        " A path that names no task directory there (once every link is followed) is a 422"
+        " naming instance.path, in one text whatever the reason.",
+    }
+    schema.pop("required", None)
+    schema["oneOf"] = [
+        {"required": ["files"], "not": {"required": ["path"]}},
+        {
+            "required": ["path"],
+            "not": {"anyOf": [{"required": [key]} for key in FILES_OR_PATH]},
+        },
+    ]
+
+
 class HarborInstance(TaskInstance):
     model_config = ConfigDict(json_schema_extra=_a_task_in_the_document)
 
     name: StrictStr | None = Field(default=None, max_length=200)
-    files: dict[StrictStr, StrictStr]
+    files: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    # Where the server read the files (a submission's path form; raas.tasks.harbor.task).
+    path: StrictStr | None = Field(default=None, min_length=1, max_length=PATH_MAX)
     binary_files: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     executable: list[StrictStr] = Field(default_factory=list)
     reward_key: StrictStr = Field(default="reward", min_length=1, max_length=200)
@@ -134,6 +191,14 @@ class HarborInstance(TaskInstance):
 
     @model_validator(mode="after")
     def _a_task(self) -> Self:
+        if not self.files and not self.binary_files:
+            if self.path is not None:
+                raise located_error(("path",), NOT_READ)
+            raise located_error(
+                ("files",),
+                "Field required: a Harbor task's files (path to text), or on a server that"
+                " reads task directories, the task directory's path (path)",
+            )
         both = set(self.files) & set(self.binary_files)
         if both:
             raise located_error(("binary_files",), f"{sorted(both)[0]} is also in files")

@@ -13,6 +13,11 @@ starts the image's command again: a fork carries no process.
 A harness job (``raas.tasks.harness``, ``"judge": "harbor"``) runs an agent program raas did not
 write instead of the loop: it gets the same sandbox (``agent_sandbox``, with the program's files
 bound in), works in the same directory for at most the same time, and is judged by this EVAL.
+
+At submission (``prepare``), an instance that names its task by ``path`` instead of ``files``
+is read from that directory, which must lie beneath the server's Harbor roots
+(``TaskServices.read_task_dir``), into the inline form the job keeps and runs, ``path`` kept
+beside the files.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from raas.helpers.task_dirs import TaskDirError
 from raas.images.image import StoredImage
 from raas.judge.harbor import (
     DEFAULT_PATH,
@@ -34,11 +42,13 @@ from raas.judge.harbor import (
 )
 from raas.sandbox import Sandbox, SandboxError
 from raas.sandbox.rootfs import image_env
+from raas.settings import TaskSettings
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.harbor.config import HarborConfig, HealthcheckConfig
 from raas.tasks.harbor.environment import task_image
-from raas.tasks.harbor.instance import HarborInstance
-from raas.tasks.protocol import RewardInfo, TaskJob
+from raas.tasks.harbor.instance import FILES_OR_PATH, HarborInstance, document_path_form
+from raas.tasks.protocol import InvalidInstance, RewardInfo, Submission, TaskJob
+from raas.tasks.services import NoTaskRoots, TaskServices
 from raas.wire import Trajectory
 
 log = logging.getLogger(__name__)
@@ -65,6 +75,60 @@ class HarborTask(AgentTask):
     instance_model = HarborInstance
     tools = ("bash", "editor", "finish", "think")
     default_max_turns = 20
+
+    async def prepare(self, instance: dict[str, Any], submission: Submission) -> dict[str, Any]:
+        """A path-form instance read into its files (the inline form, ``path`` kept beside
+        them); any other as it is. A directory many jobs of the submission name is read once,
+        and each job counts its bytes against ``submission.bytes_left``."""
+        if "path" not in instance:
+            return instance
+        beside = [key for key in FILES_OR_PATH if key in instance]
+        if beside:
+            raise InvalidInstance(
+                ("instance", beside[0]),
+                "given beside path: a Harbor task comes inline (files) or by its directory's"
+                " path, which the server reads into files, not both",
+            )
+        path = instance["path"]
+        if not isinstance(path, str):
+            raise InvalidInstance(
+                ("instance", "path"), "Input should be a valid string", "string_type"
+            )
+        services = submission.services
+        read = submission.memo.get(("harbor", path))
+        if read is None:
+            try:
+                if not isinstance(services, TaskServices):
+                    raise NoTaskRoots()
+                files = await services.read_task_dir(path)
+            except TaskDirError as e:
+                raise InvalidInstance(("instance", "path"), str(e)) from None
+            size = sum(map(len, files["files"].values()))
+            size += sum(map(len, files.get("binary_files", {}).values()))
+            read = submission.memo[("harbor", path)] = (files, size)
+        files, size = read
+        if not submission.spend(size):
+            raise InvalidInstance(
+                ("instance", "path"),
+                f"{path}: this submission's tasks, read, come to more than this server takes in"
+                " one body (max_body_mb), each job counting its own copy: submit fewer jobs at"
+                " once",
+                "too_large",
+            )
+        prepared = {**files, **instance}
+        try:
+            HarborInstance.model_validate(prepared)
+        except ValidationError as e:
+            wrong = InvalidInstance.from_validation_error(e)
+            raise InvalidInstance(
+                ("instance", "path"), f"{path}: {wrong.field}: {wrong.message}", wrong.kind
+            ) from None
+        return prepared
+
+    def document_instance(self, schema: dict[str, Any], settings: TaskSettings) -> None:
+        """The path form in the document of a server that reads task directories."""
+        if settings.harbor_roots:
+            document_path_form(schema, settings.harbor_roots)
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         parsed = HarborInstance.model_validate(instance)
@@ -148,6 +212,8 @@ class HarborTask(AgentTask):
         metrics["stop_reason"] = ctx.stop_reason
         if instance.name:
             metrics["harbor_task"] = instance.name
+        if instance.path:
+            metrics["harbor_path"] = instance.path
         return RewardInfo(verdict.reward, metrics)
 
 
