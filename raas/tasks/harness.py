@@ -66,10 +66,12 @@ from raas.tasks.math import MathTask
 from raas.tasks.protocol import (
     PolicyError,
     RewardInfo,
+    Submission,
     TaskContext,
     TaskInstance,
     TaskJob,
     parse_instance,
+    prepare_instance,
 )
 from raas.tasks.services import TaskServices
 from raas.tasks.swe import SweTask
@@ -198,6 +200,12 @@ class HarnessTask(AgentTask):
 
     def wrapped(self, instance: dict[str, Any]) -> AgentTask:
         return self.judges[str(instance["judge"])]
+
+    async def prepare(self, instance: dict[str, Any], submission: Submission) -> dict[str, Any]:
+        """The judged task's own preparation (a Harbor task named by its path is read into its
+        files); an unknown judge is left for ``validate`` to name."""
+        judged = self.judges.get(str(instance.get("judge")))
+        return instance if judged is None else await prepare_instance(judged, instance, submission)
 
     def validate(self, job: TaskJob) -> None:
         parse_instance(HarnessInstance, job.instance)

@@ -46,6 +46,7 @@ from raas.tasks import TaskRegistry
 from raas.tasks import services as services_module
 from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.harbor.task import HarborTask
+from raas.tasks.harness import HarnessTask
 from raas.tasks.protocol import InvalidInstance, Submission, TaskJob
 from raas.tasks.services import TaskServices
 from tests.conftest import small_config
@@ -462,6 +463,22 @@ async def test_a_path_is_read_into_files_and_kept_beside_them(layout: dict[str, 
         HarborTask().validate(TaskJob("j", prepared, {}))
         inline = {k: v for k, v in prepared.items() if k != "path"}
         assert await prepare(inline, Submission(services, 0)) is inline  # inline: as it is
+    finally:
+        await services.close()
+
+
+async def test_a_harness_job_on_a_harbor_task_may_name_it_by_path(
+    layout: dict[str, Path],
+) -> None:
+    services = services_for(layout["root"])
+    try:
+        given = {"judge": "harbor", "agent": "reference", "path": str(layout["task"])}
+        prepared = await HarnessTask().prepare(given, Submission(services, 1 << 30))
+        assert prepared == {**read_task_dir(layout["task"]), **given}
+        HarnessTask().validate(TaskJob("j", prepared, {}))
+        # another judge's instance is left as it is; an unknown judge is validate's to name
+        for other in ({"judge": "math", "path": "x"}, {"judge": "nope", "path": "x"}):
+            assert await HarnessTask().prepare(other, Submission(services, 0)) is other
     finally:
         await services.close()
 
