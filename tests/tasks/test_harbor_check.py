@@ -36,9 +36,9 @@ def test_a_dataset_check_reports_gold_that_fails_and_no_ops_that_pass(
     result = CliRunner().invoke(datasets, ["check", str(dataset), "--store", store])
     lines = {line.split()[0]: line for line in result.output.splitlines() if line.strip()}
     assert result.exit_code == 1, result.output
-    assert lines["good"].endswith("ok") and " 1 " in lines["good"]
-    assert lines["wrong-gold"].endswith("gold fails")
-    assert lines["free-reward"].endswith("no-op passes")
+    assert lines["good"].endswith("ok") and " 1 " in lines["good"], result.output
+    assert lines["wrong-gold"].endswith("gold fails"), result.output
+    assert lines["free-reward"].endswith("no-op passes"), result.output
     assert "1 of 3 tasks ok" in result.output
 
 
