@@ -24,7 +24,11 @@ the verifier gets a fork of the agent's sandbox that carries only the agent's fi
 What the agent changed under every other directory (``/app``, ``/root``, ``/srv``...) is what
 the verifier judges. A verifier that runs code from there (a project's own ``conftest.py``,
 ``make``, git hooks of a repository the agent had) runs what the agent wrote: Harbor's task
-authors judge the tree by reading it, and the docs say so (docs/harbor.md).
+authors judge the tree by reading it, and the docs say so (docs/harbor.md). Where the verifier
+runs Python tests (``pytest`` on ``tests/test_*.py``, which import the agent's code in the
+process whose exit status is the reward), that code can decide its own reward: it is run again
+against twins of those tests (``raas.judge.harbor_twins``), each run a fresh fork of the
+agent's files, and passing a twin scores 0 with ``tamper``.
 """
 
 from __future__ import annotations
