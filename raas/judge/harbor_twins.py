@@ -31,9 +31,11 @@ were when the agent ended, so nothing one run did is there in the next
 
 What twins cannot tell: code that knows the real tests (a policy that has seen them in
 training) and passes only them; code that tells a later run from an earlier one by the clock
-(the twins run after the real run); a trick in a test twins do not change (a fixture, a test
-over ``MAX_TESTS``, one that asserts nothing a twin changes); a verifier whose Python tests are
-not its ``test_*.py`` files, or do not run in pytest.
+(the twins run after the real run); a trick in what twins do not change (a fixture, a test
+over ``MAX_TESTS``, one that asserts nothing a twin changes); an object equal to anything under
+a twin that is an inversion (``f(x) == g(x)`` has no constant to change), which it fails as
+gold does; a verifier whose Python tests are not its ``test_*.py`` files. Without gold, an
+exact twin of a test that test.sh never runs passes for honest code (docs/harbor.md).
 """
 
 from __future__ import annotations
