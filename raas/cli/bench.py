@@ -25,7 +25,7 @@ def known() -> list[str]:
 @click.argument("name")
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
-    """Run benchmark NAME: dapo, fork, gateway, images, judges, llm, pipeline, scale, soak,
+    """Run benchmark NAME: dapo, fork, gateway, harbor, images, judges, llm, pipeline, scale, soak,
     tenants or tools. Its own options come after `--`: `raas bench pipeline -- --help`, `raas
     bench pipeline -- --jobs 96`. Benchmarks print medians and ratios against a baseline measured
     in the same run; they never assert."""

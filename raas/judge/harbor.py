@@ -17,6 +17,8 @@ program's: ``verifier_carry``), then the agent's sandbox is closed:
 - ``/tests`` and ``/logs`` empty tmpfs mounts of the verifier's own, over whatever the agent
   left there; ``tests/`` is written in only now (the agent never had it), and the reward is
   read from ``/logs/verifier`` of this sandbox;
+- a verifier sandbox ended by what ``test.sh`` ran (the agent's code kills the action server,
+  there or from a process it left) is a policy 0 (``policy_failure``), never an infra retry;
 - ``PATH`` the image's, less every directory outside ``SYSTEM`` (an image that puts
   ``/app/bin`` first would run the agent's ``python3``); Python's user site and the current
   directory left off ``sys.path`` (``PYTHONNOUSERSITE``, ``PYTHONSAFEPATH``). The task's
@@ -25,7 +27,11 @@ program's: ``verifier_carry``), then the agent's sandbox is closed:
 What the agent changed under every other directory (``/app``, ``/root``, ``/srv``...) is what
 the verifier judges. A verifier that runs code from there (a project's own ``conftest.py``,
 ``make``, git hooks of a repository the agent had) runs what the agent wrote: Harbor's task
-authors judge the tree by reading it, and the docs say so (docs/harbor.md).
+authors judge the tree by reading it, and the docs say so (docs/harbor.md). Where the verifier
+runs Python tests (``pytest`` on ``tests/test_*.py``, which import the agent's code in the
+process whose exit status is the reward), that code can decide its own reward: it is run again
+against twins of those tests (``raas.judge.harbor_twins``), each run a fresh fork of the
+agent's files, and passing a twin scores 0 with ``tamper``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from raas.judge.programs import CandidateEnded, run_candidate
 from raas.sandbox import ForkCarry, Sandbox, SandboxError, ToolError
 
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
@@ -129,12 +136,20 @@ async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
     made = await verifier.exec(["mkdir", "-p", "--", VERIFIER_DIR], env=setup)
     if made.exit_code != 0:
         raise SandboxError(f"cannot make {VERIFIER_DIR}: {made.stderr.strip()[-300:]}")
-    result = await verifier.exec(
-        ["bash", f"{TESTS_DIR}/test.sh"],
-        cwd=run.workdir,
-        env=env,
-        timeout_s=run.timeout_s,
-    )
+    try:
+        # test.sh runs what the agent wrote (pytest imports it): a sandbox that ends under it
+        # or before its reward is read is the agent's doing, a 0, never an infra retry.
+        result = await run_candidate(
+            verifier,
+            ["bash", f"{TESTS_DIR}/test.sh"],
+            cwd=run.workdir,
+            env=env,
+            timeout_s=run.timeout_s,
+        )
+        ended_well = not result.timed_out and result.exit_code >= 0
+        rewards = await _rewards_of(verifier, run.reward_key) if ended_well else None
+    except CandidateEnded as e:
+        return HarborVerdict(0.0, {}, {"verifier_error": str(e), "policy_failure": str(e)})
     metrics: dict[str, Any] = {
         "verifier_exit_code": result.exit_code,
         "verifier_timed_out": result.timed_out,
@@ -148,12 +163,21 @@ async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
         # /logs is not the verifier's word.
         metrics["verifier_error"] = f"test.sh was killed by signal {-result.exit_code}"
         return HarborVerdict(0.0, {}, metrics)
-    try:
-        rewards = await read_rewards(verifier, run.reward_key)
-    except RewardFileError as e:
-        metrics["verifier_error"] = str(e)
+    if not isinstance(rewards, dict):
+        metrics["verifier_error"] = str(rewards)
         return HarborVerdict(0.0, {}, metrics)
     return HarborVerdict(rewards[run.reward_key], rewards, metrics)
+
+
+async def _rewards_of(verifier: Sandbox, key: str) -> dict[str, float] | RewardFileError:
+    """``read_rewards``, its RewardFileError returned; a sandbox that ended after test.sh did
+    (what test.sh left running killed it) is CandidateEnded."""
+    try:
+        return await read_rewards(verifier, key)
+    except RewardFileError as e:
+        return e
+    except SandboxError as e:
+        raise CandidateEnded(f"the sandbox ended before test.sh's reward was read: {e}") from e
 
 
 async def read_rewards(verifier: Sandbox, key: str) -> dict[str, float]:

@@ -386,11 +386,16 @@ def twin_source(
     return edits.source(), made
 
 
+def secret_rng(key: str) -> random.Random:
+    """A generator of twins for ``key`` (a task, a test of it): the same draws for the same key
+    in this process, drawn from this process's secret (a candidate never sees them)."""
+    return random.Random(hmac.new(_SECRET, key.encode(), hashlib.sha256).digest())
+
+
 def plan(sources: dict[str, str], deciding: list[str], runner: str, key: str) -> TwinPlan:
     """Twins of the ``deciding`` tests found in ``sources`` (the test files, by path, as the
     run has them), the same for one ``key`` (the task) in this process."""
-    seed = hmac.new(_SECRET, key.encode(), hashlib.sha256).digest()
-    rng = random.Random(seed)
+    rng = secret_rng(key)
     wanted: dict[str, dict[str, str]] = {}  # path -> qualname -> test id
     trees: dict[str, dict[str, Any]] = {}
     for path, text in sources.items():
@@ -426,7 +431,7 @@ def candidate_paths(deciding: list[str], runner: str) -> list[str]:
 
 
 Run = Callable[[str, dict[str, str] | None], Awaitable[Verdict]]
-_calibrated: OrderedDict[str, asyncio.Future[frozenset[str]]] = OrderedDict()
+_calibrated: OrderedDict[str, asyncio.Future[Any]] = OrderedDict()
 
 
 def task_key(instance: dict[str, Any]) -> str:
@@ -439,10 +444,23 @@ async def counted(key: str, run: Run, gold: str | None, made: TwinPlan) -> froze
     process, shared by the EVALs that wait for it), or the exact ones where there is no gold."""
     if not gold:
         return frozenset(t for t, twin in made.twins.items() if twin.exact)
+
+    async def calibrate() -> frozenset[str]:
+        gold_twin = await run(gold, made.files)
+        return frozenset(made.twins) - gold_twin.passing
+
+    decide: frozenset[str] = await once(key, calibrate)
+    return decide
+
+
+async def once(key: str, calibrate: Callable[[], Awaitable[Any]]) -> Any:
+    """``calibrate()``'s result for ``key``, made once in this process and shared by the EVALs
+    that wait for it (the last ``CACHED_TASKS`` kept); one that fails or is cancelled is made
+    again by an EVAL that waited for it."""
     while True:
         future = _calibrated.get(key)
         if future is None:
-            return await _calibrate(key, run, gold, made)
+            return await _calibrate(key, calibrate)
         _calibrated.move_to_end(key)
         try:
             return await asyncio.shield(future)
@@ -452,21 +470,20 @@ async def counted(key: str, run: Run, gold: str | None, made: TwinPlan) -> froze
             # the EVAL that calibrated failed or was cancelled: another calibrates
 
 
-async def _calibrate(key: str, run: Run, gold: str, made: TwinPlan) -> frozenset[str]:
-    future: asyncio.Future[frozenset[str]] = asyncio.get_running_loop().create_future()
+async def _calibrate(key: str, calibrate: Callable[[], Awaitable[Any]]) -> Any:
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     _calibrated[key] = future
     while len(_calibrated) > CACHED_TASKS:
         _calibrated.popitem(last=False)
     try:
-        gold_twin = await run(gold, made.files)
+        made = await calibrate()
     except BaseException:
         if _calibrated.get(key) is future:
             del _calibrated[key]
         future.cancel()  # its waiters try again
         raise
-    decide = frozenset(made.twins) - gold_twin.passing
-    future.set_result(decide)
-    return decide
+    future.set_result(made)
+    return made
 
 
 async def with_twins(

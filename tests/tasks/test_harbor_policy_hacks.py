@@ -6,10 +6,12 @@ it. The images tier (``make test-images``), on the fixtures of test_harbor_verif
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from raas.helpers.task_dirs import read_task_dir
 from raas.tasks.datasets import harbor_tasks
 from raas.tasks.services import TaskServices
 from tests.tasks import test_harbor_verifier as verifier
@@ -239,3 +241,32 @@ async def test_shell_pipeline_an_answer_that_is_no_regular_file_scores_zero(
         tricked = await scored(services, answer, task)
         assert tricked.reward == 0.0 and not tricked.metrics["verifier_timed_out"], answer
     assert (await scored(services, gold(task), task)).reward == 1.0
+
+
+# The agent's code that test.sh runs (pytest imports it) kills every process it may signal, the
+# verifier sandbox's action server too, or leaves a process that does so once test.sh has
+# written its reward: the agent's doing, a policy 0, never an infra failure (which is retried).
+KILLS_THE_SANDBOX = "import os, signal\n\nos.kill(-1, signal.SIGKILL)\n"
+KILLS_IT_AFTER_THE_REWARD = """import os, signal, time
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        deadline = time.time() + 60
+        while time.time() < deadline and not os.path.exists("/logs/verifier/reward.txt"):
+            time.sleep(0.001)
+        os.kill(-1, signal.SIGKILL)
+    os._exit(0)
+"""
+PYTEST_TASK = Path(__file__).parents[2] / "examples" / "harbor_pytest"
+
+
+@pytest.mark.parametrize("code", [KILLS_THE_SANDBOX, KILLS_IT_AFTER_THE_REWARD])
+async def test_code_that_ends_the_verifier_sandbox_scores_a_policy_zero(
+    services: TaskServices, code: str
+) -> None:
+    task = read_task_dir(PYTEST_TASK)
+    info = await scored(services, plant("/app/stats.py", code), task)
+    assert info.reward == 0.0 and "sandbox ended" in info.metrics["policy_failure"], info.metrics
+    gold = await scored(services, task["files"]["solution/solve.sh"], task)  # control
+    assert gold.reward == 1.0, gold.metrics

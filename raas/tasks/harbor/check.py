@@ -17,12 +17,10 @@ from raas.images.errors import ImageError
 from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext
 from raas.tasks.harbor.instance import HarborInstance
-from raas.tasks.harbor.task import HarborTask
+from raas.tasks.harbor.task import SOLVE_TIMEOUT_S, HarborTask
 from raas.tasks.protocol import TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
-
-SOLVE_TIMEOUT_S = 600.0
 
 
 @dataclass

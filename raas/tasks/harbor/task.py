@@ -7,7 +7,10 @@ relies on) and waits for its healthcheck. RUN is raas's agent loop, told the ins
 the image's working directory, for at most the task's agent timeout (then the verifier judges
 what the agent left). EVAL runs the verifier outside the agent's reach (``raas.judge.harbor``):
 a fork of the agent's files alone, the agent's sandbox closed first. ``tests/`` and
-``solution/`` never enter the agent's sandbox. A fork of the sandbox (a group's job, a branch)
+``solution/`` never enter the agent's sandbox. Where ``tests/`` holds Python test files, that
+fork is kept frozen and every verifier run is a fork of it: the real one, then twins of the
+tests (``raas.judge.harbor_twins``), calibrated by the gold solution run in a sandbox of its own.
+A fork of the sandbox (a group's job, a branch)
 starts the image's command again: a fork carries no process.
 
 A harness job (``raas.tasks.harness``, ``"judge": "harbor"``) runs an agent program raas did not
@@ -23,10 +26,12 @@ beside the files.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shlex
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,12 +40,15 @@ from raas.helpers.task_dirs import TaskDirError
 from raas.images.image import StoredImage
 from raas.judge.harbor import (
     DEFAULT_PATH,
+    HarborVerdict,
     VerifierRun,
     run_verifier,
     system_path,
     verifier_carry,
 )
-from raas.sandbox import Sandbox, SandboxError
+from raas.judge.harbor_twins import GoldRuns, Tests, named_as_tests, verify_with_twins
+from raas.judge.twins import task_key
+from raas.sandbox import ForkCarry, Sandbox, SandboxError
 from raas.sandbox.rootfs import image_env
 from raas.settings import TaskSettings
 from raas.tasks.agentic import AgentContext, AgentTask
@@ -58,6 +66,7 @@ SYSTEM_PROMPT = (
     " are given with the tools (bash, the editor). When it is done, call finish."
 )
 SERVICE_LOG = "/tmp/.raas-service.log"
+SOLVE_TIMEOUT_S = 600.0  # solution/solve.sh, run as the gold policy
 # The image's command in a session of its own, and this exec's end only once it is there: the
 # exec's process group is killed when it ends (raas.sandbox.inside.execute), and a service not
 # yet out of it would go with it. The session is field 6 of /proc/PID/stat (4th after comm).
@@ -190,24 +199,25 @@ class HarborTask(AgentTask):
         if ctx.sandbox is None:
             return RewardInfo(0.0, {"verifier_error": "the agent had no sandbox"})
         agents = ctx.sandbox
-        # The server's own binds only: a harness agent's program and packages stay behind.
-        server = getattr(self.services_of(ctx.job).sandbox_config, "ro_binds", {})
-        verifier = await agents.fork(carry=verifier_carry(server))
-        ctx.closing.append(verifier)
-        await agents.close()  # nothing of the agent runs on while the verifier does
         config = instance.config
-        # The service again, its programs found on the verifier's PATH, not the image's (an
-        # image that puts /app/bin first would run the agent's python3 beside test.sh).
-        await start_environment(verifier, config, system_path(image_path(verifier)))
-        run = VerifierRun(
-            tests=instance.under("tests"),
-            env=dict(config.verifier.env),
-            timeout_s=config.verifier.timeout_sec,
-            workdir=workdir_of(verifier),
-            reward_key=instance.reward_key,
-            path=image_path(verifier),
-        )
-        verdict = await run_verifier(verifier, run)
+        run = verifier_run(instance, agents)
+        tests = run.tests
+        # The server's own binds only: a harness agent's program and packages stay behind.
+        carry = self.verifier_carry(ctx.job)
+        files = await agents.fork(carry=carry)
+        ctx.closing.append(files)
+        await agents.close()  # nothing of the agent runs on while the verifier does
+        if not named_as_tests(tests):  # no twins: the one fork is the verifier
+            verdict = await verify(files, config, run)
+        else:
+            # The agent's files, frozen in ``files`` (which runs nothing): the real run and each
+            # twin's are forks of it, so nothing one run did is there in the next.
+            verdict = await verify_with_twins(
+                functools.partial(verify_fork, files, carry, config, run),
+                tests,
+                key=await asyncio.to_thread(task_key, ctx.job.instance),
+                gold=self.gold_runs(ctx.job, instance, run),
+            )
         metrics: dict[str, Any] = {**verdict.metrics, "rewards": verdict.rewards}
         metrics["stop_reason"] = ctx.stop_reason
         if instance.name:
@@ -215,6 +225,79 @@ class HarborTask(AgentTask):
         if instance.path:
             metrics["harbor_path"] = instance.path
         return RewardInfo(verdict.reward, metrics)
+
+    def verifier_carry(self, job: TaskJob) -> ForkCarry:
+        """What a verifier's fork carries: the agent's files and the server's own read-only
+        binds, none of a harness agent's (its program, its packages, the user's agent files)."""
+        return verifier_carry(getattr(self.services_of(job).sandbox_config, "ro_binds", {}))
+
+    def gold_runs(
+        self, job: TaskJob, instance: HarborInstance, run: VerifierRun
+    ) -> GoldRuns | None:
+        """The twins' calibration: the task's ``solution/solve.sh`` run where the agent would
+        work (as ``raas datasets check`` runs it), then the verifier on forks of what it left,
+        once for each set of tests; None where the task has no gold."""
+        command = instance.gold_command()
+        if command is None:
+            return None
+        carry = self.verifier_carry(job)
+
+        async def runs(variants: list[Tests]) -> list[HarborVerdict]:
+            gold = TaskJob(job.job_id + "-gold", job.instance, {}, services=job.services)
+            ctx = await self.init(gold)
+            try:
+                if ctx.sandbox is None:
+                    raise SandboxError(f"{instance.label}: gold had no sandbox")
+                # A solve.sh that fails or runs past its time is judged as it left things: gold
+                # scoring 0 then counts no twin.
+                await ctx.sandbox.bash(command, timeout_s=SOLVE_TIMEOUT_S)
+                files = await ctx.sandbox.fork(carry=carry)
+            finally:
+                await self.cleanup(ctx)
+            try:
+                return [
+                    await verify_fork(files, carry, instance.config, run, variant)
+                    for variant in variants
+                ]
+            finally:
+                await files.close()
+
+        return runs
+
+
+def verifier_run(instance: HarborInstance, sandbox: Sandbox) -> VerifierRun:
+    """What the verifier runs for ``instance``, in forks of ``sandbox`` (the agent's: its
+    image's working directory and PATH)."""
+    config = instance.config
+    return VerifierRun(
+        tests=instance.under("tests"),
+        env=dict(config.verifier.env),
+        timeout_s=config.verifier.timeout_sec,
+        workdir=workdir_of(sandbox),
+        reward_key=instance.reward_key,
+        path=image_path(sandbox),
+    )
+
+
+async def verify(verifier: Sandbox, config: HarborConfig, run: VerifierRun) -> HarborVerdict:
+    """``run`` in ``verifier`` (a fork with ``verifier_carry``), the task's service started
+    first."""
+    # The service again, its programs found on the verifier's PATH, not the image's (an image
+    # that puts /app/bin first would run the agent's python3 beside test.sh).
+    await start_environment(verifier, config, system_path(run.path))
+    return await run_verifier(verifier, run)
+
+
+async def verify_fork(
+    files: Sandbox, carry: ForkCarry, config: HarborConfig, run: VerifierRun, tests: Tests
+) -> HarborVerdict:
+    """``run`` with ``tests`` in a fresh fork of ``files`` (the agent's, frozen, forked with
+    ``carry``), closed after."""
+    verifier = await files.fork(carry=carry)
+    try:
+        return await verify(verifier, config, replace(run, tests=tests))
+    finally:
+        await verifier.close()
 
 
 def image_path(sandbox: Sandbox) -> str:
