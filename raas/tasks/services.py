@@ -16,6 +16,8 @@ from raas.agent.snapshots import Snapshots
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore, default_store_dir
 from raas.sandbox import BwrapConfig, Sandbox, SandboxConfig, SandboxPool, create_sandbox
+from raas.sandbox.egress import EgressPolicy
+from raas.sandbox.proxy import EgressCaps
 from raas.settings import AgentSettings, LlmSettings, SandboxSettings
 
 
@@ -44,6 +46,10 @@ class TaskServices:
     image_store: ImageResolver | None = None
     # Per-turn snapshots of jobs that keep them (sampling_params.keep_snapshots), for branches.
     snapshots: Snapshots = field(default_factory=Snapshots)
+    # The destinations a task that asks for the network may reach through raas's proxy (the
+    # egress_allow setting; empty: such a task is refused), and that proxy's caps.
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    egress_caps: EgressCaps = field(default_factory=EgressCaps)
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.
@@ -126,6 +132,12 @@ def _tokenizer(name: str) -> Any:
 
                 loaded = _loaded[name] = load_tokenizer(name)
     return loaded
+
+
+def egress_of(settings: SandboxSettings) -> tuple[EgressPolicy, EgressCaps]:
+    """The ``egress_allow`` and ``egress_max_mb`` settings as the proxy takes them."""
+    max_bytes = int(settings.egress_max_mb * 1024 * 1024)
+    return EgressPolicy.parse(settings.egress_allow), EgressCaps(max_bytes=max_bytes)
 
 
 def narrowed(config: SandboxConfig, caps: Mapping[str, Any]) -> SandboxConfig:

@@ -18,6 +18,7 @@ import shlex
 import time
 from typing import Any
 
+from raas.helpers.task_dirs import TASK_FILE
 from raas.images.image import StoredImage
 from raas.judge.harbor import (
     DEFAULT_PATH,
@@ -27,12 +28,16 @@ from raas.judge.harbor import (
     system_path,
 )
 from raas.sandbox import Sandbox, SandboxError
+from raas.sandbox.egress import EgressPolicy
+from raas.sandbox.proxy import metrics_of
 from raas.sandbox.rootfs import image_env
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.harbor.config import HarborConfig, HealthcheckConfig
 from raas.tasks.harbor.environment import task_image
 from raas.tasks.harbor.instance import HarborInstance
-from raas.tasks.protocol import RewardInfo, TaskJob
+from raas.tasks.harbor.network import NetworkRefused, exports, open_network, phase_policy
+from raas.tasks.protocol import InvalidInstance, RewardInfo, TaskJob, parse_instance
+from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,21 @@ class HarborTask(AgentTask):
     tools = ("bash", "editor", "finish", "think")
     default_max_turns = 20
 
+    def validate(self, job: TaskJob) -> None:
+        """Besides the instance and params: the network the task asks for is one this
+        server's ``egress_allow`` setting allows (InvalidInstance naming the task otherwise)."""
+        super().validate(job)
+        instance = parse_instance(HarborInstance, job.instance)
+        allowed = egress_of(job)
+        config = instance.config
+        try:
+            phase_policy(config.agent_network, allowed)
+            phase_policy(config.verifier_network, allowed)
+        except NetworkRefused as e:
+            raise InvalidInstance(
+                ("instance", "files", TASK_FILE), f"{instance.label}: {e}"
+            ) from None
+
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         parsed = HarborInstance.model_validate(instance)
         return [
@@ -85,6 +105,8 @@ class HarborTask(AgentTask):
     async def run(self, context: Any) -> Trajectory:
         ctx: AgentContext = context
         config = HarborInstance.model_validate(ctx.job.instance).config
+        if ctx.sandbox is not None:  # each job's own sandbox (a group's fork, a branch's too)
+            await self.open_agent_network(ctx.sandbox, ctx.job, config)
         try:
             async with asyncio.timeout(config.agent.timeout_sec):
                 return await super().run(ctx)
@@ -92,6 +114,18 @@ class HarborTask(AgentTask):
             # Harbor's rule: the agent's time is up, and what it left is judged.
             ctx.stop_reason = "agent_timeout"
             return ctx.trajectory
+
+    async def open_agent_network(
+        self, sandbox: Sandbox, job: TaskJob, config: HarborConfig
+    ) -> None:
+        """The proxy the agent's network asks for, and its variables exported in the agent's
+        shell (nothing where it asks none)."""
+        services = self.services_of(job)
+        env = await open_network(
+            sandbox, config.agent_network, services.egress, services.egress_caps
+        )
+        if env:
+            await sandbox.bash(exports(env))
 
     async def eval(self, context: Any, trajectory: Trajectory) -> RewardInfo:
         ctx: AgentContext = context
@@ -106,9 +140,13 @@ class HarborTask(AgentTask):
         # The service again, its programs found on the verifier's PATH, not the image's (an
         # image that puts /app/bin first would run the agent's python3 beside test.sh).
         await start_environment(verifier, config, system_path(image_path(verifier)))
+        services = self.services_of(ctx.job)
+        network = await open_network(
+            verifier, config.verifier_network, services.egress, services.egress_caps
+        )
         run = VerifierRun(
             tests=instance.under("tests"),
-            env=dict(config.verifier.env),
+            env={**network, **config.verifier.env},
             timeout_s=config.verifier.timeout_sec,
             workdir=workdir_of(verifier),
             reward_key=instance.reward_key,
@@ -117,9 +155,18 @@ class HarborTask(AgentTask):
         verdict = await run_verifier(verifier, run)
         metrics: dict[str, Any] = {**verdict.metrics, "rewards": verdict.rewards}
         metrics["stop_reason"] = ctx.stop_reason
+        egress = {"agent": metrics_of(agents.egress), "verifier": metrics_of(verifier.egress)}
+        if any(egress.values()):
+            metrics["egress"] = {phase: said for phase, said in egress.items() if said}
         if instance.name:
             metrics["harbor_task"] = instance.name
         return RewardInfo(verdict.reward, metrics)
+
+
+def egress_of(job: TaskJob) -> EgressPolicy:
+    """The destinations the server allows a task (none where it has no services)."""
+    services = job.services
+    return services.egress if isinstance(services, TaskServices) else EgressPolicy()
 
 
 def image_path(sandbox: Sandbox) -> str:
