@@ -32,6 +32,9 @@ from raas.sandbox.egress import EgressPolicy, Refused, Resolver, checked_address
 # socket once twice this is buffered; a writer waits once 64 KiB are unsent).
 BUFFER = 64 * 1024
 CLOSE_S = 5.0
+# After a refusal: how much of what the client still sends is read and dropped, for how long.
+LINGER_BYTES = 1024 * 1024
+LINGER_S = 2.0
 # What passes to every program of the sandbox, in both spellings (curl reads the lower case,
 # Python's urllib either); NO_PROXY keeps the sandbox's own loopback (the gateway's relay) direct.
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
@@ -141,9 +144,10 @@ class Egress:
             except (OSError, TimeoutError) as e:
                 raise Refused(502, f"cannot connect to {target} ({address}): {e}") from None
         except TimeoutError:
-            return await self._refuse(writer, Refused(408, "the request head came too slowly"))
+            refused = Refused(408, "the request head came too slowly")
+            return await self._refuse(reader, writer, refused)
         except Refused as e:
-            return await self._refuse(writer, e)
+            return await self._refuse(reader, writer, e)
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         far_reader, far_writer = far
@@ -154,11 +158,19 @@ class Egress:
         finally:
             await close(far_writer)
 
-    async def _refuse(self, writer: asyncio.StreamWriter, refused: Refused) -> None:
+    async def _refuse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refused: Refused
+    ) -> None:
+        """Answer ``refused``, then read and drop what the client still sends (at most
+        ``LINGER_BYTES``, for ``LINGER_S``) before the connection closes: closed with bytes
+        unread, it would be reset, and the client might never read the answer."""
         self.refusal(str(refused))
         with contextlib.suppress(ConnectionError, TimeoutError):
             writer.write(answer(refused.status, str(refused)))
             await asyncio.wait_for(writer.drain(), CLOSE_S)
+            if writer.can_write_eof():
+                writer.write_eof()
+            await asyncio.wait_for(drop(reader, LINGER_BYTES), LINGER_S)
 
     async def splice(
         self,
@@ -235,6 +247,12 @@ async def read_connect(reader: asyncio.StreamReader, caps: EgressCaps) -> Destin
         return parse_authority(parts[1].decode("ascii"))
     except ValueError as e:  # UnicodeDecodeError too
         raise Refused(400, f"CONNECT: {e}") from None
+
+
+async def drop(reader: asyncio.StreamReader, limit: int) -> None:
+    """Read and drop until the end of the stream, or ``limit`` bytes."""
+    while limit > 0 and (data := await reader.read(BUFFER)):
+        limit -= len(data)
 
 
 def answer(status: int, reason: str) -> bytes:
