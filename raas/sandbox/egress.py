@@ -84,26 +84,31 @@ async def system_resolver(host: str, port: int) -> list[IPAddress]:
     return [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in infos]
 
 
-async def checked_address(
+async def checked_addresses(
     target: Destination,
     policy: EgressPolicy,
     resolve: Resolver = system_resolver,
     timeout_s: float = 10.0,
-) -> IPAddress:
-    """The address to connect to for ``target``, which names a port; Refused (403) where the
-    policy does not list it or it leads only to addresses that are not public and not listed."""
+) -> list[IPAddress]:
+    """The addresses to connect to for ``target`` (which names a port), in the resolver's
+    order; Refused (403) where the policy does not list it or it leads only to addresses that
+    are not public and not listed (those are left out)."""
     assert target.port is not None
     if not policy.allows(target):
         raise Refused(403, f"{target} is not on this server's egress allow-list")
     address = target.address
     if address is not None:  # an address listed as such is the admin's own choice
-        return address
+        return [address]
     try:
         found = await asyncio.wait_for(resolve(target.host, target.port), timeout_s)
     except (OSError, TimeoutError) as e:
         raise Refused(502, f"{target.host} does not resolve: {e or 'timed out'}") from None
-    for address in found:
-        if is_public(address) or policy.allows(Destination(str(address), target.port)):
-            return address
-    said = ", ".join(sorted({str(a) for a in found})) or "nothing"
-    raise Refused(403, f"{target.host} resolves to {said}, which is not public (not allowed)")
+    passed = [
+        address
+        for address in dict.fromkeys(found)
+        if is_public(address) or policy.allows(Destination(str(address), target.port))
+    ]
+    if not passed:
+        said = ", ".join(sorted({str(a) for a in found})) or "nothing"
+        raise Refused(403, f"{target.host} resolves to {said}, which is not public (not allowed)")
+    return passed

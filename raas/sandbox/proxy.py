@@ -25,8 +25,14 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from raas.helpers.destinations import Destination, parse_authority
-from raas.sandbox.egress import EgressPolicy, Refused, Resolver, checked_address, system_resolver
+from raas.helpers.destinations import Destination, IPAddress, parse_authority
+from raas.sandbox.egress import (
+    EgressPolicy,
+    Refused,
+    Resolver,
+    checked_addresses,
+    system_resolver,
+)
 
 # Bytes read at once from either side, and each side's reader's limit (asyncio stops reading a
 # socket once twice this is buffered; a writer waits once 64 KiB are unsent).
@@ -133,19 +139,7 @@ class Egress:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One proxy connection: its CONNECT read and decided, then its tunnel."""
         try:
-            target = await asyncio.wait_for(read_connect(reader, self.caps), self.caps.head_s)
-            address = await checked_address(target, self.policy, self.resolve, self.caps.connect_s)
-            assert target.port is not None
-            try:
-                far = await asyncio.wait_for(
-                    asyncio.open_connection(str(address), target.port, limit=BUFFER),
-                    self.caps.connect_s,
-                )
-            except (OSError, TimeoutError) as e:
-                raise Refused(502, f"cannot connect to {target} ({address}): {e}") from None
-        except TimeoutError:
-            refused = Refused(408, "the request head came too slowly")
-            return await self._refuse(reader, writer, refused)
+            far = await self._decide(reader)
         except Refused as e:
             return await self._refuse(reader, writer, e)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -157,6 +151,20 @@ class Egress:
             await self.splice(reader, writer, far_reader, far_writer)
         finally:
             await close(far_writer)
+
+    async def _decide(self, reader: asyncio.StreamReader) -> Streams:
+        """The request read, its target checked and connected to; Refused otherwise."""
+        try:
+            target = await asyncio.wait_for(read_connect(reader, self.caps), self.caps.head_s)
+        except TimeoutError:
+            raise Refused(408, "the request head came too slowly") from None
+        addresses = await checked_addresses(target, self.policy, self.resolve, self.caps.connect_s)
+        try:
+            return await asyncio.wait_for(connect(target, addresses), self.caps.connect_s)
+        except TimeoutError:
+            raise Refused(
+                504, f"{target} did not answer within {self.caps.connect_s:g} s"
+            ) from None
 
     async def _refuse(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refused: Refused
@@ -221,6 +229,19 @@ class Egress:
             last[0] = time.monotonic()
         if dst.can_write_eof():
             dst.write_eof()
+
+
+async def connect(target: Destination, addresses: list[IPAddress]) -> Streams:
+    """A connection to the first of ``addresses`` (checked for ``target``) that answers;
+    Refused (502) where none does."""
+    assert target.port is not None
+    errors = []
+    for address in addresses:
+        try:
+            return await asyncio.open_connection(str(address), target.port, limit=BUFFER)
+        except OSError as e:
+            errors.append(f"{address}: {e.strerror or e}")
+    raise Refused(502, f"cannot connect to {target} ({'; '.join(errors)})")
 
 
 async def read_connect(reader: asyncio.StreamReader, caps: EgressCaps) -> Destination:

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from raas.helpers.destinations import Destination, IPAddress
-from raas.sandbox.egress import EgressPolicy, Refused, Resolver, checked_address, is_public
+from raas.sandbox.egress import EgressPolicy, Refused, Resolver, checked_addresses, is_public
 
 POLICY = EgressPolicy.parse(["pypi.org", "files.pythonhosted.org:443", "mirror.test:8080"])
 
@@ -80,10 +80,11 @@ def resolver(*answers: str) -> tuple[list[str], Resolver]:
     return asked, resolve
 
 
-async def test_a_listed_name_is_connected_to_at_the_public_address_it_resolved_to() -> None:
-    asked, resolve = resolver("10.0.0.7", "151.101.0.223")
-    address = await checked_address(Destination("pypi.org", 443), POLICY, resolve)
-    assert str(address) == "151.101.0.223" and asked == ["pypi.org"]
+async def test_a_listed_name_is_connected_to_at_the_public_addresses_it_resolved_to() -> None:
+    asked, resolve = resolver("10.0.0.7", "2606:4700::6810:84e5", "151.101.0.223", "127.0.0.1")
+    found = await checked_addresses(Destination("pypi.org", 443), POLICY, resolve)
+    assert [str(a) for a in found] == ["2606:4700::6810:84e5", "151.101.0.223"]
+    assert asked == ["pypi.org"]
 
 
 @pytest.mark.parametrize(
@@ -93,22 +94,23 @@ async def test_a_listed_name_is_connected_to_at_the_public_address_it_resolved_t
 async def test_a_listed_name_that_resolves_only_inside_is_refused(answers: tuple[str]) -> None:
     _, resolve = resolver(*answers)
     with pytest.raises(Refused) as caught:
-        await checked_address(Destination("pypi.org", 443), POLICY, resolve)
+        await checked_addresses(Destination("pypi.org", 443), POLICY, resolve)
     assert caught.value.status == 403 and "not public" in str(caught.value)
 
 
 async def test_an_address_the_admin_lists_is_allowed_though_not_public() -> None:
     policy = EgressPolicy.parse(["127.0.0.1:8080", "internal.test:8080"])
     _, resolve = resolver("127.0.0.1")
-    assert str(await checked_address(Destination("127.0.0.1", 8080), policy)) == "127.0.0.1"
-    found = await checked_address(Destination("internal.test", 8080), policy, resolve)
-    assert str(found) == "127.0.0.1"
+    found = await checked_addresses(Destination("127.0.0.1", 8080), policy)
+    assert [str(a) for a in found] == ["127.0.0.1"]
+    found = await checked_addresses(Destination("internal.test", 8080), policy, resolve)
+    assert [str(a) for a in found] == ["127.0.0.1"]
     with pytest.raises(Refused):  # the same address on a port not listed
-        await checked_address(Destination("127.0.0.1", 8081), policy)
+        await checked_addresses(Destination("127.0.0.1", 8081), policy)
 
 
 async def test_a_target_not_listed_is_never_resolved() -> None:
     asked, resolve = resolver("151.101.0.223")
     with pytest.raises(Refused) as caught:
-        await checked_address(Destination("evil.test", 443), POLICY, resolve)
+        await checked_addresses(Destination("evil.test", 443), POLICY, resolve)
     assert caught.value.status == 403 and asked == []

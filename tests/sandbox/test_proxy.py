@@ -251,6 +251,22 @@ async def test_the_name_is_resolved_once_and_its_checked_address_connected_to() 
     assert (echo.connections, victim.connections) == (1, 0)
 
 
+async def test_the_next_checked_address_is_tried_when_one_does_not_answer() -> None:
+    async with echo_server() as echo:
+        # 127.0.0.2 first, where nothing listens on the port: refused, then the echo.
+        allowed = [f"multi.test:{echo.port}", f"127.0.0.2:{echo.port}", echo.address]
+        async with proxy(allowed, resolve=answering("127.0.0.2", "127.0.0.1")) as px:
+            reader, writer = await px.tunnel(f"multi.test:{echo.port}")
+            writer.write(b"x")
+            assert await reader.readexactly(1) == b"x"
+            writer.close()
+        async with proxy(allowed[:2], resolve=answering("127.0.0.2")) as px:
+            status, reader, writer = await px.ask(connect(f"multi.test:{echo.port}"))
+            assert status.startswith(b"HTTP/1.1 502 ") and b"127.0.0.2" in await reader.read()
+            writer.close()
+    assert echo.connections == 1
+
+
 @pytest.mark.parametrize(
     "head",
     [
