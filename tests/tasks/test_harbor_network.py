@@ -19,6 +19,7 @@ from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
 from raas.sandbox.egress import EgressPolicy
 from raas.settings import validate as validate_settings
 from raas.tasks import TaskRegistry
+from raas.tasks.harbor.check import check_task
 from raas.tasks.harbor.config import HarborConfig, NetworkAsk
 from raas.tasks.harbor.network import NetworkRefused, phase_policy
 from raas.tasks.harbor.task import HarborTask
@@ -191,3 +192,13 @@ async def test_submission_follows_the_servers_setting(
                     break
                 await asyncio.sleep(0.1)
             assert "no-such-image" in str(result), result
+
+
+async def test_a_dataset_check_reports_a_task_asking_for_the_network_naming_the_setting() -> None:
+    # `raas datasets check` allows no egress: a task that asks is a line, not a crash.
+    toml = BASE + "allow_internet = true\n"
+    services = TaskServices(llm=None)  # type: ignore[arg-type]
+    check = await check_task(services, instance(toml))
+    assert check.verdict == "broken" and "egress_allow" in str(check.error)
+    offline = await check_task(services, instance(toml.replace("true", "false")))
+    assert "no-such-image" in str(offline.error)  # the control: it got as far as the image
