@@ -1,5 +1,7 @@
 """A real sandbox with raas's egress proxy: its programs reach what the policy allows through
 127.0.0.1:PORT inside, over the host's tunnels, and nothing else; the sandbox keeps no network.
+Bubblewrap; Apptainer under ``-m hpc``, through the same ``config`` fixture as
+tests/sandbox/test_sandbox.py.
 
 The destinations are servers on the host's 127.0.0.1 (a TLS one for curl, a TCP echo), which the
 policy lists by address; a name (``tls.test``) is resolved on the host by the test's resolver,
@@ -19,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from raas.helpers.destinations import IPAddress
-from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
+from raas.sandbox import ApptainerConfig, BwrapConfig, Sandbox, create_sandbox
 from raas.sandbox.egress import EgressPolicy
 from raas.sandbox.proxy import EgressCaps, proxy_env
 from tests.sandbox.test_proxy import DEADLINE_S, echo_server, until
-from tests.sandbox.test_sandbox import LIMITS
+from tests.sandbox.test_sandbox import config  # noqa: F401 (the fixture)
 
 # Inside: a CONNECT to argv[2] through the proxy at argv[1], then argv[3] sent through the
 # tunnel; prints the answer's status line and what came back ("hold": keeps the tunnel open).
@@ -90,16 +92,29 @@ async def resolve_test_names(host: str, port: int) -> list[IPAddress]:
 
 
 @pytest.fixture
-async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = create_sandbox(BwrapConfig(limits=LIMITS))
+async def sandbox(config: BwrapConfig | ApptainerConfig) -> AsyncIterator[Sandbox]:  # noqa: F811
+    sb = create_sandbox(config)
     await sb.start()
     yield sb
     await sb.close()
 
 
-async def test_curl_reaches_an_allowed_https_server_through_the_proxy(
-    sandbox: Sandbox, tls_files: tuple[Path, Path]
+# Inside: Python's urllib, which takes https_proxy from the environment as curl does.
+URLOPEN = (
+    "python3 -c 'import ssl, sys, urllib.request;"
+    ' context = ssl.create_default_context(cafile="/tmp/ca.pem");'
+    " print(urllib.request.urlopen(sys.argv[1], context=context, timeout=60).read().decode(),"
+    ' end="")\''
+)
+CLIENTS = {"curl": "curl -sS --max-time 60 --cacert /tmp/ca.pem", "python": URLOPEN}
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+async def test_a_client_reaches_an_allowed_https_server_through_the_proxy(
+    sandbox: Sandbox, tls_files: tuple[Path, Path], client: str
 ) -> None:
+    if (await sandbox.bash(f"command -v {client.replace('python', 'python3')}")).exit_code:
+        pytest.skip(f"the sandbox's image has no {client}")
     cert, key = tls_files
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
@@ -111,11 +126,10 @@ async def test_curl_reaches_an_allowed_https_server_through_the_proxy(
         await sandbox.write_file("/tmp/ca.pem", cert.read_bytes())
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in proxy_env(proxy_port).items())
         await sandbox.bash(f"export {exports}")
-        curl = "curl -sS --max-time 60 --cacert /tmp/ca.pem"
-        allowed = await sandbox.bash(f"{curl} https://tls.test:{port}/")
+        allowed = await sandbox.bash(f"{CLIENTS[client]} https://tls.test:{port}/")
         assert allowed.exit_code == 0 and allowed.output == "hello over tls\n", allowed.output
-        # Not on the list: the proxy answers 403, which curl reports.
-        refused = await sandbox.bash(f"{curl} https://pypi.org/")
+        # Not on the list: the proxy answers 403, which the client reports.
+        refused = await sandbox.bash(f"{CLIENTS[client]} https://pypi.org/")
         assert refused.exit_code != 0 and "403" in refused.output, refused.output
     assert sandbox.egress is not None
     meter = sandbox.egress.meter
@@ -159,7 +173,9 @@ async def test_connections_inside_beyond_the_cap_are_closed(sandbox: Sandbox) ->
     assert sandbox.egress is not None and sandbox.egress.meter.refused == 0  # not even asked
 
 
-async def test_closing_the_sandbox_closes_its_tunnels() -> None:
+async def test_closing_the_sandbox_closes_its_tunnels(
+    config: BwrapConfig | ApptainerConfig,  # noqa: F811
+) -> None:
     closed = asyncio.Event()
 
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -170,7 +186,7 @@ async def test_closing_the_sandbox_closes_its_tunnels() -> None:
     server = await asyncio.start_server(hold, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server:
-        sandbox = create_sandbox(BwrapConfig(limits=LIMITS))
+        sandbox = create_sandbox(config)
         await sandbox.start()
         try:
             proxy_port = await sandbox.open_egress(EgressPolicy.parse([f"127.0.0.1:{port}"]))

@@ -70,7 +70,7 @@ class HarborTask(AgentTask):
         server's ``egress_allow`` setting allows (InvalidInstance naming the task otherwise)."""
         super().validate(job)
         instance = parse_instance(HarborInstance, job.instance)
-        allowed = egress_of(job)
+        allowed = allowed_egress(job)
         config = instance.config
         try:
             phase_policy(config.agent_network, allowed)
@@ -119,7 +119,9 @@ class HarborTask(AgentTask):
         self, sandbox: Sandbox, job: TaskJob, config: HarborConfig
     ) -> None:
         """The proxy the agent's network asks for, and its variables exported in the agent's
-        shell (nothing where it asks none)."""
+        shell (nothing where it asks none, or where the sandbox has its proxy already)."""
+        if sandbox.egress is not None:
+            return
         services = self.services_of(job)
         env = await open_network(
             sandbox, config.agent_network, services.egress, services.egress_caps
@@ -163,7 +165,7 @@ class HarborTask(AgentTask):
         return RewardInfo(verdict.reward, metrics)
 
 
-def egress_of(job: TaskJob) -> EgressPolicy:
+def allowed_egress(job: TaskJob) -> EgressPolicy:
     """The destinations the server allows a task (none where it has no services)."""
     services = job.services
     return services.egress if isinstance(services, TaskServices) else EgressPolicy()
