@@ -40,6 +40,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as SourceError
 
+from raas.helpers.destinations import parse_destination
 from raas.helpers.optional import without_none
 from raas.paths import ENV_PREFIX, HostPaths, ImageCaps, env_name
 from raas.wire import BackendUrl
@@ -302,6 +303,31 @@ class SandboxSettings(_Group):
         " of a sandbox, counted in the tenant's max_sandboxes; a tenant's oldest is evicted"
         " first, and only by its own).",
     )
+    egress_allow: list[str] = Field(
+        default_factory=list,
+        description="Destinations a task that asks for the network (a Harbor task's"
+        " allow_internet or network_mode) may reach through raas's HTTPS proxy, inside the"
+        " task's allowed_hosts: HOST, HOST:PORT, IP:PORT or [IPV6]:PORT (no port: 443), names"
+        " exact (no wildcards). The sandbox keeps no network of its own; a name that resolves"
+        " to a loopback, private or link-local address is refused unless that address is"
+        " listed. Empty (the default): such a task is refused. Repeatable; RAAS_EGRESS_ALLOW:"
+        " comma-separated.",
+    )
+    egress_max_mb: float = Field(
+        default=1024.0,
+        gt=0,
+        description="Bytes a job's sandbox may move through the egress proxy, both ways"
+        " together, in MiB; past it its tunnels close.",
+    )
+
+    @field_validator("egress_allow", mode="before")
+    @classmethod
+    def _destinations(cls, value: Any) -> Any:
+        entries = comma_separated(value)
+        if isinstance(entries, list):
+            for entry in entries:
+                parse_destination(entry)  # a ValueError naming the entry
+        return entries
 
 
 class AgentSettings(_Group):

@@ -97,6 +97,17 @@ def test_allowed_hosts_come_comma_separated_from_the_environment(
     assert load_settings(None, {}).http.allowed_hosts == ["raas.internal", "node-7"]
 
 
+def test_the_egress_allow_list_is_empty_by_default_and_read_strictly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings(None, {}).sandboxes.egress_allow == []
+    monkeypatch.setenv("RAAS_EGRESS_ALLOW", "pypi.org:443, files.pythonhosted.org:443")
+    allowed = load_settings(None, {}).sandboxes.egress_allow
+    assert allowed == ["pypi.org:443", "files.pythonhosted.org:443"]
+    with pytest.raises(SettingsError, match=r"egress_allow: .*'pypi\.org@evil\.test'"):
+        validate({"egress_allow": ["pypi.org", "pypi.org@evil.test"]})
+
+
 @pytest.mark.parametrize("name", ["agents_venv", "agents_node", "agent_files"])
 def test_raas_serve_s_directory_flags_take_a_directory(name: str, tmp_path: Path) -> None:
     """`raas serve --agents-venv .venv-agents`, as the README gives it (its flag refused every

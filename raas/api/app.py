@@ -38,7 +38,7 @@ from raas.sandbox import claim_runtime_dir, sandbox_config
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
-from raas.tasks.services import TaskServices
+from raas.tasks.services import TaskServices, egress_of
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         # The sandboxes' own directory, keyed by the database: a restart after a crash kills
         # and removes what the crashed server's sandboxes left.
         runtime = await asyncio.to_thread(claim_runtime_dir, runtime_key(settings.server.db))
+        egress_policy, egress_caps = egress_of(settings.sandboxes)
         services = TaskServices(
             llm=llm,
             tokenizer_name=inference.tokenizer,
@@ -98,6 +99,8 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             agents=settings.agents,
             tasks=settings.tasks,
             prepared_bytes=int(settings.http.max_body_mb * 2**20),
+            egress=egress_policy,
+            egress_caps=egress_caps,
         )
         pipeline = Pipeline(
             tasks,

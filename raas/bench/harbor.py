@@ -59,7 +59,7 @@ async def floor(task: HarborTask, ctx: AgentContext, want: float = 1.0) -> float
     files = await ctx.sandbox.fork(carry=task.verifier_carry(ctx.job))
     ctx.closing.append(files)
     await ctx.sandbox.close()
-    verdict = await verify(files, instance.config, run)
+    verdict = await verify(files, instance.config, run, task.services_of(ctx.job))
     took = time.perf_counter() - start
     if verdict.reward != want:
         raise SandboxError(f"{instance.label}: scored {verdict.metrics}, not {want:g}")

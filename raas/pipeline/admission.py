@@ -251,11 +251,11 @@ class Admission:
         return ceiling
 
     def _checked_job(self, request: JobRequest) -> TaskJob:
-        """What a handler's ``validate`` is given of a request: a branch's with the services,
-        so it is checked against the snapshots kept (after a restart there are none)."""
+        """What a handler's ``validate`` is given of a request: with the services, so that it
+        is checked against what this server offers (a branch's against the snapshots kept,
+        none after a restart; a Harbor task's network against the egress allowed)."""
         rollout, branch = request.rollout, request.keyed_branch
-        services = self.services if branch is not None else None
-        return TaskJob("", rollout.instance, rollout.sampling_params, services, branch)
+        return TaskJob("", rollout.instance, rollout.sampling_params, self.services, branch)
 
     async def _check_branch_parent(self, branch: Branch) -> None:
         """A branch names a job this server knows (in flight or stored); the task checks the

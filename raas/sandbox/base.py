@@ -35,7 +35,9 @@ from raas.sandbox.client import (
     SandboxError,
 )
 from raas.sandbox.config import SandboxConfig, SandboxLimits
+from raas.sandbox.egress import EgressPolicy, Resolver, system_resolver
 from raas.sandbox.fork import CARRY_ALL, ForkCarry
+from raas.sandbox.proxy import Egress, EgressCaps
 from raas.sandbox.runtime import check_runtime_dir, record_launch, runtime_root
 
 INSIDE_DIR = Path(__file__).resolve().parent / "inside"
@@ -87,6 +89,8 @@ class Sandbox(ABC):
         self._held: list[SharedHold] = []
         # Said once, with the first tool's answer (a fork: what it could not carry over).
         self.note: str | None = None
+        # raas's proxy for it, once opened (open_egress): its policy and what it carried.
+        self.egress: Egress | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -351,6 +355,34 @@ class Sandbox(ABC):
         args: dict[str, Any] = {"port": port, "timeout_s": timeout_s + 5.0, "token": token}
         args["max_body"] = max_body_bytes
         result = await client.call("expose_gateway", args, deadline_s=self.limits.start_timeout_s)
+        return int(result["port"])
+
+    async def open_egress(
+        self,
+        policy: EgressPolicy,
+        caps: EgressCaps | None = None,
+        *,
+        resolve: Resolver = system_resolver,
+    ) -> int:
+        """Serve raas's HTTPS proxy on ``127.0.0.1:PORT`` inside the sandbox and return PORT
+        (``proxy_env(PORT)`` sends HTTP clients there). The sandbox keeps no network: each
+        connection to PORT is carried by the host (raas.sandbox.proxy), which tunnels it to a
+        destination ``policy`` allows, within ``caps``; ``self.egress.meter`` counts what it
+        did. Once per sandbox; a fork has none of its parent's."""
+        if self.egress is not None:
+            raise SandboxError(f"sandbox {self.id} has its egress proxy already")
+        client = self._client()
+        egress = Egress(policy, caps or EgressCaps(), resolve, label=f"sandbox {self.id}")
+
+        async def carry(tunnel_id: int) -> None:
+            await egress.carry(
+                lambda: client.open_tunnel(tunnel_id), lambda: client.refuse_tunnel(tunnel_id)
+            )
+
+        client.set_tunnels(carry)
+        args = {"port": 0, "max_tunnels": egress.caps.max_tunnels}
+        result = await client.call("expose_proxy", args, deadline_s=self.limits.start_timeout_s)
+        self.egress = egress
         return int(result["port"])
 
     async def download(self, path: str, dest: Path) -> None:

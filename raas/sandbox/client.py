@@ -1,9 +1,12 @@
 """The host side of the action-server protocol: one connection per sandbox, typed and async.
 
-Protocol 2 (see inside/server.py and inside/relay.py): besides the answers to its requests, the
-server may send ``{"relay": {...}}``, an HTTP request made inside the sandbox to the relay that
-``expose_gateway`` opened; the client runs the handler registered with ``set_relay`` on it and
-sends back ``{"relay_reply": {...}}``.
+Protocol 3 (see inside/server.py, inside/relay.py and inside/tunnel.py): besides the answers to
+its requests, the server may send ``{"relay": {...}}``, an HTTP request made inside the sandbox to
+the relay that ``expose_gateway`` opened; the client runs the handler registered with
+``set_relay`` on it and sends back ``{"relay_reply": {...}}``. It may also send ``{"tunnel":
+{"id": N}}``, a connection made inside to the proxy's door (``expose_proxy``): the client runs
+the handler registered with ``set_tunnels`` on it, which opens the tunnel's own stream
+(``open_tunnel``) or refuses it (``refuse_tunnel``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from raas.helpers.tokens import offered_tokens
 from raas.sandbox.inside.relay import error_response
 
-PROTOCOL = 2
+PROTOCOL = 3
 MAX_MESSAGE = 512 * 1024 * 1024
 CLOSE_WAIT_S = 5.0
 # How long sending one relay reply back may take (the server reads all the time).
@@ -39,6 +42,11 @@ RELAY_MAX_BODY_BYTES = 32 * 1024 * 1024
 RelayHandler = Callable[
     [str, str, dict[str, str], bytes], Awaitable[tuple[int, dict[str, str], bytes]]
 ]
+# A connection made inside to the proxy's door, by its id: carried or refused (see set_tunnels).
+TunnelHandler = Callable[[int], Awaitable[None]]
+# A tunnel's stream: the reader's limit (asyncio stops reading past twice it) bounds what the
+# host holds of a sandbox's bytes.
+TUNNEL_BUFFER = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +101,13 @@ class IPythonResult:
 class ActionClient:
     """Requests over one Unix-socket connection; several may be in flight at once."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        socket_path: Path | None = None,
+    ) -> None:
+        self._socket_path = socket_path
         self._reader = reader
         self._writer = writer
         self._ids = itertools.count(1)
@@ -103,7 +117,8 @@ class ActionClient:
         self._relay_timeout_s = 600.0
         self._relay_token: str | None = None
         self._relay_max_body = RELAY_MAX_BODY_BYTES
-        self._relaying: set[asyncio.Task[None]] = set()
+        self._working: set[asyncio.Task[None]] = set()
+        self._tunnels: TunnelHandler | None = None
 
     @classmethod
     async def connect(cls, socket_path: Path, timeout_s: float) -> ActionClient:
@@ -122,7 +137,7 @@ class ActionClient:
         if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
             writer.close()
             raise SandboxError(f"the action server spoke an unknown protocol: {line[:200]!r}")
-        client = cls(reader, writer)
+        client = cls(reader, writer, socket_path)
         client._reading = asyncio.create_task(client._read_answers())
         return client
 
@@ -132,9 +147,10 @@ class ActionClient:
             while line := await self._reader.readline():
                 answer = json.loads(line)
                 if "relay" in answer:
-                    task = asyncio.create_task(self._answer_relay(answer["relay"]))
-                    self._relaying.add(task)
-                    task.add_done_callback(self._relaying.discard)
+                    self._spawn(self._answer_relay(answer["relay"]))
+                    continue
+                if "tunnel" in answer:
+                    self._spawn(self._carry(answer["tunnel"]))
                     continue
                 future = self._pending.pop(answer.get("id"), None)
                 if future is not None and not future.done():
@@ -146,6 +162,12 @@ class ActionClient:
                 if not future.done():
                     future.set_exception(error)
             self._pending.clear()
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        """Run ``work`` (a relay's answer, a tunnel) beside the reading; ``close`` ends it."""
+        task = asyncio.ensure_future(work)
+        self._working.add(task)
+        task.add_done_callback(self._working.discard)
 
     async def _send(self, message: bytes, future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
         self._writer.write(message)
@@ -235,9 +257,59 @@ class ActionClient:
             self._writer.write(line)
             await asyncio.wait_for(self._writer.drain(), RELAY_SEND_S)
 
+    def set_tunnels(self, handler: TunnelHandler | None) -> None:
+        """Carry the connections made inside to the proxy's door with ``handler`` (by their
+        id); without one, each is refused."""
+        self._tunnels = handler
+
+    async def _carry(self, message: Any) -> None:
+        tunnel_id = message.get("id") if isinstance(message, dict) else None
+        if not isinstance(tunnel_id, int):
+            return
+        try:
+            if self._tunnels is None:
+                await self.refuse_tunnel(tunnel_id)
+            else:
+                await self._tunnels(tunnel_id)
+        except Exception:  # one tunnel's failure ends it alone
+            log.warning("tunnel %d failed", tunnel_id, exc_info=True)
+
+    async def open_tunnel(
+        self, tunnel_id: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The byte stream of the connection ``tunnel_id`` made inside: a connection of its own
+        to the action server (SandboxError if it cannot be had)."""
+        if self._socket_path is None:
+            raise SandboxError("this connection knows no socket to open a tunnel on")
+        reader, writer = await asyncio.open_unix_connection(
+            str(self._socket_path), limit=TUNNEL_BUFFER
+        )
+        try:
+            line = await reader.readline()
+            hello = json.loads(line).get("hello") if line else None
+            if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
+                raise SandboxError(f"the action server spoke an unknown protocol: {line[:200]!r}")
+            writer.write(json.dumps({"tunnel_attach": tunnel_id}).encode() + b"\n")
+            await writer.drain()
+        except BaseException:
+            writer.close()
+            raise
+        return reader, writer
+
+    async def refuse_tunnel(self, tunnel_id: int) -> None:
+        """Close the connection ``tunnel_id`` made inside, unopened."""
+        line = json.dumps({"tunnel_close": {"id": tunnel_id}}).encode() + b"\n"
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            self._writer.write(line)
+            await asyncio.wait_for(self._writer.drain(), RELAY_SEND_S)
+
     async def close(self) -> None:
-        for task in list(self._relaying):
+        working = list(self._working)
+        for task in working:
             task.cancel()
+        # Their own closing (a tunnel's sockets) is done before the sandbox's is.
+        if working:
+            await asyncio.wait(working, timeout=CLOSE_WAIT_S)
         if self._reading is not None:
             self._reading.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -209,7 +209,10 @@ class HarnessTask(AgentTask):
 
     def validate(self, job: TaskJob) -> None:
         parse_instance(HarnessInstance, job.instance)
-        parse_instance(self.wrapped(job.instance).instance_model, job.instance)
+        wrapped = self.wrapped(job.instance)
+        parse_instance(wrapped.instance_model, job.instance)
+        if isinstance(wrapped, HarborTask):
+            wrapped.check_network(job, agent=False)
         self.loop_config(job)  # sampling_params: HarnessParams says which
 
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:

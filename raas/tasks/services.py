@@ -38,6 +38,8 @@ from raas.sandbox import (
     create_sandbox,
     runtime_root,
 )
+from raas.sandbox.egress import EgressPolicy
+from raas.sandbox.proxy import EgressCaps
 from raas.settings import AgentSettings, HttpSettings, LlmSettings, SandboxSettings, TaskSettings
 
 # A task directory named by its path is read at submission, by a few threads of its own (a slow
@@ -87,6 +89,10 @@ class TaskServices:
     image_store: ImageResolver | None = None
     # Per-turn snapshots of jobs that keep them (sampling_params.keep_snapshots), for branches.
     snapshots: Snapshots = field(default_factory=Snapshots)
+    # The destinations a task that asks for the network may reach through raas's proxy (the
+    # egress_allow setting; empty: such a task is refused), and that proxy's caps.
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    egress_caps: EgressCaps = field(default_factory=EgressCaps)
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.
@@ -246,6 +252,12 @@ def with_binds(config: SandboxConfig, binds: Mapping[str, str]) -> SandboxConfig
     if not isinstance(config, BwrapConfig | ApptainerConfig):
         raise SandboxError(f"the {config.type} sandbox binds nothing in: {sorted(binds)[0]}")
     return config.model_copy(update={"ro_binds": {**config.ro_binds, **binds}})
+
+
+def egress_of(settings: SandboxSettings) -> tuple[EgressPolicy, EgressCaps]:
+    """The ``egress_allow`` and ``egress_max_mb`` settings as the proxy takes them."""
+    max_bytes = int(settings.egress_max_mb * 1024 * 1024)
+    return EgressPolicy.parse(settings.egress_allow), EgressCaps(max_bytes=max_bytes)
 
 
 def narrowed(config: SandboxConfig, caps: Mapping[str, Any]) -> SandboxConfig:

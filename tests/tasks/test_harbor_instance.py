@@ -96,12 +96,6 @@ def test_task_toml_is_read_strictly(toml: str, said: str) -> None:
     assert said in error.message and "'hello'" in error.message
 
 
-def test_the_default_network_setting_is_not_asking_for_it() -> None:
-    # Harbor's allow_internet defaults to true; a task that does not say it runs offline here.
-    toml = '[environment]\ndocker_image = "x:1"\n'
-    assert not HarborInstance.model_validate(instance(toml)).config.environment.asks_for_network
-
-
 @pytest.mark.parametrize(
     ("files", "loc", "said"),
     [

@@ -6,6 +6,7 @@ system program) score 0 beside their control. The images tier (``make test-image
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,7 @@ import pytest
 
 from raas.images.store import ImageStore
 from raas.sandbox import BwrapConfig
+from raas.sandbox.egress import EgressPolicy
 from raas.settings import TaskSettings
 from raas.tasks.agentic import AgentContext
 from raas.tasks.datasets import HARBOR_DIR, harbor_tasks
@@ -292,3 +294,70 @@ async def test_a_fork_of_the_tasks_sandbox_starts_its_service_again(
     finally:
         await task.cleanup(template)
     assert asked.output.split() == ["200", "/app"], asked.output  # and its shell where it was
+
+
+# Through the phase's proxy (HTTPS_PROXY), a CONNECT tunnel to 127.0.0.1:PORT, and one GET in it.
+FETCH = """import http.client, os, sys
+proxy = int(os.environ["HTTPS_PROXY"].rsplit(":", 1)[1])
+conn = http.client.HTTPConnection("127.0.0.1", proxy, timeout=60)
+conn.set_tunnel("127.0.0.1", int(sys.argv[1]))
+conn.request("GET", "/numbers")
+print(conn.getresponse().read().decode())
+"""
+
+
+async def numbers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An HTTP server on the host's loopback: the numbers the task sums."""
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass
+    body = b"20 22\n"
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    writer.close()
+
+
+async def test_a_task_allowed_the_network_reaches_the_admins_host_in_both_phases(
+    services: TaskServices,
+) -> None:
+    """The agent and the verifier each get a proxy of their own, to the one host the task names
+    and the admin lists; without the network the same agent scores 0 (the control)."""
+    server = await asyncio.start_server(numbers, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    check = f"""import json, pathlib, subprocess
+got = subprocess.run(["python3", "/tests/fetch.py", "{port}"], capture_output=True, text=True)
+want = sum(int(x) for x in got.stdout.split()) if got.returncode == 0 else None
+answer = pathlib.Path("/app/answer.txt")
+ok = want is not None and answer.is_file() and answer.read_text().strip() == str(want)
+print(json.dumps({{"reward": int(ok), "exists": int(answer.is_file())}}))
+"""
+    hosts = f'network_mode = "allowlist"\nallowed_hosts = ["127.0.0.1:{port}"]\n'
+    task_instance = instance()
+    files = task_instance["files"]
+    files["task.toml"] = TOML.replace("[verifier]\n", f"[verifier]\n{hosts}") + hosts
+    files["tests/check.py"], files["tests/fetch.py"] = check, FETCH
+    agent = (
+        f"cat > /tmp/fetch.py <<'EOF'\n{FETCH}EOF\n"
+        f"python3 /tmp/fetch.py {port} | python3 -c"
+        " 'import sys; print(sum(int(x) for x in sys.stdin.read().split()))' > /app/answer.txt"
+    )
+    allowed = dataclasses.replace(services, egress=EgressPolicy.parse([f"127.0.0.1:{port}"]))
+    task = HarborTask()
+    async with server:
+        for network in (True, False):
+            job = TaskJob(job_id="j", instance=task_instance, sampling_params={}, services=allowed)
+            ctx = await task.init(job)
+            assert isinstance(ctx, AgentContext) and ctx.sandbox is not None
+            try:
+                if network:  # what RUN does before the agent's first turn
+                    config = HarborInstance.model_validate(task_instance).config
+                    await task.open_agent_network(ctx.sandbox, job, config)
+                await ctx.sandbox.bash(agent, timeout_s=120)
+                info = await task.eval(ctx, Trajectory())
+            finally:
+                await task.cleanup(ctx)
+            if network:
+                assert info.reward == 1.0, info.metrics
+                egress = info.metrics["egress"]
+                assert egress["agent"]["tunnels"] == egress["verifier"]["tunnels"] == 1
+            else:
+                assert info.reward == 0.0 and "agent" not in info.metrics["egress"]

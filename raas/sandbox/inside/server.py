@@ -1,6 +1,6 @@
 """The action server: the first process in a sandbox, serving tools over a Unix socket.
 
-Protocol 2, JSON lines. On connect the server sends ``{"hello": {"protocol": 2, ...}}``. Each
+Protocol 3, JSON lines. On connect the server sends ``{"hello": {"protocol": 3, ...}}``. Each
 request is ``{"id": N, "action": NAME, "args": {...}}``; each answer is ``{"id": N, "ok": true,
 "result": {...}}`` or ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. Requests
 on one connection may overlap; bash and ipython each run one command at a time.
@@ -10,6 +10,12 @@ any; ``timeout_s``, the deadline of one relayed request; ``token``, the bearer t
 must carry; ``max_body``, the largest body in bytes) listens on 127.0.0.1 inside and answers
 ``{"port": N}``; from then on the server also sends ``{"relay": {...}}`` messages on that
 connection, and the host sends ``{"relay_reply": {...}}`` lines, which get no answer.
+
+Protocol 3 adds the proxy's door (see tunnel.py): the ``expose_proxy`` action (args ``port``,
+``max_tunnels``) listens on 127.0.0.1 inside and answers ``{"port": N}``; the server then sends
+``{"tunnel": {"id": N}}`` for each connection made to it, which the host carries on a connection
+of its own whose first line is ``{"tunnel_attach": N}`` (or refuses with a ``{"tunnel_close":
+{"id": N}}`` line).
 
 The ``exec`` action (see execute.py) runs a fresh process from ``argv`` with the given ``stdin``,
 ``cwd``, ``env``, ``timeout_s`` and ``max_output``, outside the agent's shell: what judges use.
@@ -42,8 +48,9 @@ from files import download, read_file, upload, write_file  # noqa: E402
 from pyrepl import IPythonSession, KernelUnavailable  # noqa: E402
 from relay import MAX_BODY, Relay, Send  # noqa: E402
 from shell import Shell  # noqa: E402
+from tunnel import MAX_TUNNELS, Tunnels  # noqa: E402
 
-PROTOCOL = 2
+PROTOCOL = 3
 READY = "RAAS-ACTION-SERVER-READY"
 MAX_MESSAGE = 512 * 1024 * 1024
 
@@ -73,6 +80,7 @@ class ActionServer:
         self.editor = Editor(args.workdir)
         self.ipython = IPythonSession(args.workdir, args.scratch)
         self.relay = Relay()
+        self.tunnels = Tunnels()
         self.actions: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self.ping,
             "bash": self.bash,
@@ -84,7 +92,10 @@ class ActionServer:
             "upload": self.upload,
             "download": self.download,
             "expose_gateway": self.expose_gateway,
+            "expose_proxy": self.expose_proxy,
         }
+        # The actions that answer on the connection that asked (its ``send``).
+        self.attached = {"expose_gateway", "expose_proxy"}
 
     def path(self, value: Any, name: str = "path") -> str:
         if not isinstance(value, str) or not value:
@@ -184,6 +195,20 @@ class ActionServer:
         except (OSError, ValueError) as e:
             raise ToolError(f"cannot listen for the relay: {e}") from None
 
+    async def expose_proxy(self, args: dict[str, Any], send: Send | None = None) -> Any:
+        if send is None:
+            raise BadRequest("expose_proxy needs a connection")
+        port = int(args.get("port") or 0)
+        if not 0 <= port < 65536:
+            raise BadRequest("port must be in 0..65535")
+        max_tunnels = int(args.get("max_tunnels") or MAX_TUNNELS)
+        if max_tunnels < 1:
+            raise BadRequest("max_tunnels must be at least 1")
+        try:
+            return {"port": await self.tunnels.expose(send, port, max_tunnels)}
+        except (OSError, ValueError) as e:
+            raise ToolError(f"cannot listen for the proxy: {e}") from None
+
     async def _in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
@@ -201,8 +226,8 @@ class ActionServer:
             args = request.get("args") or {}
             if not isinstance(args, dict):
                 raise BadRequest("args must be an object")
-            if action == self.expose_gateway:
-                result = await self.expose_gateway(args, send)
+            if request.get("action") in self.attached:
+                result = await action(args, send)  # type: ignore[call-arg]
             else:
                 result = await action(args)
             return {"id": req_id, "ok": True, "result": result}
@@ -240,6 +265,7 @@ class ActionServer:
         hello = {"protocol": PROTOCOL, "python": sys.version.split()[0], "pid": os.getpid()}
         await send({"hello": hello})
         tasks = set()
+        first = True
         try:
             while True:
                 line = await reader.readline()
@@ -249,8 +275,17 @@ class ActionServer:
                     request = json.loads(line)
                 except ValueError:
                     request = None
+                if first and isinstance(request, dict) and "tunnel_attach" in request:
+                    # The host's stream for a tunnel (tunnel.py): raw bytes from here on.
+                    await self.tunnels.attached(request["tunnel_attach"], reader, writer)
+                    break
+                first = False
                 if isinstance(request, dict) and "relay_reply" in request:
                     self.relay.reply(request["relay_reply"])
+                    continue
+                if isinstance(request, dict) and "tunnel_close" in request:
+                    closing = request["tunnel_close"]
+                    self.tunnels.refused(closing.get("id") if isinstance(closing, dict) else None)
                     continue
                 task = asyncio.ensure_future(handle(request))
                 tasks.add(task)
@@ -259,6 +294,7 @@ class ActionServer:
             pass
         finally:
             self.relay.detach(send)
+            self.tunnels.detach(send)
             for task in tasks:
                 task.cancel()
             writer.close()

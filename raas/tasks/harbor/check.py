@@ -18,7 +18,7 @@ from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext
 from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.harbor.task import SOLVE_TIMEOUT_S, HarborTask
-from raas.tasks.protocol import TaskJob
+from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 
@@ -59,7 +59,7 @@ async def check_task(services: TaskServices, instance: dict[str, Any]) -> TaskCh
         gold = parsed.gold_command()
         if gold is not None:
             check.gold = await _reward(services, instance, gold)
-    except (ImageError, SandboxError, ToolError) as e:
+    except (ImageError, SandboxError, ToolError, InvalidInstance) as e:
         check.error = f"{type(e).__name__}: {e}"
     check.seconds = time.monotonic() - started
     return check
@@ -67,11 +67,13 @@ async def check_task(services: TaskServices, instance: dict[str, Any]) -> TaskCh
 
 async def _reward(services: TaskServices, instance: dict[str, Any], command: str | None) -> float:
     task = HarborTask()
+    parsed = HarborInstance.model_validate(instance)
     job = TaskJob(job_id="check", instance=instance, sampling_params={}, services=services)
     ctx = await task.init(job)
     assert isinstance(ctx, AgentContext) and ctx.sandbox is not None
     try:
         if command is not None:
+            await task.open_agent_network(ctx.sandbox, job, parsed.config)
             ran = await ctx.sandbox.bash(command, timeout_s=SOLVE_TIMEOUT_S)
             if ran.timed_out:
                 raise SandboxError(f"solve.sh ran past {SOLVE_TIMEOUT_S:g} s")

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+
+from raas.helpers.destinations import parse_destination
 
 MiB = 1024 * 1024
 VERSIONS = ("1.0", "1.1")
@@ -61,12 +64,58 @@ class PackageInfo(_Strict):
 NetworkMode = Literal["public", "no-network", "allowlist"]
 
 
-class _Phase(_Strict):
-    """What ``[verifier]`` and ``[agent]`` share: a user to run as and a network policy."""
+@dataclass(frozen=True)
+class NetworkAsk:
+    """What a phase of a task asks of the network: all of it (``public``), these ``hosts``
+    (``allowlist``), or nothing (neither)."""
 
-    user: StrictStr | int | None = None
+    public: bool = False
+    hosts: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.public or bool(self.hosts)
+
+
+OFFLINE = NetworkAsk()
+
+
+def _ask(mode: NetworkMode | None, hosts: list[str]) -> NetworkAsk | None:
+    """A section's network_mode and allowed_hosts as an ask; None where it says neither."""
+    if mode == "public":
+        return NetworkAsk(public=True)
+    if mode == "no-network":
+        return OFFLINE
+    if mode == "allowlist" or hosts:
+        return NetworkAsk(hosts=tuple(hosts))
+    return None
+
+
+class _Network(_Strict):
+    """A section's network policy: a mode, and the hosts of an allowlist (each ``HOST`` or
+    ``HOST:PORT``)."""
+
     network_mode: NetworkMode | None = None
     allowed_hosts: list[StrictStr] = Field(default_factory=list)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            parse_destination(host, default_port=None)  # a ValueError naming it
+        return hosts
+
+    @model_validator(mode="after")
+    def _an_allowlist_names_hosts(self) -> Self:
+        if self.network_mode == "allowlist" and not self.allowed_hosts:
+            raise ValueError("network_mode allowlist names no allowed_hosts")
+        return self
+
+
+class _Phase(_Network):
+    """What ``[verifier]`` and ``[agent]`` share: a user to run as and a network policy (the
+    environment's, for the agent, where the section says none)."""
+
+    user: StrictStr | int | None = None
 
     @field_validator("user")
     @classmethod
@@ -101,7 +150,7 @@ class HealthcheckConfig(_Strict):
     retries: int = Field(default=3, ge=1)
 
 
-class EnvironmentConfig(_HasEnv):
+class EnvironmentConfig(_HasEnv, _Network):
     build_timeout_sec: float = Field(default=600.0, gt=0)
     docker_image: StrictStr | None = None
     cpus: int = Field(default=1, ge=1)
@@ -110,8 +159,6 @@ class EnvironmentConfig(_HasEnv):
     gpus: int = Field(default=0, ge=0)
     gpu_types: list[StrictStr] | None = None
     allow_internet: bool = True
-    network_mode: NetworkMode | None = None
-    allowed_hosts: list[StrictStr] = Field(default_factory=list)
     mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
     skills_dir: StrictStr | None = None
     healthcheck: HealthcheckConfig | None = None
@@ -149,11 +196,15 @@ class EnvironmentConfig(_HasEnv):
         return self
 
     @property
-    def asks_for_network(self) -> bool:
-        """Whether the task says it needs the network: ``allow_internet = true`` written out,
-        or a network mode other than none. Harbor's default (true, unsaid) is not asking."""
-        said = "allow_internet" in self.model_fields_set and self.allow_internet
-        return said or self.network_mode not in (None, "no-network") or bool(self.allowed_hosts)
+    def network(self) -> NetworkAsk:
+        """What the task asks of the network: its network_mode (and allowed_hosts), else
+        ``allow_internet = true`` written out. Harbor's default (true, unsaid) is not asking:
+        such a task runs offline, as every raas sandbox does."""
+        said = _ask(self.network_mode, self.allowed_hosts)
+        if said is not None:
+            return said
+        asked = "allow_internet" in self.model_fields_set and self.allow_internet
+        return NetworkAsk(public=True) if asked else OFFLINE
 
 
 def _megabytes(size: str) -> int:
@@ -191,6 +242,18 @@ class HarborConfig(_Strict):
     def from_toml(cls, text: str) -> HarborConfig:
         """Raises ValueError (TOML syntax) or pydantic's ValidationError (a key or value)."""
         return cls.model_validate(tomllib.loads(text))
+
+    @property
+    def agent_network(self) -> NetworkAsk:
+        """The agent's: ``[agent]``'s network policy, else the environment's."""
+        said = _ask(self.agent.network_mode, self.agent.allowed_hosts)
+        return self.environment.network if said is None else said
+
+    @property
+    def verifier_network(self) -> NetworkAsk:
+        """The verifier's: ``[verifier]``'s own alone (raas's choice: test.sh runs offline
+        unless the task says it needs the network for it)."""
+        return _ask(self.verifier.network_mode, self.verifier.allowed_hosts) or OFFLINE
 
     def limits_update(self) -> dict[str, Any]:
         """The task's caps as raas's sandbox limits' fields: its CPUs, its memory (the

@@ -10,7 +10,8 @@ submission (``raas.tasks.harbor.task.HarborTask.prepare``): the job then keeps b
 saying where its files were read. Checked at submission: the paths (relative, inside
 the task, none twice), the sizes, ``task.toml`` read strictly (``raas.tasks.harbor.config``),
 an environment (a Dockerfile or a ``docker_image``), and what raas cannot run refused in one
-line naming the task: docker-compose services, a task that asks for the network.
+line naming the task: docker-compose services. Whether the network a task asks for is allowed
+depends on the server's settings: ``HarborTask.validate`` checks it (raas.tasks.harbor.network).
 """
 
 from __future__ import annotations
@@ -245,12 +246,6 @@ class HarborInstance(TaskInstance):
         if env.docker_image is None and DOCKERFILE not in self.files:
             raise located_error(
                 ("files",), f"{self.label}: needs {DOCKERFILE} or task.toml's docker_image"
-            )
-        if env.asks_for_network:
-            raise located_error(
-                ("files", TASK_FILE),
-                f"{self.label}: asks for the network (environment.allow_internet or"
-                " network_mode), which raas's sandboxes do not have (docs/harbor.md)",
             )
 
     @property

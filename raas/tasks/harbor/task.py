@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from raas.helpers.task_dirs import TaskDirError
+from raas.helpers.task_dirs import TASK_FILE, TaskDirError
 from raas.images.image import StoredImage
 from raas.judge.harbor import (
     DEFAULT_PATH,
@@ -49,17 +49,22 @@ from raas.judge.harbor import (
 from raas.judge.harbor_twins import GoldRuns, Tests, named_as_tests, verify_with_twins
 from raas.judge.twins import task_key
 from raas.sandbox import ForkCarry, Sandbox, SandboxError
+from raas.sandbox.egress import EgressPolicy
+from raas.sandbox.proxy import metrics_of
 from raas.sandbox.rootfs import image_env
 from raas.settings import TaskSettings
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.harbor.config import HarborConfig, HealthcheckConfig
 from raas.tasks.harbor.environment import task_image
 from raas.tasks.harbor.instance import FILES_OR_PATH, HarborInstance, document_path_form
-from raas.tasks.protocol import InvalidInstance, RewardInfo, Submission, TaskJob
+from raas.tasks.harbor.network import NetworkRefused, exports, open_network, phase_policy
+from raas.tasks.protocol import InvalidInstance, RewardInfo, Submission, TaskJob, parse_instance
 from raas.tasks.services import NoTaskRoots, TaskServices
 from raas.wire import Trajectory
 
 log = logging.getLogger(__name__)
+# Where ``verify`` puts the verifier's proxy figures, which EVAL moves under ``egress``.
+VERIFIER_EGRESS = "verifier_egress"
 
 SYSTEM_PROMPT = (
     "You are an agent in a Linux environment, in the task's working directory. Do the task you"
@@ -139,6 +144,32 @@ class HarborTask(AgentTask):
         if settings.harbor_roots:
             document_path_form(schema, settings.harbor_roots)
 
+    def validate(self, job: TaskJob) -> None:
+        """Besides the instance and params: the network the task asks for is one this
+        server's ``egress_allow`` setting allows (InvalidInstance naming the task otherwise)."""
+        super().validate(job)
+        self.check_network(job)
+
+    def check_network(self, job: TaskJob, *, agent: bool = True) -> None:
+        """The network each phase asks for is one this server allows; with ``agent`` False (a
+        harness agent, whose program gets no proxy yet), the agent's phase may ask none."""
+        instance = parse_instance(HarborInstance, job.instance)
+        allowed = allowed_egress(job)
+        config = instance.config
+        try:
+            if agent:
+                phase_policy(config.agent_network, allowed)
+            elif config.agent_network:
+                raise NetworkRefused(
+                    "asks for the network for its agent, which an agent program raas did not"
+                    " write does not get yet: run it with raas's own loop (data_source harbor)"
+                )
+            phase_policy(config.verifier_network, allowed)
+        except NetworkRefused as e:
+            raise InvalidInstance(
+                ("instance", "files", TASK_FILE), f"{instance.label}: {e}"
+            ) from None
+
     def messages(self, instance: dict[str, Any]) -> list[dict[str, Any]]:
         parsed = HarborInstance.model_validate(instance)
         return [
@@ -185,6 +216,9 @@ class HarborTask(AgentTask):
 
     async def run(self, context: Any) -> Trajectory:
         ctx: AgentContext = context
+        config = HarborInstance.model_validate(ctx.job.instance).config
+        if ctx.sandbox is not None:  # each job's own sandbox (a group's fork, a branch's too)
+            await self.open_agent_network(ctx.sandbox, ctx.job, config)
         try:
             async with asyncio.timeout(self.agent_time_limit_s(ctx.job.instance)):
                 return await super().run(ctx)
@@ -193,6 +227,20 @@ class HarborTask(AgentTask):
             ctx.stop_reason = "agent_timeout"
             return ctx.trajectory
 
+    async def open_agent_network(
+        self, sandbox: Sandbox, job: TaskJob, config: HarborConfig
+    ) -> None:
+        """The proxy the agent's network asks for, and its variables exported in the agent's
+        shell (nothing where it asks none, or where the sandbox has its proxy already)."""
+        if sandbox.egress is not None:
+            return
+        services = self.services_of(job)
+        env = await open_network(
+            sandbox, config.agent_network, services.egress, services.egress_caps
+        )
+        if env:
+            await sandbox.bash(exports(env))
+
     async def eval(self, context: Any, trajectory: Trajectory) -> RewardInfo:
         ctx: AgentContext = context
         instance = HarborInstance.model_validate(ctx.job.instance)
@@ -200,6 +248,7 @@ class HarborTask(AgentTask):
             return RewardInfo(0.0, {"verifier_error": "the agent had no sandbox"})
         agents = ctx.sandbox
         config = instance.config
+        services = self.services_of(ctx.job)
         run = verifier_run(instance, agents)
         tests = run.tests
         # The server's own binds only: a harness agent's program and packages stay behind.
@@ -208,18 +257,22 @@ class HarborTask(AgentTask):
         ctx.closing.append(files)
         await agents.close()  # nothing of the agent runs on while the verifier does
         if not named_as_tests(tests):  # no twins: the one fork is the verifier
-            verdict = await verify(files, config, run)
+            verdict = await verify(files, config, run, services)
         else:
             # The agent's files, frozen in ``files`` (which runs nothing): the real run and each
             # twin's are forks of it, so nothing one run did is there in the next.
             verdict = await verify_with_twins(
-                functools.partial(verify_fork, files, carry, config, run),
+                functools.partial(verify_fork, files, carry, config, run, services),
                 tests,
                 key=await asyncio.to_thread(task_key, ctx.job.instance),
                 gold=self.gold_runs(ctx.job, instance, run),
             )
         metrics: dict[str, Any] = {**verdict.metrics, "rewards": verdict.rewards}
         metrics["stop_reason"] = ctx.stop_reason
+        verifier = metrics.pop(VERIFIER_EGRESS, None)
+        egress = {"agent": metrics_of(agents.egress), "verifier": verifier}
+        if any(egress.values()):
+            metrics["egress"] = {phase: said for phase, said in egress.items() if said}
         if instance.name:
             metrics["harbor_task"] = instance.name
         if instance.path:
@@ -241,6 +294,7 @@ class HarborTask(AgentTask):
         if command is None:
             return None
         carry = self.verifier_carry(job)
+        services = self.services_of(job)
 
         async def runs(variants: list[Tests]) -> list[HarborVerdict]:
             gold = TaskJob(job.job_id + "-gold", job.instance, {}, services=job.services)
@@ -256,7 +310,7 @@ class HarborTask(AgentTask):
                 await self.cleanup(ctx)
             try:
                 return [
-                    await verify_fork(files, carry, instance.config, run, variant)
+                    await verify_fork(files, carry, instance.config, run, services, variant)
                     for variant in variants
                 ]
             finally:
@@ -279,25 +333,46 @@ def verifier_run(instance: HarborInstance, sandbox: Sandbox) -> VerifierRun:
     )
 
 
-async def verify(verifier: Sandbox, config: HarborConfig, run: VerifierRun) -> HarborVerdict:
+async def verify(
+    verifier: Sandbox, config: HarborConfig, run: VerifierRun, services: TaskServices
+) -> HarborVerdict:
     """``run`` in ``verifier`` (a fork with ``verifier_carry``), the task's service started
-    first."""
+    first, and the network the task's ``[verifier]`` asks for where the server allows it (its
+    proxy's figures in the metrics, ``VERIFIER_EGRESS``)."""
     # The service again, its programs found on the verifier's PATH, not the image's (an image
     # that puts /app/bin first would run the agent's python3 beside test.sh).
     await start_environment(verifier, config, system_path(run.path))
-    return await run_verifier(verifier, run)
+    network = await open_network(
+        verifier, config.verifier_network, services.egress, services.egress_caps
+    )
+    verdict = await run_verifier(verifier, replace(run, env={**network, **run.env}))
+    said = metrics_of(verifier.egress)
+    if said:
+        verdict.metrics[VERIFIER_EGRESS] = said
+    return verdict
 
 
 async def verify_fork(
-    files: Sandbox, carry: ForkCarry, config: HarborConfig, run: VerifierRun, tests: Tests
+    files: Sandbox,
+    carry: ForkCarry,
+    config: HarborConfig,
+    run: VerifierRun,
+    services: TaskServices,
+    tests: Tests,
 ) -> HarborVerdict:
     """``run`` with ``tests`` in a fresh fork of ``files`` (the agent's, frozen, forked with
     ``carry``), closed after."""
     verifier = await files.fork(carry=carry)
     try:
-        return await verify(verifier, config, replace(run, tests=tests))
+        return await verify(verifier, config, replace(run, tests=tests), services)
     finally:
         await verifier.close()
+
+
+def allowed_egress(job: TaskJob) -> EgressPolicy:
+    """The destinations the server allows a task (none where it has no services)."""
+    services = job.services
+    return services.egress if isinstance(services, TaskServices) else EgressPolicy()
 
 
 def image_path(sandbox: Sandbox) -> str:
