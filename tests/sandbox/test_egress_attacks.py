@@ -104,7 +104,7 @@ async def test_a_listed_name_with_a_public_address_passes() -> None:
         "127.0.0.1:{port}\x00",
         "\u0661\u0662\u0667.0.0.1:{port}",  # Arabic-Indic digits
         "127.0.0.1:\u0661{port}",
-        "ｌocalhost:{port}",  # fullwidth
+        "\uff4cocalhost:{port}",  # fullwidth l
     ],
 )
 async def test_spellings_of_loopback_do_not_reach_an_unlisted_port(target: str) -> None:
