@@ -47,6 +47,10 @@ TunnelHandler = Callable[[int], Awaitable[None]]
 # A tunnel's stream: the reader's limit (asyncio stops reading past twice it) bounds what the
 # host holds of a sandbox's bytes.
 TUNNEL_BUFFER = 64 * 1024
+# Announced tunnels being carried or refused at once: the inside announces no more than the
+# proxy's cap (16 by default), but a subverted action server can announce without end, and each
+# announcement is a task here (and, refused, a line it need not read): past this, one is dropped.
+MAX_TUNNEL_WORK = 64
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +122,7 @@ class ActionClient:
         self._relay_token: str | None = None
         self._relay_max_body = RELAY_MAX_BODY_BYTES
         self._working: set[asyncio.Task[None]] = set()
+        self._tunnel_work = 0  # announcements being carried or refused (MAX_TUNNEL_WORK)
         self._tunnels: TunnelHandler | None = None
 
     @classmethod
@@ -146,13 +151,18 @@ class ActionClient:
         try:
             while line := await self._reader.readline():
                 answer = json.loads(line)
+                if not isinstance(answer, dict):  # a subverted server's: no answer of ours
+                    continue
                 if "relay" in answer:
                     self._spawn(self._answer_relay(answer["relay"]))
                     continue
                 if "tunnel" in answer:
-                    self._spawn(self._carry(answer["tunnel"]))
+                    if self._tunnel_work < MAX_TUNNEL_WORK:  # else dropped: see the cap
+                        self._tunnel_work += 1
+                        self._spawn(self._carry(answer["tunnel"]))
                     continue
-                future = self._pending.pop(answer.get("id"), None)
+                ident: Any = answer.get("id")
+                future = self._pending.pop(ident, None)
                 if future is not None and not future.done():
                     future.set_result(answer)
         except (ConnectionError, ValueError) as e:
@@ -263,16 +273,18 @@ class ActionClient:
         self._tunnels = handler
 
     async def _carry(self, message: Any) -> None:
-        tunnel_id = message.get("id") if isinstance(message, dict) else None
-        if not isinstance(tunnel_id, int):
-            return
         try:
+            tunnel_id = message.get("id") if isinstance(message, dict) else None
+            if not isinstance(tunnel_id, int):
+                return
             if self._tunnels is None:
                 await self.refuse_tunnel(tunnel_id)
             else:
                 await self._tunnels(tunnel_id)
         except Exception:  # one tunnel's failure ends it alone
-            log.warning("tunnel %d failed", tunnel_id, exc_info=True)
+            log.warning("tunnel %r failed", message, exc_info=True)
+        finally:
+            self._tunnel_work -= 1
 
     async def open_tunnel(
         self, tunnel_id: int

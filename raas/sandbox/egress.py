@@ -66,12 +66,26 @@ class EgressPolicy:
         return [h for h in hosts if not self.only([h])]
 
 
+# IPv6 prefixes whose low 32 bits are an IPv4 address: NAT64's well-known prefix (a DNS64
+# resolver answers a name whose A record is 10.0.0.5 with 64:ff9b::a00:5, which a NAT64 gateway
+# takes to 10.0.0.5), the IPv4-compatible and the IPv4-translated forms. Python's is_global
+# looks through none of them.
+EMBEDS_IPV4 = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96"))
+# Never public, whatever Python says: NAT64's local-use prefix (an operator's own translation,
+# to its own networks; its IPv4 bits are not at a fixed place) and the old site-local range.
+NOT_PUBLIC_V6 = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b:1::/48", "fec0::/10"))
+
+
 def is_public(address: IPAddress) -> bool:
     """Whether ``address`` is on the public internet: not loopback, private, link-local (the
     cloud's metadata service at 169.254.169.254), unspecified, CGNAT, multicast or reserved, nor
-    an IPv6 form of one (IPv4-mapped, 6to4)."""
+    an IPv6 form of one (IPv4-mapped, 6to4, NAT64, IPv4-compatible, IPv4-translated)."""
     if isinstance(address, ipaddress.IPv6Address):
+        if any(address in network for network in NOT_PUBLIC_V6):
+            return False
         inner = address.ipv4_mapped or address.sixtofour
+        if inner is None and any(address in network for network in EMBEDS_IPV4):
+            inner = ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
         if inner is not None:
             return is_public(inner)
     return address.is_global and not address.is_multicast

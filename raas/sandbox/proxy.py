@@ -92,6 +92,10 @@ def proxy_env(port: int) -> dict[str, str]:
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
+# Refusals of one sandbox's proxy that are logged, each (the rest are counted).
+LOGGED_REFUSALS = 10
+
+
 @dataclass
 class Egress:
     """One sandbox's proxy: its policy, caps and meter. ``carry(open_stream, refuse)`` serves one
@@ -105,8 +109,13 @@ class Egress:
     meter: EgressMeter = field(default_factory=EgressMeter)
 
     def refusal(self, reason: str) -> None:
+        # Logged for the first few only: a refused connection costs the agent nothing, and a
+        # warning for each would let it fill the host's log (the meter counts them all).
         self.meter.refused += 1
-        log.warning("egress of %s refused: %s", self.label, reason)
+        if self.meter.refused <= LOGGED_REFUSALS:
+            log.warning("egress of %s refused: %s", self.label, reason)
+        elif self.meter.refused == LOGGED_REFUSALS + 1:
+            log.warning("egress of %s: more refusals, counted in its metrics only", self.label)
 
     async def carry(
         self, open_stream: Callable[[], Awaitable[Streams]], refuse: Callable[[], Awaitable[None]]
