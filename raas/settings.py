@@ -324,7 +324,7 @@ class SandboxSettings(_Group):
     @classmethod
     def _destinations(cls, value: Any) -> Any:
         entries = comma_separated(value)
-        if isinstance(entries, list):
+        if isinstance(entries, list | tuple):  # flags give a tuple
             for entry in entries:
                 parse_destination(entry)  # a ValueError naming the entry
         return entries

@@ -108,6 +108,19 @@ def test_the_egress_allow_list_is_empty_by_default_and_read_strictly(
         validate({"egress_allow": ["pypi.org", "pypi.org@evil.test"]})
 
 
+def test_a_bad_egress_destination_flag_is_a_one_line_error_before_the_server_starts() -> None:
+    """The flag's values come as a tuple: they are read as strictly as the file's (a URL for a
+    host was a traceback at the server's start)."""
+    from click.testing import CliRunner
+
+    from raas.cli import main
+
+    said = CliRunner().invoke(main, ["serve", "--egress-allow", "http://pypi.org", "--port", "1"])
+    assert said.exit_code == 2, said.output
+    assert "egress_allow: Value error, 'http://pypi.org': only a host" in said.output
+    assert "Traceback" not in said.output
+
+
 @pytest.mark.parametrize("name", ["agents_venv", "agents_node", "agent_files"])
 def test_raas_serve_s_directory_flags_take_a_directory(name: str, tmp_path: Path) -> None:
     """`raas serve --agents-venv .venv-agents`, as the README gives it (its flag refused every
