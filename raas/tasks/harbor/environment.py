@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import tempfile
 from pathlib import Path
 
 from raas.images.buildah import build_context_async
-from raas.images.errors import ImageError
+from raas.images.errors import ImageError, ImageNotStored
 from raas.images.store import ImageStore
 from raas.tasks.harbor.instance import HarborInstance
 from raas.tasks.services import TaskServices
 
 SHIPPED_BASE = "raas/harbor-base:"
 IMPORT_BASE = "scripts/harbor/import-base.sh"
+SHIPPED_BASE_MISSING = re.compile(r"base image (" + re.escape(SHIPPED_BASE) + r"\S+) is not in")
 
 
 async def task_image(services: TaskServices, instance: HarborInstance) -> str:
@@ -36,10 +38,17 @@ async def task_image(services: TaskServices, instance: HarborInstance) -> str:
                 built = await build_context_async(
                     store, context, timeout_s=env.build_timeout_sec, cgroup=cgroup
                 )
+        except ImageNotStored as e:
+            missing = str(e).replace(str(context / "Dockerfile"), "environment/Dockerfile")
+            base = SHIPPED_BASE_MISSING.search(missing)
+            if base is not None:  # its way in said first: a long line is cut at its end
+                missing = (
+                    f"run {IMPORT_BASE} (as root, once): the shipped tasks' base {base[1]} is not"
+                    f" in the image store {store.root}"
+                )
+            raise ImageNotStored(f"{instance.label}: {missing}") from e
         except ImageError as e:  # named by the task, not by the build's scratch directory
             said = str(e).replace(str(context / "Dockerfile"), "environment/Dockerfile")
-            if SHIPPED_BASE in said:
-                said += f" (the shipped tasks' base: {IMPORT_BASE})"
             raise type(e)(f"{instance.label}: {said}") from e
     return built.image.ref
 
