@@ -15,7 +15,6 @@ import ipaddress
 import shlex
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,11 @@ from raas.helpers.destinations import IPAddress
 from raas.sandbox import ApptainerConfig, BwrapConfig, Sandbox, create_sandbox
 from raas.sandbox.egress import EgressPolicy
 from raas.sandbox.proxy import EgressCaps, proxy_env
+from tests.sandbox import test_sandbox_relay
 from tests.sandbox.test_proxy import DEADLINE_S, echo_server, until
 from tests.sandbox.test_sandbox import config  # noqa: F401 (the fixture)
+
+sandbox = test_sandbox_relay.sandbox  # the fixture: a started sandbox of ``config``
 
 # Inside: a CONNECT to argv[2] through the proxy at argv[1], then argv[3] sent through the
 # tunnel; prints the answer's status line and what came back ("hold": keeps the tunnel open).
@@ -89,14 +91,6 @@ async def resolve_test_names(host: str, port: int) -> list[IPAddress]:
     if host == "tls.test":
         return [ipaddress.ip_address("127.0.0.1")]
     raise OSError(f"no such name: {host}")
-
-
-@pytest.fixture
-async def sandbox(config: BwrapConfig | ApptainerConfig) -> AsyncIterator[Sandbox]:  # noqa: F811
-    sb = create_sandbox(config)
-    await sb.start()
-    yield sb
-    await sb.close()
 
 
 # Inside: Python's urllib, which takes https_proxy from the environment as curl does.

@@ -7,7 +7,6 @@ that through raas's proxy. The whole task with its verifier: tests/tasks/test_ha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from raas.api.app import create_app
-from raas.sandbox import BwrapConfig, Sandbox, create_sandbox
+from raas.sandbox import Sandbox
 from raas.sandbox.egress import EgressPolicy
 from raas.settings import validate as validate_settings
 from raas.tasks import TaskRegistry
@@ -26,10 +25,12 @@ from raas.tasks.harbor.task import HarborTask
 from raas.tasks.harness import HarnessTask
 from raas.tasks.protocol import InvalidInstance, TaskJob
 from raas.tasks.services import TaskServices
+from tests.sandbox import test_sandbox_exec
 from tests.sandbox.test_proxy import echo_server
-from tests.sandbox.test_sandbox import LIMITS
 from tests.sandbox.test_sandbox_egress import CONNECT
 from tests.tasks.test_harbor_instance import instance
+
+sandbox = test_sandbox_exec.sandbox  # the fixture: a started bwrap sandbox
 
 BASE = '[environment]\ndocker_image = "raas/no-such-image:1"\n'
 ADMIN = EgressPolicy.parse(["pypi.org", "files.pythonhosted.org:443", "10.0.0.5:3128"])
@@ -124,14 +125,6 @@ def test_a_phase_gets_the_admins_list_or_its_own_hosts_of_it() -> None:
     assert phase_policy(NetworkAsk(), ADMIN) == EgressPolicy()  # asks none: gets none
     with pytest.raises(NetworkRefused):
         phase_policy(NetworkAsk(public=True), EgressPolicy())
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = create_sandbox(BwrapConfig(limits=LIMITS))
-    await sb.start()
-    yield sb
-    await sb.close()
 
 
 async def test_the_agents_shell_reaches_only_the_tasks_hosts_of_the_admins_list(
