@@ -366,6 +366,20 @@ class AgentSettings(_Group):
 _NO_ROOTS = ("/proc", "/sys", "/dev")
 
 
+def checkpoint_turns(mode: str) -> int:
+    """The turns between two checkpoints that the ``checkpoint`` setting says (0: none);
+    ValueError saying what it may be."""
+    text = mode.strip().lower()
+    if text == "off":
+        return 0
+    if text == "turn":
+        return 1
+    every = text.removeprefix("every-")
+    if every != text and every.isdigit() and int(every) >= 1:
+        return int(every)
+    raise ValueError(f"{mode!r} is none of off, turn, every-N (N a whole number of turns, >= 1)")
+
+
 class TaskSettings(_Group):
     """What tasks may be named by on this host's file system (``raas.tasks.services.TaskServices``
     takes these)."""
@@ -379,6 +393,33 @@ class TaskSettings(_Group):
         " shared datasets there. None (the default): a path is refused, and tasks come inline."
         " Repeatable; RAAS_HARBOR_ROOTS: comma-separated.",
     )
+
+    checkpoint: str = Field(
+        default="turn",
+        description="When an agent job's turn boundary is made durable, so that a job in flight"
+        " at a crash resumes there: `turn` (each turn), `every-N` (each N-th), `off` (a job runs"
+        " again from the start). Its trajectory so far, its workspace's changes and its shell's"
+        " directory and variables are written beside the database (DB.checkpoints/) off the"
+        " model's path, and removed with the job's result.",
+    )
+    checkpoint_max_mb: float = Field(
+        default=256.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The most a job's checkpoint archives may hold on disk; past it, its later"
+        " turns are not checkpointed (it resumes from the last one within it).",
+    )
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_mode(cls, value: str) -> str:
+        checkpoint_turns(value)
+        return value.strip().lower()
+
+    @property
+    def checkpoint_every(self) -> int:
+        """The turns between two checkpoints (0: none)."""
+        return checkpoint_turns(self.checkpoint)
 
     @field_validator("harbor_roots", mode="before")
     @classmethod

@@ -464,6 +464,26 @@ class Timing(BaseModel):
     total_s: float
 
 
+class Resume(BaseModel):
+    """How a job that was in flight when the server stopped went on after its restart."""
+
+    resumed_at_turn: int | None = Field(
+        default=None,
+        description="The turns it went on from (their tokens were not generated again); null"
+        " where it ran from the start.",
+    )
+    lost: list[str] = Field(
+        default_factory=list,
+        description="What of its sandbox could not come back: processes it had started, an"
+        " IPython kernel's memory, parts of the shell's state.",
+    )
+    refused: str | None = Field(
+        default=None,
+        description="Why it ran from the start although it had checkpoints (what shapes the"
+        " rollout changed; its checkpoints could not be read back).",
+    )
+
+
 class RolloutResult(BaseModel):
     job_id: str
     state: JobStateName
@@ -490,6 +510,11 @@ class RolloutResult(BaseModel):
     attempt_errors: list[ErrorInfo] = Field(
         default_factory=list,
         description="Why each earlier attempt was run again, oldest first.",
+    )
+    resume: Resume | None = Field(
+        default=None,
+        description="Set for a job that was in flight when the server stopped and had"
+        " checkpoints: the turn it resumed at, or why it did not.",
     )
 
 

@@ -50,6 +50,9 @@ class LoopParams(SamplingParams):
 # Called after each turn the loop goes on from (its observations appended): the number of turns
 # done and the trajectory so far.
 AfterTurn = Callable[[int, Trajectory], Awaitable[None]]
+# Called before a turn's tools run (they may change the sandbox): a checkpoint of the turn before
+# may still be reading it.
+BeforeTools = Callable[[], Awaitable[None]]
 
 
 class Generator(Protocol):
@@ -96,6 +99,7 @@ class AgentLoop:
     config: LoopConfig
     tool_format: str = "hermes"
     after_turn: AfterTurn | None = None
+    before_tools: BeforeTools | None = None
     parser: ToolCallParser = field(init=False)
 
     def __post_init__(self) -> None:
@@ -149,6 +153,8 @@ class AgentLoop:
             traj.turns.append(record)
             observations = [{"role": "tool", "content": _format_error(e)} for e in parsed.errors]
             finished = False
+            if parsed.calls and self.before_tools is not None:
+                await self.before_tools()
             for call in parsed.calls:  # parallel calls run in order
                 outcome = await call_tool(self.tools, call.name, call.arguments, self.sandbox)
                 observations.append(

@@ -34,6 +34,7 @@ from raas.images.store import ImageStore
 from raas.llm.models import loaded_vocab_size
 from raas.llm.pool import BackendPool
 from raas.pipeline import Pipeline, PipelineConfig, policies_of
+from raas.pipeline.checkpoints import StoredCheckpoints
 from raas.sandbox import claim_runtime_dir, sandbox_config
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
@@ -101,6 +102,7 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             prepared_bytes=int(settings.http.max_body_mb * 2**20),
             egress=egress_policy,
             egress_caps=egress_caps,
+            checkpoints=StoredCheckpoints(store),
         )
         pipeline = Pipeline(
             tasks,

@@ -132,6 +132,7 @@ class Admission:
         job.timing.submitted_at = rec.created_at
         job.attempt_errors = errors
         job.attempts = len(errors) + 1
+        job.recovered = True
         job.stage = Stage.INIT
         self.stages.join_group(job)
         for obs in self.observers:

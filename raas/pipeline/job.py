@@ -156,6 +156,8 @@ class Job:
         self.done = asyncio.Event()
         self.result: RolloutResult | None = None
         self.attempts = 1
+        # In flight when the server last stopped: its task resumes it from its checkpoints.
+        self.recovered = False
         self.group: Group | None = None  # set while the job is in flight in a group
         self.attempt_errors: list[ErrorInfo] = []  # why each earlier attempt was run again
         # Since when the job holds a sandbox (from INIT's start to its cleanup), for the tenant's
@@ -199,6 +201,7 @@ class Job:
             rollout.sampling_params,
             self.services,
             self.request.keyed_branch,
+            self.recovered,
         )
 
     @property

@@ -7,7 +7,7 @@ from typing import Any
 
 from raas.pipeline.job import Ending, Job
 from raas.pipeline.states import JobState, Stage
-from raas.tasks.protocol import RewardInfo
+from raas.tasks.protocol import RewardInfo, TaskContext
 from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 
 
@@ -23,6 +23,7 @@ def result_of(
     attempt_errors: list[ErrorInfo] | None = None,
     task: str | None = None,
     trajectory_error: str | None = None,
+    context: TaskContext | None = None,
 ) -> RolloutResult:
     """The one place a result is put together."""
     metrics = dict(reward.metrics) if reward is not None else {}
@@ -32,6 +33,8 @@ def result_of(
         metrics["cleanup_error"] = cleanup_error
     if trajectory_error is not None:
         metrics["trajectory_error"] = trajectory_error
+    if context is not None and context.checkpoints is not None:
+        metrics["checkpoints"] = context.checkpoints
     if trajectory is not None and trajectory.turns:
         metrics["malformed_tool_calls"] = trajectory.malformed_tool_calls()
     if trajectory is not None and not trajectory.finite_logprobs():
@@ -53,6 +56,7 @@ def result_of(
         task=task,
         attempts=len(attempt_errors or ()) + 1,
         attempt_errors=attempt_errors or [],
+        resume=context.resume if context is not None else None,
     )
 
 
@@ -77,6 +81,7 @@ def build_result(job: Job, state: JobState) -> RolloutResult:
         job.attempt_errors,
         job.task,
         job.trajectory_error,
+        job.context,
     )
 
 

@@ -20,11 +20,13 @@ import sys
 import tarfile
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
 from raas.sandbox import copies
+from raas.sandbox.checkpoint import Checkpointed, Restored
 from raas.sandbox.client import (
     RELAY_MAX_BODY_BYTES,
     ActionClient,
@@ -36,7 +38,7 @@ from raas.sandbox.client import (
 )
 from raas.sandbox.config import SandboxConfig, SandboxLimits
 from raas.sandbox.egress import EgressPolicy, Resolver, system_resolver
-from raas.sandbox.fork import CARRY_ALL, ForkCarry
+from raas.sandbox.fork import CARRY_ALL, ForkCarry, ShellState
 from raas.sandbox.proxy import Egress, EgressCaps
 from raas.sandbox.runtime import check_runtime_dir, record_launch, runtime_root
 
@@ -138,6 +140,24 @@ class Sandbox(ABC):
         ``carry`` may leave some of it behind (a judge's fork: ``ForkCarry``).
         """
         raise SandboxError(f"{type(self).__name__} cannot fork")
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """Whether ``checkpoint`` keeps everything of this sandbox a job changes (its
+        workspace; not a root it could change: an image's)."""
+        return False
+
+    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+        """Write the workspace's files into the new file ``dest`` (all of them where the state
+        file ``snar`` does not exist yet, else the changes since the checkpoint that wrote it),
+        and read the shell's directory and exported variables (raas.sandbox.checkpoint). Call
+        it between tool calls, as ``fork``."""
+        raise SandboxError(f"{type(self).__name__} cannot checkpoint")
+
+    async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:
+        """Put a chain of ``checkpoint``'s archives (oldest first) into this fresh sandbox's
+        workspace, then the shell's directory and variables; says what it could not."""
+        raise SandboxError(f"{type(self).__name__} cannot restore a checkpoint")
 
     async def start(self) -> None:
         try:

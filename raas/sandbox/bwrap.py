@@ -25,11 +25,13 @@ import os
 import secrets
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from raas.images.image import StoredImage
 from raas.sandbox import procs, seccomp
 from raas.sandbox.base import INSIDE_DIR, launch_env
+from raas.sandbox.checkpoint import Checkpointed, Restored, archive_tree, unpack_chain
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig, SandboxLimits
 from raas.sandbox.fork import (
@@ -325,6 +327,40 @@ class BwrapSandbox(NamespacedSandbox):
             shell_lost = [*state.dropped, *state.not_restored(restored.output)]
         child.note = fork_note(self.id, lost, shell_lost)
         return child
+
+    @property
+    def can_checkpoint(self) -> bool:
+        return self._root is None  # an image root's changes are not archived (yet)
+
+    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+        if not self.can_checkpoint:
+            raise SandboxError(f"sandbox {self.id}: an image root's changes are not checkpointed")
+        state = await self._shell_state()
+        init, lost = await asyncio.to_thread(self._processes)
+        source = Path(f"/proc/{init}/root{self.config.workdir}")
+        size, sha = await asyncio.to_thread(
+            archive_tree, source, snar, dest, max_bytes, self._host_uid()
+        )
+        return Checkpointed(dest, size, sha, state, (*lost, *state.dropped))
+
+    async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:
+        init, _ = await asyncio.to_thread(self._processes)
+        target = Path(f"/proc/{init}/root{self.config.workdir}")
+        await asyncio.to_thread(unpack_chain, archives, target, self._host_uid())
+        if shell is None:
+            return Restored()
+        restored = await self.bash(shell.restore_command())
+        if restored.exit_code != 0:
+            raise SandboxError(f"sandbox {self.id}: restoring the shell's state: {restored.output}")
+        return Restored(tuple(shell.not_restored(restored.output)))
+
+    def _processes(self) -> tuple[int, list[str]]:
+        """The host PID of the sandbox's init, and what runs besides its own (in words)."""
+        pids = self.host_pids()
+        init = namespace_init(pids)
+        if init is None:
+            raise SandboxError(f"sandbox {self.id}: its processes are gone")
+        return init, not_carried(pids)
 
     async def _shell_state(self) -> ShellState:
         """The agent's shell's directory and exported variables: data the shell prints for the

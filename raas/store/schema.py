@@ -7,6 +7,7 @@ A database keeps its version in SQLite's ``PRAGMA user_version``. The versions r
 3. ``error_type``, ``error_kind`` and ``response_tokens`` copied out of the result, with indexes,
    so that the dashboard counts and filters without parsing every result;
 4. ``tenant``: whose job it is (raas.tenants); a job written before is the ``default`` tenant's.
+5. the ``checkpoints`` table: jobs in flight's durable turn boundaries (raas.store.checkpoints).
 
 The raas releases that wrote versions 1 to 3 left ``user_version`` at 0; such a database is placed
 by its columns. A new database is made at the current version directly; an older one is migrated
@@ -20,6 +21,16 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+# A job's durable turn boundaries while it is in flight (raas.agent.checkpoints): removed with
+# the transaction that writes its result.
+CHECKPOINTS_TABLE = """CREATE TABLE IF NOT EXISTS checkpoints (
+    job_id    TEXT NOT NULL,
+    turn      INTEGER NOT NULL,
+    from_turn INTEGER NOT NULL,
+    archive   TEXT,             -- the file name of its archive in the job's directory
+    data      TEXT NOT NULL,    -- the rest, as JSON
+    PRIMARY KEY (job_id, turn)
+)"""
 # Today's schema, for a new database.
 CREATE_TABLE = """CREATE TABLE jobs (
     job_id      TEXT PRIMARY KEY,
@@ -53,6 +64,7 @@ CREATE = (
     "CREATE INDEX jobs_state_seq ON jobs(state, seq)",
     *DASHBOARD_INDEXES,
     TENANT_INDEX,
+    CHECKPOINTS_TABLE,
 )
 # The columns each version added to the jobs table.
 ADDED_COLUMNS = {
@@ -107,11 +119,17 @@ def _add_tenant(conn: sqlite3.Connection) -> None:
     conn.execute(TENANT_INDEX)
 
 
+def _add_checkpoints(conn: sqlite3.Connection) -> None:
+    """4 -> 5: jobs in flight keep their turn boundaries; a database before had none."""
+    conn.execute(CHECKPOINTS_TABLE)
+
+
 # MIGRATIONS[v - 1] takes a database from version v to v + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_attempts,
     _add_error_columns,
     _add_tenant,
+    _add_checkpoints,
 ]
 VERSION = len(MIGRATIONS) + 1
 

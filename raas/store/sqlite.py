@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from raas.store import checkpoints as turn_rows
 from raas.store import dashboard
 from raas.store.dashboard import JobFilter, Tally
 from raas.store.records import COLUMNS, ERRORS, JobRecord, Quarantine, storable
@@ -211,6 +212,10 @@ class ResultStore:
             (max_seq,) = self._conn.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
             self._seq = int(max_seq)
             self._tally = Tally.count(self._conn)
+            try:
+                turn_rows.tidy(self._conn, self.path)
+            except sqlite3.Error as e:  # a read-only database: nothing to tidy now
+                log.warning("could not remove the checkpoints of finished jobs: %s", e)
 
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, _open)
@@ -331,6 +336,7 @@ class ResultStore:
             error_kind = stored.error.kind if stored.error else None
             tokens = len(stored.trajectory.response_ids)
             seq = self._seq + 1
+            conn.execute("BEGIN")
             before = conn.execute(
                 "SELECT state, error_type, error_kind, reward FROM jobs"
                 " WHERE job_id = ? AND seq IS NOT NULL",
@@ -351,7 +357,10 @@ class ResultStore:
                     job_id,
                 ),
             ).rowcount
+            turn_rows.drop_rows(conn, job_id)  # a job's checkpoints go with its result
+            conn.execute("COMMIT")
             self._seq = seq
+            turn_rows.remove_files(self.path, job_id)
             if before is not None:  # a result written over: its counts go
                 old_state, old_type, old_kind, old_reward = before
                 self._tally.add(old_state, old_type, old_kind, old_reward, -1)
@@ -360,6 +369,29 @@ class ResultStore:
             return stored
 
         return await self._call(lambda conn: self._write(conn, _save))
+
+    # -- checkpoints (raas.store.checkpoints) ---------------------------------------------------
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        """The directory of ``job_id``'s archives, made and checked to be raas's own (a
+        CheckpointDirError where it is not). Touches the disk: call it off the event loop."""
+        return turn_rows.job_dir(self.path, job_id)
+
+    async def add_checkpoint(
+        self, job_id: str, from_turn: int, turn: int, archive: str | None, data: dict[str, Any]
+    ) -> None:
+        """Keep a turn boundary of a job in flight (the rows after ``from_turn`` go, and their
+        archives); StoreWriteError when the disk refuses."""
+
+        def _add(conn: sqlite3.Connection) -> None:
+            gone = turn_rows.add(conn, job_id, from_turn, turn, archive, data)
+            turn_rows.remove_files(self.path, job_id, gone)
+
+        await self._call(lambda conn: self._write(conn, _add))
+
+    async def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's checkpoint rows by turn (raas.store.checkpoints.rows)."""
+        return await self._call(lambda conn: turn_rows.rows(conn, job_id))
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -10,16 +10,19 @@ model (``raas run --replay``).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
-from raas.agent.loop import AgentLoop, LoopConfig, LoopParams
+from raas.agent.checkpoints import Checkpointer, ResumePoint, fingerprint, resume_point
+from raas.agent.loop import AfterTurn, AgentLoop, LoopConfig, LoopParams
 from raas.agent.snapshots import Snapshot, SnapshotMissing
-from raas.agent.tools import Tool, select_tools
-from raas.sandbox import Sandbox
+from raas.agent.tools import Tool, schema, select_tools
+from raas.sandbox import Sandbox, SandboxError
 from raas.tasks.protocol import (
     InvalidInstance,
     PolicyError,
@@ -31,7 +34,9 @@ from raas.tasks.protocol import (
     parse_params,
 )
 from raas.tasks.services import TaskServices
-from raas.wire import Trajectory
+from raas.wire import Resume, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,6 +61,12 @@ class AgentTask:
     # Whether a job may start from another's snapshot after a turn (RolloutRequest.branch):
     # the loop goes on from a copied trajectory; a task whose RUN is not this loop cannot.
     can_branch: ClassVar[bool] = True
+    # Whether a job in flight at a crash resumes at its last durable turn (the --checkpoint
+    # setting; raas.agent.checkpoints): the loop goes on from the rebuilt trajectory in a fresh
+    # sandbox of the task with the workspace and shell put back. A task whose RUN is not this
+    # loop, or whose state lies where a checkpoint does not reach, says False: it runs again
+    # from the start.
+    can_resume: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -143,6 +154,10 @@ class AgentTask:
         self.validate(job)  # a malformed instance fails here, naming the field
         if job.branch is not None:
             return await self.branch_context(job)
+        return await self.resumed(await self.fresh_context(job))
+
+    async def fresh_context(self, job: TaskJob) -> AgentContext:
+        """INIT from the task alone: a sandbox, set up."""
         ctx = AgentContext(job=job)
         async with self.cleaned_up_on_error(ctx):
             if self.needs_sandbox:
@@ -150,6 +165,80 @@ class AgentTask:
                 ctx.closing.append(ctx.sandbox)
             await self.setup(ctx)
         return ctx
+
+    # -- durable turns (raas.agent.checkpoints) ------------------------------------------------
+
+    def fingerprint_parts(self, job: TaskJob) -> dict[str, Any]:
+        """What shapes ``job``'s rollout: a checkpoint made under other parts is not resumed."""
+        services = self.services_of(job)
+        return {
+            "task": self.name,
+            "instance": job.instance,
+            "sampling_params": job.sampling_params,
+            "messages": self.messages(job.instance),
+            "tools": [schema(tool) for tool in select_tools(self.tools).values()],
+            "tokenizer": services.tokenizer_name,
+            "model": services.model_names(),
+        }
+
+    async def resumed(self, ctx: AgentContext) -> AgentContext:
+        """``ctx`` (a fresh INIT) gone on to the job's last durable turn where it was in flight
+        at a crash and has one: its workspace and shell put back, its trajectory rebuilt. Where
+        it cannot be (settings changed, a checkpoint that does not read back, a restore that
+        fails), the job runs from the start and ``ctx.resume`` says why."""
+        job = ctx.job
+        services = self.services_of(job) if isinstance(job.services, TaskServices) else None
+        book = services.checkpoints if services is not None else None
+        if not job.recovered or book is None or not self.can_resume:
+            return ctx
+        rows = await book.checkpoints(job.job_id)
+        if not rows:
+            return ctx
+        files = ctx.sandbox is not None and ctx.sandbox.can_checkpoint
+        job_dir = await asyncio.to_thread(book.job_dir, job.job_id)
+        now = fingerprint(self.fingerprint_parts(job))
+        point, refused = await asyncio.to_thread(resume_point, rows, now, job_dir, files)
+        if point is None:
+            ctx.resume = Resume(refused=refused) if refused else None
+            return ctx
+        try:
+            lost = await self.put_back(ctx, point)
+        except SandboxError as e:
+            log.warning("job %s: resuming at turn %d failed: %s", job.job_id, point.turn, e)
+            await self.cleanup(ctx)
+            ctx = await self.fresh_context(job)
+            why = f"restoring turn {point.turn} failed ({e}): it ran from the start"
+            ctx.resume = Resume(refused=why)
+            return ctx
+        ctx.trajectory = point.trajectory
+        ctx.resume = Resume(resumed_at_turn=point.turn, lost=[*point.lost, *lost])
+        return ctx
+
+    async def put_back(self, ctx: AgentContext, point: ResumePoint) -> list[str]:
+        """Put ``point``'s workspace and shell into ``ctx``'s fresh sandbox; what could not be."""
+        if ctx.sandbox is None or (not point.archives and point.shell is None):
+            return []
+        restored = await ctx.sandbox.restore(point.archives, point.shell)
+        return list(restored.lost)
+
+    def checkpointer(self, ctx: AgentContext) -> Checkpointer | None:
+        """The job's checkpoints through this RUN, where the server keeps them."""
+        services = self.services_of(ctx.job)
+        every = services.tasks.checkpoint_every
+        if services.checkpoints is None or not every or not self.can_resume:
+            return None
+        sandbox = ctx.sandbox
+        if sandbox is not None and not sandbox.can_checkpoint:
+            return None  # its state lies where a checkpoint does not reach: it runs again
+        return Checkpointer(
+            services.checkpoints,
+            ctx.job.job_id,
+            fingerprint(self.fingerprint_parts(ctx.job)),
+            sandbox,
+            ctx.trajectory,
+            every=every,
+            max_bytes=int(services.tasks.checkpoint_max_mb * 2**20),
+        )
 
     async def fork_context(self, template: TaskContext, job: TaskJob) -> AgentContext:
         """``job``'s context from a group's template (another job's INIT of the same instance):
@@ -163,7 +252,7 @@ class AgentTask:
         ctx.closing.append(sandbox)
         async with self.cleaned_up_on_error(ctx):
             await self.after_fork(ctx)
-        return ctx
+        return await self.resumed(ctx)
 
     async def branch_context(self, job: TaskJob) -> AgentContext:
         """``job``'s context from the snapshot it branches from: a fork of the snapshot's
@@ -223,18 +312,26 @@ class AgentTask:
         config = self.loop_config(ctx.job)
         if config.keep_snapshots:
             services.snapshots.drop(ctx.job.job_id)
+        checkpoints = self.checkpointer(ctx)
         loop = AgentLoop(
             services.llm,
             tokenizer,
             select_tools(self.tools),
             ctx.sandbox,
             config,
-            after_turn=partial(self.keep_snapshot, ctx) if config.keep_snapshots else None,
+            after_turn=_both(
+                partial(self.keep_snapshot, ctx) if config.keep_snapshots else None,
+                checkpoints.after_turn if checkpoints is not None else None,
+            ),
+            before_tools=checkpoints.before_tools if checkpoints is not None else None,
         )
         try:
             result = await loop.run(ctx.job.job_id, self.messages(ctx.job.instance), ctx.trajectory)
         finally:
             services.release(ctx.job.job_id)
+            if checkpoints is not None:
+                await checkpoints.close()
+                ctx.checkpoints = checkpoints.stats.data()
         ctx.answer, ctx.stop_reason = result.answer, result.stop_reason
         return ctx.trajectory
 
@@ -268,6 +365,19 @@ def last_assistant_text(trajectory: Trajectory) -> str:
         if message.get("role") == "assistant":
             return str(message.get("content", ""))
     return ""
+
+
+def _both(first: AfterTurn | None, second: AfterTurn | None) -> AfterTurn | None:
+    """One after-turn hook that runs ``first`` then ``second`` (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    a, b = first, second
+
+    async def both(turns: int, trajectory: Trajectory) -> None:
+        await a(turns, trajectory)
+        await b(turns, trajectory)
+
+    return both
 
 
 def _agent(context: TaskContext) -> AgentContext:

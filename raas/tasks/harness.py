@@ -197,6 +197,9 @@ class HarnessTask(AgentTask):
     }
     default_max_turns = 20  # model calls the agent may make (RAAS_MAX_TURNS)
     can_branch = False  # the agent program runs its own loop: no turn to go on from
+    # Nor to resume at: the program cannot be paused mid-call, and its own memory (what it
+    # was doing) is not checkpointed. A job in flight at a crash runs again from the start.
+    can_resume = False
 
     def wrapped(self, instance: dict[str, Any]) -> AgentTask:
         return self.judges[str(instance["judge"])]

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from raas.wire import Branch, ErrorKind, Trajectory, reject_non_finite
+from raas.wire import Branch, ErrorKind, Resume, Trajectory, reject_non_finite
 
 Loc = tuple[str | int, ...]
 # A required text field of an instance: a string (never a number turned into one), not empty.
@@ -49,6 +49,7 @@ class TaskJob:
     sampling_params: dict[str, Any]
     services: Any = None
     branch: Branch | None = None  # start from an earlier job's state after a turn
+    recovered: bool = False  # in flight when the server stopped: resume if it can
 
 
 @dataclass
@@ -65,6 +66,10 @@ class TaskContext:
     job: TaskJob
     trajectory: Trajectory = field(default_factory=Trajectory)
     segments: Sequence[Trajectory] = ()
+    # A recovered job's resume (the result's ``resume``), and what its checkpoints cost (the
+    # result's metrics ``checkpoints``); None where it had none.
+    resume: Resume | None = None
+    checkpoints: dict[str, Any] | None = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from raas.agent.checkpoints import CheckpointBook
 from raas.agent.gateway import Gateway
 from raas.agent.loop import Generator
 from raas.agent.snapshots import Snapshots
@@ -93,6 +94,9 @@ class TaskServices:
     # egress_allow setting; empty: such a task is refused), and that proxy's caps.
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     egress_caps: EgressCaps = field(default_factory=EgressCaps)
+    # Where agent jobs' durable turn boundaries are kept (the server's result store); None: no
+    # job is checkpointed, and a job in flight at a crash runs again from the start.
+    checkpoints: CheckpointBook | None = None
     _pool: SandboxPool | None = None
     # Per-job OpenAI-style sessions for agent programs raas did not write (raas.agent.gateway):
     # gateway.open(job_id, params, trajectory) gives the session and its token.
@@ -213,6 +217,13 @@ class TaskServices:
                 f"{path}: not read within {TASK_DIR_TIMEOUT_S:g} s (the server's readers are"
                 " busy, or its file system is slow): try again"
             ) from None
+
+    def model_names(self) -> list[str]:
+        """The models the backends say they serve, where they say one (sorted, once each)."""
+        backends = getattr(self.llm, "backends", None)
+        if backends is None:
+            return []
+        return sorted({b.model for b in backends() if getattr(b, "model", None)})
 
     def release(self, session: str) -> None:
         release = getattr(self.llm, "release", None)

@@ -49,6 +49,10 @@ COLUMNS = {
     "policy_version_span",
     "token_policy_versions",
     "tenant",  # whose job (null: the admin's own, every job of a server without tenants)
+    # A job resumed after a restart: the turn it went on from, what was lost, or why not.
+    "resume_resumed_at_turn",
+    "resume_lost_json",
+    "resume_refused",
 }
 
 
