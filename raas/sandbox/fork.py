@@ -295,7 +295,10 @@ def not_carried(pids: set[int]) -> list[str]:
     of it), each as ``name (pid N)`` with its PID in the sandbox; an IPython kernel as such.
     Runs in a thread: it reads /proc."""
     init = namespace_init(pids)
-    servers = {p for p in pids if procs.parent_of(p) == init}
+    # The action server is the first child of init (the one the launch started): another child
+    # is a process the agent's shell left, reparented to init when its parent exited.
+    children = sorted((_ns_pid(p) or 0, p) for p in pids if procs.parent_of(p) == init)
+    servers = {children[0][1]} if children else set()
     shells = {p for p in pids if procs.parent_of(p) in servers and _comm(p) == "bash"}
     found: list[str] = []
     for pid in sorted(pids - {init} - servers - shells if init is not None else set()):
