@@ -13,6 +13,7 @@ requests and make a new template.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,7 +81,9 @@ class Groups:
             return await handler.init(job)
         async with group.lock:  # one template: the others wait for it
             if group.template is None:
-                group.template = await handler.init(job)
+                # The template is the task as INIT sets it up, for every member: never one
+                # member's resumed state (each member resumes in its own fork).
+                group.template = await handler.init(dataclasses.replace(job, recovered=False))
             template = group.template
         try:
             return await fork(template, job)

@@ -37,6 +37,7 @@ class InitCounting:
 
     def __init__(self) -> None:
         self.inits: list[str] = []
+        self.recovered: list[tuple[str, bool]] = []  # (init or fork, job.recovered)
         self.cleaned: list[str] = []
         self.runs: Counter[str] = Counter()
         self.gate = asyncio.Event()
@@ -44,6 +45,7 @@ class InitCounting:
 
     async def init(self, job: TaskJob) -> Ctx:
         self.inits.append(job.job_id)
+        self.recovered.append(("init", job.recovered))
         await self.gate.wait()
         return Ctx(job=job, made_by=job.job_id)
 
@@ -72,6 +74,7 @@ class Forking(InitCounting):
     async def fork_context(self, template: TaskContext, job: TaskJob) -> Ctx:
         assert isinstance(template, Ctx)
         self.forks.append((template.job.job_id, job.job_id))
+        self.recovered.append(("fork", job.recovered))
         return Ctx(job=job, made_by=template.made_by)
 
 
@@ -176,10 +179,15 @@ async def test_a_group_revived_after_a_crash_makes_one_new_template(
         worker.cancel()
     await store.close()
     task.inits.clear()
+    task.recovered.clear()
     task.gate.set()
     async with make_pipeline(db=db, max_attempts=3) as second:
         results = [await finished(second, f"g1-{k}") for k in range(3)]
     assert len(task.inits) == 1
+    # Each member resumes in its own fork; the template is the task as INIT sets it up, never
+    # one member's resumed state. (The first pipeline's cancelled INIT may still fork its own.)
+    assert task.recovered.count(("fork", True)) == 3
+    assert ("init", True) not in task.recovered and ("init", False) in task.recovered
     assert [r["state"] for r in results] == ["done"] * 3
 
 
