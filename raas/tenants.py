@@ -51,7 +51,8 @@ class Quotas(BaseModel):
     sandbox); ``max_snapshots`` lowers the server's ``max_snapshots`` for it (its snapshots are
     evicted by its own new ones only); the token quotas are reserved at admission (each job's
     ceiling) and settled at its end (raas.pipeline.tenants); ``max_timeout_s`` refuses a job
-    asking a longer ``timeout_s`` and is the budget of one asking none."""
+    asking a longer ``timeout_s`` and is the budget of one asking none; ``max_checkpoint_mb``
+    caps what its jobs in flight keep of their turn boundaries on disk."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -61,6 +62,9 @@ class Quotas(BaseModel):
     llm_tokens_per_s: float | None = Field(default=None, gt=0)
     llm_tokens_per_day: float | None = Field(default=None, gt=0)
     max_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # The disk its jobs' checkpoints may hold together (raas.agent.checkpoints); past it, a
+    # job's later turns are not checkpointed.
+    max_checkpoint_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -102,13 +102,15 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
             prepared_bytes=int(settings.http.max_body_mb * 2**20),
             egress=egress_policy,
             egress_caps=egress_caps,
-            checkpoints=StoredCheckpoints(store),
         )
         pipeline = Pipeline(
             tasks,
             store,
             PipelineConfig.from_settings(settings.pipeline),
             services=services,
+        )
+        services.checkpoints = StoredCheckpoints(
+            store, lambda tenant: pipeline.config.tenants(tenant).quotas.max_checkpoint_mb
         )
         metrics.watch(pipeline)
         if watch is not None:  # the tenants file's weights and quotas, now and at each reload

@@ -1,32 +1,60 @@
 """The result store as the book of agent jobs' checkpoints (raas.agent.checkpoints'
-CheckpointBook): a TurnCheckpoint as a row of the store's, and back."""
+CheckpointBook): a TurnCheckpoint as a row of the store's, and back, within its tenant's
+``max_checkpoint_mb``."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from raas.agent.checkpoints import TurnCheckpoint
 from raas.store.sqlite import ResultStore
+from raas.tenants import tenant_of
 
 # The fields the store keeps in columns of their own; the rest is the row's data.
 COLUMNS = ("job_id", "turn", "from_turn", "archive")
+
+
+class OverTenantQuota(RuntimeError):
+    """A checkpoint would put its tenant's jobs over its ``max_checkpoint_mb``: not kept."""
+
+
+def no_caps(tenant: str) -> float | None:
+    return None
+
+
 FIELDS = {f.name for f in dataclasses.fields(TurnCheckpoint)}
 
 
 class StoredCheckpoints:
-    def __init__(self, store: ResultStore) -> None:
+    def __init__(self, store: ResultStore, cap_mb: Callable[[str], float | None] = no_caps) -> None:
         self.store = store
+        # A tenant's max_checkpoint_mb (None: no cap): asked at each checkpoint, so that a
+        # reloaded tenants file holds from the next one.
+        self.cap_mb = cap_mb
 
     def job_dir(self, job_id: str) -> Path:
         return self.store.checkpoint_dir(job_id)
 
     async def add_checkpoint(self, checkpoint: TurnCheckpoint) -> None:
         data = {k: v for k, v in dataclasses.asdict(checkpoint).items() if k not in COLUMNS}
-        await self.store.add_checkpoint(
-            checkpoint.job_id, checkpoint.from_turn, checkpoint.turn, checkpoint.archive, data
+        cap = self.cap_mb(tenant_of(checkpoint.job_id))
+        kept = await self.store.add_checkpoint(
+            checkpoint.job_id,
+            checkpoint.from_turn,
+            checkpoint.turn,
+            checkpoint.archive,
+            data,
+            size=checkpoint.size,
+            tenant_cap=None if cap is None else int(cap * 2**20),
         )
+        if not kept:
+            raise OverTenantQuota(
+                "not kept: its tenant's max_checkpoint_mb is held by its jobs' checkpoints, or"
+                " the job has finished"
+            )
 
     async def checkpoints(self, job_id: str) -> list[TurnCheckpoint]:
         found = []

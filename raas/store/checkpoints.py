@@ -71,16 +71,30 @@ def add(
     turn: int,
     archive: str | None,
     data: dict[str, Any],
-) -> list[str]:
-    """Keep a row for a job in flight (none for one that has a result: the row comes too late);
-    the job's rows after ``from_turn`` go with it. Returns the archives of the rows removed."""
+    *,
+    size: int = 0,
+    tenant_cap: int | None = None,
+) -> tuple[bool, list[str]]:
+    """Keep a row for a job in flight, its archive of ``size`` bytes; the job's rows after
+    ``from_turn`` go with it. Not kept for a job that has a result (the row comes too late), nor
+    where its tenant's rows would hold more than ``tenant_cap`` bytes of archives with it.
+    Returns whether it was kept, and the archives no row names any more (to remove)."""
     with conn:
         conn.execute("BEGIN")
-        live = conn.execute(
-            "SELECT 1 FROM jobs WHERE job_id = ? AND seq IS NULL", (job_id,)
+        job = conn.execute(
+            "SELECT tenant FROM jobs WHERE job_id = ? AND seq IS NULL", (job_id,)
         ).fetchone()
-        if live is None:
-            return [archive] if archive is not None else []
+        refused = [archive] if archive is not None else []
+        if job is None:
+            return False, refused
+        if tenant_cap is not None:
+            (held,) = conn.execute(
+                "SELECT COALESCE(SUM(c.size), 0) FROM checkpoints c JOIN jobs j USING (job_id)"
+                " WHERE j.tenant = ? AND j.seq IS NULL AND NOT (c.job_id = ? AND c.turn > ?)",
+                (job[0], job_id, from_turn),
+            ).fetchone()
+            if held + size > tenant_cap:
+                return False, refused
         gone = [
             name
             for (name,) in conn.execute(
@@ -91,11 +105,11 @@ def add(
         ]
         conn.execute("DELETE FROM checkpoints WHERE job_id = ? AND turn > ?", (job_id, from_turn))
         conn.execute(
-            "INSERT INTO checkpoints (job_id, turn, from_turn, archive, data)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (job_id, turn, from_turn, archive, json.dumps(data)),
+            "INSERT INTO checkpoints (job_id, turn, from_turn, archive, size, data)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, turn, from_turn, archive, size, json.dumps(data)),
         )
-    return gone
+    return True, gone
 
 
 def rows(conn: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:

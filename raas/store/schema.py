@@ -28,6 +28,7 @@ CHECKPOINTS_TABLE = """CREATE TABLE IF NOT EXISTS checkpoints (
     turn      INTEGER NOT NULL,
     from_turn INTEGER NOT NULL,
     archive   TEXT,             -- the file name of its archive in the job's directory
+    size      INTEGER NOT NULL DEFAULT 0,  -- its archive's bytes (the tenant's disk quota)
     data      TEXT NOT NULL,    -- the rest, as JSON
     PRIMARY KEY (job_id, turn)
 )"""

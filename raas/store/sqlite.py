@@ -378,16 +378,29 @@ class ResultStore:
         return turn_rows.job_dir(self.path, job_id)
 
     async def add_checkpoint(
-        self, job_id: str, from_turn: int, turn: int, archive: str | None, data: dict[str, Any]
-    ) -> None:
+        self,
+        job_id: str,
+        from_turn: int,
+        turn: int,
+        archive: str | None,
+        data: dict[str, Any],
+        *,
+        size: int = 0,
+        tenant_cap: int | None = None,
+    ) -> bool:
         """Keep a turn boundary of a job in flight (the rows after ``from_turn`` go, and their
-        archives); StoreWriteError when the disk refuses."""
+        archives); False, its archive removed, where it is not kept (the job has a result, or
+        its tenant would hold more than ``tenant_cap`` bytes). StoreWriteError when the disk
+        refuses."""
 
-        def _add(conn: sqlite3.Connection) -> None:
-            gone = turn_rows.add(conn, job_id, from_turn, turn, archive, data)
+        def _add(conn: sqlite3.Connection) -> bool:
+            kept, gone = turn_rows.add(
+                conn, job_id, from_turn, turn, archive, data, size=size, tenant_cap=tenant_cap
+            )
             turn_rows.remove_files(self.path, job_id, gone)
+            return kept
 
-        await self._call(lambda conn: self._write(conn, _add))
+        return await self._call(lambda conn: self._write(conn, _add))
 
     async def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         """The job's checkpoint rows by turn (raas.store.checkpoints.rows)."""
