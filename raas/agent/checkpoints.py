@@ -14,8 +14,8 @@ is no row, and the job resumes from the one before.
 Resuming (``resume_point``): the rows must chain from the start (each goes on from the turn the
 one before ended at), and each archive of the chain must hash as its row says; the latest turn
 for which both hold is the point. Every row carries a fingerprint of what shapes the rollout
-(the request, the tools, the prompt, the model and tokenizer): where any part differs now, the
-job runs from the start and its result names what changed.
+(the request, the tools, the prompt, the tokenizer that names the model): where any part
+differs now, the job runs from the start and its result names what changed.
 """
 
 from __future__ import annotations
@@ -313,12 +313,16 @@ class Checkpointer:
             await reading.wait()
             self.stats.loop_s += time.perf_counter() - started
 
-    async def close(self) -> None:
-        """Wait for the last checkpoint's row (the job ends: a result replaces them)."""
+    async def close(self, abandon: bool = False) -> None:
+        """Wait for the last checkpoint's row (the run ends: its result or EVAL comes next);
+        ``abandon``: cancel it instead (the run is being cancelled: a timeout, a shutdown)."""
         last = self._last
-        if last is not None:
-            with contextlib.suppress(Exception):
-                await last
+        if last is None:
+            return
+        if abandon:
+            last.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await last
 
     async def _write(
         self,

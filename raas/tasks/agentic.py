@@ -177,8 +177,9 @@ class AgentTask:
             "sampling_params": job.sampling_params,
             "messages": self.messages(job.instance),
             "tools": [schema(tool) for tool in select_tools(self.tools).values()],
+            # The served model is named by its tokenizer: the weights behind it change between
+            # turns in asynchronous RL by design (each token's policy version is recorded).
             "tokenizer": services.tokenizer_name,
-            "model": services.model_names(),
         }
 
     async def resumed(self, ctx: AgentContext) -> AgentContext:
@@ -330,7 +331,8 @@ class AgentTask:
         finally:
             services.release(ctx.job.job_id)
             if checkpoints is not None:
-                await checkpoints.close()
+                task = asyncio.current_task()
+                await checkpoints.close(abandon=task is not None and task.cancelling() > 0)
                 ctx.checkpoints = checkpoints.stats.data()
         ctx.answer, ctx.stop_reason = result.answer, result.stop_reason
         return ctx.trajectory

@@ -218,13 +218,6 @@ class TaskServices:
                 " busy, or its file system is slow): try again"
             ) from None
 
-    def model_names(self) -> list[str]:
-        """The models the backends say they serve, where they say one (sorted, once each)."""
-        backends = getattr(self.llm, "backends", None)
-        if backends is None:
-            return []
-        return sorted({b.model for b in backends() if getattr(b, "model", None)})
-
     def release(self, session: str) -> None:
         release = getattr(self.llm, "release", None)
         if release is not None:
