@@ -206,19 +206,24 @@ def _point(
     """The point at ``chain``'s last turn, or None (and why, in ``problems``)."""
     last = chain[-1]
     archives: list[Path] = []
-    if last.archive is not None:
+    if last.base is not None:  # the job had a sandbox: its workspace's chain
         if not files:
             problems.append("the new sandbox cannot take the workspace's files")
             return None
-        # The archives of the last one's chain: its first holds every file, and no turn of
-        # the chain may lack one.
-        tail = [row for row in chain if last.base is not None and row.turn >= last.base]
+        # The archives of the last one's chain: its first holds every file; each later turn
+        # has one of its changes, or none where the workspace had not changed.
+        tail = [row for row in chain if row.turn >= last.base]
         if not tail or tail[0].turn != last.base:
             problems.append(f"the first archive of turn {last.turn}'s chain is missing")
             return None
         for row in tail:
-            path = job_dir / row.archive if row.archive is not None else None
-            if row.base != last.base or path is None or not _sound(path, row.sha256):
+            if row.base != last.base or (row.archive is None and row is tail[0]):
+                problems.append(f"turn {row.turn} is not of turn {last.turn}'s chain")
+                return None
+            if row.archive is None:  # the workspace had not changed since the row before
+                continue
+            path = job_dir / row.archive
+            if not _sound(path, row.sha256):
                 problems.append(f"the archive of turn {row.turn} is missing or does not hash")
                 return None
             archives.append(path)
@@ -287,6 +292,7 @@ class Checkpointer:
         self._turn = len(trajectory.turns)  # a resumed run goes on from its turns
         self._snar: Path | None = None  # the chain's tar state; a run starts a chain of its own
         self._base: int | None = None
+        self._signature: str | None = None  # the workspace's at the last checkpoint
         self._reading: asyncio.Event | None = None
         self._last: asyncio.Task[None] | None = None
 
@@ -297,10 +303,10 @@ class Checkpointer:
         part = delta(trajectory, self._mark)
         from_turn = self._turn
         self._mark, self._turn = Mark.of(trajectory), turns
-        reading = asyncio.Event()
+        reading, read_before = asyncio.Event(), self._reading
         self._reading = reading
         self._last = asyncio.create_task(
-            self._write(from_turn, turns, part, reading, self._last),
+            self._write(from_turn, turns, part, reading, read_before, self._last),
             name=f"raas-checkpoint-{self.job_id}-{turns}",
         )
         self.stats.loop_s += time.perf_counter() - started
@@ -330,10 +336,13 @@ class Checkpointer:
         turn: int,
         part: dict[str, Any],
         reading: asyncio.Event,
+        read_before: asyncio.Event | None,
         before: asyncio.Task[None] | None,
     ) -> None:
         started = time.perf_counter()
         try:
+            if read_before is not None:  # one read of the sandbox at a time, in turn order
+                await read_before.wait()
             row = await self._capture(from_turn, turn, part, reading)
             if before is not None:  # rows in turn order
                 with contextlib.suppress(Exception):
@@ -364,7 +373,10 @@ class Checkpointer:
                 self._base = turn
             name = f"turn-{turn}-{secrets.token_hex(6)}.tar"
             left = self.max_bytes - self.stats.bytes
-            made = await sandbox.checkpoint(self._snar, job_dir / name, max(left, 0))
+            made = await sandbox.checkpoint(
+                self._snar, job_dir / name, max(left, 0), unchanged=self._signature
+            )
+            self._signature = made.signature
         except CheckpointTooLarge as e:
             self._stop(f"{e} (checkpoint_max_mb): later turns of this job are not checkpointed")
             return None
@@ -377,7 +389,7 @@ class Checkpointer:
             self.fingerprint,
             part,
             self._base,
-            name,
+            None if made.archive is None else name,  # None: the workspace did not change
             made.size,
             made.sha256,
             shell_data(made.shell),

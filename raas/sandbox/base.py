@@ -147,11 +147,14 @@ class Sandbox(ABC):
         workspace; not a root it could change: an image's)."""
         return False
 
-    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+    async def checkpoint(
+        self, snar: Path, dest: Path, max_bytes: int, unchanged: str | None = None
+    ) -> Checkpointed:
         """Write the workspace's files into the new file ``dest`` (all of them where the state
         file ``snar`` does not exist yet, else the changes since the checkpoint that wrote it),
-        and read the shell's directory and exported variables (raas.sandbox.checkpoint). Call
-        it between tool calls, as ``fork``."""
+        and read the shell's directory and exported variables (raas.sandbox.checkpoint); where
+        the workspace's signature is still ``unchanged`` (the last one's), no archive is
+        written. Call it between tool calls, as ``fork``."""
         raise SandboxError(f"{type(self).__name__} cannot checkpoint")
 
     async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:

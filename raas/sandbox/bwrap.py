@@ -31,7 +31,13 @@ from pathlib import Path
 from raas.images.image import StoredImage
 from raas.sandbox import procs, seccomp
 from raas.sandbox.base import INSIDE_DIR, launch_env
-from raas.sandbox.checkpoint import Checkpointed, Restored, archive_tree, unpack_chain
+from raas.sandbox.checkpoint import (
+    Checkpointed,
+    Restored,
+    archive_tree,
+    tree_signature,
+    unpack_chain,
+)
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import BwrapConfig, SandboxLimits
 from raas.sandbox.fork import (
@@ -332,16 +338,21 @@ class BwrapSandbox(NamespacedSandbox):
     def can_checkpoint(self) -> bool:
         return self._root is None  # an image root's changes are not archived (yet)
 
-    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+    async def checkpoint(
+        self, snar: Path, dest: Path, max_bytes: int, unchanged: str | None = None
+    ) -> Checkpointed:
         if not self.can_checkpoint:
             raise SandboxError(f"sandbox {self.id}: an image root's changes are not checkpointed")
         state = await self._shell_state()
         init, lost = await asyncio.to_thread(self._processes)
         source = Path(f"/proc/{init}/root{self.config.workdir}")
+        signature = await asyncio.to_thread(tree_signature, source)
+        if signature is not None and signature == unchanged:  # no archive needed: no change
+            return Checkpointed(None, 0, None, state, (*lost, *state.dropped), signature)
         size, sha = await asyncio.to_thread(
             archive_tree, source, snar, dest, max_bytes, self._host_uid()
         )
-        return Checkpointed(dest, size, sha, state, (*lost, *state.dropped))
+        return Checkpointed(dest, size, sha, state, (*lost, *state.dropped), signature)
 
     async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:
         init, _ = await asyncio.to_thread(self._processes)

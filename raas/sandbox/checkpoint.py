@@ -42,15 +42,17 @@ class CheckpointTooLarge(SandboxError):
 
 @dataclass(frozen=True)
 class Checkpointed:
-    """What ``Sandbox.checkpoint`` wrote: the archive (its bytes and sha256), the shell's
-    directory and exported variables (data, never code), and what it could not keep (its
-    running processes, parts of the shell's state), in words."""
+    """What ``Sandbox.checkpoint`` wrote: the archive (its bytes and sha256; None where the
+    workspace had not changed since the checkpoint whose ``signature`` was given), the shell's
+    directory and exported variables (data, never code), what it could not keep (its running
+    processes, parts of the shell's state) in words, and the workspace's ``signature`` now."""
 
-    archive: Path
+    archive: Path | None
     size: int
-    sha256: str
+    sha256: str | None
     shell: ShellState | None
     lost: tuple[str, ...] = ()
+    signature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,4 +213,38 @@ def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             digest.update(chunk)
+    return digest.hexdigest()
+
+
+# Past this many entries a workspace's signature is not taken (each checkpoint archives then).
+SIGNATURE_ENTRIES = 100_000
+
+
+def tree_signature(source: Path, max_entries: int = SIGNATURE_ENTRIES) -> str | None:
+    """A digest of what every entry of directory ``source`` is (its path, inode, type and
+    mode, size, and modification and change times in ns), walked without following a link and
+    reading no file: equal digests mean nothing was written, made, removed or renamed between
+    them (a change time cannot be set back by the sandbox's user). None where the tree holds
+    more than ``max_entries``, or changes under the walk. Runs in a thread."""
+    digest = hashlib.sha256()
+    count = 0
+    stack = [(source, "")]
+    try:
+        while stack:
+            folder, prefix = stack.pop()
+            with os.scandir(folder) as entries:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    count += 1
+                    if count > max_entries:
+                        return None
+                    st = entry.stat(follow_symlinks=False)
+                    rel = f"{prefix}/{entry.name}"
+                    digest.update(
+                        f"{rel!r} {st.st_ino} {st.st_mode} {st.st_size}"
+                        f" {st.st_mtime_ns} {st.st_ctime_ns}\n".encode()
+                    )
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((Path(entry.path), rel))
+    except OSError:
+        return None
     return digest.hexdigest()

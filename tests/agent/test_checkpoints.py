@@ -184,12 +184,18 @@ class SlowSandbox:
     def __init__(self) -> None:
         self.go = asyncio.Event()
         self.reads = 0
+        self.version = 0  # what its workspace holds: a new version is a change
 
-    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+    async def checkpoint(
+        self, snar: Path, dest: Path, max_bytes: int, unchanged: str | None = None
+    ) -> Checkpointed:
         self.reads += 1
         await self.go.wait()
+        signature = f"files-{self.version}"
+        if signature == unchanged:
+            return Checkpointed(None, 0, None, None, (), signature)
         dest.write_bytes(b"x")
-        return Checkpointed(dest, 1, hashlib.sha256(b"x").hexdigest(), None, ())
+        return Checkpointed(dest, 1, hashlib.sha256(b"x").hexdigest(), None, (), signature)
 
 
 async def test_the_turn_boundary_returns_before_the_sandbox_is_read(tmp_path: Path) -> None:
@@ -204,6 +210,7 @@ async def test_the_turn_boundary_returns_before_the_sandbox_is_read(tmp_path: Pa
     await asyncio.wait_for(tools, 5)  # ...and only for it
     await ck.close()
     assert [r.turn for r in book.rows] == [1] and book.rows[0].base == 1
+    sandbox.version = 1
     await ck.after_turn(2, steps[1])
     await ck.close()
     assert [(r.from_turn, r.turn, r.base) for r in book.rows] == [(0, 1, 1), (1, 2, 1)]
@@ -252,3 +259,30 @@ async def test_a_resumed_run_goes_on_from_its_turns_with_a_chain_of_its_own(
     (row,) = book.rows
     assert (row.from_turn, row.turn, row.base) == (2, 3, 3)  # a new base: all files again
     assert row.delta["response_ids"] == [12, 22, 32] and "prompt_ids" not in row.delta
+
+
+async def test_a_turn_that_changed_no_file_writes_no_archive_and_still_resumes(
+    tmp_path: Path,
+) -> None:
+    book, sandbox = Book(tmp_path), SlowSandbox()
+    sandbox.go.set()
+    steps = grown(3)
+    ck = Checkpointer(book, "j", PRINT, sandbox, Trajectory(), every=1)  # type: ignore[arg-type]
+    await ck.after_turn(1, steps[0])
+    await ck.before_tools()  # as the loop: the next turn's tools wait for the read
+    await ck.after_turn(2, steps[1])  # nothing changed: no archive
+    await ck.before_tools()
+    sandbox.version = 1  # the tools changed a file
+    await ck.after_turn(3, steps[2])
+    await ck.close()
+    assert [(r.turn, r.archive is not None) for r in book.rows] == [
+        (1, True),
+        (2, False),
+        (3, True),
+    ]
+    point, _ = resume_point(book.rows, PRINT, tmp_path, files=True)
+    assert point is not None and point.turn == 3 and len(point.archives) == 2
+    # The chain's first row must hold every file: one without an archive cannot start it.
+    first = book.rows[0]
+    book.rows[0] = TurnCheckpoint(**{**first.__dict__, "archive": None})
+    assert resume_point(book.rows, PRINT, tmp_path, files=True)[0] is None
