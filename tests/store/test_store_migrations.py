@@ -3,7 +3,8 @@
 Each tests/fixtures/store/vN.sql is a database as the raas releases of store version N wrote it:
 their CREATE statements and a few rows (finished, failed with a partial trajectory, queued, in
 flight) with that version's columns and result JSON. Version 3 was also written with its
-user_version (3) by the raas that kept it, before version 4 (tenants) came.
+user_version (3) by the raas that kept it, before version 4 (tenants) came; version 4 was
+written with its user_version (4) until version 5 (checkpoints) came.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from raas.wire import ErrorInfo, RolloutResult, Timing, Trajectory
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "store"
 # The versions raas wrote before it kept user_version (each fixture's user_version is 0).
 UNVERSIONED = [1, 2, 3]
+# The versions raas wrote with their user_version (the fixture sets it).
+VERSIONED = [4]
 RESTART = ErrorInfo(
     type="server_restart",
     message="the service stopped while this job was run",
@@ -48,27 +51,37 @@ def dump(db: Path) -> list[str]:
         return list(conn.iterdump())
 
 
-def shape(db: Path) -> tuple[set[tuple[object, ...]], dict[str, list[str]]]:
-    """The jobs table's columns (in any order) and each index's columns."""
+def shape(db: Path) -> tuple[dict[str, set[tuple[object, ...]]], dict[str, list[str]]]:
+    """Each table's columns (in any order) and each index's columns."""
     with closing(sqlite3.connect(db)) as conn:
-        columns = {tuple(row[1:]) for row in conn.execute("PRAGMA table_info(jobs)")}
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        columns = {
+            t: {tuple(row[1:]) for row in conn.execute(f"PRAGMA table_info({t})")} for t in tables
+        }
         names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")]
         indexes = {n: [r[2] for r in conn.execute(f"PRAGMA index_info({n})")] for n in names}
     return columns, indexes
+
+
+def jobs_rows(db: Path) -> list[tuple[object, ...]]:
+    with closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT * FROM jobs ORDER BY job_id").fetchall()
 
 
 async def test_a_new_database_is_made_at_the_current_version(tmp_path: Path) -> None:
     store = ResultStore(tmp_path / "new.db")
     await store.open()
     await store.close()
-    # A version 5 needs a fixture of version 4 as that raas writes it (user_version 4), here.
-    assert user_version(tmp_path / "new.db") == schema.VERSION == len(UNVERSIONED) + 1
+    # A version 6 needs a fixture of version 5 as that raas writes it (user_version 5), here.
+    assert user_version(tmp_path / "new.db") == schema.VERSION
+    assert [*UNVERSIONED, *VERSIONED] == list(range(1, schema.VERSION))
+    assert all((FIXTURES / f"v{v}.sql").is_file() for v in range(1, schema.VERSION))
 
 
 @pytest.mark.parametrize(
     ("version", "extra_sql"),
     [
-        *((v, "") for v in UNVERSIONED),
+        *((v, "") for v in [*UNVERSIONED, *VERSIONED]),
         # An old raas added columns one commit at a time: one stopped between two of them.
         (1, "ALTER TABLE jobs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1;"),
         (2, "ALTER TABLE jobs ADD COLUMN error_type TEXT;"),
@@ -80,8 +93,11 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
     tmp_path: Path, version: int, extra_sql: str
 ) -> None:
     db = written_by(version, tmp_path / "old.db", extra_sql)
+    before_open = jobs_rows(db)
     store = ResultStore(db)
     await store.open()
+    if version >= 4:  # 4 -> 5 adds a table: every row of jobs is as it was, byte for byte
+        assert jobs_rows(db) == before_open
 
     done, failed = (await store.finished()).records
     assert (done.job_id, done.state, done.seq, done.data_source) == (
@@ -126,6 +142,11 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
     assert (running.job_id, running.state, running.instance_id) == ("run-4", "run", None)
     expected = (1, []) if version == 1 else (2, [RESTART])
     assert (running.attempts, running.attempt_errors) == expected
+    assert queued.tenant == running.tenant == "default"
+    # The checkpoints' table (version 5) is there, empty, and keeps a row of a job in flight.
+    assert await store.checkpoints("run-4") == []
+    await store.add_checkpoint("run-4", 0, 1, None, {"delta": {}})
+    assert [r["turn"] for r in await store.checkpoints("run-4")] == [1]
 
     # The dashboard's columns: written by version 3, read out of each result before it.
     error_type = "RuntimeError" if version == 1 else "PolicyError"
