@@ -187,7 +187,9 @@ async def test_an_open_removes_what_finished_jobs_and_others_left_and_keeps_what
             (result("live-1").model_dump_json(),),
         )
         conn.execute(
-            "INSERT INTO checkpoints VALUES ('ghost', 1, 0, NULL, ?)", (json.dumps({"a": 1}),)
+            "INSERT INTO checkpoints (job_id, turn, from_turn, archive, data)"
+            " VALUES ('ghost', 1, 0, NULL, ?)",
+            (json.dumps({"a": 1}),),
         )
 
     store = ResultStore(store.path)
