@@ -330,11 +330,16 @@ class BwrapSandbox(NamespacedSandbox):
 
     @property
     def can_checkpoint(self) -> bool:
-        return self._root is None  # an image root's changes are not archived (yet)
+        # An image root's changes are not archived (yet). The image, not the root, says so:
+        # the root is planned only at the start, and a sandbox not yet started must say no.
+        return self.image is None
 
-    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+    def _check_checkpoints(self) -> None:
         if not self.can_checkpoint:
             raise SandboxError(f"sandbox {self.id}: an image root's changes are not checkpointed")
+
+    async def checkpoint(self, snar: Path, dest: Path, max_bytes: int) -> Checkpointed:
+        self._check_checkpoints()
         state = await self._shell_state()
         init, lost = await asyncio.to_thread(self._processes)
         source = Path(f"/proc/{init}/root{self.config.workdir}")
@@ -344,6 +349,7 @@ class BwrapSandbox(NamespacedSandbox):
         return Checkpointed(dest, size, sha, state, (*lost, *state.dropped))
 
     async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:
+        self._check_checkpoints()  # its workspace alone would not be the image sandbox's state
         init, _ = await asyncio.to_thread(self._processes)
         target = Path(f"/proc/{init}/root{self.config.workdir}")
         await asyncio.to_thread(unpack_chain, archives, target, self._host_uid())
