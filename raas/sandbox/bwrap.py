@@ -342,17 +342,15 @@ class BwrapSandbox(NamespacedSandbox):
         self._check_checkpoints()
         state = await self._shell_state()
         init, lost = await asyncio.to_thread(self._processes)
-        source = Path(f"/proc/{init}/root{self.config.workdir}")
         size, sha = await asyncio.to_thread(
-            archive_tree, source, snar, dest, max_bytes, self._host_uid()
+            archive_tree, init, self.config.workdir, snar, dest, max_bytes, self._host_uid()
         )
         return Checkpointed(dest, size, sha, state, (*lost, *state.dropped))
 
     async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:
         self._check_checkpoints()  # its workspace alone would not be the image sandbox's state
         init, _ = await asyncio.to_thread(self._processes)
-        target = Path(f"/proc/{init}/root{self.config.workdir}")
-        await asyncio.to_thread(unpack_chain, archives, target, self._host_uid())
+        await asyncio.to_thread(unpack_chain, archives, init, self._host_uid())
         if shell is None:
             return Restored()
         restored = await self.bash(shell.restore_command())
