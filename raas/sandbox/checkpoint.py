@@ -48,7 +48,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from raas.sandbox.client import SandboxError
-from raas.sandbox.fork import NAME, ShellState
+from raas.sandbox.fork import (
+    MAX_PATH_BYTES,
+    MAX_VARIABLES,
+    NAME,
+    NOT_CARRIED,
+    NOT_CARRIED_PREFIXES,
+    VALUE_BYTES,
+    ShellState,
+)
 from raas.sandbox.rootfs import TOOLS_PATH
 
 ARCHIVE_TIMEOUT_S = 600.0
@@ -92,27 +100,47 @@ def shell_data(state: ShellState | None) -> dict[str, object] | None:
 
 
 def shell_of(data: object) -> ShellState | None:
-    """The ShellState of ``shell_data``'s output, checked again as the parse checks it (a name
-    that is no identifier, a relative directory: not kept); None for anything else."""
+    """The ShellState of ``shell_data``'s output, checked again as ``ShellState.parse`` checks
+    the shell's output (a row is data the job's sandbox shaped, read back from the store, and
+    ``restore_command`` quotes values and the path but trusts the names, and that no variable
+    kept is one the shell reads as code): a variable whose name is no identifier or is
+    NOT_CARRIED (BASH_ENV, PROMPT_COMMAND, SHELLOPTS...), whose value is over VALUE_BYTES or
+    holds what no shell output does (NUL, what is not UTF-8), or past MAX_VARIABLES is not
+    kept; nor a directory that is not absolute or is over MAX_PATH_BYTES. None for anything
+    that is no such data."""
     if not isinstance(data, dict):
         return None
     cwd = data.get("cwd")
-    cwd = cwd if isinstance(cwd, str) and cwd.startswith("/") else None
+    cwd = cwd if isinstance(cwd, str) and _text(cwd, MAX_PATH_BYTES) and cwd[:1] == "/" else None
     env_data = data.get("env")
     env: tuple[tuple[str, str], ...] | None = None
     if isinstance(env_data, list):
-        env = tuple(
-            (pair[0], pair[1])
-            for pair in env_data
-            if isinstance(pair, list)
-            and len(pair) == 2
-            and isinstance(pair[0], str)
-            and isinstance(pair[1], str)
-            and NAME.fullmatch(pair[0])
-        )
+        pairs = [pair for pair in env_data if isinstance(pair, list) and len(pair) == 2]
+        kept = {name: value for name, value in pairs if _carried(name, value)}
+        env = tuple(kept.items())[:MAX_VARIABLES]
     dropped = data.get("dropped")
-    kept = tuple(d for d in dropped if isinstance(d, str)) if isinstance(dropped, list) else ()
-    return ShellState(cwd, env, kept)
+    told = tuple(d for d in dropped if isinstance(d, str)) if isinstance(dropped, list) else ()
+    return ShellState(cwd, env, told)
+
+
+def _carried(name: object, value: object) -> bool:
+    return (
+        isinstance(name, str)
+        and NAME.fullmatch(name) is not None
+        and name not in NOT_CARRIED
+        and not name.startswith(NOT_CARRIED_PREFIXES)
+        and isinstance(value, str)
+        and _text(value, VALUE_BYTES)
+    )
+
+
+def _text(text: str, limit: int) -> bool:
+    """Whether ``text`` is what the shell's output (UTF-8, NUL-separated) could have held, in
+    at most ``limit`` bytes."""
+    try:
+        return "\0" not in text and len(text.encode()) <= limit
+    except UnicodeEncodeError:  # a lone surrogate, from JSON's \ud800
+        return False
 
 
 def _as_uid(uid: int | None) -> list[str]:

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import tarfile
@@ -30,6 +31,7 @@ from raas.sandbox import (
 )
 from raas.sandbox.bwrap import BwrapSandbox
 from raas.sandbox.checkpoint import CheckpointTooLarge, shell_data, shell_of
+from raas.sandbox.fork import MAX_VARIABLES, VALUE_BYTES, ShellState
 
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(action_timeout_s=60, max_processes=64, disk_bytes=64 * MiB)
@@ -418,3 +420,212 @@ def test_a_tar_that_never_ends_is_killed_at_the_deadline(
     with open(tmp_path / "out", "wb") as out:
         size, _, code, error = checkpoint._stream(["sh", "-c", "echo hi; echo e >&2"], out, CAP, ())
     assert (size, code, error) == (3, 0, b"e\n")
+
+
+async def test_special_files_neither_stall_nor_break_the_chain(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    source = await sandboxes()
+    # Attack: a fifo with a writer that never writes (a reader of it would wait for ever), a
+    # socket, and the one device node a sandbox can make (0/0, an overlay whiteout).
+    await run(source, "mkfifo fifo && (exec 3<>fifo; sleep 300) & mknod white c 0 0")
+    await run(source, "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    await run(source, "echo kept > f")
+    made = await bounded(source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP))
+    fresh = await sandboxes()
+    await fresh.restore([made.archive], None)
+    # Control: the fifo and the whiteout come back as what they are; the socket (no file) not.
+    want = await manifest(source)
+    assert want["tree"].pop("sock")[1] == "s"
+    assert want["tree"]["fifo"][1] == "p" and want["tree"]["white"][1] == "c"
+    assert await manifest(fresh) == want
+    assert await fresh.read_file("/workspace/f") == b"kept\n"
+
+
+async def test_sparse_files_of_many_times_the_disk_stay_sparse(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    source = await sandboxes()
+    # Attack: a file of 1 TiB (a hole) in a 64 MiB workspace: no file may be larger than the
+    # workspace (the action server's RLIMIT_FSIZE), so that is refused...
+    refused = await source.bash("truncate -s 1T big")
+    assert refused.exit_code != 0 and "File size limit exceeded" in refused.output
+    # ... so 200 files of 63 MiB each, a byte at each one's end: 12 GiB of holes.
+    fill = "for i in $(seq 200); do printf x | dd of=s$i bs=1 seek=$((63<<20)) 2>/dev/null; done"
+    await run(source, fill)
+    made = await bounded(source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP))
+    assert made.size < 2 * MiB
+    fresh = await sandboxes()
+    await bounded(fresh.restore([made.archive], None))
+    # Control: the same files, their holes kept (what they store, not what they say they hold).
+    listing = ["find", "/workspace", "-type", "f", "-printf", "%P %s\\n"]
+    seen = sorted((await fresh.exec(listing)).stdout.splitlines())
+    assert seen == sorted((await source.exec(listing)).stdout.splitlines())
+    assert len(seen) == 201  # and big, empty: what truncate made before it was refused
+    assert (await fresh.exec(["tail", "-c", "1", "/workspace/s7"])).stdout == "x"
+    used = await fresh.exec(["du", "-s", "--block-size=1", "/workspace"])
+    assert int(used.stdout.split()[0]) < 8 * MiB
+
+
+async def test_many_empty_files_are_cut_off_at_the_cap(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    snar = jobs / "s.snar"
+    source = await sandboxes()
+    # Attack: 20,000 empty files (nothing in the tmpfs's size cap counts them), 400 of them
+    # directories: each costs the archive a header.
+    many = (
+        "import os\n"
+        "for d in range(400):\n"
+        "    os.makedirs(f'/workspace/m/{d}')\n"
+        "    for f in range(49): open(f'/workspace/m/{d}/{f}', 'w').close()\n"
+    )
+    assert (await source.exec(["python3", "-c", many], timeout_s=120)).exit_code == 0
+    with pytest.raises(CheckpointTooLarge):
+        await bounded(source.checkpoint(snar, jobs / "1.tar", 1 * MiB))
+    assert list(jobs.iterdir()) == []  # no archive, no state: the next one starts the chain
+    # Control: under a cap that holds them, the chain's state file is no larger than the
+    # archives (the disk it takes is what the cap counts).
+    first = await bounded(source.checkpoint(snar, jobs / "1.tar", 64 * MiB))
+    again = await bounded(source.checkpoint(snar, jobs / "2.tar", 64 * MiB))
+    assert first.size > 20_000 * 512 and snar.stat().st_size < again.size < first.size
+
+
+async def test_a_file_growing_while_tar_reads_it_is_kept_as_far_as_it_was(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    source = await sandboxes()
+    # Attack: a file that grows all the while (a tar reading to its end would never end).
+    await run(source, "(while :; do echo x; done >> grow) & until [ -s grow ]; do :; done")
+    first = await bounded(source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP))
+    second = await bounded(source.checkpoint(jobs / "s.snar", jobs / "2.tar", CAP))
+    fresh = await sandboxes()
+    await fresh.restore([first.archive, second.archive], None)
+    # Control: what was read is whole lines of it, as the file was at some moment.
+    grown = await fresh.read_file("/workspace/grow")
+    assert grown and grown == b"x\n" * (len(grown) // 2)
+
+
+async def test_names_tar_could_misread_come_back_as_names(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    source = await sandboxes()
+    # Attack: names that read as tar's options, or break a line-by-line reader, or are no
+    # UTF-8; a name of 255 bytes; a path of 4000 bytes (past tar's header's 100).
+    names = (
+        "import os\n"
+        "os.chdir('/workspace')\n"
+        "for name in [b'--to-command=touch pwned', b'--checkpoint-action=exec=touch pwned',\n"
+        "             b'--checkpoint=1', b'-P', b'-', b'a\\nb', b'\\n', b'\\xff\\xfe', b' s ',\n"
+        "             b'back\\\\slash', b'q\\'\"$(touch pwned)', b'*', b'n' * 255]:\n"
+        "    open(name, 'w').write('x')\n"
+        "deep = '/'.join(['d' * 99] * 40)\n"
+        "os.makedirs(deep)\n"
+        "open(deep + '/f', 'w').write('deep')\n"
+    )
+    assert (await source.exec(["python3", "-c", names])).exit_code == 0
+    first = await source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP)
+    await run(source, "echo more > ./--checkpoint=1 && mv ./-P ./-x")
+    second = await source.checkpoint(jobs / "s.snar", jobs / "2.tar", CAP)
+    fresh = await sandboxes()
+    await fresh.restore([first.archive, second.archive], None)
+    # Control: the same tree, and nothing ran (in either sandbox, or beside the archives).
+    assert await manifest(fresh) == await manifest(source)
+    for sandbox in (source, fresh):
+        assert (await sandbox.exec(["find", "/", "-xdev", "-name", "pwned"])).stdout == ""
+    assert sorted(p.name for p in jobs.iterdir()) == ["1.tar", "2.tar", "s.snar"]
+
+
+# -- the shell's state: data, never code --------------------------------------------------------
+
+PLANT = "touch /tmp/pwned"
+ODD_DIR = "/workspace/q'\"$(touch pwned)`touch pwned`\n; x"  # no /: one directory
+
+
+async def pwned(sandbox: Sandbox) -> bool:
+    """Whether a planted ``touch`` ran, in /tmp or where it ran (a fresh process looks)."""
+    found = await sandbox.exec(["find", "/tmp", "/workspace", "-name", "pwned"])
+    return found.stdout != ""
+
+
+async def test_the_shell_comes_back_as_data_through_a_row(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    source = await sandboxes()
+    # Attack: a directory and values that are commands to any reader that evaluates them:
+    # quotes of both kinds, $( ), backquotes, newlines, a NUL-free ; chain.
+    await source.write_file("/tmp/setup.py", f"import os; os.makedirs({ODD_DIR!r})")
+    await run(source, "python3 /tmp/setup.py && rm /tmp/setup.py")
+    values = {"V": f"$({PLANT})", "W": f"'; {PLANT}; '\n\"`{PLANT}`\"", "X": "a\\\nb"}
+    await source.bash(
+        'cd "$(printf \'q%s\' "\'\\"")"*; '
+        + "; ".join(f"export {n}={shlex.quote(v)}" for n, v in values.items())
+    )
+    made = await source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP)
+    assert made.shell is not None and made.shell.cwd == ODD_DIR
+    row = json.loads(json.dumps(shell_data(made.shell)))  # as the store keeps it
+    fresh = await sandboxes()
+    restored = await fresh.restore([made.archive], shell_of(row))
+    # Control: the directory and every value as they were, and nothing ran anywhere.
+    assert restored.lost == ()
+    seen = await fresh.bash('printf "%s\\0" "$PWD" "$V" "$W" "$X"')
+    assert seen.output.split("\0")[:4] == [ODD_DIR, *values.values()]
+    assert not await pwned(fresh) and not await pwned(source)
+
+
+def test_a_row_is_checked_again_as_the_shells_output_is() -> None:
+    # Attack: a row written by other means than raas's reading of the shell (the store's
+    # file edited): what ShellState.parse would never have kept.
+    row = {
+        "cwd": "/workspace",
+        "env": [
+            ["BASH_ENV", "/workspace/evil.sh"],  # read by every non-interactive bash
+            ["PROMPT_COMMAND", PLANT],
+            ["SHELLOPTS", "xtrace"],
+            ["BASH_FUNC_ls%%", f"() {{ {PLANT}; }}"],
+            ["A;touch pwned", "x"],
+            ["NUL", "a\0b"],  # the shell's output never holds one: it separates its records
+            ["BIG", "x" * (VALUE_BYTES + 1)],
+            ["SURROGATE", "\udcff"],
+            ["SHORT"],
+            "KEPT=1",
+            ["KEPT", "yes"],
+        ],
+        "dropped": ["said", 3],
+    }
+    state = shell_of(row)
+    assert state is not None and state.env == (("KEPT", "yes"),) and state.dropped == ("said",)
+    assert state.cwd == "/workspace"
+    for cwd in ("workspace", "/a\0b", "/" + "d" * 5000, 7, None):
+        state = shell_of({**row, "cwd": cwd})
+        assert state is not None and state.cwd is None
+    many = {"env": [[f"V{i}", "x"] for i in range(MAX_VARIABLES + 5)]}
+    state = shell_of(many)
+    assert state is not None and state.env is not None and len(state.env) == MAX_VARIABLES
+    # Control: what a real shell gave comes back as it was.
+    real = ShellState("/workspace/a b", (("A", "1"), ("B", "it's\n$(x)")), ("x (y)",))
+    assert shell_of(json.loads(json.dumps(shell_data(real)))) == real
+    assert shell_of(None) is None and shell_of(["cwd"]) is None
+
+
+async def test_a_tampered_row_runs_nothing_in_the_fresh_sandbox(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    source = await sandboxes()
+    await source.write_file("/workspace/evil.sh", f"{PLANT}\n")
+    made = await source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP)
+    # Attack: BASH_ENV in the row, naming a script of the restored workspace: a bash started
+    # after the restore (the judge's, the agent's) would run it.
+    row = {"cwd": "/workspace", "env": [["BASH_ENV", "/workspace/evil.sh"], ["OK", "1"]]}
+    fresh = await sandboxes()
+    await fresh.restore([made.archive], shell_of(row))
+    seen = await fresh.bash('echo "${BASH_ENV-unset} $OK"; bash -c true')
+    assert seen.output.split("\n")[0] == "unset 1"
+    assert not await pwned(fresh)
