@@ -30,8 +30,9 @@ from raas.sandbox import (
     procs,
 )
 from raas.sandbox.bwrap import BwrapSandbox
-from raas.sandbox.checkpoint import CheckpointTooLarge, shell_data, shell_of
+from raas.sandbox.checkpoint import Checkpointed, CheckpointTooLarge, shell_data, shell_of
 from raas.sandbox.fork import MAX_VARIABLES, VALUE_BYTES, ShellState
+from tests.support.unprivileged import unprivileged_user
 
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(action_timeout_s=60, max_processes=64, disk_bytes=64 * MiB)
@@ -227,11 +228,11 @@ def archive_names(archive: Path) -> list[str]:
         return tar.getnames()
 
 
-# Swaps /workspace/x (a directory holding etc/passwd) for a link to / the moment tar opens
-# a-big, which it reads after it has listed every directory and before it reads x/etc's files
-# by their path: a host's tar that followed the link would read the host's /etc/passwd.
+# Swaps /workspace/x (a directory holding etc/passwd) for a link to argv[1] the moment tar
+# opens a-big, which it reads after it has listed every directory and before it reads x/etc's
+# files by their path: a tar on the host that followed the link would read the host's files.
 SWAP_ON_OPEN = r"""
-import ctypes, os
+import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 os.chdir("/workspace")
 fd = libc.inotify_init1(0)
@@ -239,31 +240,36 @@ assert fd >= 0 and libc.inotify_add_watch(fd, b"a-big", 0x20) >= 0  # IN_OPEN
 open("/tmp/armed", "w").close()
 os.read(fd, 4096)
 os.rename("x", "stash/x")
-os.symlink("/", "x")
-open("/tmp/swapped", "w").close()
+os.symlink(sys.argv[1], "x")
 """
+
+
+async def race_a_swap(source: Sandbox, jobs: Path, target: str) -> Checkpointed | None:
+    """A checkpoint of ``source`` while SWAP_ON_OPEN makes its x a link to ``target``: the
+    archive, or None where what the swap did to tar's walk failed it (then nothing is kept)."""
+    await run(source, "mkdir -p x/etc stash && echo mine > x/etc/passwd")
+    await run(source, "head -c 24M /dev/urandom > a-big")
+    await source.write_file("/tmp/swap.py", SWAP_ON_OPEN)
+    armed = f"python3 /tmp/swap.py {shlex.quote(target)} & until [ -e /tmp/armed ]; do :; done"
+    await run(source, armed)
+    made: Checkpointed | None = None
+    try:
+        made = await bounded(source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP))
+    except SandboxError:
+        assert list(jobs.iterdir()) == []
+    assert (await source.exec(["test", "-L", "/workspace/x"])).exit_code == 0  # it swapped
+    return made
 
 
 async def test_a_directory_swapped_for_a_link_while_tar_reads_yields_no_host_file(
     sandboxes: Callable[[], Any], tmp_path: Path
 ) -> None:
-    jobs = chain_dir(tmp_path)
-    source = await sandboxes()
-    await run(source, "mkdir -p x/etc stash && echo mine > x/etc/passwd")
-    await run(source, "head -c 24M /dev/urandom > a-big")
-    await source.write_file("/tmp/swap.py", SWAP_ON_OPEN)
-    await run(source, "python3 /tmp/swap.py & until [ -e /tmp/armed ]; do :; done")
-    try:
-        made = await bounded(source.checkpoint(jobs / "s.snar", jobs / "1.tar", CAP))
-    except SandboxError:  # what the swap did to tar's walk may fail it: then nothing is kept
-        assert sorted(p.name for p in jobs.iterdir()) == []
-    else:
-        data = made.archive.read_bytes()
-        assert HOST_ONLY not in data
+    made = await race_a_swap(await sandboxes(), chain_dir(tmp_path), "/")
+    if made is not None:
+        assert HOST_ONLY not in made.archive.read_bytes()
         # Control: the sandbox's own files are there, the big one whole.
         assert any(name.endswith("/a-big") for name in archive_names(made.archive))
         assert made.size > 24 * MiB
-    assert (await source.exec(["test", "-L", "/workspace/x"])).exit_code == 0  # it swapped
 
 
 def _members(data: bytes) -> list[tuple[int, int, bytes]]:
@@ -629,3 +635,74 @@ async def test_a_tampered_row_runs_nothing_in_the_fresh_sandbox(
     seen = await fresh.bash('echo "${BASH_ENV-unset} $OK"; bash -c true')
     assert seen.output.split("\n")[0] == "unset 1"
     assert not await pwned(fresh)
+
+
+# -- rootless: raas's own files are the sandbox's user's ------------------------------------------
+
+# Run as the unprivileged user: the swap race towards LOOT (the user's own: where a rootless raas
+# keeps its database), a chain that writes through a link into TARGET (the user's too), and a
+# chain restored whole (the control). Prints what it found, as JSON.
+ROOTLESS = r"""
+import asyncio, json, os, sys
+from pathlib import Path
+from raas.sandbox import BwrapConfig, SandboxError, create_sandbox
+from tests.sandbox.test_sandbox_checkpoint import (
+    CAP, LIMITS, manifest, race_a_swap, run, swap_member,
+)
+
+async def main(loot, target):
+    home = Path(os.environ["HOME"])
+    config = BwrapConfig(limits=LIMITS, runtime_dir=Path(os.environ["RAAS_SANDBOX_DIR"]))
+    made, report = [], {}
+
+    async def sandbox():
+        made.append(create_sandbox(config))
+        await made[-1].start()
+        return made[-1]
+
+    def jobs(name):
+        (home / name).mkdir(mode=0o700)
+        return home / name
+
+    try:
+        raced = await race_a_swap(await sandbox(), jobs("race"), loot)
+        report["loot"] = raced is not None and b"raas-secret" in raced.archive.read_bytes()
+        chain, source = jobs("chain"), await sandbox()
+        await run(source, f"ln -s {target} z")
+        first = await source.checkpoint(chain / "s.snar", chain / "1.tar", CAP)
+        await run(source, "mkdir p && echo pwned > p/planted")
+        second = await source.checkpoint(chain / "s.snar", chain / "2.tar", CAP)
+        forged = swap_member(second.archive, "p", "z", chain / "2-forged.tar")
+        try:
+            await (await sandbox()).restore([first.archive, forged], None)
+        except SandboxError:
+            pass
+        report["planted"] = os.listdir(target)
+        fresh = await sandbox()
+        await fresh.restore([first.archive, second.archive], None)
+        report["whole"] = await manifest(fresh) == await manifest(source)
+    finally:
+        for each in made:
+            await each.close()
+    print(json.dumps(report))
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def test_rootless_no_link_leads_tar_to_raas_own_files() -> None:
+    with unprivileged_user() as user:
+        loot, target = user.home / "loot", user.home / "target"
+        (loot / "etc").mkdir(parents=True)
+        (loot / "etc" / "passwd").write_text("raas-secret\n")
+        target.mkdir()
+        for path in (loot, loot / "etc", loot / "etc" / "passwd", target):
+            os.chown(path, user.uid, user.uid)
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        done = user.python_run("-c", ROOTLESS, str(loot), str(target), timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.splitlines()[-1])
+    # Attack: a rootless raas's tar runs as the user that owns raas's files.
+    assert report["loot"] is False and report["planted"] == []
+    # Control: as that user, a chain comes back whole.
+    assert report["whole"] is True
