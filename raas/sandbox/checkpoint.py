@@ -16,8 +16,8 @@ into the sandbox's root (``in_sandbox``), so that whatever link it follows resol
 files the sandbox holds anyway (the host's uid alone would still read every file of the host a
 stranger may read, and rootless every file of raas's). It stays in the host's PID namespace,
 out of the sandbox's sight. The dump's state file is opened where tar starts, a directory of
-its own beside the archives (the only thing tar reaches outside the sandbox, and from which
-``..`` leads nowhere: its parent is closed to it). Its output is counted as it streams and cut
+its own beside the archives: the one name tar looks up outside the sandbox's root (every
+member is named from the workspace's absolute path). Its output is counted as it streams and cut
 off at the cap, its errors read as they come (a tar blocked on a full error pipe would never
 end its output), and the whole is held to ARCHIVE_TIMEOUT_S. An archive is written where only
 raas can write (mode 0600, made new: ``O_EXCL``), hashed (sha256) and synced before it is
@@ -35,7 +35,6 @@ capped), which the agent is about to be given anyway.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import selectors
@@ -171,58 +170,50 @@ def archive_tree(
     """Archive directory ``workdir`` of the sandbox whose init is host PID ``init`` into the
     new file ``dest``: everything when ``snar`` does not exist yet, else what changed since the
     dump that wrote it (which it then replaces). tar runs as ``uid`` in the sandbox's root
-    (``in_sandbox``), in a directory of its own beside ``snar`` that holds only its state file,
-    whose parent is closed to it (mode 0: nothing of raas's is reachable by ``..``). Returns
-    (bytes, sha256); CheckpointTooLarge past ``max_bytes``, SandboxError past
-    ARCHIVE_TIMEOUT_S, with ``dest`` removed and ``snar`` as it was. Runs in a thread."""
-    scratch = snar.with_name(snar.name + ".d")
-    _remove(scratch)  # a crash's
-    scratch.mkdir(mode=0o700)
+    (``in_sandbox``), working in a directory of its own beside ``snar`` that holds its state
+    file alone. Returns (bytes, sha256); CheckpointTooLarge past ``max_bytes``, SandboxError
+    past ARCHIVE_TIMEOUT_S, with ``dest`` removed and ``snar`` as it was. Runs in a thread."""
+    work = snar.with_name(snar.name + ".d")
+    shutil.rmtree(work, ignore_errors=True)  # a crash's
+    work.mkdir(mode=0o700)
     try:
-        work = scratch / "tar"
-        work.mkdir(mode=0o700)
         state = work / STATE
         fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with open(fd, "wb") as new:  # empty: a first dump (level 0)
             if snar.exists():
-                new.write(snar.read_bytes())
+                with open(os.open(snar, os.O_RDONLY | os.O_NOFOLLOW), "rb") as old:
+                    shutil.copyfileobj(old, new)
         if uid is not None:  # tar runs as the sandbox's uid: it may write here, nowhere else
             os.chown(work, uid, uid)
             os.chown(state, uid, uid)
         wd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            scratch.chmod(0)
             pack = [
                 *in_sandbox(init, uid, f"/proc/self/fd/{wd}"),
                 "tar",
-                f"--listed-incremental={STATE}",  # opened where tar starts: its own directory
+                # The one name tar looks up outside the sandbox's root: where it starts (its
+                # own directory; above it, raas's 0700 one, which the sandbox's uid may not
+                # enter where raas is root).
+                f"--listed-incremental={STATE}",
                 "--no-check-device",
                 "--numeric-owner",
                 "--sparse",
                 "--xattrs",
                 "-cf",
                 "-",
-                # Absolute (in the sandbox's root), and no -C: tar asks for no working
-                # directory's path (getcwd), which outside its root it would not get. The
-                # members are named without the leading /: workspace/...
+                # Absolute, so that every member is looked up from the sandbox's root; and no
+                # -C, so that tar asks for no working directory's path (getcwd), which outside
+                # its root it could not get. Members are named without the /: workspace/...
                 workdir,
             ]
             size, sha = _archive(pack, wd, dest, max_bytes)
         finally:
             os.close(wd)
-            scratch.chmod(0o700)
-        _fsync(state)
+        _fsync(state)  # and a file still, no link (O_NOFOLLOW), before it becomes the chain's
         os.replace(state, snar)
     finally:
-        _remove(scratch)
+        shutil.rmtree(work, ignore_errors=True)
     return size, sha
-
-
-def _remove(scratch: Path) -> None:
-    """Remove tar's directory, left closed (mode 0) where a crash came in between."""
-    with contextlib.suppress(FileNotFoundError):
-        scratch.chmod(0o700)
-        shutil.rmtree(scratch)
 
 
 def _fsync(path: Path) -> None:
