@@ -256,20 +256,41 @@ async def race_a_swap(source: Sandbox, jobs: Path, target: str) -> Checkpointed 
     return made
 
 
+# The link's target: the root (a host's tar would read the host's), or tar's own root by /proc
+# (a host's tar would read the host's again; in the sandbox's root, /proc is the sandbox's,
+# where tar has no "self": nothing is there to read).
+@pytest.mark.parametrize("target", ["/", "/proc/self/root"])
 async def test_a_directory_swapped_for_a_link_while_tar_reads_yields_no_host_file(
-    sandboxes: Callable[[], Any], tmp_path: Path
+    sandboxes: Callable[[], Any], tmp_path: Path, target: str
 ) -> None:
-    made = await race_a_swap(await sandboxes(), chain_dir(tmp_path), "/")
+    made = await race_a_swap(await sandboxes(), chain_dir(tmp_path), target)
     assert made is not None  # the swap leaves tar a walk it can finish
     assert HOST_ONLY not in made.archive.read_bytes()
     # Control: tar read x/etc/passwd through the link (the sandbox's own /etc/passwd), or
-    # before the swap (the file the sandbox wrote); the big file is there, whole.
+    # before the swap (the file the sandbox wrote), or found nothing there; the big file is
+    # there, whole.
     with tarfile.open(made.archive) as tar:
-        read = tar.extractfile("workspace/x/etc/passwd")
-        assert read is not None
-        passwd = read.read()
-        assert passwd == b"mine\n" or passwd.startswith(b"sandbox:x:1000:")
+        names = tar.getnames()
         assert tar.getmember("workspace/a-big").size == 24 * MiB
+        if target == "/" or "workspace/x/etc/passwd" in names:
+            read = tar.extractfile("workspace/x/etc/passwd")
+            assert read is not None
+            passwd = read.read()
+            assert passwd == b"mine\n" or passwd.startswith(b"sandbox:x:1000:")
+
+
+async def test_a_hard_link_to_a_file_outside_the_workspace_cannot_be_made(
+    sandboxes: Callable[[], Any],
+) -> None:
+    sandbox = await sandboxes()
+    # Attack: a hard link (which tar would archive as the file) to a file of the root, or of
+    # /usr (the host's): the workspace is a file system of its own, so there is none.
+    for outside in ("/etc/passwd", "/usr/bin/env", "/tmp/x"):
+        await run(sandbox, "touch /tmp/x")
+        made = await sandbox.exec(["ln", outside, "/workspace/link"])
+        assert made.exit_code != 0 and "Invalid cross-device link" in made.stderr
+    # Control: a hard link within the workspace is made (and kept: see the chain above).
+    await run(sandbox, "touch f && ln f g")
 
 
 def _members(data: bytes) -> list[tuple[int, int, bytes]]:
