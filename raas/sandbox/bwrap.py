@@ -336,28 +336,35 @@ class BwrapSandbox(NamespacedSandbox):
 
     @property
     def can_checkpoint(self) -> bool:
-        return self._root is None  # an image root's changes are not archived (yet)
+        # An image root's changes are not archived (yet). The image, not the root, says so:
+        # the root is planned only at the start, and a sandbox not yet started must say no.
+        return self.image is None
+
+    def _check_checkpoints(self) -> None:
+        if not self.can_checkpoint:
+            raise SandboxError(f"sandbox {self.id}: an image root's changes are not checkpointed")
 
     async def checkpoint(
         self, snar: Path, dest: Path, max_bytes: int, unchanged: str | None = None
     ) -> Checkpointed:
-        if not self.can_checkpoint:
-            raise SandboxError(f"sandbox {self.id}: an image root's changes are not checkpointed")
+        self._check_checkpoints()
         state = await self._shell_state()
         init, lost = await asyncio.to_thread(self._processes)
+        # Metadata only, never a file's bytes, and never beyond the process: a link swapped in
+        # under the walk changes the digest (so an archive is written), nothing else.
         source = Path(f"/proc/{init}/root{self.config.workdir}")
         signature = await asyncio.to_thread(tree_signature, source)
         if signature is not None and signature == unchanged:  # no archive needed: no change
             return Checkpointed(None, 0, None, state, (*lost, *state.dropped), signature)
         size, sha = await asyncio.to_thread(
-            archive_tree, source, snar, dest, max_bytes, self._host_uid()
+            archive_tree, init, self.config.workdir, snar, dest, max_bytes, self._host_uid()
         )
         return Checkpointed(dest, size, sha, state, (*lost, *state.dropped), signature)
 
     async def restore(self, archives: Sequence[Path], shell: ShellState | None) -> Restored:
+        self._check_checkpoints()  # its workspace alone would not be the image sandbox's state
         init, _ = await asyncio.to_thread(self._processes)
-        target = Path(f"/proc/{init}/root{self.config.workdir}")
-        await asyncio.to_thread(unpack_chain, archives, target, self._host_uid())
+        await asyncio.to_thread(unpack_chain, archives, init, self._host_uid())
         if shell is None:
             return Restored()
         restored = await self.bash(shell.restore_command())
