@@ -188,6 +188,42 @@ async def test_an_archive_over_its_cap_leaves_nothing_and_the_chain_goes_on(
     assert await manifest(fresh) == await manifest(source)
 
 
+async def test_a_workspace_that_did_not_change_writes_no_archive(
+    sandboxes: Callable[[], Any], tmp_path: Path
+) -> None:
+    jobs = chain_dir(tmp_path)
+    snar = jobs / "chain.snar"
+    source = await sandboxes()
+    await run(source, "mkdir d && echo one > d/f && cd d && export MARK=1")
+    first = await source.checkpoint(snar, jobs / "1.tar", CAP)
+    assert first.archive is not None and first.signature is not None
+    # Reads, a directory change and a variable: no file changed, so no archive (the shell's
+    # state is read all the same).
+    await run(source, "cat f; ls -la /workspace; cd /workspace && export MARK=2")
+    same = await source.checkpoint(snar, jobs / "2.tar", CAP, unchanged=first.signature)
+    assert (same.archive, same.signature) == (None, first.signature)
+    assert not (jobs / "2.tar").exists() and same.shell is not None
+    assert same.shell.cwd == "/workspace" and ("MARK", "2") in (same.shell.env or ())
+    # Each kind of change is seen: the same bytes written again, a touch back in time, a
+    # rename, a mode.
+    changes = [
+        "echo one > d/f",
+        "touch -d @0 d/f",
+        "mv d/f d/g",
+        "chmod 600 d/g",
+    ]
+    last = same.signature
+    for i, change in enumerate(changes, start=3):
+        await run(source, change)
+        made = await source.checkpoint(snar, jobs / f"{i}.tar", CAP, unchanged=last)
+        assert made.archive is not None and made.signature != last, change
+        last = made.signature
+    fresh = await sandboxes()
+    archives = [first.archive, *(jobs / f"{i}.tar" for i in range(3, 3 + len(changes)))]
+    await fresh.restore(archives, None)
+    assert await manifest(fresh) == await manifest(source)
+
+
 async def test_image_sandboxes_do_not_checkpoint(tmp_path: Path) -> None:
     image = StoredImage("example.org/swe/any:1", "sha256:00", (tmp_path / "layer",), ())
     sandbox = BwrapSandbox(BwrapConfig(limits=LIMITS), image)
