@@ -365,6 +365,7 @@ class Checkpointer:
         row = TurnCheckpoint(self.job_id, from_turn, turn, self.fingerprint, part)
         sandbox = self.sandbox
         if sandbox is None:
+            reading.set()  # no sandbox to read: the next tools need not wait for the row
             return row
         try:
             job_dir = await asyncio.to_thread(self.book.job_dir, self.job_id)

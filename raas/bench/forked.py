@@ -71,10 +71,19 @@ def serve_raas(
     uvicorn.run(app, port=port, log_level=log_level, access_log=False)
 
 
-def serve_fake_vllm(port: int, reply: Callable[[list[int]], list[int]], latency_s: float) -> None:
+def serve_fake_vllm(
+    port: int,
+    reply: Callable[[list[int]], list[int]],
+    latency_s: float,
+    answered: Callable[[list[int]], None] | None = None,
+    jitter: float = 0.0,
+) -> None:
     """A fake model behind vLLM's ``/v1/completions`` (token ids in, ids and logprobs out), for
-    the benchmarks: ``reply(prompt_ids)`` gives the answer's ids, sent after ``latency_s``."""
+    the benchmarks: ``reply(prompt_ids)`` gives the answer's ids, sent after ``latency_s`` (times
+    a uniform draw from 1 - ``jitter`` to 1 + ``jitter``); ``answered(prompt_ids)``, where
+    given, is called as it is sent."""
     import asyncio
+    import random
 
     import uvicorn
     from starlette.applications import Starlette
@@ -88,7 +97,9 @@ def serve_fake_vllm(port: int, reply: Callable[[list[int]], list[int]], latency_
         except ClientDisconnect:  # raas was killed mid-request (raas bench soak does that)
             return Response(status_code=499)
         ids = reply(body["prompt"])
-        await asyncio.sleep(latency_s)
+        await asyncio.sleep(latency_s * random.uniform(1 - jitter, 1 + jitter))
+        if answered is not None:
+            answered(body["prompt"])
         choice = {
             "index": 0,
             "text": "",

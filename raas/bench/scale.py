@@ -72,26 +72,35 @@ def tool_call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def serve_thinking_llm(port: int, turns: int, latency_s: float) -> None:
-    """vLLM's /v1/completions: ``think`` until turns - 1 turns are taken, then ``finish``.
+class ThinkingModel:
+    """The scripted model: ``think`` until turns - 1 turns are taken, then ``finish``.
 
     raas sends back the exact token ids of the conversation, so the assistant headers in the
     prompt count the turns taken (the last one opens the turn being asked for). Each thought
     differs: raas stops an agent that repeats the same call.
     """
-    tokenizer = load_tokenizer("smollm2")
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    header = _as_bytes(encode(tokenizer, "<|im_start|>assistant"))
-    replies = [
-        encode(tokenizer, tool_call("think", thought=f"step {k}")) + [eos] for k in range(turns - 1)
-    ]
-    replies.append(encode(tokenizer, tool_call("finish", answer="42")) + [eos])
 
-    def reply(prompt: list[int]) -> list[int]:
-        taken = _as_bytes(prompt).count(header) - 1
-        return replies[min(taken, turns - 1)]
+    def __init__(self, turns: int) -> None:
+        self.tokenizer = load_tokenizer("smollm2")
+        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.header = _as_bytes(encode(self.tokenizer, "<|im_start|>assistant"))
+        self.replies = [
+            encode(self.tokenizer, tool_call("think", thought=f"step {k}")) + [eos]
+            for k in range(turns - 1)
+        ]
+        self.replies.append(encode(self.tokenizer, tool_call("finish", answer="42")) + [eos])
 
-    serve_fake_vllm(port, reply, latency_s)
+    def turn(self, prompt: list[int]) -> int:
+        """The turn ``prompt`` asks for (0: the first)."""
+        return _as_bytes(prompt).count(self.header) - 1
+
+    def reply(self, prompt: list[int]) -> list[int]:
+        return self.replies[min(self.turn(prompt), len(self.replies) - 1)]
+
+
+def serve_thinking_llm(port: int, turns: int, latency_s: float) -> None:
+    """vLLM's /v1/completions answering as ``ThinkingModel(turns)``, after ``latency_s``."""
+    serve_fake_vllm(port, ThinkingModel(turns).reply, latency_s)
 
 
 def think_settings(db: Path, llm: list[str], workers: int, **more: Any) -> ServeSettings:
