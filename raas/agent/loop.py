@@ -16,7 +16,7 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import Field
 
-from raas.agent.tools import Tool, call_tool, schema
+from raas.agent.tools import Tool, call_tool, schema, touches_sandbox
 from raas.llm.chat import encode, render_text, turn_delta
 from raas.llm.toolcalls import ToolCallParser, get_parser
 from raas.llm.types import WHOLE, Generation, SamplingParams
@@ -153,7 +153,9 @@ class AgentLoop:
             traj.turns.append(record)
             observations = [{"role": "tool", "content": _format_error(e)} for e in parsed.errors]
             finished = False
-            if parsed.calls and self.before_tools is not None:
+            if self.before_tools is not None and any(
+                touches_sandbox(self.tools.get(c.name)) for c in parsed.calls
+            ):
                 await self.before_tools()
             for call in parsed.calls:  # parallel calls run in order
                 outcome = await call_tool(self.tools, call.name, call.arguments, self.sandbox)

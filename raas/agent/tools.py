@@ -22,13 +22,20 @@ class Tool(Protocol):
     """A tool: its name, description and JSON-schema parameters are what the model is shown;
     a call gets the parsed arguments and the job's sandbox (None for tasks without one). A
     mistake of the model's (a bad argument, a refused action) is best returned as an
-    observation, or raised as ToolError, so the model can correct itself."""
+    observation, or raised as ToolError, so the model can correct itself. A tool may say
+    ``touches_sandbox = False`` (it neither reads nor changes the sandbox: think, finish); its
+    calls then never wait for a checkpoint's read of the sandbox (``touches_sandbox``)."""
 
     name: str
     description: str
     parameters: dict[str, Any]
 
     async def __call__(self, args: dict[str, Any], sandbox: Sandbox | None) -> ToolOutcome: ...
+
+
+def touches_sandbox(tool: Tool | None) -> bool:
+    """Whether a call of ``tool`` may read or change the sandbox (an unknown one: it may)."""
+    return tool is None or bool(getattr(tool, "touches_sandbox", True))
 
 
 def schema(tool: Tool) -> dict[str, Any]:
@@ -119,6 +126,7 @@ class EditorTool:
 
 class FinishTool:
     name = "finish"
+    touches_sandbox = False
     description = "End the task. Give the final answer (for questions) or a short message."
     parameters = _obj({"answer": {"type": "string"}, "message": {"type": "string"}}, [])
 
@@ -129,6 +137,7 @@ class FinishTool:
 
 class ThinkTool:
     name = "think"
+    touches_sandbox = False
     description = "Think out loud; nothing happens, the thought is recorded."
     parameters = _obj({"thought": {"type": "string"}}, ["thought"])
 

@@ -209,3 +209,31 @@ async def test_a_loop_that_fails_before_a_turn_says_no_stop_reason(
     with pytest.raises(NoBackendAvailable):
         await loop.run("job", start(), traj)
     assert traj.stop_reason is None and traj.turns == []  # not "max_turns": none was taken
+
+
+async def test_only_calls_that_touch_the_sandbox_wait_for_a_checkpoints_read(
+    tok: Any, sandbox: Sandbox
+) -> None:
+    waited: list[int] = []  # the turn numbers (done so far) at which the tools waited
+    turns_done = [0]
+
+    async def after_turn(turns: int, trajectory: Trajectory) -> None:
+        turns_done[0] = turns
+
+    async def before_tools() -> None:
+        waited.append(turns_done[0])
+
+    turns = [
+        call("think", thought="plan"),  # turn 0: thinks only (nothing to wait for)
+        call("bash", command="echo x > /workspace/f"),  # turn 1: the sandbox
+        call("think", thought="ok") + call("editor", command="view", path="/workspace/f"),
+        call("finish", answer="done"),  # turn 3
+    ]
+    policy = Scripted(tok, turns)
+    tools = select_tools(["bash", "editor", "finish", "think"])
+    loop = AgentLoop(
+        policy, tok, tools, sandbox, LoopConfig(), after_turn=after_turn, before_tools=before_tools
+    )
+    result = await loop.run("job", start(), Trajectory())
+    assert result.stop_reason == "finish"
+    assert waited == [1, 2]  # turns 1 and 2 (bash; think with the editor), not 0 or 3
