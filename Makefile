@@ -126,9 +126,10 @@ test-readme: $(STAMP) system-deps
 	$(BIN)/pytest -q -m readme tests/test_readme.py
 
 # Fault tier: a real server process with real sandboxes, broken on purpose (SIGKILL and restart,
-# a backend killed, an action server killed, a hanging judge, a trainer that hangs up).
+# a backend killed, an action server killed, a hanging judge, a trainer that hangs up, a job
+# killed mid-rollout that resumes at its last durable turn).
 test-faults: $(STAMP) system-deps
-	$(BIN)/pytest -q -m faults tests/pipeline/test_faults.py
+	$(BIN)/pytest -q -m faults tests/pipeline
 
 # Oracle tier: every bundled task (164 + 24 + 200 + 120) through a real server with the oracle
 # policy (raas.oracle), gold and sabotaged; -s shows the per-kind counts.
