@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -164,10 +165,24 @@ def unprivileged_user() -> Iterator[User]:
     after the ``with`` block. Raises RuntimeError naming what is missing where it cannot run
     raas."""
     uid = NOBODY if os.geteuid() == 0 else os.geteuid()
-    top = Path(tempfile.mkdtemp(prefix="raas-rootless-"))
     venv = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-    with traversable(REPO, *venv):
+    # One at a time across pytest's workers: ``traversable`` gives the directories their modes
+    # back at its end, which would shut out another worker's user still inside.
+    with _one_at_a_time(), traversable(REPO, *venv):
+        top = Path(tempfile.mkdtemp(prefix="raas-rootless-"))
         yield from _user_in(uid, top)
+
+
+@contextlib.contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """An exclusive lock, across processes, on this checkout's unprivileged user."""
+    lock = Path(tempfile.gettempdir()) / f"raas-unprivileged-{os.geteuid()}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def _user_in(uid: int, top: Path) -> Iterator[User]:
