@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raas.sandbox import Sandbox
-from raas.sandbox.checkpoint import CheckpointTooLarge, file_sha256, shell_data, shell_of
+from raas.sandbox.checkpoint import CheckpointTooLarge, shell_data, shell_of
+from raas.sandbox.copies import file_sha256
 from raas.sandbox.fork import ShellState
 from raas.wire import Trajectory
 

@@ -333,14 +333,6 @@ def unpack_chain(archives: Sequence[Path], init: int, uid: int | None) -> None:
             raise SandboxError(f"restoring the workspace failed: {why}")
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # Past this many entries a workspace's signature is not taken (each checkpoint archives then).
 SIGNATURE_ENTRIES = 100_000
 
