@@ -54,7 +54,7 @@ from raas.images.errors import ImageError
 from raas.images.image import StoredImage
 from raas.images.sif_dir import resolve_image
 from raas.sandbox import procs, seccomp
-from raas.sandbox.base import launch_env
+from raas.sandbox.base import Launched, launch_env
 from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig
 from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, inside_dir
@@ -200,7 +200,7 @@ class ApptainerSandbox(NamespacedSandbox):
         # child in another PID namespace is the container's init.
         return _container_namespace(pid)
 
-    async def _after_start(self, process: asyncio.subprocess.Process) -> None:
+    async def _after_start(self, process: Launched) -> None:
         await super()._after_start(process)
         if self._pidns is None:  # without it, close could not find the sandbox's processes
             raise SandboxError(f"sandbox {self.id}: apptainer started no PID namespace")
@@ -213,7 +213,7 @@ class ApptainerSandbox(NamespacedSandbox):
                 self.config.binary,
             )
 
-    async def _kill_unfound(self, process: asyncio.subprocess.Process) -> None:
+    async def _kill_unfound(self, process: Launched) -> None:
         # Nothing like bwrap's --die-with-parent ties the container to the process we launched:
         # whatever that process started is killed by ancestry.
         members = await asyncio.to_thread(procs.descendants, process.pid)

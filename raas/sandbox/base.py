@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from raas.sandbox import copies
 from raas.sandbox.checkpoint import Checkpointed, Restored
@@ -74,6 +74,24 @@ def launch_env(*keep: str) -> dict[str, str]:
     return {name: os.environ[name] for name in keep if name in os.environ}
 
 
+class Launched(Protocol):
+    """The process a provider launches for a sandbox (an asyncio subprocess, or a zygote's
+    fork: ``raas.sandbox.zygote.ForkedProcess``): stdout carries the action server's ready
+    line, stderr its errors."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
+    @property
+    def stderr(self) -> asyncio.StreamReader | None: ...
+    async def wait(self) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 class Sandbox(ABC):
     can_fork: ClassVar[bool] = False  # whether ``fork`` works for this provider
 
@@ -83,7 +101,7 @@ class Sandbox(ABC):
         self.id = uuid.uuid4().hex[:12]
         self.dir = (config.runtime_dir or runtime_root()) / self.id
         self.client: ActionClient | None = None
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: Launched | None = None
         self._closed = False
         self._close_lock = asyncio.Lock()
         self._stderr = bytearray()
@@ -195,21 +213,21 @@ class Sandbox(ABC):
             copies.verify_binds(binds, runtime_root())
 
     @abstractmethod
-    async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:
+    async def _launch(self, listen_fd: int) -> Launched:
         """Start the action server in this provider's isolation; stdout and stderr must be pipes.
 
         ``listen_fd`` is the listening socket: the launched process inherits it (``pass_fds``)
         and hands it on to the action server (``server_args``).
         """
 
-    async def _after_start(self, process: asyncio.subprocess.Process) -> None:  # noqa: B027
+    async def _after_start(self, process: Launched) -> None:  # noqa: B027
         """Once the server answers: what the provider needs to know; raising fails the start."""
 
     @abstractmethod
     def host_pids(self) -> set[int]:
         """Host PIDs of every process of this sandbox (empty once it is closed)."""
 
-    async def _wait_ready(self, process: asyncio.subprocess.Process) -> None:
+    async def _wait_ready(self, process: Launched) -> None:
         assert process.stdout is not None
         try:
             line = await asyncio.wait_for(
@@ -432,7 +450,7 @@ class SharedHold:
             self._stack.close()
 
 
-async def reap(process: asyncio.subprocess.Process, timeout_s: float) -> bool:
+async def reap(process: Launched, timeout_s: float) -> bool:
     """Wait for ``process`` to exit, at most ``timeout_s``; False if it is still running."""
     try:
         await asyncio.wait_for(process.wait(), timeout=timeout_s)

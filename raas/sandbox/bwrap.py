@@ -20,17 +20,21 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from raas.images.image import StoredImage
-from raas.sandbox import procs, seccomp
-from raas.sandbox.base import INSIDE_DIR, launch_env
+from raas.sandbox import cgroups, procs, seccomp
+from raas.sandbox import zygote as zygotes
+from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, Launched, launch_env
 from raas.sandbox.checkpoint import (
     Checkpointed,
     Restored,
@@ -53,11 +57,13 @@ from raas.sandbox.fork import (
     not_carried,
     read_shell_command,
 )
-from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate
+from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, uid_slots
 
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 1000
+# A zygote's own scratch mounts: its forks mount theirs, of their sizes, over them.
+ZYGOTE_LIMITS = SandboxLimits(shm_bytes=1 << 20, tmp_bytes=1 << 20, disk_bytes=1 << 20)
 # What the gate runs when the sandbox has a cgroup: bwrap with no environment (dash exports PWD;
 # PATH stays an unexported shell variable) and the bare name as argv[0]. $0: bwrap's directory.
 EXEC_BWRAP = 'unset PWD OLDPWD; PATH=$0; exec bwrap "$@"'
@@ -133,6 +139,15 @@ def disables_userns() -> bool:
 
 
 @functools.cache
+def _has_pidfd() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+@functools.cache
 def _inside_files() -> dict[str, bytes]:
     """The action server's code, copied into each sandbox (no host path shows in its mounts)."""
     return {p.name: p.read_bytes() for p in sorted(INSIDE_DIR.glob("*.py"))}
@@ -180,12 +195,17 @@ class BwrapSandbox(NamespacedSandbox):
         self._root_prefix: list[str] = []
         self._fork_layer: _ForkLayer | None = None
         self._seed_fd: int | None = None  # a fork's: its parent's changes, for the launch
+        self._zygote_uid: int | None = None  # forked from a zygote as root: the zygote's uid
 
-    def _bwrap_args(self, data_fds: dict[str, int]) -> list[str]:
+    def _bwrap_args(self, data_fds: dict[str, int], zygote: bool = False) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
-        action server's code; see ``_data``).
+        action server's code; see ``_data``). ``zygote``: for this template's zygote, whose
+        forks mount their own tmpfs of their sizes over its (tiny) ones and make their own user
+        namespaces (so it does not forbid them: each fork forbids its own).
         """
         cfg, limits = self.config, self.limits
+        if zygote:
+            limits = ZYGOTE_LIMITS
         workdir = cfg.workdir
         args = [
             "--die-with-parent", "--new-session",
@@ -193,7 +213,7 @@ class BwrapSandbox(NamespacedSandbox):
             "--unshare-cgroup-try", "--hostname", "sandbox",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
         ]  # fmt: skip
-        if disables_userns():
+        if disables_userns() and not zygote:
             args.append("--disable-userns")
         if "seccomp" in data_fds:
             args += ["--seccomp", str(data_fds["seccomp"])]
@@ -257,6 +277,8 @@ class BwrapSandbox(NamespacedSandbox):
         self._root = root
 
     def _host_uid(self) -> int | None:
+        if self._zygote_uid is not None:
+            return self._zygote_uid
         return None if self._slot is None else self.config.uid_base + self._slot
 
     async def fork(
@@ -406,7 +428,7 @@ class BwrapSandbox(NamespacedSandbox):
         """What bwrap runs: it must be on bwrap's own command line, which holds no host path."""
         return ["--", *self.server_command(), *self.server_args(listen_fd, "/tmp")]
 
-    async def _launch(self, listen_fd: int) -> asyncio.subprocess.Process:
+    async def _launch(self, listen_fd: int) -> Launched:
         binary = shutil.which("bwrap")
         if binary is None:
             raise SandboxError(
@@ -414,6 +436,8 @@ class BwrapSandbox(NamespacedSandbox):
                 " provider for development)"
             )
         await asyncio.to_thread(disables_userns)  # runs bwrap --help once, off the loop
+        if self._uses_zygote():
+            return await self._zygote_launch(binary, listen_fd)
         user: int | None = None
         if os.geteuid() == 0:
             user = self._sandbox_uid()
@@ -450,6 +474,102 @@ class BwrapSandbox(NamespacedSandbox):
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    def _uses_zygote(self) -> bool:
+        """Whether this sandbox is forked from its template's zygote: the host's root (an
+        image root is mounted per sandbox), no network (a fork takes a network namespace of its
+        own), and a kernel with pidfds (how raas sees the end of a process not its child)."""
+        cfg = self.config
+        return cfg.zygote and self.image is None and not cfg.network and _has_pidfd()
+
+    def _zygote_key(self) -> str:
+        """What the template's zygote is: everything of the config but the sizes and caps,
+        which each fork takes for itself."""
+        parts = [self.config.model_dump(mode="json", exclude={"limits"}), self._python]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def _start_zygote(self, key: str, binary: str) -> zygotes.Zygote:
+        """Blocking, on the zygote keeper thread: this template's zygote, started and ready."""
+        slot = uid_slots.take() if os.geteuid() == 0 else None
+        user = None if slot is None else self.config.uid_base + slot
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fds: list[int] = []
+        try:
+            data_fds: dict[str, int] = {}
+            for name, data in self._data().items():
+                fds.append(fd := _memfd(name, data))
+                data_fds[name] = fd
+            args = b"".join(a.encode() + b"\0" for a in self._bwrap_args(data_fds, zygote=True))
+            fds.append(args_fd := _memfd("bwrap-args", args))
+            control = str(theirs.fileno())
+            zygote_py = [*self._python, *SERVER_PYTHON_FLAGS, "/.raas/inside/zygote.py"]
+            argv = ["bwrap", "--args", str(args_fd), "--", *zygote_py, "--control-fd", control]
+            process = subprocess.Popen(
+                argv,
+                executable=binary,
+                env=launch_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=[theirs.fileno(), *fds],
+                user=user,
+                group=user,
+                extra_groups=[] if user is not None else None,
+                start_new_session=True,
+                cwd=self.dir.parent,
+            )
+        except BaseException:
+            ours.close()
+            if slot is not None:
+                uid_slots.give_back(slot)
+            raise
+        finally:
+            theirs.close()
+            for fd in fds:
+                os.close(fd)
+        zygote = zygotes.Zygote(key, process, ours, user)
+        if slot is not None:
+            zygote.on_kill = functools.partial(uid_slots.give_back, slot)
+        try:
+            zygote.wait_ready()
+        except BaseException:
+            zygote.kill()
+            raise
+        return zygote
+
+    async def _zygote_launch(self, binary: str, listen_fd: int) -> Launched:
+        """This sandbox forked from its template's zygote: held until it is in its cgroup."""
+        key = self._zygote_key()
+        zygote = await zygotes.get(key, functools.partial(self._start_zygote, key, binary))
+        self._zygote_uid = zygote.uid
+        limits = self.limits
+        caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
+        self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
+        mounts = [
+            ("/dev/shm", limits.shm_bytes),
+            ("/tmp", limits.tmp_bytes),
+            (self.config.workdir, limits.disk_bytes),
+            *((directory, limits.tmp_bytes) for directory in self.config.tmpfs_dirs),
+        ]
+        request = zygotes.Request(
+            self.server_args(zygotes.LISTEN_FD, "/tmp"), self._env(), mounts, "sandbox"
+        )
+        forked = await asyncio.to_thread(zygote.fork, request, listen_fd)
+        try:
+            if self._cgroup is not None:
+                await asyncio.to_thread(self._cgroup.join, forked.pid)
+            os.write(forked.go, b"g")  # not written: the fork exits at once, having done nothing
+            stdout, stderr = forked.stdout, forked.stderr
+            return zygotes.ForkedProcess(
+                forked.pid, await zygotes.reader(stdout), await zygotes.reader(stderr)
+            )
+        except BaseException:
+            for fd in (forked.stdout, forked.stderr):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
+        finally:
+            os.close(forked.go)
 
     async def _spawn(
         self,

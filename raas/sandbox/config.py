@@ -106,6 +106,12 @@ class BwrapConfig(_Namespaced):
         description="A root filesystem directory; default: the host's /usr read-only.",
     )
     network: bool = False
+    zygote: bool = Field(
+        default=True,
+        description="Fork each sandbox of the host's root (no image, no network) from a zygote"
+        " of its template, which has already started Python and imported the action server"
+        " (raas.sandbox.zygote), instead of starting them cold.",
+    )
     tmpfs_dirs: tuple[str, ...] = Field(
         default=(),
         description="Top-level directories (/tests) the sandbox gets empty and writable, each a"

@@ -22,13 +22,21 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from raas.images.image import StoredImage
 from raas.sandbox import cgroups, copies, procs, pydeps
-from raas.sandbox.base import EXIT_WAIT_S, INSIDE_DIR, SERVER_PYTHON_FLAGS, Sandbox, reap
+from raas.sandbox.base import (
+    EXIT_WAIT_S,
+    INSIDE_DIR,
+    SERVER_PYTHON_FLAGS,
+    Launched,
+    Sandbox,
+    reap,
+)
 from raas.sandbox.config import ApptainerConfig, BwrapConfig
 from raas.sandbox.hostpython import MOUNT, provided_python
 from raas.sandbox.rootfs import ImageRoot, check_layers, image_env, overlay_options, probe_python
@@ -51,21 +59,25 @@ def gate(then: str, *args: str) -> list[str]:
 
 
 class _UidSlots:
-    """Host uids for sandboxes when raas runs as root: one per live sandbox."""
+    """Host uids for sandboxes when raas runs as root: one per live sandbox (or zygote, which
+    takes its slot on the thread that starts it)."""
 
     def __init__(self) -> None:
         self._used: set[int] = set()
+        self._lock = threading.Lock()
 
     def take(self) -> int:
-        slot = next(i for i in range(len(self._used) + 1) if i not in self._used)
-        self._used.add(slot)
-        return slot
+        with self._lock:
+            slot = next(i for i in range(len(self._used) + 1) if i not in self._used)
+            self._used.add(slot)
+            return slot
 
     def give_back(self, slot: int) -> None:
-        self._used.discard(slot)
+        with self._lock:
+            self._used.discard(slot)
 
 
-_uid_slots = _UidSlots()
+uid_slots = _UidSlots()
 _inside_copy: Path | None = None
 
 
@@ -105,7 +117,7 @@ class NamespacedSandbox(Sandbox):
     def _sandbox_uid(self) -> int:
         """This sandbox's own host uid (for raas running as root), held until it is closed."""
         if self._slot is None:
-            self._slot = _uid_slots.take()
+            self._slot = uid_slots.take()
         return self.config.uid_base + self._slot
 
     async def _start_in_cgroup(
@@ -188,7 +200,7 @@ class NamespacedSandbox(Sandbox):
         Runs in a thread: it reads /proc.
         """
 
-    async def _after_start(self, process: asyncio.subprocess.Process) -> None:
+    async def _after_start(self, process: Launched) -> None:
         ns = await asyncio.to_thread(self._find_namespace, process.pid)
         if ns is not None:
             self._pin = await asyncio.to_thread(procs.pin_namespace, ns, process.pid)
@@ -207,7 +219,7 @@ class NamespacedSandbox(Sandbox):
                 await self._kill(process)
         finally:
             if self._slot is not None:
-                _uid_slots.give_back(self._slot)
+                uid_slots.give_back(self._slot)
                 self._slot = None
             if self._pin is not None:  # only now may the number name another namespace
                 os.close(self._pin)
@@ -216,7 +228,7 @@ class NamespacedSandbox(Sandbox):
                 await asyncio.to_thread(self._cgroup.remove)
                 self._cgroup = None
 
-    async def _kill(self, process: asyncio.subprocess.Process) -> None:
+    async def _kill(self, process: Launched) -> None:
         if self._pidns is not None:
             # Killing the namespace's init makes the kernel kill everything else in it, and the
             # launched process then reaps that init and exits. Killing the launched one first
@@ -234,7 +246,7 @@ class NamespacedSandbox(Sandbox):
         if not await reap(process, EXIT_WAIT_S):
             log.error("sandbox %s: process %d outlived SIGKILL", self.id, process.pid)
 
-    async def _kill_unfound(self, process: asyncio.subprocess.Process) -> None:
+    async def _kill_unfound(self, process: Launched) -> None:
         """Kill what ``process`` started when it failed before its namespace was found.
 
         By default nothing: a provider whose sandbox dies with the launched process needs no more

@@ -102,6 +102,18 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def innermost_pid(pid: int) -> int | None:
+    """What host PID ``pid`` is in its own (innermost) PID namespace, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def uid_of(pid: int) -> int | None:
     """The real uid of ``pid``, or None if it is gone."""
     try:

@@ -18,6 +18,7 @@ from raas.sandbox import (
     SandboxLimits,
     create_sandbox,
     procs,
+    zygote,
 )
 from raas.sandbox.fork import ShellState
 
@@ -26,8 +27,9 @@ LIMITS = SandboxLimits(action_timeout_s=30, max_processes=64, disk_bytes=64 * Mi
 
 
 def our_processes() -> set[int]:
-    """This test's processes (the machine may run others' sandboxes meanwhile)."""
-    return procs.descendants(os.getpid())
+    """This test's processes (the machine may run others' sandboxes meanwhile), but the
+    zygotes', which outlive their sandboxes."""
+    return procs.descendants(os.getpid()) - zygote.own_pids()
 
 
 @contextlib.asynccontextmanager

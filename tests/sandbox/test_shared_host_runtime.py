@@ -66,7 +66,9 @@ cgroups._hierarchy = lambda: None
 async def main(key):
     runtime = claim_runtime_dir(key)
     limits = SandboxLimits(disk_bytes=32 << 20, tmp_bytes=32 << 20, shm_bytes=8 << 20)
-    sandbox = create_sandbox(BwrapConfig(limits=limits, runtime_dir=runtime.path))
+    # Started cold: a zygote's sandbox dies with the server that forked it (tested beside).
+    config = BwrapConfig(limits=limits, runtime_dir=runtime.path, zygote=False)
+    sandbox = create_sandbox(config)
     await sandbox.start()
     os.close(runtime._fd)  # as if this server had died: its directory is a dead one's
     runtime._fd = None
@@ -389,6 +391,38 @@ def test_a_sandbox_a_dead_server_left_is_killed(shared_tmp: Path) -> None:
         status = int(server.stdout.readline())
         assert status in (-signal.SIGKILL, 128 + signal.SIGKILL)
         assert not procs.alive(pid)
+
+
+ZYGOTE_SERVER = r"""
+import asyncio, json
+from raas.sandbox import BwrapConfig, create_sandbox
+from raas.sandbox.zygote import ForkedProcess
+
+async def main():
+    sandbox = create_sandbox(BwrapConfig())
+    await sandbox.start()
+    await sandbox.bash("sleep 1000 &")
+    forked = isinstance(sandbox.process, ForkedProcess)
+    print(json.dumps({"forked": forked, "pids": sorted(sandbox.host_pids())}), flush=True)
+    await asyncio.sleep(1000)
+
+asyncio.run(main())
+"""
+
+
+def test_a_zygotes_sandbox_dies_with_the_server_that_forked_it() -> None:
+    # A successor cannot prove a zygote's fork its sandbox from the launch record (its
+    # directory is the zygote's): it need not, as nothing of it outlives the server.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with _started([sys.executable, "-c", ZYGOTE_SERVER], stdout=subprocess.PIPE, env=env) as server:
+        assert server.stdout is not None
+        started = json.loads(server.stdout.readline())  # EOF if it failed: the test fails
+        pids = set(started["pids"])
+        assert started["forked"] and len(pids) >= 3  # control: init, server, bash, sleep
+        assert all(procs.alive(p) for p in pids)
+        server.kill()
+        assert server.wait(timeout=60) == -signal.SIGKILL
+        assert procs.wait_gone(pids, 30) == set()
 
 
 def test_a_launch_that_mounted_the_sandboxs_root_is_killed(shared_tmp: Path) -> None:

@@ -1,0 +1,239 @@
+"""The zygote: one process per sandbox template that has already started Python and imported
+the action server, and forks a new sandbox for each request, so no interpreter starts and
+nothing is imported per sandbox.
+
+It runs in a bwrap of the template (the same root, /etc, /.raas and seccomp filter as a sandbox
+of it; the filter and no_new_privs are inherited by every fork) as the sandbox user, with no
+capabilities. A request comes on the control socket (SOCK_SEQPACKET, the fd of ``--control-fd``):
+one JSON message ``{"argv": [...], "env": {...}, "mounts": [[path, bytes], ...], "hostname":
+...}`` carrying four fds (SCM_RIGHTS): the action server's listening socket, its stdout and
+stderr, and a pipe to wait on. The answer is ``{"pid": N}`` (the fork, in the zygote's PID
+namespace) or ``{"error": ...}``. The fork waits for a byte on that pipe (raas moves it into the
+sandbox's cgroup first), then takes namespaces of its own: a user namespace (the sandbox user
+mapped to itself, so its process count is its own), mount, PID, IPC, UTS, cgroup and network;
+its first child is the new PID namespace's init, which mounts its own /proc and a size-capped
+tmpfs on each of ``mounts``, forbids further user namespaces, drops every capability, and forks
+the action server (``server.main``, with only its three fds), then reaps what is left to it
+until the server ends, as bwrap's init does in a sandbox started cold.
+
+Standard library (with ctypes) only, Python 3.8+. Linux x86_64 and aarch64.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
+import array  # noqa: E402
+import ctypes  # noqa: E402
+import fcntl  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+
+import server  # noqa: E402  (imported here, once: what every fork saves)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 0x4000, 1 << 18
+PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+IFREQ = "16sH22s"  # struct ifreq: the name, then ifr_flags in its union
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+CAP_V3 = 0x20080522
+MAX_REQUEST = 1 << 20
+FDS = 4  # listen, stdout, stderr, go
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def mount(source: str, target: str, kind: str, flags: int, data: str = "") -> None:
+    check(
+        libc.mount(source.encode(), target.encode(), kind.encode(), flags, data.encode() or None),
+        f"mount {target}",
+    )
+
+
+def drop_capabilities() -> None:
+    """Every capability this user namespace gave: the bounding set, then the rest (capset)."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+    header = (ctypes.c_uint32 * 2)(CAP_V3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; two words each
+    check(libc.syscall(SYS_CAPSET[platform.machine()], header, data), "capset")
+
+
+def loopback_up() -> None:
+    """The new network namespace's ``lo`` up (it starts down), as bwrap does for its own."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack(IFREQ, b"lo", 0, b"")
+        flags = struct.unpack(IFREQ, fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack(IFREQ, b"lo", flags | IFF_UP, b""))
+
+
+def become_init(request: dict) -> None:
+    """In the new PID namespace's init: the sandbox's own mounts, name and limits."""
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
+    os.setsid()
+    mount("none", "/", "", MS_REC | MS_PRIVATE)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path, size in request["mounts"]:
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0755")
+    loopback_up()
+    name = request["hostname"].encode()
+    check(libc.sethostname(name, len(name)), "hostname")
+    # No user namespace below this one: the mounts one would allow are capped by nothing.
+    write("/proc/sys/user/max_user_namespaces", "0")
+    for name in PROC_COVERED:  # read-only, as bwrap leaves them in a sandbox started cold
+        path = "/proc/" + name
+        if os.path.exists(path):
+            mount(path, path, "", MS_BIND | MS_REC)
+            mount("none", path, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    drop_capabilities()
+
+
+def exit_code(status: int) -> int:
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def reap_until(server_pid: int, fds: tuple) -> None:
+    """The init's part, as bwrap's own in a sandbox started cold: reap every process left to
+    it, and end (taking the namespace's processes with it) when the action server ends."""
+    for fd in fds:
+        os.close(fd)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        if pid == server_pid:
+            os._exit(exit_code(status))
+
+
+def run_sandbox(request: dict, fds: list) -> None:
+    """The fork's part: wait for raas, take the namespaces, start the server (never returns)."""
+    listen, out, err, go = fds
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
+    if os.read(go, 1) != b"g":  # raas gave up on it (or failed to move it into its cgroup)
+        os._exit(1)
+    os.close(go)
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    flags |= CLONE_NEWCGROUP | CLONE_NEWNET
+    check(libc.unshare(flags), "unshare")
+    write("/proc/self/setgroups", "deny")
+    write("/proc/self/uid_map", f"{uid} {uid} 1")
+    write("/proc/self/gid_map", f"{gid} {gid} 1")
+    init = os.fork()
+    if init:
+        for fd in (listen, out, err):
+            os.close(fd)
+        _, status = os.waitpid(init, 0)
+        os._exit(exit_code(status))
+    become_init(request)
+    server_pid = os.fork()
+    if server_pid:
+        reap_until(server_pid, (listen, out, err))
+    for target, fd in ((3, listen), (1, out), (2, err)):
+        os.dup2(fd, target)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.closerange(4, 65536)  # the control socket and anything else of the zygote's
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    try:
+        server.main(request["argv"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        os._exit(code)
+    except BaseException as e:  # said on stderr, which raas reads
+        print(f"action server: {e!r}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)
+
+
+def reap(*_: object) -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def serve(control: socket.socket) -> None:
+    signal.signal(signal.SIGCHLD, reap)
+    control.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        fds = array.array("i")
+        space = socket.CMSG_SPACE(FDS * fds.itemsize)
+        message, ancillary, _, _ = control.recvmsg(MAX_REQUEST, space)
+        if not message:  # raas closed its end
+            return
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        received = list(fds)
+        try:
+            if len(received) != FDS:
+                raise ValueError(f"a request carries {len(received)} fds, not {FDS}")
+            request = json.loads(message)
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                try:
+                    run_sandbox(request, received)
+                except BaseException as e:
+                    os.write(received[2], (f"sandbox set-up: {e!r}\n").encode())
+                    os._exit(1)
+            answer = {"pid": pid}
+        except (ValueError, OSError) as e:
+            answer = {"error": str(e)}
+        finally:
+            for fd in received:
+                os.close(fd)
+        control.send(json.dumps(answer).encode())
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) != 2 or args[0] != "--control-fd":
+        sys.exit("zygote.py: usage: zygote.py --control-fd N")
+    control = socket.socket(fileno=int(args[1]))
+    control.set_inheritable(False)
+    serve(control)
+
+
+if __name__ == "__main__":
+    main()
