@@ -29,7 +29,7 @@ from fastapi import Request
 
 from raas.api.app import create_app
 from raas.bench.forked import ForkedServer, serve_fake_vllm
-from raas.bench.scale import tool_call
+from raas.bench.scale import load_average, tool_call
 from raas.llm.chat import encode
 from raas.llm.models import load_tokenizer
 from raas.llm.openai_chat import render_prompt
@@ -194,7 +194,8 @@ def main(argv: list[str]) -> int:
         print(
             f"raas bench gateway: {args.jobs} jobs of {args.turns} chat.completions calls"
             f" (tool calls, then an answer), {TOKENIZER} tokenizer, fake model answering in"
-            f" {args.llm_latency_ms:g} ms; per call, HTTP round trip included"
+            f" {args.llm_latency_ms:g} ms; per call, HTTP round trip included; the floor is a"
+            f" bare request straight to the fake model (load average {load_average()})"
         )
         for concurrency in args.concurrency:
             asyncio.run(measure(args, raas.url, llm.url, concurrency))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -175,6 +176,7 @@ def cpu_cost(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
     print(
         f"part 1: one server, {args.jobs} jobs of {args.turns} turns, {args.workers} in flight,"
         f" LLM latency {args.llm_latency_ms:g} ms; medians of {args.repeats}"
+        f" (load average {load_average()}: other work on the cores slows both figures)"
     )
     print(
         f"  server CPU per agent turn: {1000 * per_turn:.2f} ms; per job: {1000 * per_job:.1f} ms"
@@ -189,6 +191,11 @@ def cpu_cost(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
         f" {1 / per_turn * args.real_turn_s:.0f} concurrent rollouts whose turns take"
         f" {args.real_turn_s:g} s of model and tool time"
     )
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, for a benchmark's report."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def throughput(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:

@@ -29,11 +29,86 @@ def render_text(
     add_generation_prompt: bool = False,
 ) -> str:
     messages = with_tools(tokenizer, messages, tools)
+    shown = tools if tools and supports_tools(tokenizer) else None
+    text = render_plain(tokenizer, messages, shown, add_generation_prompt)
+    if text is not None:
+        return text
     kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-    if tools and supports_tools(tokenizer):
-        kwargs["tools"] = tools
-    text = tokenizer.apply_chat_template(messages, **kwargs)
+    if shown:
+        kwargs["tools"] = shown
+    return str(tokenizer.apply_chat_template(messages, **kwargs))
+
+
+def render_plain(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> str | None:
+    """``apply_chat_template``'s text for a conversation of plain JSON values, rendered by the
+    same compiled template in the same sandbox; None where it does not apply (then
+    ``apply_chat_template`` renders it).
+
+    Every agent turn and gateway call renders a conversation, and transformers' own path walks
+    the whole of it twice more before the template sees it (to turn message objects into dicts,
+    then into plain JSON values): most of a render's time. Messages parsed from JSON or built by
+    raas are plain already, so they go to the template as they are, with transformers' own
+    steps that change what it sees (None keys dropped, reasoning aliased). The template's
+    environment is immutable, so it cannot change the caller's messages.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    library = _template_steps()
+    if library is None or type(template) is not str:  # a dict of templates: transformers picks
+        return None
+    compile_template, alias = library
+    chat = []
+    for message in messages:
+        if type(message) is not dict:
+            return None
+        kept = {k: v for k, v in message.items() if v is not None}
+        if not _plain(kept):
+            return None
+        chat.append(kept)
+    extra = tokenizer.special_tokens_map
+    if not (_plain(tools) and _plain(extra)):
+        return None
+    text = compile_template(template).render(
+        messages=alias(chat),
+        tools=tools,
+        documents=None,
+        add_generation_prompt=add_generation_prompt,
+        **extra,
+    )
     return str(text)
+
+
+@functools.cache
+def _template_steps() -> tuple[Any, Any] | None:
+    """transformers' own template compiler (cached, sandboxed) and reasoning aliases, so that
+    both paths render alike; None with a transformers that has them not (then its
+    apply_chat_template renders everything). Imported at first use: transformers is slow to
+    import, and this module is imported where no template is rendered."""
+    try:
+        from transformers.utils import chat_template_utils as library
+    except ImportError:
+        return None
+    steps = (
+        getattr(library, "_compile_jinja_template", None),
+        getattr(library, "_alias_reasoning_fields", None),
+    )
+    return None if None in steps else steps
+
+
+def _plain(value: Any) -> bool:
+    """Is ``value`` made of JSON's own types only (exact types: no subclass, no tuple)?"""
+    kind = type(value)
+    if value is None or kind is str or kind is int or kind is float or kind is bool:
+        return True
+    if kind is list:
+        return all(_plain(v) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    return False
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import secrets
 import threading
@@ -245,6 +246,11 @@ def _tokenizer(name: str) -> Any:
                 from raas.llm.models import load_tokenizer
 
                 loaded = _loaded[name] = load_tokenizer(name)
+                # The tokenizer and transformers live as long as the process: out of the
+                # collector's sight, so that its full collections (each a walk of every
+                # object: about a tenth of a second once they are loaded) do not stall turns
+                # over objects that are never garbage. Once a name, so a few times a process.
+                gc.freeze()
     return loaded
 
 
