@@ -187,6 +187,7 @@ class BwrapSandbox(NamespacedSandbox):
 
     config: BwrapConfig
     can_fork = True
+    init_is_launched_child = True  # bwrap's (and a zygote's fork's) child is the init
 
     def __init__(self, config: BwrapConfig, image: StoredImage | None = None) -> None:
         super().__init__(config, image)

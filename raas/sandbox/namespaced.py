@@ -26,6 +26,7 @@ import threading
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import ClassVar
 
 from raas.images.image import StoredImage
 from raas.sandbox import cgroups, copies, procs, pydeps
@@ -98,6 +99,9 @@ class NamespacedSandbox(Sandbox):
     """A sandbox that is one PID namespace; subclasses launch it and say how to find it."""
 
     config: BwrapConfig | ApptainerConfig
+    # Whether the launched process waits for the namespace's init, so that its end means the
+    # namespace is empty (the kernel ends an init only once all else in its namespace is gone).
+    init_is_launched_child: ClassVar[bool] = False
 
     def __init__(
         self, config: BwrapConfig | ApptainerConfig, image: StoredImage | None = None
@@ -113,6 +117,7 @@ class NamespacedSandbox(Sandbox):
         self._pidns: int | None = None
         self._pin: int | None = None  # holds the namespace's number while the sandbox has it
         self._cgroup: cgroups.SandboxCgroup | None = None
+        self._init: tuple[int, int] | None = None  # the namespace's init: PID and pidfd
 
     def _sandbox_uid(self) -> int:
         """This sandbox's own host uid (for raas running as root), held until it is closed."""
@@ -206,6 +211,11 @@ class NamespacedSandbox(Sandbox):
             self._pin = await asyncio.to_thread(procs.pin_namespace, ns, process.pid)
         # Unpinned, the number may already name another sandbox's namespace: not ours to kill.
         self._pidns = ns if self._pin is not None else None
+        if self._pidns is not None and self.init_is_launched_child:
+            init = await asyncio.to_thread(procs.init_of, self._pidns, process.pid)
+            fd = None if init is None else procs.open_pidfd(init)
+            if init is not None and fd is not None and fd >= 0:
+                self._init = (init, fd)
 
     def host_pids(self) -> set[int]:
         if self._pidns is None or self.closed:
@@ -221,6 +231,9 @@ class NamespacedSandbox(Sandbox):
             if self._slot is not None:
                 uid_slots.give_back(self._slot)
                 self._slot = None
+            if self._init is not None:
+                os.close(self._init[1])
+                self._init = None
             if self._pin is not None:  # only now may the number name another namespace
                 os.close(self._pin)
                 self._pin = None
@@ -229,6 +242,8 @@ class NamespacedSandbox(Sandbox):
                 self._cgroup = None
 
     async def _kill(self, process: Launched) -> None:
+        if self._init is not None and await self._kill_init(process):
+            return
         if self._pidns is not None:
             # Killing the namespace's init makes the kernel kill everything else in it, and the
             # launched process then reaps that init and exits. Killing the launched one first
@@ -245,6 +260,15 @@ class NamespacedSandbox(Sandbox):
             process.send_signal(signal.SIGKILL)
         if not await reap(process, EXIT_WAIT_S):
             log.error("sandbox %s: process %d outlived SIGKILL", self.id, process.pid)
+
+    async def _kill_init(self, process: Launched) -> bool:
+        """SIGKILL the namespace's init (by its pidfd) and wait for the launched process, its
+        parent, to end: then nothing is left in the namespace, found without reading /proc.
+        False if it did not end in time (``_kill`` then goes by the namespace)."""
+        assert self._init is not None
+        pid, fd = self._init
+        procs.signal_pidfd(fd, pid)
+        return await reap(process, EXIT_WAIT_S)
 
     async def _kill_unfound(self, process: Launched) -> None:
         """Kill what ``process`` started when it failed before its namespace was found.

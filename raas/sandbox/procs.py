@@ -62,7 +62,7 @@ def pin_namespace(ns: int, near: int) -> int | None:
     with SIGKILL and no error output). While this descriptor is open the namespace, and its
     number, stay taken.
     """
-    for pid in [near, *sorted(descendants(near))]:
+    for pid in [near, *subtree(near)]:
         if pid_namespace(pid) != ns:
             continue
         try:
@@ -75,8 +75,41 @@ def pin_namespace(ns: int, near: int) -> int | None:
     return None
 
 
+def init_of(ns: int, near: int) -> int | None:
+    """The init of PID namespace ``ns``: the first process in it at or below ``near``."""
+    return next((pid for pid in [near, *subtree(near)] if pid_namespace(pid) == ns), None)
+
+
 def children_of(pid: int) -> list[int]:
-    return [p for p in _pids() if parent_of(p) == pid]
+    """``pid``'s children: from the kernel's list of each of its threads' children (a read of
+    a few files, not a scan of every process, which a start and a close of a sandbox paid
+    several times); a scan where the kernel keeps no such list (CONFIG_PROC_CHILDREN)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                found += [int(child) for child in f.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}"):
+                return []
+            return [p for p in _pids() if parent_of(p) == pid]  # no lists in this kernel
+        except OSError:
+            continue
+    return found
+
+
+def subtree(root: int) -> list[int]:
+    """``root``'s descendants, parents before their children (``children_of``, level by level)."""
+    found: list[int] = []
+    level = children_of(root)
+    while level:
+        found += level
+        level = [child for pid in level for child in children_of(pid)]
+    return found
 
 
 def command_line(pid: int) -> str:
