@@ -46,9 +46,11 @@ typecheck: $(STAMP)
 		raas/judge/inside/results.py raas/judge/inside/probe.py
 
 # Three processes, each taking whole files (a module's fixtures stay in one): the tests mostly
-# wait on sandboxes, servers and children. `pytest -q` alone runs the same tests in one.
+# wait on sandboxes, servers and children. `pytest -q` alone runs the same tests in one. The
+# longest files go first (SLOW_FIRST in tests/conftest.py); --no-loadscope-reorder keeps that
+# order, where xdist's own (most tests first) left a long file of few tests alone at the end.
 unit: $(STAMP)
-	$(BIN)/pytest -q -n 3 --dist loadfile
+	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # Slow tier: TRL's GRPOTrainer on rollouts from raas.
 test-trl: $(STAMP)

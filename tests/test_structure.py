@@ -176,3 +176,11 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> No
         "pkg -> pkg.sub -> pkg.c -> pkg",
         "pkg.a -> pkg.b -> pkg.a",
     ]
+
+
+def test_the_files_make_test_starts_first_exist() -> None:
+    from tests.conftest import SLOW_FIRST
+
+    root = Path(__file__).parents[1]
+    assert len(set(SLOW_FIRST)) == len(SLOW_FIRST)
+    assert [path for path in SLOW_FIRST if not (root / path).is_file()] == []
