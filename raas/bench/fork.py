@@ -1,8 +1,9 @@
 """`raas bench fork`: forking a live bubblewrap sandbox against starting one cold, same run.
 
 - fork p50/p95 of a parent whose workspace holds a small repository (``--files`` files,
-  ``--mib`` MiB in all), against a cold start (bwrap, python and the action server) of the same
-  config; the child's copy of the files is included, and so is restoring its shell.
+  ``--mib`` MiB in all), against a start of the same config (forked from its template's
+  zygote) and bare bwrap running ``/bin/true`` (the floor); the child's copy of the files is
+  included, and so is restoring its shell.
 - a group of ``--group`` rollouts of one task whose set-up takes ``--setup-s`` seconds of CPU
   (a build, an install) and writes the repository, all started at once: without fork (each
   sandbox starts and sets up on its own) and with it (one sandbox set up, then forked
@@ -19,10 +20,11 @@ import asyncio
 import contextlib
 import os
 import resource
+import statistics
 import time
 from pathlib import Path
 
-from raas.bench.tools import ms, timed
+from raas.bench.tools import bare_bwrap, ms, timed
 from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, create_sandbox
 
 MiB = 1024 * 1024
@@ -86,8 +88,12 @@ async def cold_and_fork(args: argparse.Namespace, config: BwrapConfig) -> None:
             await child.close()
     finally:
         await parent.close()
-    print(f"cold start          {ms(cold_times)}")
-    print(f"fork ({args.files} files, {args.mib:g} MiB) {ms(fork_times)}")
+    floor = await timed(args.starts, lambda: bare_bwrap(config, ["/bin/true"]))
+    base = statistics.median(floor)
+    print(f"floor, bare bwrap running /bin/true: {ms(floor)}")
+    print(f"start (zygote)      {ms(cold_times)}; {statistics.median(cold_times) / base:.1f}x")
+    fork_x = statistics.median(fork_times) / base
+    print(f"fork ({args.files} files, {args.mib:g} MiB) {ms(fork_times)}; {fork_x:.1f}x the floor")
     print(f"disk per child      {int(used.output.strip() or 0) / 1024:.1f} MiB of tmpfs")
 
 
