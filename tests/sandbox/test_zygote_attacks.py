@@ -139,6 +139,25 @@ async def test_the_zygotes_own_scratch_mounts_are_read_only(
     assert all("rw" in stack[-1] for stack in ours.values()), ours
 
 
+# -- Attack: signalling the sandbox's own init (FIXED) ----------------------------------------
+# A fork's init is Python, which catches SIGINT: ``kill -INT 1`` from inside ended it, and the
+# sandbox with it (only its own: harmless, but not what bwrap's init, which catches nothing, lets
+# happen). Fixed: the init has no handler (inside/zygote.py), so the kernel drops such signals.
+
+
+@pytest.mark.parametrize("zygote", [True, False])
+async def test_the_init_takes_no_signal_from_inside(zygote: bool) -> None:
+    config = BwrapConfig(limits=LIMITS, zygote=zygote, uid_base=UID_BASE)
+    sandbox = BwrapSandbox(config)
+    async with sandbox:
+        assert isinstance(sandbox.process, zygotes.ForkedProcess) == zygote
+        # No handler: signals from inside its namespace never reach the init.
+        assert await _out(sandbox, "grep ^SigCgt /proc/1/status") == "SigCgt:\t" + "0" * 16
+        for name in ("INT", "TERM", "HUP", "QUIT", "USR1", "KILL"):
+            await sandbox.bash(f"kill -{name} 1")
+        assert await _out(sandbox, "echo still here") == "still here"
+
+
 # -- Attack: per-user kernel counts shared by every fork of a zygote (WORKS) ---------------------
 # The forks of a zygote run as one host uid. The kernel counts some things per user, up the chain
 # of user namespaces to the host's: inotify instances (fs.inotify.max_user_instances, 128 by
