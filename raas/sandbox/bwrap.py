@@ -235,6 +235,9 @@ class BwrapSandbox(NamespacedSandbox):
         ]  # fmt: skip
         for directory in cfg.tmpfs_dirs:
             args += ["--size", str(limits.tmp_bytes), "--tmpfs", directory]
+        if zygote:  # its forks mount their own over these: the zygote's are no one's to write
+            for directory in ("/dev/shm", "/tmp", workdir, *cfg.tmpfs_dirs):
+                args += ["--remount-ro", directory]
         for name in _inside_files():
             args += ["--perms", "0444", "--file", str(data_fds[name]), f"/.raas/inside/{name}"]
         for host, target in {**self.provided_binds(), **cfg.ro_binds}.items():

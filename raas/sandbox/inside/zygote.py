@@ -102,7 +102,14 @@ def loopback_up() -> None:
 def become_init(request: dict) -> None:
     """In the new PID namespace's init: the sandbox's own mounts, name and limits."""
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
+    # Python's SIGINT handler would let a sandbox's ``kill -INT 1`` end its init (and the
+    # sandbox); with none, the kernel keeps its namespace's signals from it, as from bwrap's.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.setsid()
+    # The zygote's directory (bwrap's --chdir: its own workspace tmpfs, shared by every fork of
+    # it) is left for the sandbox's own, once mounted: /proc/1/cwd must not reach the zygote's.
+    cwd = os.getcwd()
+    os.chdir("/")
     mount("none", "/", "", MS_REC | MS_PRIVATE)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for path, size in request["mounts"]:
@@ -119,6 +126,7 @@ def become_init(request: dict) -> None:
             mount("none", path, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     drop_capabilities()
+    os.chdir(cwd)  # the path again: now the sandbox's own mount
 
 
 def exit_code(status: int) -> int:
