@@ -26,9 +26,9 @@ def known() -> list[str]:
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
     """Run benchmark NAME: burst, dapo, fork, gateway, harbor, images, judges, llm, pipeline,
-    scale, soak, tenants or tools. Its own options come after `--`: `raas bench pipeline -- --help`, `raas
-    bench pipeline -- --jobs 96`. Benchmarks print medians and ratios against a baseline measured
-    in the same run; they never assert."""
+    scale, soak, tenants or tools. Its own options come after `--`: `raas bench pipeline --
+    --help`, `raas bench pipeline -- --jobs 96`. Benchmarks print medians and ratios against a
+    baseline measured in the same run; they never assert."""
     if name not in known():
         raise click.UsageError(f"no benchmark {name!r} (have: {', '.join(known())})")
     module = importlib.import_module(f"raas.bench.{name}")
