@@ -87,14 +87,14 @@ EXPECT = {
     ],
     "Using it :: .venv/bin/raas serve --port 8000 --run-workers 8 --eval-workers 32 &": [
         r'"job_id":"cd-7","state":"done","stage":null,"result":\{',
-        r"1 results in results\.jsonl: done 1",
+        r"1 result in results\.jsonl: done 1",
         r"wrote 2 results to rollouts\.parquet",
         r"wrote 2 results to rollouts\.jsonl",
     ],
     "Exporting :: ADMIN_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')": [
         r'\{"job_id":"cd-7",.*,"tenant":"alice"\}',  # the export's line: Alice's own id
-        r"wrote 1 results to alice\.parquet",
-        r"wrote 1 results to alice\.jsonl",
+        r"wrote 1 result to alice\.parquet",
+        r"wrote 1 result to alice\.jsonl",
     ],
     "Dashboard :: export RAAS_API_KEY=$(python3 -c 'import secrets;"
     " print(secrets.token_hex(16))')": [

@@ -114,7 +114,7 @@ def export(
         part.unlink(missing_ok=True)
         raise
     os.replace(part, out)
-    click.echo(f"wrote {n} results to {out}")
+    click.echo(f"wrote {n} result{'' if n == 1 else 's'} to {out}")
 
 
 def _default_db() -> Path:

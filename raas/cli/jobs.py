@@ -205,7 +205,7 @@ def submit(
     rewards = [r.reward for r in results if r.reward is not None]
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
     click.echo(
-        f"{len(results)} results in {out}: "
+        f"{len(results)} result{'' if len(results) == 1 else 's'} in {out}: "
         + ", ".join(f"{plain(k)} {v}" for k, v in sorted(by_state.items()))
         + f"; mean reward {mean:.3f}"
     )

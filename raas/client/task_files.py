@@ -68,10 +68,13 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
                 if line.strip():
                     try:
                         numbered.append((f"{path}:{lineno}", json.loads(line)))
-                    except json.JSONDecodeError as e:
-                        raise TaskFileError(f"{path}:{lineno}: not JSON: {e}") from e
+                    except json.JSONDecodeError as e:  # its own line and column: the line's
+                        why = f"{e.msg} at column {e.colno}"
+                        raise TaskFileError(f"{path}:{lineno}: not JSON: {why}") from e
     else:
         raise TaskFileError(f"{path}: use .jsonl, .parquet or a Harbor task directory")
+    if not numbered:
+        raise TaskFileError(f"{path} holds no tasks: one JSON object a line (see docs/tasks.md)")
     for where, row in numbered:
         if not isinstance(row, dict):
             raise TaskFileError(f"{where}: expected a JSON object")

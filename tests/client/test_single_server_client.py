@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import httpx
@@ -121,6 +122,21 @@ def test_read_requests_merges_sampling_params(tmp_path: Path) -> None:
     f.write_text("[1, 2]\n")
     with pytest.raises(TaskFileError, match=r"t\.jsonl:1: expected a JSON object"):
         read_requests(f)
+
+
+def test_a_task_file_with_no_task_or_a_broken_line_is_refused_by_name(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    for empty in ("", "\n\n  \n"):
+        f.write_text(empty)
+        with pytest.raises(TaskFileError, match=r"t\.jsonl holds no tasks"):
+            read_requests(f)
+    # A broken line is named by its line in the file, with its column, and no other line.
+    f.write_text('{"data_source": "probe"}\n{"data_source": probe}\n')
+    with pytest.raises(TaskFileError) as broken:
+        read_requests(f)
+    assert re.fullmatch(r".*t\.jsonl:2: not JSON: Expecting value at column 17", str(broken.value))
+    f.write_text('{"data_source": "probe"}\n')  # the control: one task
+    assert [r.instance["data_source"] for r in read_requests(f)] == ["probe"]
 
 
 def test_a_submission_is_a_request_its_dict_or_a_bare_instance() -> None:
