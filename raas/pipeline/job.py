@@ -225,12 +225,18 @@ class Job:
     def stop_waiting(self) -> None:
         self.timing.queue_s += time.monotonic() - self._waiting_since
 
-    def budget_left(self, default_timeout_s: float | None) -> float | None:
-        """Seconds of stage time left to this attempt: only time inside stages counts."""
+    def budget(self, default_timeout_s: float | None) -> float | None:
+        """The seconds of stage time this attempt has in all (asked, else the default, under
+        the tenant's cap); None: no limit."""
         asked = self.request.rollout.timeout_s
         limit = asked if asked is not None else default_timeout_s
         if self.timeout_cap is not None:
             limit = self.timeout_cap if limit is None else min(limit, self.timeout_cap)
+        return limit
+
+    def budget_left(self, default_timeout_s: float | None) -> float | None:
+        """Seconds of stage time left to this attempt: only time inside stages counts."""
+        limit = self.budget(default_timeout_s)
         if limit is None:
             return None
         return limit - (self.timing.in_stages() - self._spent_before)

@@ -175,8 +175,17 @@ class Stages:
         self.spawn(self._finish(job))
 
     async def _run_stage(self, job: Job, stage: Stage) -> None:
-        limits = [job.budget_left(self.config.job_timeout_s), self.config.stage_timeout_s[stage]]
-        limit = min((x for x in limits if x is not None), default=None)
+        left, stage_limit = (
+            job.budget_left(self.config.job_timeout_s),
+            self.config.stage_timeout_s[stage],
+        )
+        limit = min((x for x in (left, stage_limit) if x is not None), default=None)
+        if left is not None and limit == left:  # the job's budget, not the stage's, bounds it
+            budget = job.budget(self.config.job_timeout_s)
+            why = f"the job's time budget of {budget:.3g} s ran out in {stage}"
+            why += f" ({left:.3g} s of it were left)"
+        else:
+            why = f"{stage} did not finish within its time limit of {limit or 0:.3g} s"
         job.stage = stage
         job.state = JobState(stage.value)
         # A sandbox too slow to start is the infrastructure's doing; later, the model's.
@@ -203,7 +212,7 @@ class Stages:
                     JobState.TIMEOUT,
                     stage,
                     "timeout",
-                    f"{stage} did not finish within its time limit of {limit:.3g} s",
+                    why,
                     timeout_kind,
                 )
             if not work.done():
