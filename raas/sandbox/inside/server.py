@@ -306,8 +306,6 @@ class ActionServer:
             # Not inheritable, before the shell starts: it is not for the agent's processes.
             listener = socket.socket(fileno=self.args.listen_fd)
             listener.set_inheritable(False)
-        # bash starts while the server answers: the start ends sooner, and a command waits for it.
-        self.shell.start_soon()
         if listener is not None:
             server = await asyncio.start_unix_server(
                 self.connection, sock=listener, limit=MAX_MESSAGE
@@ -318,6 +316,9 @@ class ActionServer:
             )
             os.chmod(self.args.socket, 0o600)
         print(READY, flush=True)
+        # bash starts once the server has said it is ready (the host connects meanwhile): the
+        # start ends sooner, and the first command waits for bash.
+        self.shell.start_soon()
         async with server:
             await server.serve_forever()
 
