@@ -33,7 +33,10 @@ earned by tokens the trainer does not see. ``truncated`` says what it gets:
 
 from __future__ import annotations
 
+import logging
 import math
+import warnings
+from collections.abc import Sequence
 from typing import Literal, TypeVar
 
 from raas.wire import RolloutResult
@@ -46,6 +49,7 @@ DEFAULT_FAILED: FailedChoice = "drop"
 DEFAULT_TRUNCATED: TruncatedChoice = "mask"
 
 Choice = TypeVar("Choice", bound=str)
+log = logging.getLogger(__name__)
 
 
 def check_choice(name: str, value: object, choices: tuple[Choice, ...]) -> Choice:
@@ -76,3 +80,31 @@ def truncated_outcome(
 def failed_by_infra(result: RolloutResult) -> bool:
     """Whether a result failed for an infrastructure reason (``"drop_group"``'s test)."""
     return result.state != "done" and result.error is not None and result.error.kind == "infra"
+
+
+class NoGradient(RuntimeWarning):
+    """A whole batch whose loss masks are all 0: the trainer's loss and gradient are 0."""
+
+
+class GradientWatch:
+    """Says once, loudly (a warning and the log), when a batch carries no gradient at all: on
+    a small model every rollout may hit the length cap and be masked, and a trainer then shows
+    a loss and grad norm of 0 and nothing else. ``cap``: the trainer's name for its length
+    limit (``max_completion_length=64``)."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def check(self, masks: Sequence[Sequence[int]], cut: int, failed: int, cap: str | None) -> None:
+        if self.said or not masks or any(any(mask) for mask in masks):
+            return
+        self.said = True
+        why = f"{cut} of {len(masks)} completions cut"
+        why += f" to {cap} and masked" if cap else " and masked"
+        message = (
+            f"raas: no token of this batch carries a gradient (every loss mask is all 0: {why},"
+            f" {failed} failed), so its loss and gradient are 0. Raise the length cap, or pass"
+            " truncated='penalise' or 'keep'. (Said once.)"
+        )
+        log.warning(message)
+        warnings.warn(message, NoGradient, stacklevel=3)

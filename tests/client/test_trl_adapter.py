@@ -5,6 +5,7 @@ slow tier (tests/client/test_trl_grpo_trainer.py)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ import torch
 from raas.api.app import create_app
 from raas.client import Group, RolloutResult, SyncRolloutClient
 from raas.client.integrations.trl import WeightSync, make_rollout_func
+from raas.client.sample_choices import NoGradient
 from raas.llm.engine import create_engine_app
 from raas.llm.models import load_model
 from raas.settings import ServeSettings
@@ -210,6 +212,29 @@ def test_a_failed_job_and_a_cut_completion_get_what_the_options_say(
     assert [not any(m) for m in out["env_mask"]] == masked
     assert out["raas_truncated"] == [False, True, False, False]
     assert [len(c) for c in out["completion_ids"]] == [2, 4, 2, 2]
+
+
+class AllLong(MixedGroups):
+    """Every completion longer than TRL's cap: a whole batch masked."""
+
+    def generate_groups(self, instances: list[Any], n: int, **kwargs: Any) -> list[Group]:
+        groups = super().generate_groups(instances, n, **kwargs)
+        return [Group(task=g.task, results=[g.results[1]] * n) for g in groups]
+
+
+def test_a_batch_that_carries_no_gradient_is_said_once_loudly() -> None:
+    model, _ = load_model("tiny")
+    client = cast(SyncRolloutClient, AllLong())
+    func = make_rollout_func("http://raas.invalid", lambda p: {"q": p}, client=client)
+    with pytest.warns(NoGradient, match=r"4 of 4 completions cut to max_completion_length=4"):
+        out = func(["q"] * 4, trainer(0, model, max_completion_length=4))
+    assert not any(any(m) for m in out["env_mask"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the next such batch says nothing more
+        func(["q"] * 4, trainer(0, model, max_completion_length=4))
+        # The control: a batch with a trainable completion says nothing either.
+        fresh = make_rollout_func("http://raas.invalid", lambda p: {"q": p}, client=client)
+        fresh(["q"] * 4, trainer(0, model, max_completion_length=8))
 
 
 def test_unknown_choices_are_refused() -> None:

@@ -70,6 +70,7 @@ from raas.client.sample_choices import (
     FAILED_CHOICES,
     TRUNCATED_CHOICES,
     FailedChoice,
+    GradientWatch,
     TruncatedChoice,
     check_choice,
     check_truncated_reward,
@@ -168,6 +169,7 @@ def make_rollout_func(
     truncated = check_choice("truncated", truncated, TRUNCATED_CHOICES)
     truncated_reward = check_truncated_reward(truncated_reward)
     rollouts = client or SyncRolloutClient(servers)
+    watch = GradientWatch()
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if weights is not None:
@@ -223,6 +225,13 @@ def make_rollout_func(
                 out["raas_reward"].append(reward)
                 out["raas_state"].append(result.state)
                 out["raas_truncated"].append(was_cut)
+        failed_jobs = sum(state != "done" for state in out["raas_state"])
+        watch.check(
+            out["env_mask"],
+            sum(out["raas_truncated"]),
+            failed_jobs,
+            f"max_completion_length={cap}" if cap else None,
+        )
         return out
 
     return rollout_func
