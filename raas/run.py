@@ -33,6 +33,7 @@ from raas.sandbox import BwrapConfig
 from raas.settings import defaults, validate
 from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
+from raas.tasks.protocol import InvalidInstance, TaskJob, validate_request
 from raas.tasks.services import TaskServices
 from raas.wire import PASS_REWARD, RolloutRequest, RolloutResult
 
@@ -40,6 +41,47 @@ from raas.wire import PASS_REWARD, RolloutRequest, RolloutResult
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
 # tasks' defaults, 512 tokens a turn and 8 turns, kept a first run silent for minutes).
 CPU_SAMPLING: dict[str, Any] = {"max_tokens": 256, "max_turns": 4}
+
+
+def under_cpu_sampling(
+    requests: Sequence[RolloutRequest], registry: TaskRegistry | None = None
+) -> list[RolloutRequest]:
+    """Each request with CPU_SAMPLING under its own sampling_params, but only the keys its task
+    takes (its ``params_model``'s fields): countdown's scripted policy has no ``max_tokens``,
+    and a key a task does not know is refused. A task raas does not know gets none (its
+    validation names it)."""
+    registry = registry or TaskRegistry.from_entry_points()
+    out = []
+    for request in requests:
+        source = request.instance["data_source"]
+        handler = registry.get(source) if source in registry else None
+        model = getattr(handler, "params_model", None)
+        fields = getattr(model, "model_fields", {})
+        cpu = {k: v for k, v in CPU_SAMPLING.items() if k in fields}
+        params = {**cpu, **request.sampling_params}
+        out.append(request.model_copy(update={"sampling_params": params}))
+    return out
+
+
+def first_refusal(
+    requests: Sequence[RolloutRequest], names: Sequence[str], registry: TaskRegistry | None = None
+) -> str | None:
+    """``where: field: why`` for the first request that its task's own validation refuses (as
+    the service started here would, after its engine has started), or None. A task raas does
+    not know, or a branch (the service's snapshots decide), is left to the service."""
+    registry = registry or TaskRegistry.from_entry_points()
+    for where, request in zip(names, requests, strict=True):
+        source = request.instance["data_source"]
+        if request.branch is not None or source not in registry:
+            continue
+        job = TaskJob("", request.instance, request.sampling_params)
+        try:
+            validate_request(registry.get(source), job)
+        except InvalidInstance as e:
+            return f"{where}: {e}"
+    return None
+
+
 # The engine stops within a decode step or one prefill of SIGTERM; SIGKILL after this.
 ENGINE_STOP_S = 15.0
 

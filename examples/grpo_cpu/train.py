@@ -25,8 +25,11 @@ greedily through raas, like the rollouts: its pass rate, with a 95% Wilson inter
     python examples/grpo_cpu/train.py                 # starts the engine and the service
     RAAS_API_KEY=KEY python examples/grpo_cpu/train.py --raas URL --engine URL
 
-A running engine (``--engine``) needs its key in RAAS_API_KEY and OUT among its --weights-dir;
-one started here gets a fresh key through its environment and OUT as its weight directory.
+A running engine (``--engine``) needs OUT among its --weights-dir, and its key where ``raas
+engine`` reads one (RAAS_API_KEY, or the file RAAS_API_KEY_FILE names): a run without it, or
+with a key the engine refuses, stops at start saying so. The same key goes to the raas server
+(one started without a key takes any). An engine started here gets a fresh key through its
+environment and OUT as its weight directory.
 
 Writes ``OUT/grpo.csv`` (one row a step, written as it goes), ``OUT/heldout.png``, and the first
 and last held-out passes' trajectories (``OUT/heldout_first.jsonl``, ``OUT/heldout_last.jsonl``).
@@ -76,6 +79,7 @@ from raas.helpers.readiness import NotReady, wait_until_answers
 from raas.helpers.sigterm import Terminated, stopped_by_sigterm
 from raas.launch import EngineProcess, ServerProcess
 from raas.llm.models import load_model
+from raas.settings import read_key_file
 
 CSV_FIELDS = [
     "step", "wall_s", "train_reward", "rollouts", "groups_kept", "groups_dropped",
@@ -895,7 +899,7 @@ def load_weights_paused(raas_url: str, engine_url: str, engine_key: str, path: P
     """The engine loads ``path`` while raas's backend pool is paused (``keep``: the generations
     in flight wait and go on under the new weights, each token tagged with its version);
     returns the new weight version. Blocking: run it in a thread."""
-    with backends_paused(raas_url, "keep"):
+    with backends_paused(raas_url, "keep", api_key=env_key()):
         reply = httpx.post(
             engine_url + "/update_weights",
             json={"path": str(path)},
@@ -914,7 +918,7 @@ async def train(
     task = TASKS[args.task]
     pairs = heldout_pairs(args.heldout, args.seed, task)
     async with (
-        RolloutClient([raas_url]) as client,
+        RolloutClient([raas_url], api_key=env_key()) as client,
         httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {engine_key}"}) as http,
     ):
 
@@ -1087,7 +1091,12 @@ def run_with_servers(args: argparse.Namespace, t0: float) -> None:
     sessions of their own, so a Ctrl-C at the terminal reaches this process alone, which stops
     them once its jobs are cancelled)."""
     with ExitStack() as stack:
-        engine_url, engine_key = args.engine, os.environ.get("RAAS_API_KEY", "")
+        engine_url, engine_key = args.engine, env_key()
+        if engine_url is not None and not engine_key:
+            sys.exit(
+                f"--engine {engine_url}: its /update_weights needs the key the engine was started"
+                " with: set RAAS_API_KEY (or RAAS_API_KEY_FILE) as for raas engine"
+            )
         if engine_url is None:
             engine = EngineProcess(
                 args.model,
@@ -1124,7 +1133,39 @@ def run_with_servers(args: argparse.Namespace, t0: float) -> None:
                 sys.exit(
                     f"{flag} {url}: nothing answers GET {health} (start it, or leave {flag} out)"
                 )
+        if args.engine is not None:
+            check_engine_key(engine_url, engine_key)
         asyncio.run(stopped_by_sigterm(train(args, raas_url, engine_url, engine_key, t0)))
+
+
+def env_key() -> str:
+    """The key in RAAS_API_KEY, or in the file RAAS_API_KEY_FILE names (where ``raas engine``
+    and ``raas serve`` read theirs); "" when neither is set (never a header's value)."""
+    key = os.environ.get("RAAS_API_KEY", "").strip()
+    path = os.environ.get("RAAS_API_KEY_FILE", "").strip()
+    if key or not path:
+        return key
+    try:
+        return read_key_file(Path(path))
+    except ValueError as e:
+        sys.exit(f"RAAS_API_KEY_FILE: {e}")
+
+
+def check_engine_key(engine_url: str, key: str) -> None:
+    """Ends the run in one line if the engine refuses ``key`` for /update_weights: asked with
+    an empty body, a right key gets a 422 (no path given) and nothing loads."""
+    reply = httpx.post(
+        engine_url + "/update_weights",
+        json={},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    if reply.status_code == 401:
+        try:
+            why = reply.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            why = reply.text.strip()
+        sys.exit(f"--engine {engine_url} refuses the key set in RAAS_API_KEY(_FILE): {why}")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,15 @@ def run(
     from raas.client.task_files import as_requests, read_tasks, write_results
     from raas.helpers.files import new_run_dir
     from raas.paths import host_paths, image_caps, installed
-    from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
+    from raas.run import (
+        CPU_SAMPLING,
+        RunOptions,
+        first_refusal,
+        result_table,
+        run_tasks,
+        summary,
+        under_cpu_sampling,
+    )
     from raas.run import replay as do_replay
     from raas.settings import SettingsError, flag, validate
     from raas.tasks.datasets import DatasetError, bundled
@@ -191,10 +199,15 @@ def run(
             raise json.JSONDecodeError("not an object", str(sampling_params), 0)
         # The oracle is no CPU model: its trajectories take the tasks' own limits.
         on_cpu = url is None and not llm and replay is None and model != "oracle"
-        if on_cpu:
-            params = {**CPU_SAMPLING, **params}
         items = items[:limit] if limit else items
         requests = as_requests(items, params, timeout_s)
+        if on_cpu:  # under the user's params, each task's own keys only
+            requests = under_cpu_sampling(requests)
+            params = {**CPU_SAMPLING, **params}  # what the line below says
+        if url is None and replay is None:  # refused here, before the engine starts
+            refusal = first_refusal(requests, [where for where, _ in items])
+            if refusal is not None:
+                raise click.UsageError(refusal)
     except json.JSONDecodeError as e:
         raise click.BadParameter(
             f"give a JSON object, as '{{\"temperature\": 0.3}}' ({e})",
@@ -206,7 +219,8 @@ def run(
     if on_cpu:
         console.print(
             f"sampling sized for the CPU engine: {params['max_tokens']} tokens a turn,"
-            f" {params['max_turns']} turns (--sampling-params sets others)"
+            f" {params['max_turns']} turns, to the tasks that take them (--sampling-params sets"
+            " others)"
         )
     if replay is not None:
         with installed(settings.paths, settings.images):

@@ -110,6 +110,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
         # The libraries of this process read the server's paths and image caps.
         with installed(settings.paths, settings.images):
             check_tokenizer(settings.inference.tokenizer)
+            check_backends(settings.inference.llm, settings.inference.llm_protocol)
             run_server(settings)
     except (
         PortBusy,
@@ -120,6 +121,29 @@ def serve(config_file: Path | None, **options: Any) -> None:
         TooManyConnections,
     ) as e:
         raise click.ClickException(str(e)) from e
+
+
+def check_backends(addresses: list[str], protocol: str) -> None:
+    """A --llm URL whose answers say it is no inference server (another raas server) would
+    fail every job: refuse it before starting, saying what it is. One that does not answer
+    yet is left to the health check (an engine may still be loading)."""
+    import asyncio
+
+    from raas.llm.pool import not_inference_server
+
+    async def first() -> str | None:
+        for address in addresses:
+            why = await not_inference_server(address, protocol)
+            if why is not None:
+                return why
+        return None
+
+    try:
+        why = asyncio.run(first())
+    except ValueError:
+        return  # a URL that cannot be used: the pool says so, as it did
+    if why is not None:
+        raise click.UsageError(f"--llm {why}")
 
 
 def check_tokenizer(name: str) -> None:

@@ -20,10 +20,12 @@ from typing import Any, Literal
 
 import httpx
 
+from raas.client.auth import auth_headers
+
 
 def post_json(url: str, path: str, body: Any, api_key: str | None, timeout_s: float) -> Any:
     """POST ``body`` to a raas server; its JSON answer, or a RuntimeError naming the route."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     response = httpx.post(url.rstrip("/") + path, json=body, headers=headers, timeout=timeout_s)
     if response.is_error:
         raise RuntimeError(f"{url}{path}: {response.status_code} {response.text}")

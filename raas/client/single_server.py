@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from raas.client.auth import auth_headers
 from raas.helpers.retries import retry_after_s, wait_retry_after
 from raas.wire import (
     FINAL_STATES,
@@ -113,7 +114,7 @@ class AsyncRolloutClient:
         backoff_s: float = 0.2,
     ) -> None:
         base_url = server_url(base_url)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = auth_headers(api_key)
         self._http = httpx.AsyncClient(
             base_url=base_url,
             headers=headers,

@@ -201,6 +201,40 @@ class LLMClient(ABC):
             return None
         return f"GET /health answered {response.status}"
 
+    async def not_inference_server(self) -> str | None:
+        """Why this URL is no inference server, where its answers say so: GET /v1/models (which
+        vLLM, SGLang and raas engine answer with an OpenAI model list, ``{"data": [{"id":
+        ...}]}``) answers something else; a raas server is named as one. None when it lists
+        models, has no such route (404), or does not answer (the health check reports that)."""
+        try:
+            answer = await self._send("GET", "/v1/models", timeout_s=MODELS_TIMEOUT_S)
+        except TRANSPORT_ERRORS:
+            return None
+        if answer.status == 404 or (answer.status < 300 and is_model_list(answer.body)):
+            return None
+        if await self._is_raas_server():
+            return (
+                f"{self.url} answers /v1/models without a model list: it is a raas server, not"
+                " an inference server (give the URL of vLLM, SGLang or raas engine)"
+            )
+        if answer.status in (401, 403):
+            return (
+                f"{self.url} answers /v1/models with {answer.status}: it wants a key, and raas"
+                " sends its inference servers none"
+            )
+        return (
+            f"{self.url} answers /v1/models without a model list ({answer.status}): it is not an"
+            " inference server (vLLM, SGLang or raas engine; a raas server?)"
+        )
+
+    async def _is_raas_server(self) -> bool:
+        """Does the server answer raas's own health route, ``GET /healthz`` ``{"status": "ok"}``?"""
+        try:
+            answer = await self._send("GET", "/healthz", timeout_s=HEALTH_TIMEOUT_S)
+            return answer.status == 200 and json.loads(answer.body) == {"status": "ok"}
+        except (*TRANSPORT_ERRORS, ValueError):
+            return False
+
     async def pause(self, mode: PauseMode) -> bool:
         """Pause the server through its own route (``mode``: see :data:`PauseMode`); False where
         it has none (the pool drains it instead). Answers once the server says it is paused."""
@@ -372,6 +406,15 @@ class VerlClient(LLMClient):
 CLIENTS: dict[str, type[LLMClient]] = {
     c.protocol: c for c in (VLLMClient, SGLangClient, VerlClient)
 }
+
+
+def is_model_list(body: bytes) -> bool:
+    """Is ``body`` an OpenAI model list with a model in it (``{"data": [{"id": "m"}]}``)?"""
+    try:
+        data = json.loads(body)["data"]
+        return bool(data) and all(isinstance(m["id"], str) for m in data)
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def make_client(protocol: str, address: str, model: str | None = None) -> LLMClient:

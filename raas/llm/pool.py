@@ -90,6 +90,36 @@ def _unknown_vocabulary() -> int | None:
     return None
 
 
+def usable_url(address: str) -> str:
+    """``address`` as a backend's base URL; a ValueError if the HTTP client cannot use it (such
+    a backend would fail every request and every health check)."""
+    url = base_url(address)
+    try:
+        host = httpx.URL(url).host
+    except Exception as e:  # httpx.InvalidURL, or the idna package's own errors
+        raise ValueError(f"not a usable URL: {e}") from None
+    if not host:
+        raise ValueError("not a usable URL: it has no host")
+    return url
+
+
+class NotInferenceServer(ValueError):
+    """A backend's URL answers, but not as an inference server (a raas server, say)."""
+
+
+async def not_inference_server(
+    address: str, protocol: str = "vllm", model: str | None = None
+) -> str | None:
+    """Why ``address`` is no inference server, in one line, where its answers say so (see
+    LLMClient.not_inference_server); None otherwise. A ValueError for a URL or protocol that
+    cannot be used."""
+    client = make_client(protocol, usable_url(address), model)
+    try:
+        return await client.not_inference_server()
+    finally:
+        await client.aclose()
+
+
 class BackendPool:
     def __init__(
         self,
@@ -128,13 +158,7 @@ class BackendPool:
         """
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
-        url = base_url(address)
-        try:
-            host = httpx.URL(url).host
-        except Exception as e:  # httpx.InvalidURL, or the idna package's own errors
-            raise ValueError(f"not a usable URL: {e}") from None
-        if not host:
-            raise ValueError("not a usable URL: it has no host")
+        url = usable_url(address)
         for backend in self._backends.values():
             if backend.url == url:
                 return backend
@@ -146,6 +170,18 @@ class BackendPool:
         self._push(backend)
         log.info("backend %s added: %s (%s, capacity %d)", backend.id, url, protocol, capacity)
         return backend
+
+    async def add_checked(
+        self, address: str, protocol: str = "vllm", capacity: int = 8, model: str | None = None
+    ) -> Backend:
+        """:meth:`add`, but a URL whose answers say it is no inference server (a raas server;
+        see LLMClient.not_inference_server) is a ValueError saying what it is, and not added."""
+        url = usable_url(address)
+        if all(b.url != url for b in self._backends.values()):  # asked before a job may use it
+            why = await not_inference_server(url, protocol, model)
+            if why is not None:
+                raise NotInferenceServer(why)
+        return self.add(address, protocol, capacity, model)
 
     async def remove(self, backend_id: str) -> bool:
         backend = self._backends.pop(backend_id, None)

@@ -422,6 +422,55 @@ def test_raas_run_on_the_cpu_engine_sizes_sampling_for_it_unless_told(
     assert bad.exit_code == 2 and "--sampling-params: give a JSON object" in bad.output
 
 
+def test_raas_run_cpu_sampling_gives_each_task_only_the_keys_it_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every bundled set, and a file mixing math and countdown, passes its tasks' validation
+    with raas run's CPU defaults (countdown takes no max_tokens: it was refused for a key the
+    user never gave); a key the user gives a task that does not take it is still refused, by
+    name and before the engine starts (the control)."""
+    import raas.run
+    from raas.tasks import TaskRegistry
+    from raas.tasks.datasets import BUNDLED
+    from raas.tasks.protocol import TaskJob, validate_request
+
+    sent: list[RolloutRequest] = []
+
+    async def capture(requests: list[RolloutRequest], *args: object) -> tuple[list[object], float]:
+        sent.extend(requests)
+        return [], 0.0
+
+    monkeypatch.setattr(raas.run, "run_tasks", capture)
+    monkeypatch.setattr(raas.run.EngineProcess, "__init__", None)  # nothing may start one
+    out = ["--out", str(tmp_path / "r.jsonl")]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(
+        '{"data_source": "math", "prompt": "1 + 1?", "answer": "2"}\n'
+        '{"data_source": "countdown", "numbers": [2, 5, 10], "target": 20}\n'
+    )
+    registry = TaskRegistry.from_entry_points()
+    runs = [["--bundled", name, "--limit", "2"] for name in sorted(BUNDLED)] + [[str(mixed)]]
+    assert ["--bundled", "countdown", "--limit", "2"] in runs
+    for args in runs:
+        result = CliRunner().invoke(main, ["run", *args, *out])
+        assert result.exit_code == 0 and "unknown key" not in result.output, (args, result.output)
+        assert sent, args
+        for request in sent:
+            source = request.instance["data_source"]
+            validate_request(
+                registry.get(source), TaskJob("", request.instance, request.sampling_params)
+            )
+            assert request.sampling_params["max_turns"] == 4  # the CPU default, to every task
+            assert ("max_tokens" in request.sampling_params) == (source != "countdown")
+        sent.clear()
+    bad = CliRunner().invoke(
+        main, ["run", str(mixed), *out, "--sampling-params", '{"max_tokens": 9}']
+    )
+    assert bad.exit_code == 2 and not sent, bad.output
+    said = " ".join(bad.output.split())
+    assert "mixed.jsonl:2: sampling_params.max_tokens: unknown key (countdown takes" in said, said
+
+
 def test_submit_and_run_say_what_a_server_answered_not_that_none_is_running(
     tmp_path: Path,
 ) -> None:

@@ -392,3 +392,64 @@ def test_asynchronous_with_the_engine_here_splits_the_cores_between_trainer_and_
     assert example.torch_threads(3, True, engine_here=True) == 3
     assert example.torch_threads(None, False, engine_here=True) is None
     assert example.torch_threads(None, True, engine_here=False) is None
+
+
+def test_against_a_running_engine_a_missing_or_refused_key_stops_the_run_at_start(
+    example: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--raas URL --engine URL`` as the README shows: without a key (it crashed after one
+    step with ``Illegal header value b'Bearer '``) or with one the engine refuses, one line
+    saying what to set, before anything trains; the engine's key (RAAS_API_KEY, or the file
+    RAAS_API_KEY_FILE names, as ``raas engine`` reads it) trains, and goes to raas too."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from raas.llm.engine.admin_key import AdminKeyMiddleware
+    from tests.support.llm_servers import ServerThread
+
+    app = FastAPI()  # an engine and a raas server as far as the trainer's start is concerned
+    app.add_middleware(AdminKeyMiddleware, api_key="sesame")
+    for path in ("/health", "/healthz"):
+        app.get(path)(lambda: {})
+    app.post("/update_weights")(lambda: JSONResponse({"detail": "no path"}, status_code=422))
+    server = ServerThread(app).start()
+    trained: list[tuple[str, str]] = []
+
+    async def train(args: object, raas_url: str, engine_url: str, key: str, t0: float) -> None:
+        trained.append((engine_url, key))
+
+    monkeypatch.setattr(example, "train", train)
+    monkeypatch.delenv("RAAS_API_KEY", raising=False)
+    monkeypatch.delenv("RAAS_API_KEY_FILE", raising=False)
+    argv = ["--raas", server.url, "--engine", server.url, "--out", str(tmp_path)]
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+
+    def stopped() -> str:
+        with pytest.raises(SystemExit) as stop:
+            example.main(argv)
+        assert isinstance(stop.value.code, str) and not trained, stop.value.code
+        return stop.value.code
+
+    try:
+        for unset in ("", "  "):
+            monkeypatch.setenv("RAAS_API_KEY", unset)
+            line = stopped()
+            assert line == (
+                f"--engine {server.url}: its /update_weights needs the key the engine was"
+                " started with: set RAAS_API_KEY (or RAAS_API_KEY_FILE) as for raas engine"
+            )
+        monkeypatch.setenv("RAAS_API_KEY", "wrong")
+        line = stopped()
+        assert "\n" not in line and line.startswith(f"--engine {server.url} refuses the key")
+        assert "missing or wrong API key" in line
+        monkeypatch.setenv("RAAS_API_KEY", "sesame")  # the control: the engine's key
+        example.main(argv)
+        monkeypatch.delenv("RAAS_API_KEY")
+        (tmp_path / "key").write_text("sesame\n")
+        monkeypatch.setenv("RAAS_API_KEY_FILE", str(tmp_path / "key"))
+        example.main(argv)
+        assert example.env_key() == "sesame"  # what raas is sent too
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        server.stop()
+    assert trained == [(server.url, "sesame")] * 2

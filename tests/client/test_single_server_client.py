@@ -165,3 +165,23 @@ def test_a_422_reads_as_the_field_and_why() -> None:
     assert str(RaasHTTPError(409, "job_id 'a' was already submitted")) == (
         "raas answered 409: job_id 'a' was already submitted"
     )
+
+
+async def test_an_empty_or_blank_api_key_sends_no_authorization_header(tmp_path: Path) -> None:
+    """No key is no header: ``Bearer `` is a value HTTP refuses (``Illegal header value``), so
+    an empty key made every request fail; a blank one did still. The control: a key is sent."""
+    from raas.client.auth import auth_headers
+
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(404, json={"detail": "no such job"})
+
+    for key in (None, "", "  ", "sesame"):
+        transport = httpx.MockTransport(answer)
+        async with AsyncRolloutClient("http://x", api_key=key, transport=transport) as client:
+            with pytest.raises(RaasHTTPError):
+                await client.get("j")
+    assert seen == [None, None, None, "Bearer sesame"]
+    assert [auth_headers(k) for k in ("", " \t", "k")] == [{}, {}, {"Authorization": "Bearer k"}]

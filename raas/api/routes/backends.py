@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, status
 from raas.api.errors import FieldError, responses
 from raas.api.state import ServiceState, service
 from raas.api.tenants import ADMIN_ONLY
-from raas.llm.pool import Backend
+from raas.llm.pool import Backend, NotInferenceServer
 from raas.wire import Ack, BackendIn, BackendOut, PauseIn, PauseOut
 
 router = APIRouter(prefix="/v1", tags=["backends"])
@@ -45,7 +45,9 @@ def backend_out(b: Backend) -> BackendOut:
 async def add_backend(req: BackendIn, svc: Service) -> BackendOut:
     """Register an inference server; the same URL again returns the one registered."""
     try:
-        backend = svc.llm.add(req.url, req.protocol, req.capacity, req.model)
+        backend = await svc.llm.add_checked(req.url, req.protocol, req.capacity, req.model)
+    except NotInferenceServer as e:
+        raise FieldError(["url"], str(e), "not_inference_server") from e
     except ValueError as e:
         raise FieldError(["url"], str(e), "url_parsing") from e
     return backend_out(backend)

@@ -62,6 +62,7 @@ from typing import Any, Literal
 
 import httpx
 
+from raas.client.auth import auth_headers
 from raas.client.backends_paused import backends_paused
 from raas.client.rollout_client import Group, SyncRolloutClient
 from raas.client.sample_choices import (
@@ -136,7 +137,7 @@ class WeightSync:
         body = {field: str(path)}
         if self.protocol == "sglang":  # what SGLang then reports as every token's version
             body["weight_version"] = str(step)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = auth_headers(self.api_key)
         for server in self.servers:
             reply = httpx.post(
                 server.rstrip("/") + route, json=body, headers=headers, timeout=self.timeout_s
