@@ -82,12 +82,14 @@ async def _hold(sandbox: Sandbox, script: str) -> str:
     """Runs ``script`` (python) in the background in ``sandbox`` until it prints ``held ...``
     (what it took, which it then keeps): that line."""
     await sandbox.write_file("/tmp/hog.py", script)
+    # grep -s: the file may not be there yet (the background shell makes it), and a "No such
+    # file" from grep would land in the output, before the line read here.
     wait = (
         "python3 /tmp/hog.py > /tmp/hog.out 2>&1 &"
         f" for i in $(seq {HOLD_DEADLINE_S * 10}); do"
-        " grep -q '^held' /tmp/hog.out && break; sleep 0.1; done; grep '^held' /tmp/hog.out"
+        " grep -qs '^held' /tmp/hog.out && break; sleep 0.1; done; grep -s '^held' /tmp/hog.out"
     )
-    return await _out(sandbox, wait)
+    return (await _out(sandbox, wait)).splitlines()[-1]
 
 
 # -- Attack: /proc/1/cwd into the zygote's own workspace (FIXED) ---------------------------------
