@@ -9,7 +9,8 @@ runs the action server. raas moves that process into the sandbox's cgroup before
 
 A zygote is started once per template and raas process, from a thread kept for it (bwrap's
 ``--die-with-parent`` follows the thread that started it, so a pool thread that ends would take
-the zygote with it); it dies with raas. Nothing of a sandbox's (its limits, its fds) stays in
+the zygote with it); it dies with raas, and at a clean exit is ended (``close_all``) as a
+sandbox is closed: its namespace's init first. Nothing of a sandbox's (its limits, its fds) stays in
 the zygote after the fork.
 """
 
@@ -21,9 +22,11 @@ import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -42,8 +45,42 @@ MAX_MESSAGE = 1 << 20
 # The fd the action server's listening socket has in a zygote's sandbox (inside/zygote.py).
 LISTEN_FD = 3
 
-# Zygotes are started (and ended) on this one thread, which lives as long as raas.
-_keeper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raas-zygote")
+
+class _Keeper(concurrent.futures.Executor):
+    """One daemon thread that starts (and ends) zygotes, and lives as long as raas: bwrap's
+    ``--die-with-parent`` follows the thread that started it. Not a ThreadPoolExecutor, whose
+    thread is joined at exit before ``atexit`` runs ``close_all``: bwrap would kill the zygote
+    first, leaving its namespace's init to the host's PID 1 (which may never reap it)."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
+        self._work = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="raas-zygote", daemon=True)
+                self._thread.start()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._work.put((functools.partial(fn, *args, **kwargs), future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            fn, future = self._work.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # handed to the caller
+                future.set_exception(e)
+
+
+_keeper = _Keeper()
 _zygotes: dict[str, Zygote] = {}
 _starting: dict[str, asyncio.Future[Zygote]] = {}
 
@@ -85,6 +122,7 @@ class Zygote:
         self.control = control
         self.uid = uid  # its host uid (raas as root), which its sandboxes run as
         self.on_kill: Callable[[], None] | None = None
+        self._init: tuple[int, int] | None = None  # its namespace's init (bwrap's): PID, pidfd
         self.host_pid: int | None = None
         self._lock = threading.Lock()  # one request at a time on the control socket
 
@@ -105,6 +143,10 @@ class Zygote:
         self.host_pid = _host_pid(procs.descendants(self.process.pid), ns_pid)
         if self.host_pid is None:
             raise SandboxError("zygote: its process was not found")
+        init = procs.parent_of(self.host_pid)
+        fd = None if init is None else procs.open_pidfd(init)
+        if init is not None and fd is not None and fd >= 0:
+            self._init = (init, fd)
         if self.process.stderr is not None:  # it writes nothing once ready
             self.process.stderr.close()
 
@@ -152,9 +194,18 @@ class Zygote:
                 os.close(fd)
 
     def kill(self) -> None:
-        """Ends the zygote, and with it every sandbox forked from it (its PID namespace)."""
+        """Ends the zygote, and with it every sandbox forked from it (its PID namespace): its
+        namespace's init first, which bwrap then reaps as it exits. Killing bwrap first would
+        leave that init to the host's PID 1, which in a container may never reap it."""
         with contextlib.suppress(OSError):
             self.control.close()
+        if self._init is not None:
+            pid, fd = self._init
+            self._init = None
+            procs.signal_pidfd(fd, pid)
+            os.close(fd)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -6,6 +6,7 @@ what one does must not reach the other, nor the zygote, nor count against the ot
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -160,3 +161,23 @@ async def test_a_forks_mounts_have_its_own_sizes(pair: tuple[BwrapSandbox, Bwrap
         assert big._zygote_key() == a._zygote_key()  # one zygote, two sizes
         modes = json.loads(await _out(big, "stat -c '[\"%a\", %u]' /workspace"))
         assert modes == ["755", 1000]
+
+
+def _exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()  # a zombie too: only its reaping removes it
+
+
+async def test_ending_a_zygote_leaves_no_process_not_even_one_to_reap() -> None:
+    # Its namespace's init is killed first, so bwrap reaps it: killed the other way round, the
+    # init went to the host's PID 1, which in a container may never reap it (a fault test saw
+    # one left after a server's clean exit).
+    async with create_sandbox(BwrapConfig(limits=LIMITS)) as sandbox:
+        assert isinstance(sandbox, BwrapSandbox)
+        zygote = zygotes._zygotes[sandbox._zygote_key()]
+        assert zygote.host_pid is not None
+        init = procs.parent_of(zygote.host_pid)
+        assert init is not None
+        pids = {zygote.process.pid, init, zygote.host_pid}
+        assert len(pids) == 3 and all(procs.alive(p) for p in pids)  # the control
+    await asyncio.to_thread(zygotes.close_all)
+    assert {p for p in pids if _exists(p)} == set()
