@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from raas.sandbox import BwrapConfig, Sandbox, SandboxError, SandboxLimits, create_sandbox, procs
+from raas.sandbox import BwrapConfig, SandboxError, SandboxLimits, create_sandbox, procs
 from raas.sandbox import zygote as zygotes
 from raas.sandbox.bwrap import BwrapSandbox
+from tests.support.sandbox_shell import hold, out
 
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(action_timeout_s=30, max_processes=40, disk_bytes=32 * MiB)
@@ -39,32 +40,26 @@ async def pair() -> AsyncIterator[tuple[BwrapSandbox, BwrapSandbox]]:
         await b.close()
 
 
-async def _out(sandbox: Sandbox, command: str) -> str:
-    result = await sandbox.bash(command)
-    assert result.exit_code == 0, result.output
-    return result.output.strip()
-
-
 async def test_two_forks_of_one_zygote_see_nothing_of_each_other(
     pair: tuple[BwrapSandbox, BwrapSandbox],
 ) -> None:
     a, b = pair
     names = "for n in user pid mnt net ipc uts cgroup; do readlink /proc/self/ns/$n; done"
-    assert set((await _out(a, names)).split()).isdisjoint((await _out(b, names)).split())
-    await _out(b, "echo b > /workspace/f; echo b > /tmp/f; echo b > /dev/shm/f")
+    assert set((await out(a, names)).split()).isdisjoint((await out(b, names)).split())
+    await out(b, "echo b > /workspace/f; echo b > /tmp/f; echo b > /dev/shm/f")
     seen = await a.bash("cat /workspace/f /tmp/f /dev/shm/f 2>&1; ls /workspace /tmp /dev/shm")
     assert "b" not in seen.output.split()
     # Processes: a lists its own only; b's (by any number) are not there to signal.
-    assert len((await _out(a, "ls -d /proc/[0-9]*")).split()) <= len(a.host_pids()) + 2
-    await _out(b, "sleep 1000 & echo $! > /tmp/sleeper")
-    sleeper = int(await _out(b, "cat /tmp/sleeper"))
+    assert len((await out(a, "ls -d /proc/[0-9]*")).split()) <= len(a.host_pids()) + 2
+    await out(b, "sleep 1000 & echo $! > /tmp/sleeper")
+    sleeper = int(await out(b, "cat /tmp/sleeper"))
     targets = " ".join(str(p) for p in sorted(b.host_pids()) + [sleeper])
     tried = await a.bash(f"for p in {targets}; do kill -9 $p 2>/dev/null && echo hit $p; done")
     assert "hit" not in tried.output
     assert (await b.bash("kill -0 $(cat /tmp/sleeper) && echo alive")).output == "alive\n"
     # An abstract socket b listens on is not a's to reach (its own network namespace).
     listen = "import socket,time;s=socket.socket(socket.AF_UNIX);s.bind('\\0raas-z');s.listen();"
-    await _out(b, f'python3 -c "{listen}time.sleep(60)" & sleep 0.5; echo')
+    assert await hold(b, f"{listen}print('held', flush=True);time.sleep(60)") == "held"
     connect = "import socket;socket.socket(socket.AF_UNIX).connect('\\0raas-z')"
     assert (await a.bash(f'python3 -c "{connect}"')).exit_code != 0
     assert (await b.bash(f'python3 -c "{connect}"')).exit_code == 0  # the control
@@ -86,22 +81,20 @@ async def test_one_forks_processes_do_not_count_against_anothers(
         "    if pid == 0:\n"
         "        time.sleep(120); os._exit(0)\n"
         "    n += 1\n"
-        "print(n, flush=True)\n"
+        "print('held', n, flush=True)\n"
         "time.sleep(120)\n"
     )
-    await a.write_file("/tmp/hog.py", hog)
-    await _out(a, "python3 /tmp/hog.py > /tmp/count & sleep 2; echo")
-    held = int(await _out(a, "cat /tmp/count"))
+    held = int((await hold(a, hog)).split()[1])
     assert 0 < held < LIMITS.max_processes  # a is at its cap
     more = "n=0; for i in $(seq 20); do sleep 100 & n=$((n+1)); done; echo $n"
-    assert await _out(b, more) == "20"  # b is not
+    assert await out(b, more) == "20"  # b is not
 
 
 async def test_a_fork_holds_no_capability_and_nothing_of_the_zygote(
     pair: tuple[BwrapSandbox, BwrapSandbox],
 ) -> None:
     a, _ = pair
-    await _out(a, "sleep 1000 &")
+    await out(a, "sleep 1000 &")
     zygote = zygotes._zygotes[a._zygote_key()]
     assert zygote.host_pid is not None
     control = {
@@ -121,7 +114,7 @@ async def test_a_fork_holds_no_capability_and_nothing_of_the_zygote(
         links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         assert not links & {link for link in control if link.startswith("socket:")}, pid
     # Nor does it see the zygote: only its own namespace's processes.
-    assert await _out(a, "cat /proc/1/status | grep ^NSpid | awk '{print $NF}'") == "1"
+    assert await out(a, "cat /proc/1/status | grep ^NSpid | awk '{print $NF}'") == "1"
 
 
 async def test_a_dead_zygote_is_replaced_and_takes_its_forks_with_it() -> None:
@@ -156,10 +149,10 @@ async def test_a_forks_mounts_have_its_own_sizes(pair: tuple[BwrapSandbox, Bwrap
     big = BwrapSandbox(BwrapConfig(limits=LIMITS.model_copy(update={"disk_bytes": 64 * MiB})))
     async with big:
         sizes = "df -B1 --output=size /workspace | tail -1"
-        assert int(await _out(a, sizes)) == 32 * MiB
-        assert int(await _out(big, sizes)) == 64 * MiB
+        assert int(await out(a, sizes)) == 32 * MiB
+        assert int(await out(big, sizes)) == 64 * MiB
         assert big._zygote_key() == a._zygote_key()  # one zygote, two sizes
-        modes = json.loads(await _out(big, "stat -c '[\"%a\", %u]' /workspace"))
+        modes = json.loads(await out(big, "stat -c '[\"%a\", %u]' /workspace"))
         assert modes == ["755", 1000]
 
 

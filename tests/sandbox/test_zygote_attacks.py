@@ -19,17 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from raas.sandbox import BwrapConfig, Sandbox, SandboxLimits, claim_runtime_dir, procs
+from raas.sandbox import BwrapConfig, SandboxLimits, claim_runtime_dir, procs
 from raas.sandbox import zygote as zygotes
 from raas.sandbox.bwrap import BwrapSandbox
+from tests.support.sandbox_shell import hold, out
 
 MiB = 1024 * 1024
 LIMITS = SandboxLimits(action_timeout_s=60, max_processes=40, disk_bytes=32 * MiB)
 # Host uids of this process's own (pytest's workers are processes, each with its own uid slots
 # from the same default base): what one test's hog takes per uid is no other worker's.
 UID_BASE = 2_000_000 + (os.getpid() % 100_000) * 256
-# How long a background hog inside gets to say it holds what it took (a deadline, not a sleep).
-HOLD_DEADLINE_S = 60
 
 
 async def _pair(zygote: bool) -> tuple[BwrapSandbox, BwrapSandbox]:
@@ -72,26 +71,6 @@ async def colds() -> AsyncIterator[tuple[BwrapSandbox, BwrapSandbox]]:
         await b.close()
 
 
-async def _out(sandbox: Sandbox, command: str) -> str:
-    result = await sandbox.bash(command)
-    assert result.exit_code == 0, result.output
-    return result.output.strip()
-
-
-async def _hold(sandbox: Sandbox, script: str) -> str:
-    """Runs ``script`` (python) in the background in ``sandbox`` until it prints ``held ...``
-    (what it took, which it then keeps): that line."""
-    await sandbox.write_file("/tmp/hog.py", script)
-    # grep -s: the file may not be there yet (the background shell makes it), and a "No such
-    # file" from grep would land in the output, before the line read here.
-    wait = (
-        "python3 /tmp/hog.py > /tmp/hog.out 2>&1 &"
-        f" for i in $(seq {HOLD_DEADLINE_S * 10}); do"
-        " grep -qs '^held' /tmp/hog.out && break; sleep 0.1; done; grep -s '^held' /tmp/hog.out"
-    )
-    return (await _out(sandbox, wait)).splitlines()[-1]
-
-
 # -- Attack: /proc/1/cwd into the zygote's own workspace (FIXED) ---------------------------------
 # The zygote runs with bwrap's --chdir (its own small workspace tmpfs, one for all its forks). A
 # fork's init mounted the sandbox's workspace over it but kept its working directory, the
@@ -105,12 +84,12 @@ async def test_init_cwd_is_the_sandboxs_own_workspace(
     forks: tuple[BwrapSandbox, BwrapSandbox],
 ) -> None:
     a, b = forks
-    await _out(a, "echo from-a > /proc/1/cwd/leak")
+    await out(a, "echo from-a > /proc/1/cwd/leak")
     # The control: what a wrote through its init's directory is in its own workspace.
-    assert await _out(a, "cat /workspace/leak") == "from-a"
+    assert await out(a, "cat /workspace/leak") == "from-a"
     seen = await b.bash("cat /proc/1/cwd/leak /workspace/leak 2>&1")
     assert "from-a" not in seen.output
-    assert await _out(b, "ls -A /proc/1/cwd") == ""
+    assert await out(b, "ls -A /proc/1/cwd") == ""
 
 
 async def test_the_zygotes_own_scratch_mounts_are_read_only(
@@ -154,10 +133,10 @@ async def test_the_init_takes_no_signal_from_inside(zygote: bool) -> None:
     async with sandbox:
         assert isinstance(sandbox.process, zygotes.ForkedProcess) == zygote
         # No handler: signals from inside its namespace never reach the init.
-        assert await _out(sandbox, "grep ^SigCgt /proc/1/status") == "SigCgt:\t" + "0" * 16
+        assert await out(sandbox, "grep ^SigCgt /proc/1/status") == "SigCgt:\t" + "0" * 16
         for name in ("INT", "TERM", "HUP", "QUIT", "USR1", "KILL"):
             await sandbox.bash(f"kill -{name} 1")
-        assert await _out(sandbox, "echo still here") == "still here"
+        assert await out(sandbox, "echo still here") == "still here"
 
 
 # -- Attack: per-user kernel counts shared by every fork of a zygote (WORKS) ---------------------
@@ -224,10 +203,10 @@ async def _exhaust(pair: tuple[BwrapSandbox, BwrapSandbox], hog: str, one: str) 
     """``a`` takes all it can (``hog``), then ``b`` tries one (``one``): what ``b`` got."""
     a, b = pair
     await b.write_file("/tmp/one.py", one)
-    assert await _out(b, "python3 /tmp/one.py") == "ok"  # before: b has its own
-    held = await _hold(a, hog)
+    assert await out(b, "python3 /tmp/one.py") == "ok"  # before: b has its own
+    held = await hold(a, hog)
     assert int(held.split()[1]) > 0, held
-    return await _out(b, "python3 /tmp/one.py")
+    return await out(b, "python3 /tmp/one.py")
 
 
 @pytest.mark.xfail(
