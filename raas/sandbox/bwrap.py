@@ -492,7 +492,7 @@ class BwrapSandbox(NamespacedSandbox):
         parts = [self.config.model_dump(mode="json", exclude={"limits"}), self._python]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
-    def _start_zygote(self, key: str, binary: str) -> zygotes.Zygote:
+    def _start_zygote(self, binary: str) -> zygotes.Zygote:
         """Blocking, on the zygote keeper thread: this template's zygote, started and ready."""
         slot = uid_slots.take() if os.geteuid() == 0 else None
         user = None if slot is None else self.config.uid_base + slot
@@ -531,7 +531,7 @@ class BwrapSandbox(NamespacedSandbox):
             theirs.close()
             for fd in fds:
                 os.close(fd)
-        zygote = zygotes.Zygote(key, process, ours, user)
+        zygote = zygotes.Zygote(process, ours, user)
         if slot is not None:
             zygote.on_kill = functools.partial(uid_slots.give_back, slot)
         try:
@@ -544,7 +544,7 @@ class BwrapSandbox(NamespacedSandbox):
     async def _zygote_launch(self, binary: str, listen_fd: int) -> Launched:
         """This sandbox forked from its template's zygote: held until it is in its cgroup."""
         key = self._zygote_key()
-        zygote = await zygotes.get(key, functools.partial(self._start_zygote, key, binary))
+        zygote = await zygotes.get(key, functools.partial(self._start_zygote, binary))
         self._zygote_uid = zygote.uid
         limits = self.limits
         caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)

@@ -112,12 +112,10 @@ class Zygote:
 
     def __init__(
         self,
-        key: str,
         process: subprocess.Popen[bytes],
         control: socket.socket,
         uid: int | None = None,
     ):
-        self.key = key
         self.process = process
         self.control = control
         self.uid = uid  # its host uid (raas as root), which its sandboxes run as
@@ -283,7 +281,6 @@ class ForkedProcess:
         self.pid = pid
         self.stdout: asyncio.StreamReader | None = stdout
         self.stderr: asyncio.StreamReader | None = stderr
-        self.stdin = None
         self.returncode: int | None = None
         self._pidfd = procs.open_pidfd(pid)
         if self._pidfd == -1:
