@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 import raas
 from raas.agent.gateway import is_gateway_path
@@ -18,7 +18,7 @@ from raas.agent.snapshots import Snapshots
 from raas.api.auth import LOGIN_PATH, ApiKeyMiddleware
 from raas.api.body_limit import BodyLimitMiddleware
 from raas.api.browser_guard import UNSAFE_METHODS, BrowserGuardMiddleware, guard_policy
-from raas.api.errors import PathMethods, install_error_handlers, responses
+from raas.api.errors import PathMethods, install_error_handlers, one_value_per_query_key, responses
 from raas.api.image_store import ImageStoreMonitor
 from raas.api.metrics import PipelineMetrics
 from raas.api.openapi import (
@@ -193,10 +193,13 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
 
     guarded = responses(401, 403, 413)
     methods.add(app.router.routes)  # FastAPI's pages and /healthz
-    routers = (rollouts, system, backends, prorl, gateway, dashboard)
-    for router in (module.router for module in routers):
-        app.include_router(router, responses=guarded)
-        methods.add(router.routes)
+    # The gateway's routes answer in their APIs' own error shapes, to SDKs that send what they
+    # send: raas's own routes alone refuse a repeated query key.
+    one_value = [Depends(one_value_per_query_key)]
+    for module in (rollouts, system, backends, prorl, gateway, dashboard):
+        checks = one_value if module is not gateway else []
+        app.include_router(module.router, responses=guarded, dependencies=checks)
+        methods.add(module.router.routes)
 
     generate = app.openapi
 

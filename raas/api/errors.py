@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, compile_path
@@ -162,6 +164,35 @@ def app_path(scope: Scope) -> str:
     path: str = scope["path"]
     root = scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
+
+
+def one_value_per_query_key(request: Request) -> None:
+    """Refuse a query that names one of the route's query parameters twice (a dependency of
+    raas's own routes; the gateway's serve SDKs that answer in their API's shape). No route
+    takes a list in its query, and FastAPI reads the last value of a repeated key and drops the
+    rest: ``?min_reward=[]&min_reward=0.5`` is a request whose meaning is not said, so it is a
+    422 at the key, as an ill-typed value is. A key the route does not take is ignored, as
+    FastAPI ignores it once."""
+    route = request.scope.get("route")
+    declared = _query_names(route.dependant) if isinstance(route, APIRoute) else frozenset()
+    seen: set[str] = set()
+    for key, _ in request.query_params.multi_items():
+        if key in seen and key in declared:
+            error = {
+                "type": "repeated",
+                "loc": ["query", key],
+                "msg": f"query key {key!r} is given more than once; give it once",
+            }
+            raise RequestValidationError([error])
+        seen.add(key)
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route's dependant takes, its dependencies' included."""
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return frozenset(names)
 
 
 def install_error_handlers(app: FastAPI, methods: PathMethods) -> None:

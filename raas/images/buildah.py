@@ -45,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -132,6 +133,20 @@ class BuildahDirs:
     @property
     def home(self) -> Path:
         return self.base / "home"
+
+
+@contextlib.contextmanager
+def _reference_safe_tmp(parent: Path, prefix: str) -> Iterator[Path]:
+    """A new private directory under ``parent`` whose name is a valid image reference component
+    (lowercase hex after ``prefix``), removed after use. buildah names an image pulled from a
+    layout after the layout's path and refuses the pull when that path is not a valid
+    reference: tempfile's random names may end in ``_`` or hold ``___``."""
+    path = parent / f"{prefix}{secrets.token_hex(8)}"
+    path.mkdir(mode=0o700)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class Cancelled(ImageError):
@@ -391,7 +406,7 @@ class Buildah:
 
     def _load_base(self, store: ImageStore, image: StoredImage) -> None:
         """The store's ``image`` into buildah's storage, tagged ``base_tag(image)``."""
-        with tempfile.TemporaryDirectory(prefix="base-", dir=self.dirs.tmp) as tmp:
+        with _reference_safe_tmp(self.dirs.tmp, "base-") as tmp:
             layout, tag = store.root, image.ref
             if self.root:  # the store is raas's alone: buildah's user reads a copy
                 layout, tag = self._base_copy(store, image, Path(tmp) / "layout"), "base"

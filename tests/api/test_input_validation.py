@@ -245,6 +245,20 @@ async def test_query_numbers_are_bounded(http: httpx.AsyncClient) -> None:
     await still_works(http)
 
 
+async def test_a_query_key_given_twice_is_a_422_at_the_key(http: httpx.AsyncClient) -> None:
+    # FastAPI reads the last of a repeated scalar key: "[]" then 0.5 would be read as 0.5.
+    twice = [("min_reward", "[]"), ("min_reward", "0.5")]
+    r = await http.get("/v1/dashboard/jobs", params=twice)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "min_reward"]
+    assert (await http.get("/v1/dashboard/jobs", params=twice[1:])).status_code == 200
+    # A key the route does not take is ignored, once or twice, as FastAPI ignores it.
+    unknown = [("min_reward", "0.5"), ("x", "1"), ("x", "2")]
+    assert (await http.get("/v1/dashboard/jobs", params=unknown)).status_code == 200
+    r = await http.get("/v1/rollouts", params=[("since", "1"), ("limit", "2"), ("since", "1")])
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "since"]
+    await still_works(http)
+
+
 @pytest.fixture
 def server(app: Any) -> Iterator[ServerThread]:
     thread = ServerThread(app).start()
