@@ -166,15 +166,15 @@ def app_path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-def one_value_per_query_key(request: Request) -> None:
+async def one_value_per_query_key(request: Request) -> None:
     """Refuse a query that names one of the route's query parameters twice (a dependency of
     raas's own routes; the gateway's serve SDKs that answer in their API's shape). No route
     takes a list in its query, and FastAPI reads the last value of a repeated key and drops the
     rest: ``?min_reward=[]&min_reward=0.5`` is a request whose meaning is not said, so it is a
     422 at the key, as an ill-typed value is. A key the route does not take is ignored, as
-    FastAPI ignores it once."""
+    FastAPI ignores it once. (async: FastAPI runs a plain def dependency in a thread.)"""
     route = request.scope.get("route")
-    declared = _query_names(route.dependant) if isinstance(route, APIRoute) else frozenset()
+    declared = _route_query_names(route) if isinstance(route, APIRoute) else frozenset()
     seen: set[str] = set()
     for key, _ in request.query_params.multi_items():
         if key in seen and key in declared:
@@ -185,6 +185,18 @@ def one_value_per_query_key(request: Request) -> None:
             }
             raise RequestValidationError([error])
         seen.add(key)
+
+
+# id(route): the route (kept, so its id is not reused) and its query parameters. Routes are
+# made once, with the app; APIRoute is not hashable.
+_QUERY_NAMES: dict[int, tuple[APIRoute, frozenset[str]]] = {}
+
+
+def _route_query_names(route: APIRoute) -> frozenset[str]:
+    found = _QUERY_NAMES.get(id(route))
+    if found is None:
+        found = _QUERY_NAMES[id(route)] = (route, _query_names(route.dependant))
+    return found[1]
 
 
 def _query_names(dependant: Dependant) -> frozenset[str]:

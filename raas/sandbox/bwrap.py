@@ -187,7 +187,7 @@ class BwrapSandbox(NamespacedSandbox):
 
     config: BwrapConfig
     can_fork = True
-    init_is_launched_child = True  # bwrap's (and a zygote's fork's) child is the init
+    init_is_launched_child = True  # bwrap's child is the init (a zygote's fork is the init)
 
     def __init__(self, config: BwrapConfig, image: StoredImage | None = None) -> None:
         super().__init__(config, image)
@@ -197,6 +197,7 @@ class BwrapSandbox(NamespacedSandbox):
         self._fork_layer: _ForkLayer | None = None
         self._seed_fd: int | None = None  # a fork's: its parent's changes, for the launch
         self._zygote_uid: int | None = None  # forked from a zygote as root: the zygote's uid
+        self._forked = False  # forked from a zygote: the launched process is the init
 
     def _bwrap_args(self, data_fds: dict[str, int], zygote: bool = False) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -563,6 +564,7 @@ class BwrapSandbox(NamespacedSandbox):
             if self._cgroup is not None:
                 await asyncio.to_thread(self._cgroup.join, forked.pid)
             os.write(forked.go, b"g")  # not written: the fork exits at once, having done nothing
+            self._forked = True
             stdout, stderr = forked.stdout, forked.stderr
             return zygotes.ForkedProcess(
                 forked.pid, await zygotes.reader(stdout), await zygotes.reader(stderr)
@@ -605,5 +607,7 @@ class BwrapSandbox(NamespacedSandbox):
         # bwrap's child is the PID namespace's init; every sandbox process lives in that namespace.
         # When a start fails before it is known, close's SIGKILL of bwrap is enough: the sandbox
         # goes with it (--die-with-parent).
+        if self._forked:
+            return procs.pid_namespace(pid)
         children = procs.children_of(pid)
         return procs.pid_namespace(children[0]) if children else None

@@ -135,16 +135,17 @@ def descendants(root: int) -> set[int]:
     return found
 
 
-def innermost_pid(pid: int) -> int | None:
-    """What host PID ``pid`` is in its own (innermost) PID namespace, or None if it is gone."""
+def ns_pids(pid: int) -> list[int]:
+    """What host PID ``pid`` is in each PID namespace it is in, outermost first (/proc's
+    NSpid); empty if it is gone."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
                 if line.startswith(b"NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+                    return [int(n) for n in line.split()[1:]]
+    except (OSError, ValueError):
+        return []
+    return []
 
 
 def uid_of(pid: int) -> int | None:

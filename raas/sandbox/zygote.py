@@ -179,7 +179,9 @@ class Zygote:
             if "error" in reply:
                 raise SandboxError(f"zygote: {reply['error']}")
             assert self.host_pid is not None
-            pid = _host_pid(set(procs.children_of(self.host_pid)), int(reply["pid"]))
+            # The fork is the init of a PID namespace of its own, one below the zygote's.
+            level = len(procs.ns_pids(self.host_pid)) - 1
+            pid = _host_pid(set(procs.children_of(self.host_pid)), int(reply["pid"]), level)
             if pid is None:
                 raise SandboxError("zygote: the new sandbox's process was not found")
             return Forked(pid, go_w, out_r, err_r)
@@ -215,10 +217,12 @@ class Zygote:
             on_kill()
 
 
-def _host_pid(candidates: set[int], ns_pid: int) -> int | None:
-    """Which of ``candidates`` (host PIDs) is ``ns_pid`` in its own PID namespace."""
+def _host_pid(candidates: set[int], ns_pid: int, level: int = -1) -> int | None:
+    """Which of ``candidates`` (host PIDs) is ``ns_pid`` in the PID namespace ``level`` deep
+    (/proc's NSpid: 0 the outermost, -1 each one's own)."""
     for pid in candidates:
-        if procs.innermost_pid(pid) == ns_pid:
+        found = procs.ns_pids(pid)
+        if -len(found) <= level < len(found) and found[level] == ns_pid:
             return pid
     return None
 
@@ -273,9 +277,9 @@ atexit.register(close_all)
 
 
 class ForkedProcess:
-    """What a zygote's sandbox has for the process a cold start launches (the fork that made
-    its namespaces, whose child is their init): PID, stdout and stderr, wait and signals. It is
-    the zygote's child, not raas's: its end is seen through a pidfd, and its status is not."""
+    """What a zygote's sandbox has for the process a cold start launches (the fork, its
+    namespaces' init): PID, stdout and stderr, wait and signals. It is the zygote's child, not
+    raas's: its end is seen through a pidfd, and its status is not."""
 
     def __init__(self, pid: int, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader):
         self.pid = pid

@@ -397,7 +397,8 @@ class ResultStore:
             kept, gone = turn_rows.add(
                 conn, job_id, from_turn, turn, archive, data, size=size, tenant_cap=tenant_cap
             )
-            turn_rows.remove_files(self.path, job_id, gone)
+            if gone:  # most turns replace nothing: no directory to open and check
+                turn_rows.remove_files(self.path, job_id, gone)
             return kept
 
         return await self._call(lambda conn: self._write(conn, _add))

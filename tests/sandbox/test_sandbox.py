@@ -89,6 +89,16 @@ async def test_shell_state_persists_between_calls(sandbox: Sandbox) -> None:
     assert (await sandbox.bash("exit_with() { return $1; }; exit_with 7")).exit_code == 7
 
 
+async def test_the_shells_terminal_neither_echoes_nor_wraps(sandbox: Sandbox) -> None:
+    # What raas types is not read back, "\n" stays "\n" and programs that fit their output to
+    # the terminal see 1000 columns; after a restart of the shell too.
+    for _ in range(2):
+        out = (await sandbox.bash("stty -a")).output
+        assert "columns 1000;" in out and " -echo " in out and " -onlcr" in out, out
+        assert (await sandbox.bash("printf 'a\\nb\\n'")).output == "a\nb\n"
+        await sandbox.bash("exit")
+
+
 async def test_a_command_that_never_ends_is_interrupted_and_the_shell_lives(
     sandbox: Sandbox,
 ) -> None:

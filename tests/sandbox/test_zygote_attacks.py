@@ -114,8 +114,8 @@ async def test_the_zygotes_own_scratch_mounts_are_read_only(
     assert set(theirs) == points
     assert all("ro" in opts for stack in theirs.values() for opts in stack), theirs
     # The control: the sandbox's own (the top of each stack) are writable.
-    init = min(a.host_pids(), key=lambda pid: procs.innermost_pid(pid) or 1 << 30)
-    assert procs.innermost_pid(init) == 1
+    init = min(a.host_pids(), key=lambda pid: (procs.ns_pids(pid) or [1 << 30])[-1])
+    assert procs.ns_pids(init)[-1] == 1
     ours = options(init)
     assert all("rw" in stack[-1] for stack in ours.values()), ours
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import pty
 import re
 import signal
+import struct
 import termios
 import uuid
 from typing import Any
@@ -29,6 +31,18 @@ def marker_re(*markers: str) -> re.Pattern[bytes]:
     """The line ``printf`` writes for any of ``markers``, with the exit code as group 1."""
     names = b"|".join(re.escape(m.encode()) for m in markers)
     return re.compile(b"\n?(?:" + names + b")_(-?\\d+)__\n")
+
+
+def _quiet_wide_terminal(fd: int) -> None:
+    """The shell's terminal as raas reads it, set before bash starts (in the child, so nothing
+    races it; no stty process per sandbox): no echo of what raas types, "\n" kept as is, and
+    1000 columns so that nothing a command prints is wrapped."""
+    attrs = termios.tcgetattr(fd)
+    attrs[1] &= ~termios.ONLCR  # oflag
+    attrs[3] &= ~termios.ECHO  # lflag
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)
+    rows, _, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, bytes(8)))
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, 1000, 0, 0))
 
 
 class ShellDied(Exception):
@@ -60,22 +74,16 @@ class Shell:
                 # the default dispositions (`yes | head` ends quietly, SIGINT interrupts).
                 for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGQUIT, signal.SIGXFSZ):
                     signal.signal(sig, signal.SIG_DFL)
+                _quiet_wide_terminal(0)
                 os.chdir(self.cwd)
                 os.execvpe("bash", ["bash", "--noprofile", "--norc", "--noediting", "-i"], self.env)
             finally:
                 os._exit(127)
         self.pid, self.fd = pid, fd
         self._eof = False
-        attrs = termios.tcgetattr(fd)
-        attrs[1] &= ~termios.ONLCR  # oflag: keep "\n" as is
-        attrs[3] &= ~termios.ECHO  # lflag: do not echo what we type
-        termios.tcsetattr(fd, termios.TCSANOW, attrs)
         os.set_blocking(fd, False)
         asyncio.get_running_loop().add_reader(fd, self._on_readable)
-        setup = (
-            "PS1=''; PS2=''; PROMPT_COMMAND=''; unset HISTFILE MAILCHECK;"
-            " stty cols 1000 -echo 2>/dev/null"
-        )
+        setup = "PS1=''; PS2=''; PROMPT_COMMAND=''; unset HISTFILE MAILCHECK"
         await self._run(setup, timeout_s=10.0, max_output=4096)
 
     def _on_readable(self) -> None:

@@ -8,13 +8,14 @@ capabilities. A request comes on the control socket (SOCK_SEQPACKET, the fd of `
 one JSON message ``{"argv": [...], "env": {...}, "mounts": [[path, bytes], ...], "hostname":
 ...}`` carrying four fds (SCM_RIGHTS): the action server's listening socket, its stdout and
 stderr, and a pipe to wait on. The answer is ``{"pid": N}`` (the fork, in the zygote's PID
-namespace) or ``{"error": ...}``. The fork waits for a byte on that pipe (raas moves it into the
-sandbox's cgroup first), then takes namespaces of its own: a user namespace (the sandbox user
-mapped to itself, so its process count is its own), mount, PID, IPC, UTS, cgroup and network;
-its first child is the new PID namespace's init, which mounts its own /proc and a size-capped
-tmpfs on each of ``mounts``, forbids further user namespaces, drops every capability, and forks
-the action server (``server.main``, with only its three fds), then reaps what is left to it
-until the server ends, as bwrap's init does in a sandbox started cold.
+namespace) or ``{"error": ...}``. The fork is made by clone(2) into new namespaces of its own
+(a user namespace, the sandbox user mapped to itself, so its process count is its own; mount,
+PID, IPC, UTS and network) and is their PID namespace's init. It waits for a byte on that pipe
+(raas moves it into the sandbox's cgroup first), takes a cgroup namespace rooted there, mounts
+its own /proc and a size-capped tmpfs on each of ``mounts``, forbids further user namespaces,
+drops every capability, and forks the action server (``server.main``, with only its three
+fds), then reaps what is left to it until the server ends, as bwrap's init does in a sandbox
+started cold.
 
 Standard library (with ctypes) only, Python 3.8+. Linux x86_64 and aarch64.
 """
@@ -30,6 +31,7 @@ sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 import array  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
@@ -52,6 +54,7 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 IFREQ = "16sH22s"  # struct ifreq: the name, then ifr_flags in its union
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 CAP_V3 = 0x20080522
 MAX_REQUEST = 1 << 20
 FDS = 4  # listen, stdout, stderr, go
@@ -101,7 +104,6 @@ def loopback_up() -> None:
 
 def become_init(request: dict) -> None:
     """In the new PID namespace's init: the sandbox's own mounts, name and limits."""
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
     # Python's SIGINT handler would let a sandbox's ``kill -INT 1`` end its init (and the
     # sandbox); with none, the kernel keeps its namespace's signals from it, as from bwrap's.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -147,27 +149,38 @@ def reap_until(server_pid: int, fds: tuple) -> None:
             os._exit(exit_code(status))
 
 
-def run_sandbox(request: dict, fds: list) -> None:
-    """The fork's part: wait for raas, take the namespaces, start the server (never returns)."""
+def clone_into_namespaces() -> int:
+    """fork(2) into new user, mount, PID, IPC, UTS and network namespaces at once: the child
+    (0 returned to it) is the new PID namespace's init, with no process between it and the
+    zygote. Python has no clone; the zygote is single-threaded and the child takes no lock of
+    the parent's (the call released the GIL), so it goes on as after a fork."""
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    flags |= CLONE_NEWNET | signal.SIGCHLD
+    # No new stack (the child runs on its copy of this one), no tid or TLS pointers: a fork.
+    # Every argument a long: a variadic int's upper half is undefined.
+    args = [ctypes.c_long(a) for a in (SYS_CLONE[platform.machine()], flags, 0, 0, 0, 0)]
+    pid = int(libc.syscall(*args))
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"clone: {os.strerror(err)}")
+    return pid
+
+
+def run_sandbox(request: dict, fds: list, uid: int, gid: int) -> None:
+    """The init's part, in the new namespaces: wait for raas, map the sandbox user (``uid``
+    and ``gid``, the zygote's) to itself, take a cgroup namespace rooted at the sandbox's
+    cgroup, set the sandbox up and start its action server (never returns)."""
     listen, out, err, go = fds
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
     if os.read(go, 1) != b"g":  # raas gave up on it (or failed to move it into its cgroup)
         os._exit(1)
     os.close(go)
-    uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    flags |= CLONE_NEWCGROUP | CLONE_NEWNET
-    check(libc.unshare(flags), "unshare")
     write("/proc/self/setgroups", "deny")
     write("/proc/self/uid_map", f"{uid} {uid} 1")
     write("/proc/self/gid_map", f"{gid} {gid} 1")
-    init = os.fork()
-    if init:
-        for fd in (listen, out, err):
-            os.close(fd)
-        _, status = os.waitpid(init, 0)
-        os._exit(exit_code(status))
+    check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup")  # raas has moved it: the root
     become_init(request)
+    gc.disable()  # the init allocates nothing more: no collection ever copies its pages
     server_pid = os.fork()
     if server_pid:
         reap_until(server_pid, (listen, out, err))
@@ -176,6 +189,7 @@ def run_sandbox(request: dict, fds: list) -> None:
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.closerange(4, 65536)  # the control socket and anything else of the zygote's
+    gc.enable()
     os.environ.clear()
     os.environ.update(request["env"])
     sys.stdout = os.fdopen(1, "w", buffering=1)
@@ -201,6 +215,10 @@ def reap(*_: object) -> None:
 
 def serve(control: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, reap)
+    # Every object imported so far into the collector's permanent generation: a fork's
+    # collections never walk them, so never write to (copy) the pages that hold them.
+    gc.freeze()
+    uid, gid = os.getuid(), os.getgid()  # a clone's own are unmapped until it maps them
     control.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         fds = array.array("i")
@@ -216,12 +234,12 @@ def serve(control: socket.socket) -> None:
             if len(received) != FDS:
                 raise ValueError(f"a request carries {len(received)} fds, not {FDS}")
             request = json.loads(message)
-            pid = os.fork()
+            pid = clone_into_namespaces()
             if pid == 0:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 try:
-                    run_sandbox(request, received)
+                    run_sandbox(request, received, uid, gid)
                 except BaseException as e:
                     os.write(received[2], (f"sandbox set-up: {e!r}\n").encode())
                     os._exit(1)
