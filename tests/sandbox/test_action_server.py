@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +56,39 @@ def test_output_buffer_keeps_head_and_tail_exactly() -> None:
     small = OutputBuffer(max_bytes=100)
     small.feed(b"hello\nmarker")
     assert small.text(cut_at_end=len(b"\nmarker")) == ("hello", 0)
+
+
+@pytest.mark.parametrize("spawn", [True, False], ids=["posix_spawn", "fork"])
+async def test_the_shell_starts_by_posix_spawn_or_else_by_fork_alike(
+    spawn: bool, tmp_path: Path
+) -> None:
+    # posix_spawn (no copy of the server's pages) where the shell's directory is the server's;
+    # a fork that changes directory where it is not. Either way: a session of its own on the
+    # pty, the default signal dispositions, no echo, 1000 columns.
+    from shell import DEFAULTS, Shell
+
+    here = Path.cwd()
+    shell = Shell(str(here if spawn else tmp_path), dict(os.environ), str(tmp_path))
+    spawned = shell._spawn()
+    assert (spawned is not None) == spawn
+    if spawned is not None:
+        os.killpg(spawned[0], signal.SIGKILL)
+        await asyncio.to_thread(os.waitpid, spawned[0], 0)
+        os.close(spawned[1])
+    await shell.start()
+    try:
+        probe = (
+            "echo $$ $(ps -o sid= -p $$) $(tty); pwd; stty -a | grep -o 'columns [0-9]*';"
+            " awk '/^SigIgn/ {print $2}' /proc/self/status"
+        )
+        result = await shell.run(probe, 10, 4096)
+        pid, sid, tty, cwd, _, columns, ignored = result["output"].split()
+        assert pid == sid == str(shell.pid) and tty.startswith("/dev/pts/"), result
+        assert cwd == str(here if spawn else tmp_path) and columns == "1000", result
+        for sig in DEFAULTS:  # a command's own process does not ignore them
+            assert not int(ignored, 16) & 1 << (sig - 1), (sig, ignored)
+        interrupted = await shell.run("sleep 30", 0.5, 4096)
+        assert interrupted["timed_out"] and interrupted["exit_code"] == 130
+        assert (await shell.run("echo alive", 5, 4096))["output"] == "alive\n"
+    finally:
+        shell.close()

@@ -14,6 +14,7 @@ import fcntl
 import os
 import pty
 import re
+import shutil
 import signal
 import struct
 import termios
@@ -31,6 +32,12 @@ def marker_re(*markers: str) -> re.Pattern[bytes]:
     """The line ``printf`` writes for any of ``markers``, with the exit code as group 1."""
     names = b"|".join(re.escape(m.encode()) for m in markers)
     return re.compile(b"\n?(?:" + names + b")_(-?\\d+)__\n")
+
+
+BASH_ARGV = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
+# Python ignores SIGPIPE and a parent may have ignored SIGINT: commands must see the default
+# dispositions (`yes | head` ends quietly, SIGINT interrupts).
+DEFAULTS = (signal.SIGPIPE, signal.SIGINT, signal.SIGQUIT, signal.SIGXFSZ)
 
 
 def _quiet_wide_terminal(fd: int) -> None:
@@ -67,24 +74,58 @@ class Shell:
         return self.pid > 0 and not self._eof
 
     async def start(self) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: bash with the pty as its controlling terminal
-            try:
-                # Python ignores SIGPIPE and a parent may have ignored SIGINT: commands must see
-                # the default dispositions (`yes | head` ends quietly, SIGINT interrupts).
-                for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGQUIT, signal.SIGXFSZ):
-                    signal.signal(sig, signal.SIG_DFL)
-                _quiet_wide_terminal(0)
-                os.chdir(self.cwd)
-                os.execvpe("bash", ["bash", "--noprofile", "--norc", "--noediting", "-i"], self.env)
-            finally:
-                os._exit(127)
+        started = self._spawn()
+        pid, fd = started if started is not None else self._fork()
         self.pid, self.fd = pid, fd
         self._eof = False
         os.set_blocking(fd, False)
         asyncio.get_running_loop().add_reader(fd, self._on_readable)
         setup = "PS1=''; PS2=''; PROMPT_COMMAND=''; unset HISTFILE MAILCHECK"
         await self._run(setup, timeout_s=10.0, max_output=4096)
+
+    def _spawn(self) -> tuple[int, int] | None:
+        """bash on a new pty by posix_spawn, which vforks: no copy of this process's page
+        tables and pages, which a fork makes and exec drops at once (most of a shell's start).
+        None where it cannot (a libc without setsid for posix_spawn, no bash on PATH, the
+        shell's directory not this process's): then ``_fork``."""
+        bash = shutil.which("bash", path=self.env.get("PATH", os.defpath))
+        try:
+            here = os.path.samefile(".", self.cwd)  # the child's directory is this one
+        except OSError:
+            here = False
+        if bash is None or not here:
+            return None
+        master, slave = os.openpty()  # neither inherited: closed in bash as it starts
+        try:
+            _quiet_wide_terminal(slave)
+            # The session's leader opens the pty: it becomes its controlling terminal.
+            actions = [
+                (os.POSIX_SPAWN_OPEN, 0, os.ttyname(slave), os.O_RDWR, 0),
+                (os.POSIX_SPAWN_DUP2, 0, 1),
+                (os.POSIX_SPAWN_DUP2, 0, 2),
+            ]
+            pid = os.posix_spawn(
+                bash, BASH_ARGV, self.env, file_actions=actions, setsid=True, setsigdef=DEFAULTS
+            )
+        except (NotImplementedError, AttributeError, OSError):
+            os.close(master)
+            return None
+        finally:
+            os.close(slave)
+        return pid, master
+
+    def _fork(self) -> tuple[int, int]:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: bash with the pty as its controlling terminal
+            try:
+                for sig in DEFAULTS:
+                    signal.signal(sig, signal.SIG_DFL)
+                _quiet_wide_terminal(0)
+                os.chdir(self.cwd)
+                os.execvpe("bash", BASH_ARGV, self.env)
+            finally:
+                os._exit(127)
+        return pid, fd
 
     def _on_readable(self) -> None:
         try:
