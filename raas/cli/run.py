@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from raas.cli.output import api_key_option, exit_for_infra, run_keeping
-from raas.cli.serve import setting_option
+from raas.cli.serve import check_backends, setting_option
 from raas.settings import RUN_SETTINGS, defaults
 
 F = Callable[..., Any]
@@ -215,6 +215,8 @@ def run(
         ) from e
     except (DatasetError, ValueError) as e:
         raise click.UsageError(str(e)) from e
+    if llm and replay is None:  # another raas server, say, would fail every job
+        check_backends(list(llm), settings.inference.llm_protocol)
     console = Console()
     if on_cpu:
         console.print(

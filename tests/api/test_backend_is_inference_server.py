@@ -1,7 +1,7 @@
 """A backend URL that answers, but not as an inference server (another raas server, anything
-whose /v1/models is no OpenAI model list), is refused at POST /v1/backends and at ``raas serve``
-start with one line saying what it is: it was taken as healthy, and every job then failed with
-``cannot list its models: 'data'``."""
+whose /v1/models is no OpenAI model list), is refused at POST /v1/backends and
+/add_llm_server, and at ``raas serve`` and ``raas run`` start, with one line saying what it is:
+it was taken as healthy, and every job then failed with ``cannot list its models: 'data'``."""
 
 from __future__ import annotations
 
@@ -83,3 +83,42 @@ def test_raas_serve_refuses_a_raas_server_as_its_llm_before_starting(
     )
     served = CliRunner().invoke(main, [*argv, servers["model"]])  # the control
     assert served.exit_code == 0 and len(started) == 1, served.output
+
+
+async def test_add_llm_server_refuses_a_url_that_is_no_inference_server(
+    client: ApiClient, servers: dict[str, str]
+) -> None:
+    # ProRL's route to the same pool: the same refusal, at its own field.
+    async with client() as http:
+        refused = await http.post("/add_llm_server", json={"address": servers["raas"]})
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["detail"]
+        assert error["loc"] == ["body", "address"] and error["type"] == "not_inference_server"
+        assert "it is a raas server" in error["msg"]
+        assert (await http.get("/v1/backends")).json() == []
+        added = await http.post("/add_llm_server", json={"address": servers["model"]})
+        assert added.status_code == 200, added.text
+        assert [b["url"] for b in (await http.get("/v1/backends")).json()] == [servers["model"]]
+
+
+def test_raas_run_refuses_a_raas_server_as_its_llm_before_starting(
+    tmp_path: Path, servers: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import raas.run
+
+    ran: list[object] = []
+
+    async def run_tasks(*args: object, **kwargs: object) -> list[object]:
+        ran.append(args)
+        return []
+
+    monkeypatch.setattr(raas.run, "run_tasks", run_tasks)
+    monkeypatch.chdir(tmp_path)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"data_source": "math", "problem": "1+1", "answer": "2"}\n')
+    refused = CliRunner().invoke(main, ["run", str(tasks), "--llm", servers["raas"]])
+    assert refused.exit_code == 2 and not ran, refused.output
+    assert "it is a raas server, not an inference server" in " ".join(refused.output.split())
+    assert not (tmp_path / "out").exists()  # no run folder for a run that never started
+    CliRunner().invoke(main, ["run", str(tasks), "--llm", servers["model"]])  # the control
+    assert len(ran) == 1

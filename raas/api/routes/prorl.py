@@ -23,6 +23,7 @@ from raas.api.routes.submission import shown
 from raas.api.routes.system import service_status
 from raas.api.state import ServiceState, service
 from raas.api.tenants import ADMIN_ONLY, Caller, caller
+from raas.llm.pool import NotInferenceServer
 from raas.pipeline import JobIdConflict, JobRequest, JobView, Pipeline, RequestRejected
 from raas.wire import (
     Ack,
@@ -132,11 +133,13 @@ async def add_llm_server(req: LLMServerRequest, svc: Service) -> Ack:
     """Register an inference server in the backend pool (same as POST /v1/backends)."""
     settings = svc.settings
     try:
-        svc.llm.add(
+        await svc.llm.add_checked(
             req.address,
             req.protocol or settings.inference.llm_protocol,
             req.capacity or settings.inference.llm_capacity,
         )
+    except NotInferenceServer as e:
+        raise FieldError(["address"], str(e), "not_inference_server") from e
     except ValueError as e:
         raise FieldError(["address"], str(e), "url_parsing") from e
     return Ack(message=f"{len(svc.llm.backends())} LLM servers registered")
