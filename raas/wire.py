@@ -699,6 +699,12 @@ class TokenView(BaseModel):
 
     job_id: str
     state: JobStateName
+    segment: int = Field(default=0, description="Which segment these tokens are (a gateway job's).")
+    segments: int = Field(
+        default=1,
+        description="How many segments the job has: a gateway job's calls that did not extend"
+        " each other's conversation start segments of their own (`?segment=N`).",
+    )
     tokenizer: str | None = Field(description="What decoded the texts; null when none could.")
     note: str | None = Field(default=None, description="Why the texts are missing, if they are.")
     prompt_ids: list[int]

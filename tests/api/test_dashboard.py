@@ -298,6 +298,50 @@ async def test_a_jobs_tokens_are_decoded_finished_or_running(
         assert ids_only["tokenizer"] is None and "could not decode" in ids_only["note"]
 
 
+async def test_a_gateway_jobs_segments_each_show_their_tokens(
+    client: Client, tmp_path: Path
+) -> None:
+    # A harness job's calls that did not extend each other's conversation: two segments, the
+    # second's tokens in the result's metrics, every call's turn record on the first's.
+    turns = [
+        {"output_tokens": 3, "segment": 0, "policy_version": 4},
+        {"output_tokens": 2, "segment": 1, "policy_version": 5},
+    ]
+    first = Trajectory(
+        prompt_ids=[5, 6], response_ids=[1, 2, 3], loss_mask=[1, 1, 1], logprobs=[-0.1] * 3
+    )
+    first.turns.extend(turns)
+    second = Trajectory(prompt_ids=[7], response_ids=[8, 9, 10], loss_mask=[1, 0, 1])
+    second.logprobs.extend([-0.2, 0.0, -0.3])
+    store = ResultStore(tmp_path / "segments.db")
+    await store.open()
+    await store.add_jobs([JobRecord("g", "queued", "probe", None, {}, 0.0)])
+    metrics = {"segments": [first.model_dump(), second.model_dump()]}
+    await store.save_result(
+        "g",
+        RolloutResult(
+            job_id="g",
+            state="done",
+            data_source="probe",
+            trajectory=first,
+            metrics=metrics,
+            timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+        ),
+    )
+    await store.close()
+    async with client(db=tmp_path / "segments.db", tokenizer="tiny") as http:
+        url = "/v1/dashboard/jobs/g/tokens"
+        zero = (await http.get(url)).json()
+        assert (zero["segment"], zero["segments"], zero["response_ids"]) == (0, 2, [1, 2, 3])
+        assert zero["policy_versions"] == [4, 4, 4]
+        one = (await http.get(url, params={"segment": 1})).json()
+        assert (one["segment"], one["prompt_ids"], one["response_ids"]) == (1, [7], [8, 9, 10])
+        assert one["loss_mask"] == [1, 0, 1] and one["policy_versions"] == [5, None, 5]
+        past = await http.get(url, params={"segment": 2})
+        assert past.status_code == 404 and "has 2 segments" in past.json()["detail"]
+        assert (await http.get(url, params={"segment": -1})).status_code == 422
+
+
 def test_token_texts_keep_characters_whole_and_mark_unknown_ids() -> None:
     tok = load_tokenizer("tiny")
     ids = encode(tok, "héllo 🎉<|im_end|>") + [len(tok) + 7]

@@ -9,6 +9,7 @@ screenshots of the pages go to out/ui/ at the repository's root.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import re
@@ -21,7 +22,9 @@ import httpx
 import pytest
 
 from raas.launch import ServerProcess
+from raas.store.sqlite import JobRecord, ResultStore
 from raas.tasks.datasets import humaneval, humaneval_problems
+from raas.wire import RolloutResult, Timing, Trajectory
 from tests.support.browser import Browser, Node
 from tests.support.llm_servers import AgentBackend, ServerThread
 from tests.support.policies import call
@@ -253,3 +256,69 @@ def test_without_the_key_the_browser_gets_the_sign_in_form(
         assert dom.one("input", name="key").attrs["type"] == "password"
         assert "data-loaded" not in dom.one("body").attrs and not dom.all("tr")
         assert ("not the server's" in dom.one(id="message").text) is wrong
+
+
+# -- a gateway job's segments ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def segmented(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server whose database holds a finished harness job of two segments (its calls did not
+    extend each other's conversation), as raas stores one: the second in the metrics."""
+    tmp = tmp_path_factory.mktemp("segmented")
+    first = Trajectory(prompt_ids=[5, 6], response_ids=[1, 2, 3], loss_mask=[1, 1, 1])
+    first.logprobs.extend([-0.1, -0.1, -0.1])
+    second = Trajectory(prompt_ids=[7], response_ids=[8, 9, 10, 11], loss_mask=[1, 0, 1, 1])
+    second.logprobs.extend([-0.2, 0.0, -0.3, -0.4])
+    result = RolloutResult(
+        job_id="g",
+        state="done",
+        data_source="harness",
+        trajectory=first,
+        metrics={"segments": [first.model_dump(), second.model_dump()]},
+        timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+    )
+
+    async def store() -> None:
+        db = ResultStore(tmp / "raas.db")
+        await db.open()
+        await db.add_jobs([JobRecord("g", "queued", "harness", None, {}, 0.0)])
+        await db.save_result("g", result)
+        await db.close()
+
+    asyncio.run(store())
+    env = {k: v for k, v in os.environ.items() if k not in ("RAAS_API_KEY_FILE", "RAAS_API_KEY")}
+    server = ServerProcess(tmp / "raas.db", tmp / "serve.log", ["--tokenizer", "tiny"], env)
+    try:
+        server.wait_ready()
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_each_segment_of_a_gateway_job_has_a_page_of_its_tokens(
+    browser: Browser, segmented: str
+) -> None:
+    pages = {}
+    for fragment in ("#/jobs/g", "#/jobs/g/segment/2"):
+        dom = browser.dom(f"{segmented}/ui{fragment}")
+        assert dom.one("body").attrs.get("data-loaded") == "job", dom.text[:2000]
+        pages[fragment] = dom
+    first, second = pages["#/jobs/g"], pages["#/jobs/g/segment/2"]
+    assert "segment 1 of 2" in first.one(id="tokenview").one("h2").text
+    assert "segment 2 of 2" in second.one(id="tokenview").one("h2").text
+    spans = second.one(id="response-tokens").all("span", data_mask=None)
+    assert [int(s.attrs["data-mask"]) for s in spans] == [
+        1,
+        0,
+        1,
+        1,
+    ]  # the second's, not the first's
+    assert len(first.one(id="response-tokens").all("span", data_mask=None)) == 3
+    # Each page links to the other segment, and marks its own.
+    links = {a.text: a.attrs["href"] for a in first.one(id="token-segments").all("a")}
+    assert links == {"2": "#/jobs/g/segment/2"}
+    assert [a.text for a in second.one(id="token-segments").all("a")] == ["1"]
+    browser.screenshot(
+        f"{segmented}/ui#/jobs/g/segment/2", SCREENSHOTS / "segments.png", size=(1400, 1000)
+    )

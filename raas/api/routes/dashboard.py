@@ -176,22 +176,47 @@ async def dashboard_jobs(
 @router.get(
     "/v1/dashboard/jobs/{job_id}/tokens", response_model=TokenView, responses=responses(404)
 )
-async def dashboard_tokens(job_id: str, svc: Service, who: Who) -> TokenView:
+async def dashboard_tokens(
+    job_id: str,
+    svc: Service,
+    who: Who,
+    segment: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=1_000_000,
+            description="A gateway job's segment (0, the first, is the result's trajectory;"
+            " `segments` says how many there are).",
+        ),
+    ] = 0,
+) -> TokenView:
     """A job's trajectory token by token, with each token's text (a running job's so far)."""
     view = await svc.pipeline.lookup(who.key(job_id))
     if view is None:
         raise no_job(job_id)
+    versions: list[int | None] | None
     if view.result is not None:
-        traj = view.result.trajectory
+        traj, count = _segment(view.result.trajectory, view.result.metrics, segment)
+        # Every call's turn record is on the first segment's trajectory, naming its segment.
+        records = Trajectory(turns=view.result.trajectory.turns, loss_mask=traj.loss_mask)
+        versions = records.token_policy_versions(segment)
     else:
         job = svc.pipeline.active(view.job_id)
-        traj = job.partial_trajectory() if job is not None else Trajectory()
+        traj, count = (job.partial_trajectory() if job is not None else Trajectory()), 1
+        versions = traj.token_policy_versions()
+    if segment >= count:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"job {job_id} has {count} segment{'s' if count > 1 else ''} (0 to {count - 1})",
+        )
     # Copies: a running job's lists grow while the texts are decoded off the event loop.
     prompt, response = list(traj.prompt_ids), list(traj.response_ids)
     texts, name, note = await _decode(svc, prompt, response)
     return TokenView(
         job_id=job_id,
         state=view.state.value,
+        segment=segment,
+        segments=count,
         tokenizer=name,
         note=note,
         prompt_ids=prompt,
@@ -200,8 +225,22 @@ async def dashboard_tokens(job_id: str, svc: Service, who: Who) -> TokenView:
         response_text=texts[1] if texts else None,
         loss_mask=list(traj.loss_mask),
         logprobs=list(traj.logprobs),
-        policy_versions=traj.token_policy_versions(),
+        policy_versions=versions,
     )
+
+
+def _segment(first: Trajectory, metrics: dict[str, Any], k: int) -> tuple[Trajectory, int]:
+    """A result's segment ``k`` (the trajectory itself for 0; a gateway job's others are in its
+    metrics) and how many it has; the first where ``k`` is past them (the caller says so)."""
+    segments = metrics.get("segments")
+    if not isinstance(segments, list) or len(segments) < 2:
+        return first, 1
+    if 0 < k < len(segments):
+        try:
+            return Trajectory.model_validate(segments[k]), len(segments)
+        except ValueError:  # a stored result raas did not write as it writes them
+            pass
+    return first, len(segments)
 
 
 Texts = tuple[list[str | None], list[str | None]]

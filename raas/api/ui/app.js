@@ -10,6 +10,7 @@ const STATES = ["running", "done", "failed", "timeout", "cancelled"];
 const main = document.getElementById("main");
 let view = 0; // bumped on every navigation: a late answer for an old view is dropped
 let timer = null;
+let tokenSegment = 0; // the segment of a gateway job the token view shows (from the address)
 
 // -- small helpers ----------------------------------------------------------------------------
 
@@ -505,8 +506,15 @@ function tokenView(tv, ids) {
   const prompt = tv.prompt_ids.map((id, k) => tokenSpan(id, tv.prompt_text && tv.prompt_text[k], undefined, 0, k, byIds));
   const toggle = h("label", { class: "toggle" }, h("input", { type: "checkbox", checked: byIds, disabled: !tv.response_text,
     onchange: (e) => document.getElementById("tokenview").replaceWith(tokenView(tv, e.target.checked)) }), " token ids");
+  // A gateway job's calls that did not extend each other's conversation are segments of their own:
+  // each has a page of its own (#/jobs/ID/segment/N), so a segment can be linked to.
+  const job = encodeURIComponent(tv.job_id);
+  const segments = tv.segments > 1 ? h("p", { id: "token-segments" }, `${tv.segments} segments: `,
+    ...Array.from({ length: tv.segments }, (_, k) => k === tv.segment
+      ? h("b", { class: "segment on" }, String(k + 1))
+      : h("a", { class: "segment", href: `#/jobs/${job}/segment/${k + 1}` }, String(k + 1)))) : null;
   return h("section", { class: "card wide", id: "tokenview" },
-    h("h2", {}, "Tokens"),
+    h("h2", {}, tv.segments > 1 ? `Tokens, segment ${tv.segment + 1} of ${tv.segments}` : "Tokens"), segments,
     h("p", { class: "muted" },
       `${tv.prompt_ids.length} prompt · ${tv.response_ids.length} response tokens: ${gen} generated, ${tv.response_ids.length - gen} inserted`,
       mean !== null ? ` · mean logprob of generated ${mean.toFixed(3)}` : "",
@@ -526,7 +534,7 @@ function tokenView(tv, ids) {
 
 async function jobView(id, mine) {
   const [status, tokens] = await Promise.all([
-    get(`v1/rollouts/${encodeURIComponent(id)}`), get(`v1/dashboard/jobs/${encodeURIComponent(id)}/tokens`),
+    get(`v1/rollouts/${encodeURIComponent(id)}`), get(`v1/dashboard/jobs/${encodeURIComponent(id)}/tokens?segment=${tokenSegment}`),
   ]);
   const result = status.result;
   const running = result ? null : (await get("v1/rollouts:running")).jobs.find((j) => j.job_id === id);
@@ -563,7 +571,9 @@ function route() {
   window.scrollTo(0, 0);
   const hash = location.hash || "#/";
   if (hash.startsWith("#/jobs/")) {
-    const id = decodeURIComponent(hash.slice("#/jobs/".length));
+    const segment = /^(.*)\/segment\/([1-9][0-9]*)$/.exec(hash.slice("#/jobs/".length));
+    tokenSegment = segment ? Number(segment[2]) - 1 : 0;
+    const id = decodeURIComponent(segment ? segment[1] : hash.slice("#/jobs/".length));
     main.replaceChildren(h("p", { class: "muted" }, `Loading job ${id}…`));
     poll((mine) => jobView(id, mine));
   } else {
