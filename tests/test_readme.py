@@ -1,4 +1,10 @@
-"""Every ```bash block of README.md and of the pages in docs/ runs as written.
+"""Every ```bash and ```python block of README.md and of the pages in docs/ runs as written.
+
+A ```python block runs with the block's ``.venv/bin/python``, unless the line before its fence
+says what else it is: ``<!-- excerpt: PATH -->`` (an abridged part of a file of the repository,
+each of its lines found in that file in order, the file itself run by another block or tier) or
+``<!-- fragment: WHY -->`` (a sketch that needs what no block has, a trainer's cluster: few of
+them, each saying why).
 
 Each block runs as a script (``bash -e -o pipefail``: a failing command fails the block) in a
 fresh directory that looks like the repository's root (its files linked in, so ``examples/...``
@@ -123,12 +129,18 @@ STOP_GRACE_S = 40.0  # SIGTERM lets servers drain (nothing in flight) and remove
 COMMENT = re.compile(r"\s{2,}#")  # the README's trailing comments: two spaces or more, then #
 
 
+MARKER = re.compile(r"<!-- (excerpt|fragment): (.+?) -->")
+MAX_FRAGMENTS = 5  # sketches that run nowhere: kept few
+
+
 @dataclass(frozen=True)
 class Block:
     heading: str
     line: int  # of the opening fence
     text: str
     page: str = "README.md"  # relative to the repository's root
+    language: str = "bash"
+    marker: tuple[str, str] | None = None  # ("excerpt", PATH) or ("fragment", WHY)
 
     @property
     def key(self) -> str:
@@ -137,25 +149,62 @@ class Block:
         return f"{self.heading} :: {command}"
 
 
-def bash_blocks(markdown: str, page: str = "README.md") -> list[Block]:
+def code_blocks(markdown: str, page: str = "README.md") -> list[Block]:
+    """The page's ```bash and ```python blocks, each with its heading and its marker."""
     blocks: list[Block] = []
-    heading, fence, start, body = "", None, 0, []
+    heading, fence, start, body, before = "", None, 0, [], ""
+    marker: tuple[str, str] | None = None
     for number, line in enumerate(markdown.splitlines(), 1):
         if fence is None:
             if line.startswith("#"):
                 heading = line.lstrip("#").strip()
             elif line.startswith("```"):
                 fence, start, body = line[3:].strip(), number, []
+                found = MARKER.fullmatch(before.strip())
+                marker = (found[1], found[2]) if found else None
+            if line.strip():
+                before = line
         elif line.startswith("```"):
-            if fence == "bash":
-                blocks.append(Block(heading, start, "\n".join(body) + "\n", page))
-            fence = None
+            if fence in ("bash", "python"):
+                text = "\n".join(body) + "\n"
+                blocks.append(Block(heading, start, text, page, fence, marker))
+            fence, before = None, ""
         else:
             body.append(line)
     return blocks
 
 
-BLOCKS = [b for p in PAGES for b in bash_blocks(p.read_text(), str(p.relative_to(ROOT)))]
+ALL_BLOCKS = [b for p in PAGES for b in code_blocks(p.read_text(), str(p.relative_to(ROOT)))]
+# What runs: every bash block, and the python blocks that are neither excerpts nor fragments.
+BLOCKS = [b for b in ALL_BLOCKS if b.language == "bash" or b.marker is None]
+EXCERPTS = [b for b in ALL_BLOCKS if b.marker is not None and b.marker[0] == "excerpt"]
+FRAGMENTS = [b for b in ALL_BLOCKS if b.marker is not None and b.marker[0] == "fragment"]
+
+
+def test_every_python_block_runs_or_is_a_true_excerpt_or_one_of_few_fragments() -> None:
+    assert len(FRAGMENTS) <= MAX_FRAGMENTS, [f"{b.page}:{b.line}" for b in FRAGMENTS]
+    for block in FRAGMENTS:
+        assert block.language == "python" and len(block.marker[1]) > 20, block  # says why
+    for block in EXCERPTS:
+        path = ROOT / block.marker[1]
+        assert path.is_file(), f"{block.page}:{block.line}: no {block.marker[1]}"
+        lines = iter(line.strip() for line in path.read_text().splitlines())
+        for wanted in (line.strip() for line in block.text.splitlines() if line.strip()):
+            assert wanted in lines, (
+                f"{block.page}:{block.line}: {wanted!r} not (in order) in {path}"
+            )
+
+
+def test_a_marker_says_what_a_block_is() -> None:
+    (run, excerpt, fragment) = code_blocks(
+        "# T\n```python\nprint(1)\n```\n<!-- excerpt: a.py -->\n```python\nx = 1\n```\n"
+        "<!-- fragment: needs a cluster -->\n\n```python\ny\n```\n```json\n{}\n```\n"
+    )
+    assert run.marker is None and run.language == "python" and run.text == "print(1)\n"
+    assert excerpt.marker == ("excerpt", "a.py") and fragment.marker == (
+        "fragment",
+        "needs a cluster",
+    )
 
 
 def test_the_lists_name_blocks_that_exist() -> None:
@@ -271,9 +320,13 @@ class Outcome:
 
 
 def run_block(block: Block, cwd: Path, deadline_s: float) -> Outcome:
-    script = cwd / f"readme-block-{block.line}.sh"
+    if block.language == "python":
+        script = cwd / f"readme-block-{Path(block.page).stem}-{block.line}.py"
+        command = [str(cwd / ".venv" / "bin" / "python"), str(script)]
+    else:
+        script = cwd / f"readme-block-{block.line}.sh"
+        command = ["bash", "-e", "-o", "pipefail", str(script)]
     script.write_text(block.text)
-    command = ["bash", "-e", "-o", "pipefail", str(script)]
     if NETNS and block.key not in NETWORK:
         # loopback of its own: the block's fixed ports are free, its servers unreachable
         command = [
