@@ -244,6 +244,44 @@ async def test_one_cold_sandbox_cannot_take_anothers_message_queue_bytes(
     assert await _exhaust(colds, MQ_HOG, MQ_ONE) == "ok"  # the control
 
 
+# Pipe buffers count per host uid too (fs.pipe-user-pages-soft, 16384 pages by default): past
+# it, an unprivileged user's new pipes get the smallest buffer (two pages, not 64 KiB) and cannot
+# grow (F_SETPIPE_SZ fails). 1025 pipes held by one fork do it for every fork of the zygote.
+PIPE_HOG = r"""
+import fcntl, os, time
+held = []
+while len(held) < 4096:
+    held.append(os.pipe())
+    if fcntl.fcntl(held[-1][1], fcntl.F_GETPIPE_SZ) < 65536:
+        break
+print("held", len(held), flush=True)
+time.sleep(3600)
+"""
+
+PIPE_ONE = r"""
+import fcntl, os
+size = fcntl.fcntl(os.pipe()[1], fcntl.F_GETPIPE_SZ)
+print("ok" if size >= 65536 else "a pipe of %d bytes" % size)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipe buffers count per host uid (fs.pipe-user-pages-soft), which every fork of a"
+    " zygote shares: one sandbox's pipes shrink another tenant's new pipes to two pages",
+)
+async def test_one_fork_cannot_shrink_anothers_pipes(
+    forks: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    assert await _exhaust(forks, PIPE_HOG, PIPE_ONE) == "ok"
+
+
+async def test_one_cold_sandbox_cannot_shrink_anothers_pipes(
+    colds: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    assert await _exhaust(colds, PIPE_HOG, PIPE_ONE) == "ok"  # the control
+
+
 # -- Attack: a sandbox that outlives raas (HELD) ------------------------------------------------
 # raas dies (SIGKILL: no atexit, no close). The zygote's bwrap dies with the thread that started
 # it (--die-with-parent), its PID namespace with it, and every fork's nested namespace with that:
@@ -282,3 +320,137 @@ def test_no_sandbox_process_outlives_a_killed_raas() -> None:
     assert procs.wait_gone(pids, 30.0) == set()
     with claim_runtime_dir(key):  # what it left on disk and in cgroups
         pass
+
+
+# -- Attack: another tenant's terminal (WORKS) ---------------------------------------------------
+# bwrap's --dev gives the zygote one devpts instance (/dev/pts, mode=620, ptmxmode=666), and every
+# fork of it keeps that instance in its copy of the zygote's mounts: each sandbox's shell has its
+# pty there, owned by the one host uid all forks share. So a sandbox lists every other tenant's
+# terminal in /dev/pts and opens it read-write: it sets the other's terminal (``stty -F``: echo
+# on puts raas's own command lines into that tenant's output; onlcr turns each marker's "\n" into
+# "\r\n", so no command of theirs ever completes and each one times out), writes forged output
+# to it, or reads what raas types there. A cold sandbox mounts a devpts of its own. The fix: each
+# fork mounts a new devpts instance (newinstance, ptmxmode=666) over /dev/pts in its own mount
+# namespace before the server starts.
+
+
+async def _other_terminals(sandbox: BwrapSandbox) -> list[str]:
+    """The ptys in ``sandbox``'s /dev/pts but its own shell's."""
+    own = os.path.basename(await out(sandbox, "tty"))
+    listed = (await out(sandbox, "ls -1 /dev/pts")).split()
+    return [name for name in listed if name not in (own, "ptmx")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every fork of a zygote shares the zygote's devpts: one sandbox lists another"
+    " tenant's pty in /dev/pts",
+)
+async def test_one_fork_sees_no_other_terminal(forks: tuple[BwrapSandbox, BwrapSandbox]) -> None:
+    a, b = forks
+    assert await out(a, "tty")  # a has its pty
+    assert await _other_terminals(b) == []
+
+
+async def test_one_cold_sandbox_sees_no_other_terminal(
+    colds: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    a, b = colds
+    assert await out(a, "tty")  # the control: a has its pty, and b sees its own only
+    assert await _other_terminals(b) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="one fork opens another tenant's pty (the zygote's shared devpts, one uid) and sets"
+    " its terminal: echo on puts raas's command lines into that tenant's output",
+)
+async def test_one_fork_cannot_set_anothers_terminal(
+    forks: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    a, b = forks
+    assert await out(a, "echo hi") == "hi"  # the control: a's output as raas reads it
+    theirs = await out(a, "tty")
+    if theirs != await out(b, "tty"):  # never b's own (where devpts is its own: the fix)
+        await b.bash(f"stty -F {theirs} echo 2>&1")
+    assert await out(a, "echo hi") == "hi"
+
+
+# -- Attack: every pty of the host (WORKS, a cold sandbox's too) ----------------------------------
+# Nothing caps the ptys a sandbox opens (/dev/ptmx is 0666 in its devpts, which bwrap mounts with
+# no ``max``), and the kernel's count is the host's: kernel.pty.max less kernel.pty.reserve (3072
+# of 4096 by default) for every devpts but the host's own. One process takes them all in a second
+# (3070 here: ENOSPC after), and every sandbox that starts after, of any template, cold or
+# forked, fails (its shell's openpty: ENOSPC) until that one ends. Held here to 512, which is
+# bounded so that tests running beside this one keep theirs. The fix: a devpts of each sandbox's
+# own, mounted with ``max=`` (a few ptys) -- for a fork, the same mount that gives it its own.
+PTY_HOG = r"""
+import os, time
+held = []
+while len(held) < 512:
+    try:
+        held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        break
+print("held", len(held), flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no cap on a sandbox's ptys, and the count is the host's: one sandbox holds 512 (and"
+    " could take all 3072, so that no sandbox starts anywhere); cold sandboxes too",
+)
+async def test_one_fork_cannot_hold_hundreds_of_ptys(
+    forks: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    held = await hold(forks[0], PTY_HOG)
+    assert int(held.split()[1]) < 512, held
+
+
+async def test_a_sandbox_starts_beside_one_that_holds_ptys(
+    forks: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    # The control: the hog runs and holds what it took, and a new sandbox still starts beside it
+    # (512 leave the host some).
+    held = await hold(forks[0], PTY_HOG)
+    assert int(held.split()[1]) > 0, held
+    config = BwrapConfig(limits=LIMITS, uid_base=UID_BASE)
+    async with BwrapSandbox(config) as c:
+        assert await out(c, "echo hi") == "hi"
+
+
+# -- Attack: signals ignored in every command (WORKS, harmless so far) ---------------------------
+# bash is started by posix_spawn, and glibc's posix_spawn sets its two internal signals (32 and 33,
+# SIGCANCEL and SIGSETXID) to SIG_IGN in the child: an ignored disposition survives exec, so bash
+# and every command it runs start with signals 32 and 33 ignored (SigIgn 0x180000000), which a
+# fork's shell (pty.fork) never had. glibc programs reinstall their handlers for both; a program
+# of another libc or runtime that uses them, or a ``kill -s 32`` meant to end one, finds them
+# ignored. The fix: name them in posix_spawn's setsigdef beside the others (SIG_DFL wins there).
+
+
+async def _ignored_in_a_command(sandbox: BwrapSandbox) -> int:
+    line = await out(sandbox, "grep ^SigIgn /proc/self/status")
+    return int(line.split()[1], 16)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="glibc's posix_spawn leaves its internal signals 32 and 33 ignored in bash, and so in"
+    " every command it runs",
+)
+async def test_a_command_inherits_no_ignored_signal(
+    forks: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    assert await _ignored_in_a_command(forks[0]) == 0
+
+
+async def test_a_command_has_the_usual_signals_at_their_defaults(
+    forks: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    # The control: SIGPIPE, SIGINT, SIGQUIT and SIGXFSZ (setsigdef's) are not ignored.
+    bits = sum(
+        1 << (sig - 1) for sig in (signal.SIGPIPE, signal.SIGINT, signal.SIGQUIT, signal.SIGXFSZ)
+    )
+    assert await _ignored_in_a_command(forks[0]) & bits == 0
