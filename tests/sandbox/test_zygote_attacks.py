@@ -322,16 +322,16 @@ def test_no_sandbox_process_outlives_a_killed_raas() -> None:
         pass
 
 
-# -- Attack: another tenant's terminal (WORKS) ---------------------------------------------------
+# -- Attack: another tenant's terminal (FIXED) ---------------------------------------------------
 # bwrap's --dev gives the zygote one devpts instance (/dev/pts, mode=620, ptmxmode=666), and every
 # fork of it keeps that instance in its copy of the zygote's mounts: each sandbox's shell has its
 # pty there, owned by the one host uid all forks share. So a sandbox lists every other tenant's
 # terminal in /dev/pts and opens it read-write: it sets the other's terminal (``stty -F``: echo
 # on puts raas's own command lines into that tenant's output; onlcr turns each marker's "\n" into
 # "\r\n", so no command of theirs ever completes and each one times out), writes forged output
-# to it, or reads what raas types there. A cold sandbox mounts a devpts of its own. The fix: each
-# fork mounts a new devpts instance (newinstance, ptmxmode=666) over /dev/pts in its own mount
-# namespace before the server starts.
+# to it, or reads what raas types there. A cold sandbox mounts a devpts of its own. Fixed: each
+# fork's init mounts a new devpts instance (newinstance, ptmxmode=666, max=64) over /dev/pts in
+# its own mount namespace before the server starts.
 
 
 async def _other_terminals(sandbox: BwrapSandbox) -> list[str]:
@@ -341,11 +341,6 @@ async def _other_terminals(sandbox: BwrapSandbox) -> list[str]:
     return [name for name in listed if name not in (own, "ptmx")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every fork of a zygote shares the zygote's devpts: one sandbox lists another"
-    " tenant's pty in /dev/pts",
-)
 async def test_one_fork_sees_no_other_terminal(forks: tuple[BwrapSandbox, BwrapSandbox]) -> None:
     a, b = forks
     assert await out(a, "tty")  # a has its pty
@@ -360,11 +355,6 @@ async def test_one_cold_sandbox_sees_no_other_terminal(
     assert await _other_terminals(b) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one fork opens another tenant's pty (the zygote's shared devpts, one uid) and sets"
-    " its terminal: echo on puts raas's command lines into that tenant's output",
-)
 async def test_one_fork_cannot_set_anothers_terminal(
     forks: tuple[BwrapSandbox, BwrapSandbox],
 ) -> None:
@@ -376,14 +366,14 @@ async def test_one_fork_cannot_set_anothers_terminal(
     assert await out(a, "echo hi") == "hi"
 
 
-# -- Attack: every pty of the host (WORKS, a cold sandbox's too) ----------------------------------
+# -- Attack: every pty of the host (FIXED for forks; a cold sandbox's still WORKS) -----------------
 # Nothing caps the ptys a sandbox opens (/dev/ptmx is 0666 in its devpts, which bwrap mounts with
 # no ``max``), and the kernel's count is the host's: kernel.pty.max less kernel.pty.reserve (3072
 # of 4096 by default) for every devpts but the host's own. One process takes them all in a second
 # (3070 here: ENOSPC after), and every sandbox that starts after, of any template, cold or
 # forked, fails (its shell's openpty: ENOSPC) until that one ends. Held here to 512, which is
-# bounded so that tests running beside this one keep theirs. The fix: a devpts of each sandbox's
-# own, mounted with ``max=`` (a few ptys) -- for a fork, the same mount that gives it its own.
+# bounded so that tests running beside this one keep theirs. Fixed for a fork: its own devpts
+# holds 64 at most. bwrap mounts a cold sandbox's with no ``max`` and takes no option for it.
 PTY_HOG = r"""
 import os, time
 held = []
@@ -397,11 +387,6 @@ time.sleep(3600)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no cap on a sandbox's ptys, and the count is the host's: one sandbox holds 512 (and"
-    " could take all 3072, so that no sandbox starts anywhere); cold sandboxes too",
-)
 async def test_one_fork_cannot_hold_hundreds_of_ptys(
     forks: tuple[BwrapSandbox, BwrapSandbox],
 ) -> None:

@@ -57,6 +57,8 @@ SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 CAP_V3 = 0x20080522
 MAX_REQUEST = 1 << 20
+MAX_PTYS = 64  # a sandbox's own: its shell's, IPython's, and what its commands open
+DEVPTS = f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}"
 FDS = 4  # listen, stdout, stderr, go
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -116,6 +118,11 @@ def become_init(request: dict) -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for path, size in request["mounts"]:
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0755")
+    # Ptys of its own (bwrap's /dev/ptmx is a link to pts/ptmx): the zygote's devpts, which
+    # every fork shared, listed each tenant's terminal to the others, all of one uid, so one
+    # could open another's and set it; and a few of them, since the kernel counts every
+    # devpts but the host's own against one limit for the whole host.
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, DEVPTS)
     loopback_up()
     name = request["hostname"].encode()
     check(libc.sethostname(name, len(name)), "hostname")
