@@ -652,6 +652,17 @@ class Throughput(BaseModel):
     response_tokens: int = Field(description="Response tokens of those jobs.")
 
 
+class SourceStats(BaseModel):
+    """One data_source's finished jobs, in the whole database."""
+
+    data_source: str = Field(description="Empty for jobs stored without one.")
+    finished: dict[str, int] = Field(description="Finished jobs by state.")
+    rewarded: int = Field(description="Finished jobs with a reward.")
+    mean_reward: float | None = Field(description="Over the rewarded jobs.")
+    pass_rate: float | None = Field(description="The share of them whose reward is 1 or more.")
+    finished_recently: int = Field(description="Jobs of it that finished in the last 10 minutes.")
+
+
 class DashboardStats(BaseModel):
     """What the database says: every result, from this process and the ones before it."""
 
@@ -663,6 +674,9 @@ class DashboardStats(BaseModel):
     mean_reward: float | None = Field(default=None, description="Over the rewarded jobs.")
     pass_rate: float | None = Field(
         default=None, description="The share of rewarded jobs whose reward is 1 or more."
+    )
+    sources: list[SourceStats] = Field(
+        default_factory=list, description="The same, by data_source, with each one's rate."
     )
 
 

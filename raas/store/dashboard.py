@@ -16,7 +16,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.wire import PASS_REWARD, DashboardStats, FailureCount, JobSummary, Throughput
+from raas.wire import (
+    PASS_REWARD,
+    DashboardStats,
+    FailureCount,
+    JobSummary,
+    SourceStats,
+    Throughput,
+)
 
 MESSAGE_CHARS = 300
 WINDOWS_S = (60.0, 600.0)
@@ -92,9 +99,26 @@ def summaries(
 
 
 @dataclass
+class Rewards:
+    """Finished jobs by state and their rewards: of the table, or of one data_source."""
+
+    states: Counter[str] = field(default_factory=Counter)
+    rewarded: int = 0
+    reward_sum: float = 0.0
+    passed: int = 0
+
+    def add(self, state: str, reward: float | None, n: int = 1) -> None:
+        self.states[state] += n
+        if reward is not None:
+            self.rewarded += n
+            self.reward_sum += n * reward
+            self.passed += n if reward >= PASS_REWARD else 0
+
+
+@dataclass
 class Tally:
     """Finished jobs by state and by error, their rewards, and every data_source, of the whole
-    table."""
+    table; and the same by data_source (what a trainer mixing datasets reads first)."""
 
     states: Counter[str] = field(default_factory=Counter)
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -102,6 +126,7 @@ class Tally:
     rewarded: int = 0
     reward_sum: float = 0.0
     passed: int = 0
+    by_source: dict[str, Rewards] = field(default_factory=dict)
 
     @classmethod
     def count(cls, conn: sqlite3.Connection, tenant: str | None = None) -> Tally:
@@ -132,6 +157,17 @@ class Tally:
             (PASS_REWARD, *args),
         ).fetchone()
         tally.rewarded, tally.reward_sum, tally.passed = rewarded, total, passed
+        for source, state, n, rewarded, total, passed in conn.execute(
+            "SELECT COALESCE(data_source, ''), state, COUNT(*), COUNT(reward), TOTAL(reward),"
+            " COUNT(CASE WHEN reward >= ? THEN 1 END) FROM jobs WHERE seq IS NOT NULL"
+            f"{of} GROUP BY 1, 2",
+            (PASS_REWARD, *args),
+        ):
+            one = tally.by_source.setdefault(source, Rewards())
+            one.states[state] += n
+            one.rewarded += rewarded
+            one.reward_sum += total
+            one.passed += passed
         return tally
 
     def add(
@@ -141,6 +177,7 @@ class Tally:
         error_kind: str | None,
         reward: float | None,
         n: int = 1,
+        data_source: str | None = None,
     ) -> None:
         """Count ``n`` results (-1: one taken back, when a result is written over)."""
         self.states[state] += n
@@ -150,6 +187,7 @@ class Tally:
             self.rewarded += n
             self.reward_sum += n * reward
             self.passed += n if reward >= PASS_REWARD else 0
+        self.by_source.setdefault(data_source or "", Rewards()).add(state, reward, n)
 
 
 def _of_tenant(tenant: str | None) -> tuple[str, list[Any]]:
@@ -174,6 +212,25 @@ def stats(
             (now - window, *args),
         ).fetchone()
         throughput.append(Throughput(window_s=window, finished=n, response_tokens=tokens))
+    recent = dict(
+        conn.execute(
+            f"SELECT COALESCE(data_source, ''), COUNT(*) FROM jobs WHERE finished_at >= ?{of}"
+            " GROUP BY 1",
+            (now - WINDOWS_S[-1], *args),
+        ).fetchall()
+    )
+    sources = [
+        SourceStats(
+            data_source=source,
+            finished={s: n for s, n in sorted(one.states.items()) if n > 0},
+            rewarded=one.rewarded,
+            mean_reward=one.reward_sum / one.rewarded if one.rewarded else None,
+            pass_rate=one.passed / one.rewarded if one.rewarded else None,
+            finished_recently=recent.get(source, 0),
+        )
+        for source, one in sorted(tally.by_source.items())
+        if any(n > 0 for n in one.states.values())
+    ]
     return DashboardStats(
         finished={s: n for s, n in sorted(tally.states.items()) if n > 0},
         failures=failures,
@@ -182,4 +239,5 @@ def stats(
         rewarded=tally.rewarded,
         mean_reward=tally.reward_sum / tally.rewarded if tally.rewarded else None,
         pass_rate=tally.passed / tally.rewarded if tally.rewarded else None,
+        sources=sources,
     )

@@ -338,7 +338,7 @@ class ResultStore:
             seq = self._seq + 1
             conn.execute("BEGIN")
             before = conn.execute(
-                "SELECT state, error_type, error_kind, reward FROM jobs"
+                "SELECT state, error_type, error_kind, reward, data_source FROM jobs"
                 " WHERE job_id = ? AND seq IS NOT NULL",
                 (job_id,),
             ).fetchone()
@@ -362,10 +362,15 @@ class ResultStore:
             self._seq = seq
             turn_rows.remove_files(self.path, job_id)
             if before is not None:  # a result written over: its counts go
-                old_state, old_type, old_kind, old_reward = before
-                self._tally.add(old_state, old_type, old_kind, old_reward, -1)
+                old_state, old_type, old_kind, old_reward, source = before
+                self._tally.add(old_state, old_type, old_kind, old_reward, -1, source)
             if written:
-                self._tally.add(stored.state, error_type, error_kind, stored.reward)
+                source = conn.execute(
+                    "SELECT data_source FROM jobs WHERE job_id = ?", (job_id,)
+                ).fetchone()[0]
+                self._tally.add(
+                    stored.state, error_type, error_kind, stored.reward, data_source=source
+                )
             return stored
 
         return await self._call(lambda conn: self._write(conn, _save))

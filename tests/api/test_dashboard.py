@@ -212,6 +212,19 @@ async def test_the_counts_cover_every_result(client: Client) -> None:
     # Three tokens each probe job (countdown plays without a model: no tokens).
     assert minute["response_tokens"] == 3 * 4
     assert stats["data_sources"] == ["countdown", "probe"]
+    # By data_source: a trainer mixing datasets sees which one pays (countdown: one of two
+    # solved; the probe's two done jobs score 0.5, its two failures none).
+    countdown, probe = stats["sources"]
+    assert countdown == {
+        "data_source": "countdown",
+        "finished": {"done": 2},
+        "rewarded": 2,
+        "mean_reward": 0.5,
+        "pass_rate": 0.5,
+        "finished_recently": 2,
+    }
+    assert probe["finished"] == {"done": 2, "failed": 2} and probe["finished_recently"] == 4
+    assert (probe["rewarded"], probe["pass_rate"]) == (2, 0.0)
 
 
 async def test_results_of_an_earlier_process_and_an_older_database_are_listed(
@@ -256,9 +269,11 @@ async def test_the_counts_follow_a_result_written_over_and_survive_a_reopen(
     await store.save_result("j", result("failed", "PolicyError"))
     failed = await store.stats()
     assert failed.finished == {"failed": 1} and [f.type for f in failed.failures] == ["PolicyError"]
+    assert [s.finished for s in failed.sources] == [{"failed": 1}]
     await store.save_result("j", result("done", None))
     done = await store.stats()
     assert done.finished == {"done": 1} and done.failures == []
+    assert [(s.data_source, s.finished) for s in done.sources] == [("probe", {"done": 1})]
     await store.close()
     reopened = ResultStore(tmp_path / "tally.db")
     await reopened.open()

@@ -188,6 +188,23 @@ def test_the_filters_narrow_the_list(browser: Browser, dashboard: Dashboard) -> 
     assert [r.attrs["data-job"] for r in rewarded.all("tr", data_job=None)] == ["solved"]
 
 
+def test_the_overview_shows_each_data_sources_jobs_and_rewards(
+    browser: Browser, dashboard: Dashboard
+) -> None:
+    # The solved job (reward 1) and the broken one (an infra failure, no reward) are both code;
+    # the held one runs, so it is no finished job of any source yet.
+    dom = browser.dom(dashboard.page())
+    (code,) = dom.one(id="sources").all("tr", data_source=None)
+    assert code.attrs["data-source"] == "code"
+    cells = {
+        td.attrs.get("data-state") or td.attrs.get("data-col"): td.text for td in code.all("td")
+    }
+    assert (cells["done"], cells["failed"], cells["timeout"]) == ("1", "1", "0")
+    assert (cells["mean-reward"], cells["pass-rate"]) == ("1", "100.0%")
+    assert cells["per-min"] == "0.2"  # 2 in the last 10 minutes
+    assert code.one("a").attrs["href"] == "#/?data_source=code"  # lists them
+
+
 def test_a_job_page_shows_the_conversation_and_the_tokens(
     browser: Browser, dashboard: Dashboard
 ) -> None:

@@ -261,6 +261,21 @@ function backendsCard(backends) {
   return card("LLM backends", table(["health", "url", "protocol", "sessions:num", "requests:num", "failures:num", "last error"], rows, { id: "backends" }));
 }
 
+// Each data_source's jobs in the whole database: which of the datasets a run mixes pays.
+function sourcesCard(stats) {
+  const share = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
+  const states = STATES.slice(1);
+  const rows = stats.sources.map((s) => h("tr", { "data-source": s.data_source },
+    h("td", {}, h("a", { href: `#/?${new URLSearchParams({ data_source: s.data_source })}`, title: "list these jobs" }, s.data_source || "(none)")),
+    ...states.map((state) => h("td", { class: "num", "data-state": state }, String(s.finished[state] || 0))),
+    h("td", { class: "num", "data-col": "mean-reward" }, reward(s.mean_reward)),
+    h("td", { class: "num", "data-col": "pass-rate" }, share(s.pass_rate)),
+    h("td", { class: "num", "data-col": "per-min" }, (s.finished_recently / 10).toFixed(1))));
+  return wide(card("By data source", rows.length
+    ? table(["data_source", ...states.map((x) => `${x}:num`), "mean reward:num", "pass rate:num", "jobs/min, 10 min:num"], rows, { id: "sources" })
+    : h("p", { class: "muted", id: "sources" }, "No job has finished.")));
+}
+
 function failuresCard(stats) {
   if (!stats.failures.length) return card("Failures by type", h("p", { class: "muted", id: "failures" }, "No job has failed."));
   const rows = stats.failures.map((f) => h("tr", { "data-failure": f.type },
@@ -365,7 +380,7 @@ async function overview(mine) {
     nav));
   main.replaceChildren(
     h("div", { class: "grid" }, stagesCard(status), throughputCard(stats), failuresCard(stats)),
-    plotsCard(series), wide(backendsCard(backends)), jobs);
+    sourcesCard(stats), plotsCard(series), wide(backendsCard(backends)), jobs);
   drawPlots(series);
   if (form === old && document.activeElement !== active) active.focus();
   document.body.dataset.loaded = "overview";
