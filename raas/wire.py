@@ -663,6 +663,21 @@ class SourceStats(BaseModel):
     finished_recently: int = Field(description="Jobs of it that finished in the last 10 minutes.")
 
 
+class Distributions(BaseModel):
+    """How the last finished jobs ended and how long they ran (the dashboard's histograms)."""
+
+    jobs: int = Field(description="How many finished jobs these count (the last ones).")
+    stop_reasons: dict[str, int] = Field(
+        description="Jobs by the trajectory's stop_reason, most first (finish, length,"
+        " max_turns, ...; a failed job without one by its state; `none`: no agent loop)."
+    )
+    turns: list[int] = Field(description="Jobs by turns taken: the count of k turns at index k.")
+    response_tokens_bin: int = Field(description="The width of a response-length bin, tokens.")
+    response_tokens: list[int] = Field(
+        description="Jobs by response tokens: bin i holds lengths from i * bin to (i+1) * bin."
+    )
+
+
 class DashboardStats(BaseModel):
     """What the database says: every result, from this process and the ones before it."""
 

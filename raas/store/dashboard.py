@@ -19,6 +19,7 @@ from typing import Any
 from raas.wire import (
     PASS_REWARD,
     DashboardStats,
+    Distributions,
     FailureCount,
     JobSummary,
     SourceStats,
@@ -240,4 +241,38 @@ def stats(
         mean_reward=tally.reward_sum / tally.rewarded if tally.rewarded else None,
         pass_rate=tally.passed / tally.rewarded if tally.rewarded else None,
         sources=sources,
+    )
+
+
+LENGTH_BINS = 12
+
+
+def distributions(conn: sqlite3.Connection, last: int, tenant: str | None = None) -> Distributions:
+    """How the ``last`` finished jobs (a tenant's own) ended, how many turns they took and how
+    long their responses were: what says that every rollout hits its length limit, or never
+    calls a tool. Read from the columns a result's write copies, never from its JSON."""
+    of, args = _of_tenant(tenant)
+    rows = conn.execute(
+        f"SELECT stop_reason, state, turns, response_tokens FROM jobs WHERE seq IS NOT NULL{of}"
+        " ORDER BY seq DESC LIMIT ?",
+        (*args, last),
+    ).fetchall()
+    # A job with no stop reason failed before its loop said one, or had no loop (a judge only).
+    reasons = Counter(
+        reason or (state if state != "done" else "none") for reason, state, *_ in rows
+    )
+    turns = [int(t or 0) for *_, t, _ in rows]
+    lengths = [int(n or 0) for *_, n in rows]
+    by_turns = Counter(turns)
+    top = max(lengths, default=0)
+    width = max(1, -(-(top + 1) // LENGTH_BINS))  # so that the longest falls in the last bin
+    counts = [0] * LENGTH_BINS
+    for n in lengths:
+        counts[min(n // width, LENGTH_BINS - 1)] += 1
+    return Distributions(
+        jobs=len(rows),
+        stop_reasons=dict(reasons.most_common()),
+        turns=[by_turns.get(k, 0) for k in range(max(turns, default=-1) + 1)],
+        response_tokens_bin=width,
+        response_tokens=counts if rows else [],
     )

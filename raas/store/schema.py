@@ -50,7 +50,9 @@ CREATE_TABLE = """CREATE TABLE jobs (
     error_type  TEXT,
     error_kind  TEXT,
     response_tokens INTEGER,
-    tenant      TEXT NOT NULL DEFAULT 'default'  -- whose job; job_id is its key (raas.tenants)
+    tenant      TEXT NOT NULL DEFAULT 'default',  -- whose job; job_id is its key (raas.tenants)
+    stop_reason TEXT,     -- the trajectory's (version 6): the dashboard's distributions
+    turns       INTEGER
 )"""
 # The dashboard's filters and counts (version 3); version 1 had jobs_state_seq alone.
 DASHBOARD_INDEXES = (
@@ -72,6 +74,7 @@ ADDED_COLUMNS = {
     2: {"attempts": "INTEGER NOT NULL DEFAULT 1", "attempt_errors": "TEXT"},
     3: {"error_type": "TEXT", "error_kind": "TEXT", "response_tokens": "INTEGER"},
     4: {"tenant": "TEXT NOT NULL DEFAULT 'default'"},
+    6: {"stop_reason": "TEXT", "turns": "INTEGER"},
 }
 
 
@@ -125,12 +128,24 @@ def _add_checkpoints(conn: sqlite3.Connection) -> None:
     conn.execute(CHECKPOINTS_TABLE)
 
 
+def _add_trajectory_columns(conn: sqlite3.Connection) -> None:
+    """5 -> 6: each result's stop reason and turns, copied out of it once here, so that the
+    dashboard's distributions read two small columns, not every result's JSON."""
+    _add_columns(conn, ADDED_COLUMNS[6])
+    conn.execute(
+        "UPDATE jobs SET stop_reason = json_extract(result, '$.trajectory.stop_reason'),"
+        " turns = COALESCE(json_array_length(result, '$.trajectory.turns'), 0)"
+        " WHERE result IS NOT NULL AND json_valid(result)"
+    )
+
+
 # MIGRATIONS[v - 1] takes a database from version v to v + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_attempts,
     _add_error_columns,
     _add_tenant,
     _add_checkpoints,
+    _add_trajectory_columns,
 ]
 VERSION = len(MIGRATIONS) + 1
 

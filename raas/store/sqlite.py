@@ -36,7 +36,7 @@ from raas.store import dashboard
 from raas.store.dashboard import JobFilter, Tally
 from raas.store.records import COLUMNS, ERRORS, JobRecord, Quarantine, storable
 from raas.store.schema import VERSION, migrate
-from raas.wire import DashboardStats, ErrorInfo, JobSummary, RolloutResult
+from raas.wire import DashboardStats, Distributions, ErrorInfo, JobSummary, RolloutResult
 
 T = TypeVar("T")
 
@@ -344,7 +344,8 @@ class ResultStore:
             ).fetchone()
             written = conn.execute(
                 "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
-                " error_type = ?, error_kind = ?, response_tokens = ? WHERE job_id = ?",
+                " error_type = ?, error_kind = ?, response_tokens = ?, stop_reason = ?,"
+                " turns = ? WHERE job_id = ?",
                 (
                     stored.state,
                     seq,
@@ -354,6 +355,8 @@ class ResultStore:
                     error_type,
                     error_kind,
                     tokens,
+                    stored.trajectory.stop_reason,
+                    len(stored.trajectory.turns),
                     job_id,
                 ),
             ).rowcount
@@ -458,6 +461,10 @@ class ResultStore:
     ) -> tuple[list[JobSummary], int | None]:
         """Finished jobs newest first (the dashboard's list), and the next page's cursor."""
         return await self._call(lambda conn: dashboard.summaries(conn, where, before, limit))
+
+    async def distributions(self, last: int, tenant: str | None = None) -> Distributions:
+        """How the ``last`` finished jobs (``tenant``'s) ended, their turns and lengths."""
+        return await self._call(lambda conn: dashboard.distributions(conn, last, tenant))
 
     async def stats(self, tenant: str | None = None) -> DashboardStats:
         """Counts over every finished job (or only ``tenant``'s): by state, by error, in recent

@@ -46,6 +46,7 @@ READS = (
     "/v1/status",
     "/v1/rollouts:running",
     "/v1/dashboard/series",
+    "/v1/dashboard/distributions",
 )
 
 
@@ -225,6 +226,26 @@ async def test_the_counts_cover_every_result(client: Client) -> None:
     }
     assert probe["finished"] == {"done": 2, "failed": 2} and probe["finished_recently"] == 4
     assert (probe["rewarded"], probe["pass_rate"]) == (2, 0.0)
+
+
+async def test_the_distributions_say_how_the_last_jobs_ended_and_how_long_they_ran(
+    client: Client,
+) -> None:
+    async with client() as http:
+        await submit_and_finish(http, JOBS)
+        url = "/v1/dashboard/distributions"
+        seen = (await http.get(url)).json()
+        last_two = (await http.get(url, params={"last": 2})).json()
+        assert (await http.get(url, params={"last": 0})).status_code == 422
+    # The probe's four finish (one then fails in EVAL: its loop still finished), countdown's
+    # unsolved one runs out of moves, the crash fails before its loop says why it stopped.
+    assert seen["jobs"] == 6
+    assert seen["stop_reasons"] == {"finish": 4, "no_moves": 1, "failed": 1}
+    assert seen["turns"] == [0, 3, 3]  # three jobs of one turn, three of two
+    # Three response tokens each probe job, none a countdown one: bins of one token.
+    assert seen["response_tokens_bin"] == 1
+    assert seen["response_tokens"] == [2, 0, 0, 4] + [0] * 8
+    assert last_two["jobs"] == 2 and sum(last_two["turns"]) == 2
 
 
 async def test_results_of_an_earlier_process_and_an_older_database_are_listed(

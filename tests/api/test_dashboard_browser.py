@@ -13,6 +13,7 @@ import asyncio
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,6 +204,34 @@ def test_the_overview_shows_each_data_sources_jobs_and_rewards(
     assert (cells["mean-reward"], cells["pass-rate"]) == ("1", "100.0%")
     assert cells["per-min"] == "0.2"  # 2 in the last 10 minutes
     assert code.one("a").attrs["href"] == "#/?data_source=code"  # lists them
+
+
+def test_the_overview_draws_how_the_finished_jobs_ended_and_how_long_they_ran(
+    browser: Browser, dashboard: Dashboard
+) -> None:
+    finished = [dashboard.results["solved"], dashboard.results["broken"]]
+    dom = browser.dom(dashboard.page())
+
+    def drawn(chart: str) -> list[tuple[str, int, str]]:
+        """Each bar: its label, its count and the width it is drawn at."""
+        bars = []
+        for row in dom.one(id=chart).all("div", data_label=None):
+            (bar,) = [span for span in row.all("span") if span.has_class("bar")]
+            bars.append((row.attrs["data-label"], int(row.attrs["data-count"]), bar.attrs["style"]))
+        return bars
+
+    # The solved job finished; the broken one failed in its first turn, before any stop reason.
+    reasons = drawn("stop-reasons")
+    assert sorted((label, n) for label, n, _ in reasons) == [("failed", 1), ("finish", 1)]
+    assert all("width: 100%" in style for *_, style in reasons)  # as many: both full
+    turns = Counter(len(r["trajectory"]["turns"]) for r in finished)
+    assert {int(label): n for label, n, _ in drawn("turns-hist") if n} == turns
+    lengths = drawn("length-hist")
+    assert len(lengths) == 12 and sum(n for _, n, _ in lengths) == 2
+    longest = max(len(r["trajectory"]["response_ids"]) for r in finished)
+    last_label, count, _ = lengths[-1]
+    low, high = (int(x) for x in last_label.split("\u2013"))
+    assert count >= 1 and low <= longest <= high  # the longest response, in the last bin
 
 
 def test_a_job_page_shows_the_conversation_and_the_tokens(

@@ -186,6 +186,7 @@ async def test_no_query_parameter_names_another_tenant_in_a_read(app_with_tenant
             "/v1/usage",
             "/v1/dashboard/series",
             "/v1/dashboard/stats",
+            "/v1/dashboard/distributions",
             "/v1/dashboard/jobs",
             "/v1/rollouts",
             "/v1/rollouts:export",
@@ -201,6 +202,7 @@ async def test_no_query_parameter_names_another_tenant_in_a_read(app_with_tenant
         usage = (await http.get("/v1/usage", headers=auth(MALLORY))).json()
         series = (await http.get("/v1/dashboard/series", headers=auth(MALLORY))).json()
         stats = (await http.get("/v1/dashboard/stats", headers=auth(MALLORY))).json()
+        seen = (await http.get("/v1/dashboard/distributions", headers=auth(MALLORY))).json()
         admin = (await http.get("/v1/usage", headers=auth(ADMIN))).json()
         alice = (await http.get("/v1/usage", headers=auth(ALICE))).json()
     # Her own, exactly: one job, done; nothing of Alice's failures or Bob's job.
@@ -208,6 +210,8 @@ async def test_no_query_parameter_names_another_tenant_in_a_read(app_with_tenant
     assert (row["tenant"], row["submitted"], row["finished"]) == ("mallory", 1, {"done": 1})
     assert sum(series["finished"]) == 1 and sum(sum(n) for n in series["errors"].values()) == 0
     assert stats["finished"] == {"done": 1} and stats["data_sources"] == ["probe"]
+    assert [s["data_source"] for s in stats["sources"]] == ["probe"]
+    assert seen["jobs"] == 1 and seen["stop_reasons"] == {"finish": 1}
     # The control: Alice reads hers, the admin everyone's.
     (hers,) = alice["tenants"]
     assert (hers["tenant"], hers["finished"]) == ("alice", {"failed": 1})

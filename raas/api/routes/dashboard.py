@@ -28,6 +28,7 @@ from raas.store.dashboard import JobFilter
 from raas.wire import (
     DashboardSeries,
     DashboardStats,
+    Distributions,
     FinalStateName,
     JobSummaryPage,
     TokenView,
@@ -141,6 +142,17 @@ async def dashboard_stats(svc: Service, who: Who) -> DashboardStats:
     """Every finished job in the database (before restarts too; a tenant's own): by state, by
     error type, and how many finished in the last minute and 10 minutes."""
     return await svc.pipeline.store.stats(tenant=who.tenant)
+
+
+@router.get("/v1/dashboard/distributions", response_model=Distributions)
+async def dashboard_distributions(
+    svc: Service,
+    who: Who,
+    last: Annotated[int, Query(ge=1, le=100_000, description="How many finished jobs.")] = 1000,
+) -> Distributions:
+    """How the last finished jobs (before restarts too; a tenant's own) ended, how many turns
+    they took and how long their responses were."""
+    return await svc.pipeline.store.distributions(last, tenant=who.tenant)
 
 
 @router.get("/v1/dashboard/series", response_model=DashboardSeries)

@@ -261,6 +261,28 @@ function backendsCard(backends) {
   return card("LLM backends", table(["health", "url", "protocol", "sessions:num", "requests:num", "failures:num", "last error"], rows, { id: "backends" }));
 }
 
+// Horizontal bars, one a [label, count], scaled to the largest.
+function barChart(id, title, entries) {
+  const top = entries.reduce((a, [, n]) => Math.max(a, n), 0) || 1;
+  return h("div", { class: "dist" }, h("h3", {}, title),
+    h("div", { class: "bars", id }, entries.map(([label, n]) => h("div", { class: "barrow", "data-label": label, "data-count": String(n) },
+      h("span", { class: "barlabel" }, label),
+      h("span", { class: "bartrack" }, h("span", { class: "bar", style: { width: `${(100 * n) / top}%` } })),
+      h("span", { class: "barcount num" }, String(n))))));
+}
+
+// How the last finished jobs ended and how long they ran: "every rollout hit its length limit"
+// or "no rollout calls a tool" shows here first.
+function distributionsCard(d) {
+  if (!d.jobs) return wide(card("How jobs end", h("p", { class: "muted", id: "distributions" }, "No job has finished.")));
+  const lengths = d.response_tokens.map((n, i) => [`${i * d.response_tokens_bin}–${(i + 1) * d.response_tokens_bin - 1}`, n]);
+  return wide(card(`How the last ${d.jobs} finished jobs end`,
+    h("div", { class: "dists", id: "distributions" },
+      barChart("stop-reasons", "stop reason", Object.entries(d.stop_reasons)),
+      barChart("turns-hist", "turns", d.turns.map((n, k) => [String(k), n])),
+      barChart("length-hist", "response tokens", lengths))));
+}
+
 // Each data_source's jobs in the whole database: which of the datasets a run mixes pays.
 function sourcesCard(stats) {
   const share = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)}%`);
@@ -359,9 +381,10 @@ function jobsQuery(q) {
 async function overview(mine) {
   const q = hashQuery();
   const wantsFinished = q.get("state") !== "running";
-  const [status, backends, stats, series, running, page] = await Promise.all([
+  const [status, backends, stats, series, running, page, dists] = await Promise.all([
     get("v1/status"), get("v1/backends"), get("v1/dashboard/stats"), get("v1/dashboard/series"), get("v1/rollouts:running"),
     wantsFinished ? get(`v1/dashboard/jobs?${jobsQuery(q)}`) : Promise.resolve({ jobs: [], next_before: null }),
+    get("v1/dashboard/distributions?last=1000"),
   ]);
   if (mine !== view) return;
   document.getElementById("service").textContent =
@@ -380,7 +403,7 @@ async function overview(mine) {
     nav));
   main.replaceChildren(
     h("div", { class: "grid" }, stagesCard(status), throughputCard(stats), failuresCard(stats)),
-    sourcesCard(stats), plotsCard(series), wide(backendsCard(backends)), jobs);
+    sourcesCard(stats), distributionsCard(dists), plotsCard(series), wide(backendsCard(backends)), jobs);
   drawPlots(series);
   if (form === old && document.activeElement !== active) active.focus();
   document.body.dataset.loaded = "overview";
