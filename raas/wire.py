@@ -676,6 +676,16 @@ class Distributions(BaseModel):
     response_tokens: list[int] = Field(
         description="Jobs by response tokens: bin i holds lengths from i * bin to (i+1) * bin."
     )
+    groups: int = Field(
+        default=0,
+        description="Groups (the request's `group`: GRPO's samples of a prompt) with two or"
+        " more rewarded jobs among these.",
+    )
+    groups_all_equal: int = Field(
+        default=0,
+        description="Those whose rewards are all equal: a zero advantage, so GRPO learns"
+        " nothing from them (DAPO's dynamic sampling drops them).",
+    )
 
 
 class DashboardStats(BaseModel):

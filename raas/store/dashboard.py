@@ -257,6 +257,18 @@ def distributions(conn: sqlite3.Connection, last: int, tenant: str | None = None
         " ORDER BY seq DESC LIMIT ?",
         (*args, last),
     ).fetchall()
+    grouped = conn.execute(
+        "SELECT tenant, job_group, reward FROM (SELECT tenant, job_group, reward FROM jobs"
+        f" WHERE seq IS NOT NULL{of} ORDER BY seq DESC LIMIT ?)"
+        " WHERE job_group IS NOT NULL AND reward IS NOT NULL",
+        (*args, last),
+    ).fetchall()
+    rewards: dict[tuple[str, str], set[float]] = {}
+    sizes: Counter[tuple[str, str]] = Counter()
+    for tenant_of, group, reward in grouped:
+        rewards.setdefault((tenant_of, group), set()).add(reward)
+        sizes[tenant_of, group] += 1
+    groups = [key for key, n in sizes.items() if n >= 2]
     # A job with no stop reason failed before its loop said one, or had no loop (a judge only).
     reasons = Counter(
         reason or (state if state != "done" else "none") for reason, state, *_ in rows
@@ -275,4 +287,6 @@ def distributions(conn: sqlite3.Connection, last: int, tenant: str | None = None
         turns=[by_turns.get(k, 0) for k in range(max(turns, default=-1) + 1)],
         response_tokens_bin=width,
         response_tokens=counts if rows else [],
+        groups=len(groups),
+        groups_all_equal=sum(1 for key in groups if len(rewards[key]) == 1),
     )

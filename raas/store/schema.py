@@ -52,7 +52,8 @@ CREATE_TABLE = """CREATE TABLE jobs (
     response_tokens INTEGER,
     tenant      TEXT NOT NULL DEFAULT 'default',  -- whose job; job_id is its key (raas.tenants)
     stop_reason TEXT,     -- the trajectory's (version 6): the dashboard's distributions
-    turns       INTEGER
+    turns       INTEGER,
+    job_group   TEXT      -- the request's group (GRPO's samples of a prompt)
 )"""
 # The dashboard's filters and counts (version 3); version 1 had jobs_state_seq alone.
 DASHBOARD_INDEXES = (
@@ -74,7 +75,7 @@ ADDED_COLUMNS = {
     2: {"attempts": "INTEGER NOT NULL DEFAULT 1", "attempt_errors": "TEXT"},
     3: {"error_type": "TEXT", "error_kind": "TEXT", "response_tokens": "INTEGER"},
     4: {"tenant": "TEXT NOT NULL DEFAULT 'default'"},
-    6: {"stop_reason": "TEXT", "turns": "INTEGER"},
+    6: {"stop_reason": "TEXT", "turns": "INTEGER", "job_group": "TEXT"},
 }
 
 
@@ -129,13 +130,18 @@ def _add_checkpoints(conn: sqlite3.Connection) -> None:
 
 
 def _add_trajectory_columns(conn: sqlite3.Connection) -> None:
-    """5 -> 6: each result's stop reason and turns, copied out of it once here, so that the
-    dashboard's distributions read two small columns, not every result's JSON."""
+    """5 -> 6: each result's stop reason and turns and each request's group, copied out of
+    them once here, so that the dashboard's distributions read small columns, not every
+    result's JSON."""
     _add_columns(conn, ADDED_COLUMNS[6])
     conn.execute(
         "UPDATE jobs SET stop_reason = json_extract(result, '$.trajectory.stop_reason'),"
         " turns = COALESCE(json_array_length(result, '$.trajectory.turns'), 0)"
         " WHERE result IS NOT NULL AND json_valid(result)"
+    )
+    conn.execute(
+        "UPDATE jobs SET job_group = json_extract(request, '$.group')"
+        " WHERE json_valid(request) AND json_type(request, '$.group') = 'text'"
     )
 
 

@@ -281,6 +281,7 @@ class ResultStore:
                 json.dumps(r.request),
                 r.created_at,
                 r.tenant,
+                group if isinstance(group := r.request.get("group"), str) else None,
             )
             for r in records
         ]
@@ -290,7 +291,7 @@ class ResultStore:
                 conn.execute("BEGIN")
                 conn.executemany(
                     "INSERT INTO jobs (job_id, state, data_source, instance_id, request,"
-                    " created_at, tenant) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    " created_at, tenant, job_group) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
             self._tally.sources.update(r.data_source for r in records)

@@ -248,6 +248,35 @@ async def test_the_distributions_say_how_the_last_jobs_ended_and_how_long_they_r
     assert last_two["jobs"] == 2 and sum(last_two["turns"]) == 2
 
 
+async def test_the_distributions_count_the_groups_whose_rewards_teach_nothing(
+    client: Client,
+) -> None:
+    # GRPO's samples of a prompt name one group: one whose rewards are all equal has a zero
+    # advantage. A group with one rewarded job among these is no group to count.
+    jobs = {
+        "same-0": ({**SOLVABLE}, "same"),
+        "same-1": ({**SOLVABLE}, "same"),
+        "mixed-0": ({**SOLVABLE}, "mixed"),
+        "mixed-1": ({**UNSOLVABLE}, "mixed"),
+        "alone-0": ({**SOLVABLE}, "alone"),
+        "nogroup": ({**SOLVABLE}, None),
+    }
+    async with client() as http:
+        for job_id, (instance, group) in jobs.items():
+            body = {"instance": instance, "job_id": job_id, "group": group}
+            assert (await http.post("/v1/rollouts", json=body)).status_code == 202
+        for job_id in jobs:
+            r = await http.get(f"/v1/rollouts/{job_id}", params={"wait": WAIT_S})
+            assert r.json()["result"] is not None
+        seen = (await http.get("/v1/dashboard/distributions")).json()
+        newest = (await http.get("/v1/dashboard/distributions", params={"last": 3})).json()
+        last_three = ids((await http.get("/v1/dashboard/jobs", params={"limit": 3})).json())
+    assert (seen["groups"], seen["groups_all_equal"]) == (2, 1)
+    # Only the last jobs count: a group is one where two of them are (in the order they ended).
+    whole = [g for g in ("same", "mixed") if {f"{g}-0", f"{g}-1"} <= set(last_three)]
+    assert newest["groups"] == len(whole)
+
+
 async def test_results_of_an_earlier_process_and_an_older_database_are_listed(
     client: Client, tmp_path: Path
 ) -> None:

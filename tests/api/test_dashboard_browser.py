@@ -230,8 +230,10 @@ def test_the_overview_draws_how_the_finished_jobs_ended_and_how_long_they_ran(
     assert len(lengths) == 12 and sum(n for _, n, _ in lengths) == 2
     longest = max(len(r["trajectory"]["response_ids"]) for r in finished)
     last_label, count, _ = lengths[-1]
-    low, high = (int(x) for x in last_label.split("\u2013"))
+    low, high = (int(x) for x in (last_label.split("\u2013") * 2)[:2])  # "a\u2013b", or "a" alone
     assert count >= 1 and low <= longest <= high  # the longest response, in the last bin
+    # No request named a group: the GRPO chart says so rather than draw nothing.
+    assert dom.one(id="groups").text.startswith("None: no two rewarded jobs")
 
 
 def test_a_job_page_shows_the_conversation_and_the_tokens(
@@ -330,6 +332,12 @@ def segmented(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         await db.open()
         await db.add_jobs([JobRecord("g", "queued", "harness", None, {}, 0.0)])
         await db.save_result("g", result)
+        # Two GRPO groups of two: one whose rewards are equal (it teaches nothing), one not.
+        samples = (("p-0", "p", 1.0), ("p-1", "p", 1.0), ("q-0", "q", 0.0), ("q-1", "q", 1.0))
+        for job_id, group, reward in samples:
+            await db.add_jobs([JobRecord(job_id, "queued", "math", None, {"group": group}, 0.0)])
+            sample = result.model_copy(update={"job_id": job_id, "reward": reward, "metrics": {}})
+            await db.save_result(job_id, sample)
         await db.close()
 
     asyncio.run(store())
@@ -340,6 +348,19 @@ def segmented(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def test_the_overview_draws_the_share_of_grpo_groups_that_teach_nothing(
+    browser: Browser, segmented: str
+) -> None:
+    dom = browser.dom(f"{segmented}/ui")
+    assert dom.one("body").attrs.get("data-loaded") == "overview", dom.text[:2000]
+    rows = dom.one(id="groups").all("div", data_label=None)
+    counts = {r.attrs["data-label"]: int(r.attrs["data-count"]) for r in rows}
+    assert counts == {"all equal": 1, "differ": 1}  # the groups' rewards
+    titles = [h3.text for h3 in dom.one(id="distributions").all("h3")]
+    assert "GRPO groups: 50% teach nothing" in titles
+    browser.screenshot(f"{segmented}/ui", SCREENSHOTS / "distributions.png", size=(1400, 1200))
 
 
 def test_each_segment_of_a_gateway_job_has_a_page_of_its_tokens(

@@ -101,12 +101,14 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
         assert [row[: len(before_open[0])] for row in jobs_rows(db)] == before_open
     # 5 -> 6 copied each result's stop reason and turns out of it, for the distributions.
     with closing(sqlite3.connect(db)) as conn:
-        copied = conn.execute("SELECT job_id, stop_reason, turns FROM jobs ORDER BY job_id")
+        copied = conn.execute(
+            "SELECT job_id, stop_reason, turns, job_group FROM jobs ORDER BY job_id"
+        )
         assert copied.fetchall() == [
-            ("done-1", "finish", 0),
-            ("failed-2", None, 0),
-            ("queued-3", None, None),
-            ("run-4", None, None),
+            ("done-1", "finish", 0, None),
+            ("failed-2", None, 0, None),
+            ("queued-3", None, None, None),
+            ("run-4", None, None, None),
         ]
 
     done, failed = (await store.finished()).records

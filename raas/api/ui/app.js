@@ -275,12 +275,17 @@ function barChart(id, title, entries) {
 // or "no rollout calls a tool" shows here first.
 function distributionsCard(d) {
   if (!d.jobs) return wide(card("How jobs end", h("p", { class: "muted", id: "distributions" }, "No job has finished.")));
-  const lengths = d.response_tokens.map((n, i) => [`${i * d.response_tokens_bin}–${(i + 1) * d.response_tokens_bin - 1}`, n]);
+  const w = d.response_tokens_bin;
+  const lengths = d.response_tokens.map((n, i) => [w === 1 ? String(i) : `${i * w}–${(i + 1) * w - 1}`, n]);
   return wide(card(`How the last ${d.jobs} finished jobs end`,
     h("div", { class: "dists", id: "distributions" },
       barChart("stop-reasons", "stop reason", Object.entries(d.stop_reasons)),
       barChart("turns-hist", "turns", d.turns.map((n, k) => [String(k), n])),
-      barChart("length-hist", "response tokens", lengths))));
+      barChart("length-hist", "response tokens", lengths),
+      d.groups ? barChart("groups", `GRPO groups: ${(100 * d.groups_all_equal / d.groups).toFixed(0)}% teach nothing`,
+        [["all equal", d.groups_all_equal], ["differ", d.groups - d.groups_all_equal]])
+        : h("div", { class: "dist" }, h("h3", {}, "GRPO groups"),
+          h("p", { class: "muted", id: "groups" }, "None: no two rewarded jobs here name one group (the request's group).")))));
 }
 
 // Each data_source's jobs in the whole database: which of the datasets a run mixes pays.
