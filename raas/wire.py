@@ -621,6 +621,11 @@ class JobSummary(BaseModel):
     error_message: str | None = Field(default=None, description="Cut at 300 characters.")
     stage_failed: StageName | None = None
     stop_reason: str | None = None
+    judge_note: str | None = Field(
+        default=None,
+        description="Why the judge scored a job below a pass, where its metrics say: a reason,"
+        " a verifier's or judge's error, a failing case, the answer a math judge read.",
+    )
     tamper: str | None = Field(
         default=None,
         description="Why the judge scored the job 0 as tampering (a twin of a deciding test"

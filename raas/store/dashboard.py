@@ -32,6 +32,18 @@ WINDOWS_S = (60.0, 600.0)
 # A row's result where it is JSON (SQLite's JSON functions refuse the whole query on one that is
 # not): a row that cannot be read is listed with what its columns say.
 _RESULT = "(CASE WHEN json_valid(result) THEN result END)"
+# Why the judge scored a done job below a pass, from what the judges write in their metrics:
+# a reason given as such, a verifier's or a judge's error, a failing case's why, the harness's
+# word on its log, or the answer a math judge read. Only where the reward is below a pass.
+_JUDGE_NOTE = (
+    f"CASE WHEN reward < {PASS_REWARD} THEN COALESCE("
+    + ", ".join(
+        f"json_extract({_RESULT}, '$.metrics.{key}')"
+        for key in ("reason", "verifier_error", "error", "failure.why", "log")
+    )
+    + f", CASE WHEN json_extract({_RESULT}, '$.metrics.correct') = 0 THEN 'answer read: '"
+    f" || COALESCE(json_extract({_RESULT}, '$.metrics.read'), 'none') END) END"
+)
 # Each field of a JobSummary and the SQL that reads it from a row.
 _FIELDS = {
     "job_id": "job_id",
@@ -46,6 +58,7 @@ _FIELDS = {
     "stage_failed": f"json_extract({_RESULT}, '$.stage_failed')",
     "stop_reason": f"json_extract({_RESULT}, '$.trajectory.stop_reason')",
     "tamper": f"substr(json_extract({_RESULT}, '$.metrics.tamper'), 1, {MESSAGE_CHARS})",
+    "judge_note": f"substr({_JUDGE_NOTE}, 1, {MESSAGE_CHARS})",
     "turns": f"COALESCE(json_array_length({_RESULT}, '$.trajectory.turns'), 0)",
     "response_tokens": "COALESCE(response_tokens, 0)",
     "total_s": f"json_extract({_RESULT}, '$.timing.total_s')",

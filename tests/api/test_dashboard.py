@@ -495,3 +495,44 @@ async def test_a_job_scored_zero_for_tampering_says_so_in_its_summary(tmp_path: 
     tamper = {job.job_id: job.tamper for job in jobs}
     assert tamper == {"t": "1 twin(s) passed: t.T.test_x", "h": None}
     await store.close()
+
+
+async def test_a_job_below_a_pass_says_why_where_the_judges_metrics_do(tmp_path: Path) -> None:
+    # What the judges write: a verifier's error (harbor), a failing case (code), the answer a
+    # math judge read, a reason given as such; nothing for a pass or a 0 whose metrics say none.
+    cases = {
+        "verifier": (0.0, {"verifier_error": "test.sh ran past its 60 s"}),
+        "case": (0.0, {"passed": False, "failure": {"case": 2, "why": "expected 3, got 4"}}),
+        "math": (0.0, {"correct": False, "read": "41"}),
+        "unread": (0.0, {"correct": False, "read": None}),
+        "given": (0.5, {"reason": "2 of 4 tests failed", "error": "other"}),
+        "passed": (1.0, {"correct": True, "read": "42", "error": "not shown on a pass"}),
+        "silent": (0.0, {"steps": 3, "valid": True}),
+    }
+    store = ResultStore(tmp_path / "notes.db")
+    await store.open()
+    await store.add_jobs([JobRecord(j, "queued", "x", None, {}, 0.0) for j in cases])
+    for job_id, (reward, metrics) in cases.items():
+        await store.save_result(
+            job_id,
+            RolloutResult(
+                job_id=job_id,
+                state="done",
+                data_source="x",
+                reward=reward,
+                metrics=metrics,
+                trajectory=Trajectory(),
+                timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+            ),
+        )
+    jobs, _ = await store.summaries(JobFilter(), None, 10)
+    assert {job.job_id: job.judge_note for job in jobs} == {
+        "verifier": "test.sh ran past its 60 s",
+        "case": "expected 3, got 4",
+        "math": "answer read: 41",
+        "unread": "answer read: none",
+        "given": "2 of 4 tests failed",
+        "passed": None,
+        "silent": None,
+    }
+    await store.close()

@@ -336,7 +336,10 @@ def segmented(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         samples = (("p-0", "p", 1.0), ("p-1", "p", 1.0), ("q-0", "q", 0.0), ("q-1", "q", 1.0))
         for job_id, group, reward in samples:
             await db.add_jobs([JobRecord(job_id, "queued", "math", None, {"group": group}, 0.0)])
-            sample = result.model_copy(update={"job_id": job_id, "reward": reward, "metrics": {}})
+            judged = {"correct": reward == 1.0, "read": "7"}  # as the math judge writes
+            sample = result.model_copy(
+                update={"job_id": job_id, "reward": reward, "metrics": judged}
+            )
             await db.save_result(job_id, sample)
         await db.close()
 
@@ -361,6 +364,12 @@ def test_the_overview_draws_the_share_of_grpo_groups_that_teach_nothing(
     titles = [h3.text for h3 in dom.one(id="distributions").all("h3")]
     assert "GRPO groups: 50% teach nothing" in titles
     browser.screenshot(f"{segmented}/ui", SCREENSHOTS / "distributions.png", size=(1400, 1200))
+    # A job below a pass says why in the list, where its judge's metrics do; a pass does not.
+    notes = {
+        row.attrs["data-job"]: [span.text for span in row.all("span", data_judge=None)]
+        for row in dom.one(id="jobs").all("tr", data_job=None)
+    }
+    assert notes["q-0"] == [" \u00b7 judge: answer read: 7"] and notes["q-1"] == []
 
 
 def test_each_segment_of_a_gateway_job_has_a_page_of_its_tokens(

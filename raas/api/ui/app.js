@@ -365,10 +365,11 @@ function finishedRows(page) {
     h("td", {}, badge(j.state)),
     sourceCell(j),
     h("td", { class: "num" }, reward(j.reward)),
-    h("td", { class: "err", title: j.error_message || j.tamper || "" },
+    h("td", { class: "err", title: j.error_message || j.tamper || j.judge_note || "" },
       j.error_type ? h("span", {}, h("b", {}, j.error_type), h("span", { class: `kind ${j.error_kind}` }, j.error_kind), " ", j.error_message || "")
         : j.tamper ? h("span", { class: "tamper" }, h("b", {}, "tamper"), " ", j.tamper)
-        : h("span", { class: "muted" }, j.stop_reason || "")),
+        : h("span", { class: "muted" }, j.stop_reason || "",
+          j.judge_note ? h("span", { class: "judge", "data-judge": "" }, ` · judge: ${j.judge_note}`) : null)),
     h("td", { class: "num" }, String(j.turns)),
     h("td", { class: "num" }, String(j.response_tokens)),
     h("td", { class: "num" }, seconds(j.total_s)),
