@@ -187,16 +187,13 @@ async def one_value_per_query_key(request: Request) -> None:
         seen.add(key)
 
 
-# id(route): the route (kept, so its id is not reused) and its query parameters. Routes are
-# made once, with the app; APIRoute is not hashable.
-_QUERY_NAMES: dict[int, tuple[APIRoute, frozenset[str]]] = {}
-
-
 def _route_query_names(route: APIRoute) -> frozenset[str]:
-    found = _QUERY_NAMES.get(id(route))
+    """Kept on the route, made once with its app (APIRoute is not hashable: no cache dict)."""
+    found: frozenset[str] | None = getattr(route, "_raas_query_names", None)
     if found is None:
-        found = _QUERY_NAMES[id(route)] = (route, _query_names(route.dependant))
-    return found[1]
+        found = _query_names(route.dependant)
+        route._raas_query_names = found  # type: ignore[attr-defined]
+    return found
 
 
 def _query_names(dependant: Dependant) -> frozenset[str]:

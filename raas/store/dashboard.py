@@ -121,25 +121,33 @@ class Rewards:
     reward_sum: float = 0.0
     passed: int = 0
 
-    def add(self, state: str, reward: float | None, n: int = 1) -> None:
+    def note(self, state: str, reward: float | None, n: int = 1) -> None:
+        """Count ``n`` finished jobs of ``state`` and ``reward`` (-1: one taken back)."""
         self.states[state] += n
         if reward is not None:
             self.rewarded += n
             self.reward_sum += n * reward
             self.passed += n if reward >= PASS_REWARD else 0
 
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.rewarded if self.rewarded else None
+
+    def finished(self) -> dict[str, int]:
+        return {s: n for s, n in sorted(self.states.items()) if n > 0}
+
 
 @dataclass
-class Tally:
-    """Finished jobs by state and by error, their rewards, and every data_source, of the whole
-    table; and the same by data_source (what a trainer mixing datasets reads first)."""
+class Tally(Rewards):
+    """Finished jobs by state and their rewards, by error, and every data_source, of the whole
+    table; and the first two by data_source (what a trainer mixing datasets reads first)."""
 
-    states: Counter[str] = field(default_factory=Counter)
     errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     sources: set[str] = field(default_factory=set)
-    rewarded: int = 0
-    reward_sum: float = 0.0
-    passed: int = 0
     by_source: dict[str, Rewards] = field(default_factory=dict)
 
     @classmethod
@@ -194,14 +202,10 @@ class Tally:
         data_source: str | None = None,
     ) -> None:
         """Count ``n`` results (-1: one taken back, when a result is written over)."""
-        self.states[state] += n
+        self.note(state, reward, n)
         if error_type is not None:
             self.errors[error_type, error_kind or "infra"] += n
-        if reward is not None:
-            self.rewarded += n
-            self.reward_sum += n * reward
-            self.passed += n if reward >= PASS_REWARD else 0
-        self.by_source.setdefault(data_source or "", Rewards()).add(state, reward, n)
+        self.by_source.setdefault(data_source or "", Rewards()).note(state, reward, n)
 
 
 def _of_tenant(tenant: str | None) -> tuple[str, list[Any]]:
@@ -236,23 +240,23 @@ def stats(
     sources = [
         SourceStats(
             data_source=source,
-            finished={s: n for s, n in sorted(one.states.items()) if n > 0},
+            finished=one.finished(),
             rewarded=one.rewarded,
-            mean_reward=one.reward_sum / one.rewarded if one.rewarded else None,
-            pass_rate=one.passed / one.rewarded if one.rewarded else None,
+            mean_reward=one.mean_reward,
+            pass_rate=one.pass_rate,
             finished_recently=recent.get(source, 0),
         )
         for source, one in sorted(tally.by_source.items())
-        if any(n > 0 for n in one.states.values())
+        if one.finished()
     ]
     return DashboardStats(
-        finished={s: n for s, n in sorted(tally.states.items()) if n > 0},
+        finished=tally.finished(),
         failures=failures,
         throughput=throughput,
         data_sources=sorted(tally.sources),
         rewarded=tally.rewarded,
-        mean_reward=tally.reward_sum / tally.rewarded if tally.rewarded else None,
-        pass_rate=tally.passed / tally.rewarded if tally.rewarded else None,
+        mean_reward=tally.mean_reward,
+        pass_rate=tally.pass_rate,
         sources=sources,
     )
 

@@ -338,11 +338,13 @@ class ResultStore:
             tokens = len(stored.trajectory.response_ids)
             seq = self._seq + 1
             conn.execute("BEGIN")
-            before = conn.execute(
-                "SELECT state, error_type, error_kind, reward, data_source FROM jobs"
-                " WHERE job_id = ? AND seq IS NOT NULL",
+            row = conn.execute(
+                "SELECT state, error_type, error_kind, reward, data_source, seq FROM jobs"
+                " WHERE job_id = ?",
                 (job_id,),
             ).fetchone()
+            source = row[4] if row is not None else None
+            before = row[:4] if row is not None and row[5] is not None else None
             written = conn.execute(
                 "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
                 " error_type = ?, error_kind = ?, response_tokens = ?, stop_reason = ?,"
@@ -366,15 +368,10 @@ class ResultStore:
             self._seq = seq
             turn_rows.remove_files(self.path, job_id)
             if before is not None:  # a result written over: its counts go
-                old_state, old_type, old_kind, old_reward, source = before
+                old_state, old_type, old_kind, old_reward = before
                 self._tally.add(old_state, old_type, old_kind, old_reward, -1, source)
             if written:
-                source = conn.execute(
-                    "SELECT data_source FROM jobs WHERE job_id = ?", (job_id,)
-                ).fetchone()[0]
-                self._tally.add(
-                    stored.state, error_type, error_kind, stored.reward, data_source=source
-                )
+                self._tally.add(stored.state, error_type, error_kind, stored.reward, 1, source)
             return stored
 
         return await self._call(lambda conn: self._write(conn, _save))
