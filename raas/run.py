@@ -9,11 +9,12 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from rich import box
 from rich.console import Console
@@ -23,6 +24,7 @@ from rich.table import Table
 from raas.api.app import create_app
 from raas.cli.progress import Counting, markup, say_cancelling
 from raas.client import RolloutClient
+from raas.client.single_server import RaasHTTPError, with_job_id
 from raas.client.task_files import infra_errors, keeping, run_requests
 from raas.helpers.ports import free_port
 from raas.helpers.readiness import wait_until_answers
@@ -35,7 +37,7 @@ from raas.tasks import TaskRegistry
 from raas.tasks.agentic import AgentTask
 from raas.tasks.protocol import InvalidInstance, TaskJob, validate_request
 from raas.tasks.services import TaskServices
-from raas.wire import PASS_REWARD, RolloutRequest, RolloutResult
+from raas.wire import PASS_REWARD, RolloutRequest, RolloutResult, RunningJob
 
 # Sampling for a run on the embedded CPU engine, under the tasks' own: SmolLM2-135M generates about
 # 15 tokens/s on 2 cores, so a turn stays under 20 s and a job of 4 turns near a minute (the
@@ -187,6 +189,7 @@ class RunProgress(Counting):
     def __init__(self, console: Console, total: int, label: str, every_s: float = 15.0) -> None:
         super().__init__(console, total, label, every_s)
         self.rewards: list[float] = []
+        self.generating = 0  # response tokens of the run's jobs in flight (watch() counts them)
         if self._bar is not None:
             self._bar = Progress(
                 TextColumn("{task.description}"),
@@ -198,14 +201,36 @@ class RunProgress(Counting):
             self._task = self._bar.add_task(self.line(), total=total)
 
     def line(self) -> str:
-        """``LABEL: 3/8 finished, 5 running, mean reward 0.667 (2 passed)``."""
+        """``LABEL: 3/8 finished, 5 running (412 tokens so far), mean reward 0.667 (2
+        passed)``: the tokens of the running jobs' turns grow as they are generated, so a run
+        whose model is stalled stands still where a slow one moves."""
         rewards = self.rewards
         mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
         passed = sum(r >= PASS_REWARD for r in rewards)
+        running = self.total - self.done
+        tokens = f" ({self.generating} tokens so far)" if running else ""
         return (
             f"{markup(self.label)}: {self.done}/{self.total} finished,"
-            f" {self.total - self.done} running, mean reward {mean} ({passed} passed)"
+            f" {running} running{tokens}, mean reward {mean} ({passed} passed)"
         )
+
+    async def watch(
+        self,
+        running: Callable[[], Awaitable[list[RunningJob]]],
+        ids: set[str],
+        every_s: float = 2.0,
+    ) -> None:
+        """Count the response tokens of the jobs ``ids`` in flight (``running()`` lists the
+        server's), every ``every_s``."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                jobs = await running()
+            except (RaasHTTPError, httpx.HTTPError):
+                continue  # a server busy or going away: the next look, or the run's end, says
+            self.generating = sum(j.response_tokens for j in jobs if j.job_id in ids)
+            if self._bar is not None and self._task is not None:
+                self._bar.update(self._task, description=self.line())
 
     def advance(self, result: Any = None) -> None:
         if result is not None and result.reward is not None:
@@ -234,10 +259,22 @@ async def run_tasks(
         with RunProgress(console, len(requests), "rollouts") as progress:
             arrived = keeping([] if finished is None else finished, progress.advance)
             start = time.perf_counter()
+            requests = [with_job_id(r) for r in requests]  # known here, for the watch
             async with RolloutClient(url, api_key=options.api_key) as client:
-                results = await run_requests(
-                    client, requests, on_result=arrived, on_interrupt=say_cancelling, names=names
+                server = client.servers[0].client  # the run's one server
+                watch = asyncio.create_task(
+                    progress.watch(server.running, {str(r.job_id) for r in requests})
                 )
+                try:
+                    results = await run_requests(
+                        client,
+                        requests,
+                        on_result=arrived,
+                        on_interrupt=say_cancelling,
+                        names=names,
+                    )
+                finally:
+                    watch.cancel()
             return results, time.perf_counter() - start
 
 

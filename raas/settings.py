@@ -42,6 +42,7 @@ from pydantic_settings import SettingsError as SourceError
 
 from raas.helpers.destinations import parse_destination
 from raas.helpers.optional import without_none
+from raas.llm.types import STALL_TIMEOUT_S
 from raas.paths import ENV_PREFIX, HostPaths, ImageCaps, env_name
 from raas.wire import BackendUrl
 
@@ -275,6 +276,19 @@ class LlmSettings(_Group):
     )
     llm_capacity: int = Field(
         default=8, ge=1, description="Sessions each --llm server is sized for."
+    )
+    llm_stream: bool = Field(
+        default=True,
+        description="Ask vllm-protocol servers to stream, so a running turn's tokens are"
+        " counted as they come and a stalled server is told from a slow one; false: whole"
+        " answers (about a tenth of the client CPU a token).",
+    )
+    llm_stall_timeout_s: float = Field(
+        default=STALL_TIMEOUT_S,
+        gt=0,
+        description="A streamed generation that sends no token for this long has stalled: the"
+        " request fails as the backend's and is retried or moved (a busy vLLM may queue a"
+        " request for minutes before its first token).",
     )
     tokenizer: str = Field(
         default="smollm2",

@@ -550,12 +550,12 @@ class RunningJob(BaseModel):
     turns: int = Field(description="Agent turns taken so far (this attempt).")
     prompt_tokens: int = Field(
         default=0,
-        description="The first prompt's tokens, known once RUN has rendered it: a turn's tokens"
-        " come back whole when it ends (the backends are not streamed), so a job in its first"
-        " turn has these and no response tokens yet.",
+        description="The first prompt's tokens, known once RUN has rendered it.",
     )
     response_tokens: int = Field(
-        description="Response tokens so far (this attempt; a gateway job's every segment)."
+        description="Response tokens so far (this attempt; a gateway job's every segment), with"
+        " those of the turn being generated where its backend streams (vLLM, raas engine);"
+        " an SGLang or verl turn's come when it ends."
     )
     elapsed_s: float = Field(description="Since it was submitted.")
     attempts: int = 1

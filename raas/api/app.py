@@ -32,7 +32,7 @@ from raas.api.state import ServiceState
 from raas.api.tenants import watch_tenants
 from raas.images.store import ImageStore
 from raas.llm.models import loaded_vocab_size
-from raas.llm.pool import BackendPool
+from raas.llm.pool import BackendPool, PoolConfig
 from raas.pipeline import Pipeline, PipelineConfig, policies_of
 from raas.pipeline.checkpoints import StoredCheckpoints
 from raas.sandbox import claim_runtime_dir, sandbox_config
@@ -82,7 +82,10 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
         # Token ids from a backend are checked against the tokenizer's size once it is loaded
         # (the agent loop and the gateway load it before their first request).
         inference = settings.inference
-        llm = BackendPool(vocab_size=functools.partial(loaded_vocab_size, inference.tokenizer))
+        llm = BackendPool(
+            PoolConfig(stream=inference.llm_stream, stall_timeout_s=inference.llm_stall_timeout_s),
+            functools.partial(loaded_vocab_size, inference.tokenizer),
+        )
         for address in inference.llm:
             llm.add(address, inference.llm_protocol, inference.llm_capacity)
         # The sandboxes' own directory, keyed by the database: a restart after a crash kills

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, Self
 
 from raas.helpers.terminal import plain
 
@@ -43,7 +43,7 @@ class Counting:
         )
         self._ticker: asyncio.Task[None] | None = None  # off a terminal: a line every every_s
 
-    def __enter__(self) -> Counting:
+    def __enter__(self) -> Self:
         if self._bar is not None:
             self._bar.__enter__()
             return self

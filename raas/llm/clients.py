@@ -27,14 +27,14 @@ import dataclasses
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import aiohttp
 import orjson
 
 from raas.helpers.retries import retry_after_s
-from raas.llm.types import BackendError, Generation, SamplingParams
+from raas.llm.types import STALL_TIMEOUT_S, BackendError, Generation, LiveCall, SamplingParams
 from raas.llm.validation import answer_problem
 
 
@@ -125,10 +125,24 @@ def _version(value: Any) -> int | None:
 class LLMClient(ABC):
     protocol: ClassVar[str]
 
-    def __init__(self, address: str, model: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
+        stream: bool = True,
+    ) -> None:
         self.url = base_url(address)
         self.model = model
         self.timeout_s = timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        # Ask for a stream where the protocol has one (vLLM's): tokens counted as they come,
+        # a stall told from a slow model; it costs the client about 10x the CPU a token.
+        self.stream = stream
+        # Whether the server streams when asked: None until its first answer says. One that
+        # answers whole is then read under the whole generation's timeout, not the stall's.
+        self.streams: bool | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -172,21 +186,99 @@ class LLMClient(ABC):
             response = await self._send("POST", path, orjson.dumps(body))
         except TRANSPORT_ERRORS as e:
             raise BackendError(self.url, f"{type(e).__name__}: {e}", transient=True) from e
-        if response.status >= 500 or response.status == 429:
+        self._check(response.status, response.headers, response.text)
+        return self._json(response.body)
+
+    def _check(self, status: int, headers: Mapping[str, str], text: str) -> None:
+        """An answer's status as a BackendError: 5xx and 429 worth retrying, another 4xx not."""
+        if status >= 500 or status == 429:
             raise BackendError(
-                self.url,
-                f"HTTP {response.status}: {response.text[:300]}",
-                retry_after_s=retry_after_s(response.headers),
+                self.url, f"HTTP {status}: {text[:300]}", retry_after_s=retry_after_s(headers)
             )
-        if response.status >= 400:
-            raise BackendError(
-                self.url, f"HTTP {response.status}: {response.text[:500]}", transient=False
-            )
+        if status >= 400:
+            raise BackendError(self.url, f"HTTP {status}: {text[:500]}", transient=False)
+
+    def _json(self, body: bytes) -> dict[str, Any]:
         try:
-            data: dict[str, Any] = _loads(response.body)
+            data: dict[str, Any] = _loads(body)
         except ValueError as e:
-            raise BackendError(self.url, f"answered with no JSON: {response.text[:200]}") from e
+            text = body.decode("utf-8", "replace")
+            raise BackendError(self.url, f"answered with no JSON: {text[:200]}") from e
         return data
+
+    async def _post_stream(
+        self,
+        path: str,
+        body: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], None],
+        live: LiveCall | None = None,
+    ) -> dict[str, Any] | None:
+        """POST a request that asks for a stream (server-sent events, each ``data: {json}``, the
+        last ``data: [DONE]``): ``on_event`` is given each event as it comes, and None returned
+        at the end. A server that answered whole instead (it does not stream) gives its JSON
+        answer back. Nothing for ``stall_timeout_s`` (before the first token or between two) is
+        a transient BackendError that says the backend stalled; so is a stream cut short."""
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=self.timeout_s,
+            sock_connect=CONNECT_TIMEOUT_S,
+            sock_read=self.stall_timeout_s if self.streams is not False else self.timeout_s,
+        )
+        done = False
+        try:
+            async with self._http().post(
+                self.url + path, data=orjson.dumps(body), headers=_JSON, timeout=timeout
+            ) as response:
+                if response.status >= 400 or not response.content_type.startswith(
+                    "text/event-stream"
+                ):
+                    answer = await response.read()
+                    text = answer.decode("utf-8", "replace")
+                    self._check(response.status, response.headers, text)
+                    self.streams = False
+                    return self._json(answer)
+                self.streams = True
+                if live is not None:
+                    live.streaming = True
+                # Read as it arrives and split here: a line at a time (aiohttp's readline) cost
+                # about twice the CPU on a stream of a chunk a token.
+                rest = b""
+                async for block in response.content.iter_any():
+                    lines = (rest + block).split(b"\n")
+                    rest = lines.pop()  # a line not whole yet
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue  # blank lines between events, comments, other fields
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            break
+                        on_event(self._event(data))
+                    if done:
+                        break
+        except TimeoutError as e:  # (aiohttp's read timeout is one too)
+            raise BackendError(
+                self.url, f"stalled: sent nothing for {self.stall_timeout_s:g} s"
+            ) from e
+        except aiohttp.ClientError as e:
+            raise BackendError(self.url, f"{type(e).__name__}: {e}") from e
+        if not done:
+            raise BackendError(self.url, "the stream ended before its [DONE]")
+        return None
+
+    def _event(self, data: bytes) -> dict[str, Any]:
+        """One event of a stream; an error the server sends in the stream (vLLM's
+        ``{"error": {...}}``, or its older ``{"object": "error", ...}``) is a BackendError."""
+        event = self._json(data)
+        error = event.get("error") if isinstance(event, dict) else None
+        if isinstance(event, dict) and event.get("object") == "error":
+            error = event
+        if error is not None:
+            code = error.get("code") if isinstance(error, dict) else None
+            message = error.get("message") if isinstance(error, dict) else error
+            transient = isinstance(code, int) and (code >= 500 or code == 429)
+            raise BackendError(self.url, f"error in its stream: {message}", transient)
+        return event
 
     async def health(self) -> str | None:
         """None when the server answers its health route (a server without one counts if up),
@@ -260,13 +352,18 @@ class LLMClient(ABC):
         return True
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, vocab_size: int | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        vocab_size: int | None = None,
+        live: LiveCall | None = None,
     ) -> Generation:
         """Generate, and check the answer before anyone uses it (raas.llm.validation): one that
         is wrong (a NaN logprob, more tokens than asked for, an id outside the ``vocab_size``
-        given) is a BackendError naming this backend and what was wrong."""
+        given) is a BackendError naming this backend and what was wrong. A client that streams
+        counts each token into ``live`` as it comes."""
         start = time.perf_counter()
-        generation = await self._generate(prompt_ids, params)
+        generation = await self._generate(prompt_ids, params, live)
         problem = answer_problem(generation, params.max_tokens, vocab_size)
         if problem is not None:
             raise BackendError(self.url, problem, transient=False)
@@ -275,7 +372,9 @@ class LLMClient(ABC):
         )
 
     @abstractmethod
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, live: LiveCall | None
+    ) -> Generation: ...
 
 
 class VLLMClient(LLMClient):
@@ -296,7 +395,9 @@ class VLLMClient(LLMClient):
                 raise BackendError(self.url, f"cannot list its models: {e}") from e
         return self.model
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, live: LiveCall | None
+    ) -> Generation:
         body: dict[str, Any] = {
             "model": await self._model_name(),
             "prompt": prompt_ids,
@@ -313,7 +414,17 @@ class VLLMClient(LLMClient):
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             body["seed"] = params.seed
-        data = await self._post("/v1/completions", body)
+        if not self.stream:
+            return self._read(await self._post("/v1/completions", body))
+        # Streamed, so that a turn's tokens are counted as they come and a backend that sends
+        # none is told from a slow one (the usage chunk carries the cached tokens).
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+        stream = _CompletionStream(live)
+        whole = await self._post_stream("/v1/completions", body, stream.add, live)
+        return self._read(stream.answer() if whole is None else whole)
+
+    def _read(self, data: dict[str, Any]) -> Generation:
+        """The Generation in a whole ``/v1/completions`` answer (or a stream joined into one)."""
         try:
             choice = data["choices"][0]
             logprobs = choice["logprobs"] or {}
@@ -332,6 +443,52 @@ class VLLMClient(LLMClient):
         return Generation(token_ids, values, finish, cached_tokens=cached, policy_versions=versions)
 
 
+class _CompletionStream:
+    """A vLLM ``/v1/completions`` stream, read into the shape of its whole answer: each chunk's
+    ``token_ids`` (older vLLM: ``logprobs.tokens`` as ``token_id:N``) and logprobs appended, the
+    finish reason of the last chunk that gives one, the usage chunk's usage, and the weight
+    versions raas's engine puts on its last chunk. Each chunk's tokens are counted into
+    ``live`` as it comes."""
+
+    def __init__(self, live: LiveCall | None) -> None:
+        self.live = live
+        self.token_ids: list[Any] | None = None  # None: no chunk had token_ids
+        self.tokens: list[Any] = []
+        self.values: list[Any] = []
+        self.finish: Any = None
+        self.extra: dict[str, Any] = {}
+
+    def add(self, event: dict[str, Any]) -> None:
+        try:
+            for choice in event.get("choices") or ():
+                logprobs = choice.get("logprobs") or {}
+                ids = choice.get("token_ids")
+                names = logprobs.get("tokens") or []
+                if ids is not None:
+                    self.token_ids = self.token_ids if self.token_ids is not None else []
+                    self.token_ids += ids
+                self.tokens += names
+                self.values += logprobs.get("token_logprobs") or []
+                self.finish = choice.get("finish_reason") or self.finish
+                if self.live is not None:
+                    self.live.tokens += len(ids) if ids is not None else len(names)
+            for key in ("usage", "weight_version", "weight_versions"):
+                if event.get(key) is not None:
+                    self.extra[key] = event[key]
+        except (AttributeError, TypeError) as e:  # read as a shape error in _read
+            self.extra["error"] = f"{type(e).__name__}: {e}"
+
+    def answer(self) -> dict[str, Any]:
+        if "error" in self.extra:
+            return {}  # _read says "unexpected completion shape"
+        choice = {
+            "token_ids": self.token_ids,
+            "logprobs": {"tokens": self.tokens, "token_logprobs": self.values},
+            "finish_reason": self.finish,
+        }
+        return {"choices": [choice], **self.extra}
+
+
 class SGLangClient(LLMClient):
     protocol = "sglang"
     # "retract" sends the running requests back to SGLang's queue: once it continues they are
@@ -344,7 +501,9 @@ class SGLangClient(LLMClient):
     async def resume(self) -> None:
         await self._control("/continue_generation")
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, live: LiveCall | None
+    ) -> Generation:
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_tokens,
             "temperature": params.temperature,
@@ -377,7 +536,9 @@ class VerlClient(LLMClient):
 
     protocol = "verl"
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, live: LiveCall | None
+    ) -> Generation:
         body: dict[str, Any] = {
             "prompt_ids": prompt_ids,
             "max_tokens": params.max_tokens,
@@ -417,11 +578,17 @@ def is_model_list(body: bytes) -> bool:
         return False
 
 
-def make_client(protocol: str, address: str, model: str | None = None) -> LLMClient:
+def make_client(
+    protocol: str,
+    address: str,
+    model: str | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
+    stream: bool = True,
+) -> LLMClient:
     try:
         cls = CLIENTS[protocol]
     except KeyError:
         raise ValueError(
             f"unknown backend protocol {protocol!r} (have: {', '.join(sorted(CLIENTS))})"
         ) from None
-    return cls(address, model=model)
+    return cls(address, model=model, stall_timeout_s=stall_timeout_s, stream=stream)

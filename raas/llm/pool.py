@@ -35,7 +35,14 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from raas.helpers.retries import wait_retry_after
 from raas.llm.clients import LLMClient, PauseMode, base_url, make_client
-from raas.llm.types import BackendError, Generation, NoBackendAvailable, SamplingParams
+from raas.llm.types import (
+    STALL_TIMEOUT_S,
+    BackendError,
+    Generation,
+    LiveCall,
+    NoBackendAvailable,
+    SamplingParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,10 @@ class PoolConfig:
     misses_to_down: int = 2
     moves_per_request: int = 3
     moves_kept: int = 1000
+    # Whether vllm-protocol servers are asked to stream, and how long a stream may send nothing
+    # before it has stalled (raas.llm.clients).
+    stream: bool = True
+    stall_timeout_s: float = STALL_TIMEOUT_S
     # A generation aborted more often than this (by servers pausing, or anything else) fails.
     resumes_per_request: int = 8
     # How long a pause waits for a backend without a pause route to finish its requests.
@@ -136,6 +147,7 @@ class BackendPool:
         self._versions: dict[str, int] = {}
         self._order = itertools.count()
         self._pinned: dict[str, str] = {}
+        self._live: dict[str, LiveCall] = {}  # each session's model call in flight
         # The latest moves, for inspection; bounded, as a long-lived service makes many.
         self.moves: deque[Move] = deque(maxlen=self.config.moves_kept)
         self._health_task: asyncio.Task[None] | None = None
@@ -162,7 +174,7 @@ class BackendPool:
         for backend in self._backends.values():
             if backend.url == url:
                 return backend
-        client = make_client(protocol, url, model)
+        client = make_client(protocol, url, model, self.config.stall_timeout_s, self.config.stream)
         backend = Backend(
             uuid.uuid4().hex[:8], url, protocol, capacity, client, next(self._order), model
         )
@@ -274,13 +286,27 @@ class BackendPool:
     ) -> Generation:
         """Generate on the session's backend (retried, then moved to another if it fails); a
         generation a backend aborts goes on from its prefix, and comes back whole."""
+        live = self._live[session] = LiveCall("", time.monotonic())
+        try:
+            return await self._generate_parts(session, prompt_ids, params, live)
+        finally:
+            if self._live.get(session) is live:  # (a gateway's calls may overlap)
+                del self._live[session]
+
+    def live_call(self, session: str) -> LiveCall | None:
+        """The session's model call in flight: its backend, since when, the tokens so far."""
+        return self._live.get(session)
+
+    async def _generate_parts(
+        self, session: str, prompt_ids: list[int], params: SamplingParams, live: LiveCall
+    ) -> Generation:
         parts: list[Generation] = []
         done: list[int] = []
         for _ in range(self.config.resumes_per_request + 1):
             left = params
             if done:  # (the usual first try copies nothing: this runs on every turn)
                 left = params.model_copy(update={"max_tokens": params.max_tokens - len(done)})
-            part = await self._generate_once(session, prompt_ids + done, left)
+            part = await self._generate_once(session, prompt_ids + done, left, live)
             parts.append(part)
             done += part.token_ids
             if part.finish_reason != "abort":
@@ -300,14 +326,14 @@ class BackendPool:
         )
 
     async def _generate_once(
-        self, session: str, prompt_ids: list[int], params: SamplingParams
+        self, session: str, prompt_ids: list[int], params: SamplingParams, live: LiveCall
     ) -> Generation:
         tried: set[str] = set()
         for _ in range(self.config.moves_per_request + 1):
             await self._opened()
             backend = self.backend_for(session, exclude=tried)
             try:
-                return await self._on(backend, prompt_ids, params)
+                return await self._on(backend, prompt_ids, params, live)
             except BackendError as e:
                 if not e.transient:
                     raise
@@ -322,12 +348,12 @@ class BackendPool:
         raise NoBackendAvailable(self._down_message())
 
     async def _on(
-        self, backend: Backend, prompt_ids: list[int], params: SamplingParams
+        self, backend: Backend, prompt_ids: list[int], params: SamplingParams, live: LiveCall
     ) -> Generation:
         # The first try goes straight through: it nearly always succeeds, and tenacity's
         # bookkeeping costs about 45 us a call, on every turn of every rollout.
         try:
-            return await self._request(backend, prompt_ids, params)
+            return await self._request(backend, prompt_ids, params, live)
         except BackendError as e:
             if not e.transient or self.config.retries == 0:
                 raise
@@ -341,17 +367,21 @@ class BackendPool:
             wait=wait_retry_after(wait_exponential(multiplier=2 * backoff)),
             reraise=True,
         )
-        return await retrying(self._request, backend, prompt_ids, params)
+        return await retrying(self._request, backend, prompt_ids, params, live)
 
     async def _request(
-        self, backend: Backend, prompt_ids: list[int], params: SamplingParams
+        self, backend: Backend, prompt_ids: list[int], params: SamplingParams, live: LiveCall
     ) -> Generation:
         await self._opened()  # a retry waits out a pause too
         backend.requests += 1
         backend.in_flight += 1
+        # This request's tokens count from those of the parts before it (an aborted generation
+        # resumed); a request that fails takes back what it had streamed.
+        live.backend, live.streaming, counted = backend.url, False, live.tokens
         try:
-            return await backend.client.generate(prompt_ids, params, self.vocab_size())
+            return await backend.client.generate(prompt_ids, params, self.vocab_size(), live)
         except BackendError as e:
+            live.tokens = counted
             backend.failures += 1
             backend.last_error = str(e)
             raise

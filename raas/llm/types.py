@@ -63,6 +63,25 @@ class Generation:
     policy_versions: list[int] | None = None
 
 
+# A streamed generation that sends nothing for this long has stalled (no first token, or no next
+# one): the request fails as the backend's fault, and is retried or moved. Generous, because a
+# busy vLLM may queue a request for minutes before its first token (setting llm_stall_timeout_s).
+STALL_TIMEOUT_S = 300.0
+
+
+@dataclass
+class LiveCall:
+    """A model call in flight, as the pool sees it: the backend it went to (the last, where it
+    moved), since when (``time.monotonic()``), and the tokens streamed so far. A backend that
+    streams counts each token as it comes; one that answers whole (SGLang, verl here) counts
+    nothing until it answers, so ``tokens == 0`` means "no token yet", never "stalled" alone."""
+
+    backend: str
+    started: float
+    tokens: int = 0
+    streaming: bool = False  # the backend streams this call: tokens are counted as they come
+
+
 class BackendError(Exception):
     """A backend failed. ``transient`` errors are worth retrying (on it, or on another)."""
 

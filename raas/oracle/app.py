@@ -16,11 +16,11 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 import raas
 from raas.llm.chat import encode
-from raas.llm.engine.completion import completion_response
+from raas.llm.engine.completion import CompletionStream, completion_response, whole_stream
 from raas.llm.engine.protocol import (
     CompletionRequest,
     CompletionResponse,
@@ -65,7 +65,9 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
         return ModelList(data=[card])
 
     @app.post("/v1/completions", tags=["openai"], response_model=None)
-    async def completions(body: CompletionRequest) -> CompletionResponse | JSONResponse:
+    async def completions(
+        body: CompletionRequest,
+    ) -> CompletionResponse | JSONResponse | StreamingResponse:
         if body.model is not None and body.model != served_name:
             message = f"The model `{body.model}` does not exist."
             return _error(404, message, "NotFoundError", "model")
@@ -81,6 +83,9 @@ def oracle_app(oracle: Oracle, served_name: str = "oracle") -> FastAPI:
         )
         if not body.logprobs:
             out = dataclasses.replace(out, top_logprobs=None)
+        if body.stream:  # whole already: one chunk
+            stream = CompletionStream(body, served_name, tokenizer)
+            return StreamingResponse(whole_stream(stream, out), media_type="text/event-stream")
         return completion_response(body, out, served_name, tokenizer)
 
     @app.post("/v1/chat/completions", tags=["openai"], responses=CHAT_RESPONSES)

@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from raas.llm.pool import BackendPool
+from raas.llm.types import LiveCall
 from raas.pipeline.groups import Group
 from raas.pipeline.states import TRANSITIONS, BadTransition, JobState, Phase, Stage
 from raas.tasks.protocol import RewardInfo, TaskContext, TaskHandler, TaskJob
@@ -250,12 +252,20 @@ class Job:
 
     def tokens_so_far(self) -> tuple[int, int]:
         """The first prompt's tokens and the response tokens so far (of every gateway segment,
-        whose first is the trajectory). Both grow a turn at a time: a backend answers a turn's
-        tokens whole."""
+        whose first is the trajectory), with those of the model call in flight: a backend that
+        streams (vLLM, raas engine) adds each token as it comes, so a stalled turn stands still
+        while a slow one grows."""
         traj = self.partial_trajectory()
         segments = self.context.segments if self.context is not None else ()
         response = sum(len(s.response_ids) for s in segments) or len(traj.response_ids)
-        return len(traj.prompt_ids), response
+        call = self.model_call()
+        return len(traj.prompt_ids), response + (call.tokens if call is not None else 0)
+
+    def model_call(self) -> LiveCall | None:
+        """The job's model call in flight (its session is the job's id), where its LLM is the
+        pool; None between calls."""
+        llm = getattr(self.services, "llm", None)
+        return llm.live_call(self.id) if isinstance(llm, BackendPool) else None
 
     def broken_trajectory(self) -> str | None:
         """How the job's trajectory, or one of its segments, breaks the token invariant (see

@@ -208,13 +208,7 @@ class Stages:
             timeout = None if limit is None else max(limit, 0.0)
             done, _ = await asyncio.wait({work}, timeout=timeout)
             if not done and job.ending is None:
-                job.ending = Ending(
-                    JobState.TIMEOUT,
-                    stage,
-                    "timeout",
-                    why,
-                    timeout_kind,
-                )
+                job.ending = _timed_out(job, stage, why, timeout_kind)
             if not work.done():
                 work.cancel()
                 done, _ = await asyncio.wait({work}, timeout=self.config.cancel_grace_s)
@@ -458,3 +452,23 @@ def _log_finished(job: Job, state: JobState, result: RolloutResult) -> None:
     # one for each job over its own last line.
     asked = job.ending is not None and job.ending.error_type == "cancelled"
     log.log(logging.INFO if state is JobState.DONE or asked else logging.WARNING, summary)
+
+
+def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind) -> Ending:
+    """The ending of a job whose time ran out in ``stage``. Where it ran out while a model call
+    had brought no token yet, the backend never answered: the infrastructure's fault, said so
+    with the backend's name, and run again (an attempt has its whole budget); a slow model
+    that was sending tokens, or a loop that spent the time in tools, stays ``kind``."""
+    call = job.model_call()
+    if call is not None and call.tokens == 0:
+        waited = f"{time.monotonic() - call.started:.3g} s"
+        if not call.backend:
+            said = f"no backend took the turn's model call in {waited} (the pool was paused,"
+            said += " or had no backend free)"
+        elif call.streaming:
+            said = f"{call.backend} sent no token in {waited} of the turn's model call"
+        else:
+            said = f"{call.backend} had not answered the turn's model call in {waited} (it"
+            said += " answers whole, so raas cannot tell slow from stalled)"
+        why, kind = f"{said}: {why}", "infra"
+    return Ending(JobState.TIMEOUT, stage, "timeout", why, kind)

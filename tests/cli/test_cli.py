@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -378,10 +379,12 @@ def test_raas_runs_progress_counts_finished_and_running_and_the_mean_reward() ->
     lines = [line.rsplit(", ", 1)[0] for line in log.getvalue().splitlines()]
     assert lines == [
         "rollouts: 4 jobs",
-        "rollouts: 1/4 finished, 3 running, mean reward 1.000 (1 passed)",
-        "rollouts: 2/4 finished, 2 running, mean reward 0.500 (1 passed)",
-        "rollouts: 3/4 finished, 1 running, mean reward 0.500 (1 passed), 1 not done",
-        "rollouts: 3/4 finished, 1 running, mean reward 0.500 (1 passed), 1 not done",  # at exit
+        "rollouts: 1/4 finished, 3 running (0 tokens so far), mean reward 1.000 (1 passed)",
+        "rollouts: 2/4 finished, 2 running (0 tokens so far), mean reward 0.500 (1 passed)",
+        "rollouts: 3/4 finished, 1 running (0 tokens so far), mean reward 0.500 (1 passed)"
+        ", 1 not done",
+        "rollouts: 3/4 finished, 1 running (0 tokens so far), mean reward 0.500 (1 passed)"
+        ", 1 not done",  # at exit
     ], log.getvalue()
 
     screen = io.StringIO()  # on a terminal: the bar says the same
@@ -390,8 +393,49 @@ def test_raas_runs_progress_counts_finished_and_running_and_the_mean_reward() ->
         for r in results[:2]:
             p.advance(r)
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
-    assert "rollouts: 2/4 finished, 2 running, mean reward 0.500 (1 passed)" in shown, shown
+    assert (
+        "rollouts: 2/4 finished, 2 running (0 tokens so far), mean reward 0.500 (1 passed)" in shown
+    ), shown
     assert "50%" in shown and "0:00:0" in shown  # the share and the time elapsed, no ETA
+
+
+async def test_raas_runs_progress_shows_the_tokens_its_running_jobs_generate() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raas.run import RunProgress
+    from raas.wire import RunningJob
+
+    def job(job_id: str, tokens: int) -> RunningJob:
+        return RunningJob(
+            job_id=job_id,
+            data_source="x",
+            state="run",
+            turns=0,
+            response_tokens=tokens,
+            elapsed_s=1.0,
+        )
+
+    listed = [[job("a", 3), job("other-run", 50)], [job("a", 7), job("b", 2)]]
+    calls = 0
+    second = asyncio.Event()
+
+    async def running() -> list[RunningJob]:
+        nonlocal calls
+        calls += 1
+        if calls >= 2:
+            second.set()  # the watch counts this listing before it next yields
+        return listed[min(calls, 2) - 1]
+
+    progress = RunProgress(Console(file=io.StringIO(), force_terminal=False), 2, "rollouts")
+    assert "2 running (0 tokens so far)," in progress.line()
+    watch = asyncio.create_task(progress.watch(running, {"a", "b"}, every_s=0))
+    await asyncio.wait_for(second.wait(), 30)
+    watch.cancel()
+    # Another run's jobs on the same server are not counted; a stalled turn would stand still.
+    assert progress.generating == 9
+    assert "2 running (9 tokens so far), mean reward -" in progress.line()
 
 
 def test_raas_run_on_the_cpu_engine_sizes_sampling_for_it_unless_told(

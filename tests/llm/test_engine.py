@@ -688,7 +688,8 @@ async def test_requests_are_validated(serve: Any) -> None:
         ({"prompt": prompt, "n": 2}, 422, "n"),
         ({"prompt": [prompt, prompt]}, 422, "prompt"),
         ({"prompt": []}, 422, "prompt"),
-        ({"prompt": prompt, "stream": True}, 422, "stream"),
+        ({"prompt": prompt, "stream": True, "logprobs": 2}, 422, "stream"),
+        ({"prompt": prompt, "stream_options": {"include_usage": True}}, 422, "stream_options"),
         ({"prompt": prompt, "stop": ["\n"]}, 422, "stop"),
         ({"prompt": prompt, "logprobs": 21}, 422, "logprobs"),
         ({"prompt": prompt, "max_tokens": engine.max_model_len}, 400, "max_tokens"),
@@ -743,6 +744,72 @@ async def test_the_vllm_client_speaks_to_the_engine(serve: Any, tiny: Tiny) -> N
         await client.aclose()
     assert len(gen.token_ids) == 6 and gen.finish_reason == "length"
     assert gen.logprobs == pytest.approx(teacher_forced(tiny[0], prompt, gen.token_ids), abs=1e-3)
+
+
+def events_of(text: str) -> list[Any]:
+    """The events of a server-sent stream: each ``data:`` line's JSON, ``[DONE]`` as is."""
+    data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+async def test_a_streamed_completion_is_the_whole_one_in_chunks(serve: Any) -> None:
+    url, _ = serve()
+    prompt = prompt_of(9)
+    ask = {"max_tokens": 12, "temperature": 0, "return_tokens_as_token_ids": True}
+    async with httpx.AsyncClient(timeout=60) as http:
+        whole = await complete(http, url, prompt, **ask)
+        response = await http.post(
+            url + "/v1/completions",
+            json={
+                "prompt": prompt,
+                "return_token_ids": True,
+                "logprobs": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **ask,
+            },
+        )
+    assert response.headers["content-type"].startswith("text/event-stream")
+    *chunks, usage, done = events_of(response.text)
+    assert done == "[DONE]" and usage["choices"] == []
+    counts = usage["usage"]
+    assert (counts["prompt_tokens"], counts["completion_tokens"]) == (9, 12)
+    assert counts["prompt_tokens_details"]["cached_tokens"] == 8  # the whole one's prefix
+    choices = [c["choices"][0] for c in chunks]
+    assert [t for c in choices for t in c["token_ids"]] == tokens_of(whole)
+    values = [v for c in choices for v in c["logprobs"]["token_logprobs"]]
+    assert values == pytest.approx(whole["choices"][0]["logprobs"]["token_logprobs"])
+    names = [n for c in choices for n in c["logprobs"]["tokens"]]
+    assert names == whole["choices"][0]["logprobs"]["tokens"]
+    # Only the last chunk ends it, with the weights of the whole generation, as the whole one.
+    assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert chunks[-1]["weight_versions"] == whole["weight_versions"]
+    assert all("weight_versions" not in c for c in chunks[:-1])
+    assert "".join(c["text"] for c in choices) == whole["choices"][0]["text"]
+
+
+async def test_a_stream_is_read_while_it_runs_and_a_reader_that_leaves_aborts_it(
+    serve: Any,
+) -> None:
+    url, _ = serve(max_batch=2)
+    long = {"max_tokens": 4000, "temperature": 0, "ignore_eos": True}  # minutes to finish
+    body = {"prompt": prompt_of(5), "return_token_ids": True, "stream": True, **long}
+    async with httpx.AsyncClient(timeout=60) as http:
+        seen: list[int] = []
+        async with http.stream("POST", url + "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    seen += json.loads(line[5:])["choices"][0]["token_ids"]
+                if len(seen) >= 5:
+                    break  # five tokens of 4000 read: the generation is under way; leave
+
+        async def stats() -> dict[str, Any]:
+            data: dict[str, Any] = (await http.get(url + "/v1/engine/stats")).json()
+            return data
+
+        gone = await until(stats, lambda s: s["aborted"] == 1, "the stream's generation ended")
+    assert gone["running"] == 0 and gone["requests"] == 0
+    assert gone["generated_tokens"] < 4000
 
 
 async def test_the_engine_without_http(tiny: Tiny) -> None:

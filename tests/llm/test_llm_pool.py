@@ -14,7 +14,7 @@ import pytest
 from raas.helpers.retries import retry_after_s
 from raas.llm.clients import SGLangClient, VerlClient, VLLMClient, base_url
 from raas.llm.pool import BackendPool, PoolConfig
-from raas.llm.types import BackendError, NoBackendAvailable, SamplingParams
+from raas.llm.types import BackendError, LiveCall, NoBackendAvailable, SamplingParams
 from tests.support.llm_servers import FakeBackend, ServerThread, scripted
 
 PROMPT = [5, 6, 7]
@@ -314,3 +314,144 @@ def test_the_pool_refuses_a_url_its_client_cannot_use(address: str) -> None:
     with pytest.raises(ValueError, match="not a usable URL"):
         pool.add(address)
     assert pool.backends() == []
+
+
+# -- streamed generations -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("old_vllm", [False, True])
+async def test_a_streamed_answer_is_the_whole_answer(servers: Any, old_vllm: bool) -> None:
+    _, whole_server = servers(old_vllm=old_vllm)
+    streamed, stream_server = servers(old_vllm=old_vllm)
+    streamed.streams = True
+    gens, lives = [], []
+    for url in (whole_server.url, stream_server.url):
+        client, live = VLLMClient(url), LiveCall(url, time.monotonic())
+        try:
+            gens.append(await client.generate(PROMPT, PARAMS, live=live))
+        finally:
+            await client.aclose()
+        lives.append(live)
+    assert gens[1].token_ids == gens[0].token_ids == scripted(PROMPT, 5, [])[0]
+    assert gens[1].logprobs == pytest.approx(gens[0].logprobs)
+    assert gens[1].finish_reason == gens[0].finish_reason == "length"
+    assert gens[1].cached_tokens == 2  # from the usage chunk the stream asked for
+    assert streamed.requests[0]["stream_options"] == {"include_usage": True}
+    # Tokens counted as they came where the server streamed; none where it answered whole.
+    assert (lives[1].tokens, lives[1].streaming) == (5, True)
+    assert (lives[0].tokens, lives[0].streaming) == (0, False)
+
+
+async def test_the_tokens_of_a_stream_are_counted_while_it_runs(servers: Any) -> None:
+    fake, server = servers()
+    fake.streams, fake.hold_after = True, 3
+    client, live = VLLMClient(server.url), LiveCall(server.url, time.monotonic())
+    try:
+        call = asyncio.create_task(client.generate(PROMPT, PARAMS, live=live))
+        assert await asyncio.to_thread(fake.holding.wait, 30)
+        deadline = time.monotonic() + 30  # the three chunks sent reach the client
+        while live.tokens < 3 and time.monotonic() < deadline:  # noqa: ASYNC110 - a socket's
+            await asyncio.sleep(0.01)
+        assert (live.tokens, live.streaming, call.done()) == (3, True, False)
+        fake.released.set()
+        gen = await asyncio.wait_for(call, 30)
+    finally:
+        fake.released.set()
+        await client.aclose()
+    assert len(gen.token_ids) == live.tokens == 5
+
+
+async def test_a_stream_that_sends_nothing_is_a_stall_and_moves_elsewhere(
+    servers: Any,
+) -> None:
+    stalled, stalled_server = servers()
+    stalled.streams, stalled.hold_after = True, 0
+    healthy, healthy_server = servers()
+    healthy.streams = True
+    pool = BackendPool(PoolConfig(retries=0, backoff_s=0.0, stall_timeout_s=0.5))
+    pool.add(stalled_server.url, capacity=1)
+    pool.add(healthy_server.url, capacity=1)
+    try:
+        client = pool.backends()[0].client
+        with pytest.raises(BackendError, match=r"stalled: sent nothing for 0\.5 s") as caught:
+            await client.generate(PROMPT, PARAMS)
+        assert caught.value.transient and caught.value.backend == stalled_server.url
+        gen = await pool.generate("s1", PROMPT, PARAMS)  # pinned to the first, moved on
+    finally:
+        stalled.released.set()
+        await pool.stop()
+    assert gen.backend == healthy_server.url and len(gen.token_ids) == 5
+    assert [(m.from_backend, m.to_backend) for m in pool.moves] == [
+        (stalled_server.url, healthy_server.url)
+    ]
+    assert pool.live_call("s1") is None  # nothing in flight once answered
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        ({"message": "bad things", "type": "BadRequestError", "code": 400}, False),
+        ({"message": "bad things", "type": "InternalServerError", "code": 500}, True),
+    ],
+)
+async def test_an_error_in_a_stream_is_a_backend_error(
+    servers: Any, error: dict[str, Any], transient: bool
+) -> None:
+    fake, server = servers()
+    fake.streams, fake.stream_error = True, error
+    client = VLLMClient(server.url)
+    try:
+        with pytest.raises(BackendError, match="error in its stream: bad things") as caught:
+            await client.generate(PROMPT, PARAMS)
+    finally:
+        await client.aclose()
+    assert caught.value.transient is transient
+
+
+async def test_a_stream_cut_before_its_end_is_a_transient_failure(servers: Any) -> None:
+    fake, server = servers()
+    fake.streams, fake.cut = True, True
+    client = VLLMClient(server.url)
+    try:
+        with pytest.raises(BackendError, match=r"ended before its \[DONE\]") as caught:
+            await client.generate(PROMPT, PARAMS)
+    finally:
+        await client.aclose()
+    assert caught.value.transient
+
+
+async def test_a_pool_call_counts_streamed_tokens_and_a_failed_try_takes_its_back(
+    servers: Any,
+) -> None:
+    fake, server = servers()
+    fake.streams, fake.cut = True, True  # five tokens streamed, then no [DONE]: fails
+    pool = BackendPool(PoolConfig(retries=1, backoff_s=0.0))
+    pool.add(server.url)
+    seen: list[int] = []
+    try:
+        real = pool.backends()[0].client.generate
+
+        async def watched(*args: Any, **kw: Any) -> Any:
+            live = kw.get("live") or args[3]
+            seen.append(live.tokens)  # what the try starts from
+            return await real(*args, **kw)
+
+        pool.backends()[0].client.generate = watched  # type: ignore[method-assign]
+        with pytest.raises(NoBackendAvailable):
+            await pool.generate("s1", PROMPT, PARAMS)
+    finally:
+        await pool.stop()
+    assert seen == [0, 0]  # the retry starts from nothing: the failed try's five are gone
+
+
+async def test_a_pool_told_not_to_stream_asks_for_whole_answers(servers: Any) -> None:
+    fake, server = servers()
+    fake.streams = True  # it would stream if asked
+    pool = BackendPool(PoolConfig(stream=False))
+    pool.add(server.url)
+    try:
+        gen = await pool.generate("s1", PROMPT, PARAMS)
+    finally:
+        await pool.stop()
+    assert gen.token_ids == scripted(PROMPT, 5, [])[0]
+    assert "stream" not in fake.requests[0] and "stream_options" not in fake.requests[0]

@@ -11,11 +11,12 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 
 
 def _server_app(model: str) -> FastAPI:
@@ -71,6 +72,16 @@ class FakeBackend:
         # string, and the spans [{version, start, end}] of the newer SGLangs.
         self.weight_version: Any = None
         self.weight_versions: Any = None
+        # A vLLM that streams when asked (a chunk per token, then a usage chunk where asked),
+        # and, with hold_after, one that stops after that many tokens until released (0: none
+        # at all, a stalled server); ``holding`` is set once one waits. ``stream_error``: an
+        # error event sent instead of the rest; ``cut``: the stream ends without [DONE].
+        self.streams = False
+        self.hold_after: int | None = None
+        self.holding = threading.Event()
+        self.released = threading.Event()
+        self.stream_error: dict[str, Any] | None = None
+        self.cut = False
         app = self.app = _server_app("fake-model")
 
         def scripted_answer(
@@ -107,6 +118,11 @@ class FakeBackend:
             if not old_vllm:
                 choice["token_ids"] = ids
                 choice["prompt_token_ids"] = body["prompt"]
+            if body.get("stream") and self.streams:
+                usage = (body.get("stream_options") or {}).get("include_usage", False)
+                return StreamingResponse(
+                    self._events(ids, lps, finish, usage, old_vllm), media_type="text/event-stream"
+                )
             return _raw_json(
                 {
                     "id": "cmpl-1",
@@ -150,6 +166,37 @@ class FakeBackend:
                 body["prompt_ids"], body["max_tokens"], body.get("stop_token_ids", [])
             )
             return _raw_json({"response_ids": ids, "logprobs": lps})
+
+    async def _events(
+        self, ids: list[Any], lps: list[Any], finish: str, usage: bool, old_vllm: bool
+    ) -> AsyncIterator[bytes]:
+        """vLLM's stream of a scripted answer: a chunk per token, the finish on the last."""
+        for i, (token, logprob) in enumerate(zip(ids, lps, strict=False)):
+            if i == self.hold_after:
+                self.holding.set()
+                await asyncio.to_thread(self.released.wait, AgentBackend.HOLD_S)
+            if i == 1 and self.stream_error is not None:
+                yield _event({"error": self.stream_error})
+                break
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": "",
+                "logprobs": {"token_logprobs": [logprob], "tokens": [f"token_id:{token}"]},
+                "finish_reason": finish if i == len(ids) - 1 else None,
+            }
+            if not old_vllm:
+                choice["token_ids"] = [token]
+            yield _event({"id": "cmpl-1", "object": "text_completion", "choices": [choice]})
+        if self.cut:
+            return
+        if usage:
+            counts = {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
+            yield _event({"id": "cmpl-1", "choices": [], "usage": counts})
+        yield b"data: [DONE]\n\n"
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
 def _error(status: int, headers: dict[str, str] | None = None) -> Any:

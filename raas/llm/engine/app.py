@@ -4,19 +4,21 @@ updates (behind the engine's key, from its weight directories only) and counters
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 import raas
 from raas.llm.engine.admin_key import AdminKeyMiddleware
-from raas.llm.engine.completion import completion_response
+from raas.llm.engine.completion import CompletionStream, GenerationResult, completion_response
 from raas.llm.engine.generator import (
     Engine,
     EngineStopped,
@@ -151,8 +153,12 @@ def engine_app(
         )
         return ModelList(data=[card])
 
-    @app.post("/v1/completions", tags=["openai"], responses=_ERRORS)
-    async def completions(body: CompletionRequest, request: Request) -> CompletionResponse:
+    @app.post(
+        "/v1/completions", tags=["openai"], responses=_ERRORS, response_model=CompletionResponse
+    )
+    async def completions(body: CompletionRequest, request: Request) -> Response | Any:
+        """vLLM's completions: token ids (or text) in; token ids, text and logprobs out, whole
+        or (``stream``) as server-sent events while they are generated."""
         if body.model is not None and body.model != served_name:
             raise APIError(
                 404, f"The model `{body.model}` does not exist.", "NotFoundError", "model"
@@ -174,12 +180,18 @@ def engine_app(
             ignore_eos=body.ignore_eos,
             top_logprobs=body.logprobs or 0,
         )
+        arrived = _Arrivals(asyncio.get_running_loop()) if body.stream else None
         try:
-            future = engine.submit(prompt, params)
+            future = engine.submit(prompt, params, arrived.put if arrived else None)
         except PromptError as e:
             raise APIError(400, str(e), "BadRequestError", e.param) from e
         except EngineStopped as e:
             raise APIError(503, str(e), "ServiceUnavailableError") from e
+        if arrived is not None:
+            future.add_done_callback(arrived.close)
+            stream = CompletionStream(body, served_name, tokenizer)
+            events = _streamed(stream, arrived, asyncio.wrap_future(future), engine, future)
+            return StreamingResponse(events, media_type="text/event-stream")
         try:
             result = await _unless_disconnected(request, asyncio.wrap_future(future))
         except EngineStopped as e:
@@ -282,6 +294,64 @@ def engine_app(
 
 class ClientDisconnected(Exception):
     pass
+
+
+class _Arrivals:
+    """Tokens handed from the engine's thread to the event loop that streams them; ``None``
+    once the generation has ended."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+
+    def put(self, token: int, logprob: float) -> None:
+        self._hand((token, logprob))
+
+    def close(self, _: object = None) -> None:
+        self._hand(None)
+
+    def _hand(self, item: tuple[int, float] | None) -> None:
+        # On the engine's thread: a loop already closed (the server stopping) has nobody to tell.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def batch(self) -> tuple[list[tuple[int, float]], bool]:
+        """The tokens that arrived since the last batch (waiting for one), and whether the
+        generation has ended."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        ended = None in items
+        return [x for x in items if x is not None], ended
+
+
+async def _streamed(
+    stream: CompletionStream,
+    arrived: _Arrivals,
+    result: Awaitable[GenerationResult],
+    engine: Engine,
+    future: Future[GenerationResult],
+) -> AsyncIterator[bytes]:
+    """The events of a streamed completion, each batch of tokens as it comes (the last one held
+    back: see CompletionStream); a client that leaves ends the generation."""
+    held: list[tuple[int, float]] = []
+    try:
+        ended = False
+        while not ended:
+            tokens, ended = await arrived.batch()
+            held += tokens
+            ready, held = held[:-1], held[-1:]
+            if ready:
+                yield stream.tokens([t for t, _ in ready], [lp for _, lp in ready])
+        try:
+            yield stream.end(await result)
+        except EngineStopped as e:
+            yield stream.error(str(e), "ServiceUnavailableError", 503)
+        except Exception as e:  # a prefill that failed: said in the stream, as vLLM does
+            log.exception("a streamed generation failed")
+            yield stream.error(f"{type(e).__name__}: {e}", "InternalServerError", 500)
+    finally:  # a client that left: generate nothing more
+        engine.abort(future)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 from raas.llm.engine.protocol import (
     CompletionChoice,
@@ -116,3 +119,110 @@ def completion_logprobs(
     return CompletionLogprobs(
         text_offset=offsets, token_logprobs=result.logprobs, tokens=strings, top_logprobs=top
     )
+
+
+class CompletionStream:
+    """vLLM's streamed answer to ``body`` (``stream: true``), as server-sent events: a chunk for
+    each batch of new tokens (their ``token_ids``, logprobs and text), the last one with the
+    finish reason and raas's weight versions (spans over the whole generation, as in the whole
+    answer), a usage chunk where ``stream_options.include_usage`` asks, then ``[DONE]``. The
+    last token is held back until the end: whether it is the stop token, whose text is not
+    shown, is known only then."""
+
+    def __init__(self, body: CompletionRequest, served_name: str, tokenizer: Any) -> None:
+        self.body, self.served_name, self.tokenizer = body, served_name, tokenizer
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.sent = 0  # tokens sent so far
+        self.text_sent = 0  # characters of text sent so far (the logprobs' offsets go on)
+
+    def tokens(self, token_ids: list[int], logprobs: list[float]) -> bytes:
+        """A chunk of new tokens (none: no chunk)."""
+        if not token_ids:
+            return b""
+        return self._chunk(token_ids, logprobs, token_ids, None, None, {})
+
+    def end(self, result: GenerationResult) -> bytes:
+        """The last chunk (the tokens not sent yet, the finish reason), usage, ``[DONE]``."""
+        rest = result.token_ids[self.sent :]
+        shown = rest
+        if result.stopped_on_token and not self.body.include_stop_str_in_output:
+            shown = rest[:-1]  # like vLLM: the stop token is in token_ids, not in the text
+        finish = _FINISH.get(result.finish_reason, "length")
+        out = self._chunk(
+            rest,
+            result.logprobs[self.sent :],
+            shown,
+            finish,
+            result.stop_reason,
+            version_fields(result),
+        )
+        options = self.body.stream_options
+        if options is not None and options.include_usage:
+            prompt_tokens = len(result.prompt_token_ids)
+            usage = Usage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=len(result.token_ids),
+                total_tokens=prompt_tokens + len(result.token_ids),
+                prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
+            )
+            out += self._event({**self._head(), "choices": [], "usage": usage.model_dump()})
+        return out + DONE
+
+    def error(self, message: str, kind: str, code: int) -> bytes:
+        """An error in the stream, in vLLM's shape, then ``[DONE]``."""
+        error = {"message": message, "type": kind, "param": None, "code": code}
+        return self._event({"error": error}) + DONE
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.served_name,
+        }
+
+    def _chunk(
+        self,
+        token_ids: list[int],
+        logprobs: list[float],
+        shown: list[int],
+        finish: str | None,
+        stop_reason: int | None,
+        extra: dict[str, Any],
+    ) -> bytes:
+        body = self.body
+        text = str(self.tokenizer.decode(shown, skip_special_tokens=body.skip_special_tokens))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = token_ids
+        if body.logprobs is not None:
+            part = GenerationResult([], token_ids, logprobs, None, "length", None, False)
+            values = completion_logprobs(body, part, self.tokenizer)
+            values.text_offset = [self.text_sent + x for x in values.text_offset]
+            choice["logprobs"] = values.model_dump()
+        self.sent += len(token_ids)
+        self.text_sent += len(text)
+        return self._event({**self._head(), "choices": [choice], **_dumped(extra)})
+
+    @staticmethod
+    def _event(data: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _dumped(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: [s.model_dump() for s in v] if isinstance(v, list) else v for k, v in fields.items()}
+
+
+async def whole_stream(stream: CompletionStream, result: GenerationResult) -> AsyncIterator[bytes]:
+    """The stream of a generation that is already whole (the oracle's): one chunk and the end."""
+    yield stream.end(result)

@@ -39,6 +39,7 @@ import json
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,8 @@ class _Request:
     cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | None = None
+    # Told of each token as it is sampled (on the engine's thread), for a streamed answer.
+    listener: Callable[[int, float], None] | None = None
 
 
 @dataclass(eq=False)
@@ -298,8 +301,15 @@ class Engine:
                 "max_tokens",
             )
 
-    def submit(self, prompt: list[int], params: GenerationParams) -> Future[GenerationResult]:
-        """Queue one generation; the future resolves when it has finished."""
+    def submit(
+        self,
+        prompt: list[int],
+        params: GenerationParams,
+        listener: Callable[[int, float], None] | None = None,
+    ) -> Future[GenerationResult]:
+        """Queue one generation; the future resolves when it has finished. ``listener``, where
+        given, is called on the engine's thread with each token and its logprob as it is
+        sampled: it must only hand them over (to an event loop, say), never block."""
         self.check_prompt(prompt, params.max_tokens)
         if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
             raise PromptError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
@@ -308,7 +318,7 @@ class Engine:
             generator.manual_seed(params.seed)
         else:
             generator.seed()
-        request = _Request(list(prompt), params, Future(), generator)
+        request = _Request(list(prompt), params, Future(), generator, listener=listener)
         if params.top_logprobs:
             request.top = []
         self._hand_over(self._waiting, request)
@@ -686,6 +696,8 @@ class Engine:
                 request.finish_reason, request.stop_reason = "stop", token
             elif len(request.tokens) >= p.max_tokens:
                 request.finish_reason = "length"
+            if request.listener is not None:
+                request.listener(token, request.logprobs[-1])
         with self._cond:
             self.stats.generated_tokens += len(rows)
             self.stats.decode_steps += step

@@ -8,7 +8,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = Field(False, description="A last chunk with the usage.")
+    continuous_usage_stats: bool = Field(False, description="Not supported: only false.")
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _continuous(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("usage on every chunk is not supported: use include_usage")
+        return value
 
 
 class CompletionRequest(BaseModel):
@@ -36,7 +50,8 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     n: int = 1
-    stream: bool = False
+    stream: bool = Field(False, description="Server-sent events, a chunk per batch of tokens.")
+    stream_options: StreamOptions | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
@@ -75,9 +90,19 @@ class CompletionRequest(BaseModel):
 
     @field_validator("stream")
     @classmethod
-    def _stream(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("streaming is not supported: send stream=false")
+    def _stream(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("logprobs"):
+            raise ValueError(
+                "logprobs alternatives are not streamed: send logprobs 0 (each token's own"
+                " logprob is streamed) or stream false"
+            )
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, value: StreamOptions | None, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("only with stream true")
         return value
 
     @field_validator("stop")
