@@ -145,8 +145,19 @@ def test_holds_one_value(answer: str, one: bool) -> None:
 def test_judge_math_says_what_it_read() -> None:
     assert judge_math("48 or 49", ["48"]) == MathVerdict(False, "not one value: {48, 49}")
     assert judge_math("48 49", ["97"]) == MathVerdict(False, "not one value")
-    assert judge_math("1/2", ["3", "0.5"]) == MathVerdict(True, "1/2")
+    assert judge_math("1/2", ["3", "0.5"]) == MathVerdict(True, "1/2", compared=True)
     assert judge_math(None, ["3"]) == MathVerdict(False, "no answer")
+    assert judge_math("12", ["13"]) == MathVerdict(False, "12", compared=True)
+
+
+def test_a_wrong_math_answer_says_why_and_a_right_one_says_nothing() -> None:
+    assert judge_math("12", ["13"]).reason(["13"]) == "answer read: 12, expected 13"
+    assert judge_math("2", ["3", " ", "4"]).reason(["3", " ", "4"]) == (
+        "answer read: 2, expected one of 3, 4"
+    )
+    assert judge_math("48 or 49", ["48"]).reason(["48"]) == "answer not one value: {48, 49}"
+    assert judge_math("", ["13"]).reason(["13"]) == "no answer found"
+    assert judge_math("13", ["13"]).reason(["13"]) is None
 
 
 # --- check_math -----------------------------------------------------------------------------------
