@@ -18,6 +18,7 @@ from raas.judge.answers import (
     check_choice,
     check_numeric,
     final_answer,
+    numeric_reason,
     parse_choice,
     parse_numbers,
 )
@@ -133,10 +134,6 @@ class StemTask(QuestionTask):
             truth = float(instance["answer"])
             correct = check_numeric(answer, truth, rel_tol=rel_tol, one_value=one_value)
             read = parse_numbers(answer) if one_value else parse_numbers(answer)[-1:]
-            why = wrong_answer(
-                ", ".join(f"{v:g}" for v in read),
-                f"{truth:g} (relative tolerance {rel_tol:g})"
-                + (", and one value only" if len(read) > 1 else ""),
-            )
+            why = numeric_reason(answer, truth, rel_tol=rel_tol, one_value=one_value)
         reward = 1.0 if correct else 0.0
         return RewardInfo(reward, with_reason(reward, {"correct": correct, "read": read}, why))

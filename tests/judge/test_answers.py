@@ -26,6 +26,7 @@ from raas.judge.answers import (
     holds_one_value,
     judge_math,
     marked_answer,
+    numeric_reason,
     parse_choice,
     parse_number,
     parse_numbers,
@@ -386,6 +387,19 @@ def test_check_numeric_accepts(prediction: str, truth: float) -> None:
 )
 def test_check_numeric_rejects(prediction: str | None, truth: float) -> None:
     assert not check_numeric(prediction, truth)
+
+
+def test_a_wrong_number_says_which_values_were_checked() -> None:
+    """numeric_reason names what check_numeric compared: with ``one_value`` every value, those
+    the last-number reading skips too (a subscript's), so a hedge is not shown as the truth."""
+    assert numeric_reason("12 m/s", 6.0) == "answer read: 12, expected 6 (relative tolerance 0.01)"
+    assert numeric_reason("3.2_{3.1}", 3.2, one_value=True) == (
+        "answer read: 3.2, 3.1, expected 3.2 (relative tolerance 0.01), and one value only"
+    )
+    assert numeric_reason("(3.2)^{2}", 3.2, one_value=True) == (
+        "answer read: an unreadable value, expected 3.2 (relative tolerance 0.01)"
+    )
+    assert numeric_reason("about six", 6.0) == "no answer found"
 
 
 def test_check_numeric_tolerances() -> None:
