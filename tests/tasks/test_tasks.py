@@ -85,6 +85,8 @@ async def test_code_reward_both_ways(run: Run) -> None:
     assert (good["state"], good["reward"]) == ("done", 1.0)
     assert (bad["state"], bad["reward"]) == ("done", 0.0)
     assert "AssertionError" in bad["metrics"]["test_output"]
+    assert bad["metrics"]["reason"].startswith("tests failed: AssertionError")
+    assert "reason" not in good["metrics"]
     assert good["metrics"]["artifact"]["solution"].strip() == right.strip()
 
 
