@@ -44,6 +44,12 @@ def wrong_answer(read: object, expected: object) -> str:
     return clip(f"answer read: {read}, expected {expected}")
 
 
+def tamper_reason(tamper: str) -> str:
+    """The reason of a 0 for a twin that passed (a judge's ``metrics.tamper``, which says which):
+    the tests with their expectations changed passed too, so nothing computed what they check."""
+    return clip(f"tamper: {tamper}")
+
+
 def with_reason(reward: float, metrics: dict[str, Any], reason: str) -> dict[str, Any]:
     """``metrics`` with ``reason`` (clipped) where ``reward`` is below a pass; a pass gets none,
     whatever a judge's metrics held, so a reason never stands beside a passing reward."""
