@@ -1,10 +1,10 @@
 """Why a reward is below a pass, in words a trainer can act on: a result's ``metrics.reason``.
 
 Every judge and task that scores a job below ``PASS_REWARD`` puts one short line under
-``reason`` ("answer read: 12, expected 13", "case 3 of 5: timed out after 6s", "FAIL_TO_PASS
-tests still failing: test_add"); a pass carries none. The dashboard's job list shows it. It
-goes into the result the trainer reads, never into a sandbox: it is made on the host, after the
-judging, and may name the expected answer.
+``reason`` ("answer read: 12, expected 13", "case 3 of 5 failed: timed out after 6s", "1
+FAIL_TO_PASS still failing: TestOps.test_add (FAIL)"); a pass carries none. The dashboard's
+job list shows it. It goes into the result the trainer reads, never into a sandbox: it is made
+on the host, after the judging, and may name the expected answer.
 """
 
 from __future__ import annotations

@@ -93,8 +93,9 @@ from raas.judge.reasons import one_of, wrong_answer
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 MAX_CHARS = 4000
-NO_ANSWER = "no answer"  # a MathVerdict's ``read`` where there was none (a blank, a None)
 """check_math refuses a prediction or ground truth longer than this, whatever the thread."""
+NO_ANSWER = "no answer"
+"""A MathVerdict's ``read`` where there was no answer (None, or blank)."""
 NO_TIMEOUT_MAX_CHARS = 300
 """check_math refuses longer input where it cannot use math_verify's alarm (not the main thread)."""
 EQUATION_SIDES = 4
