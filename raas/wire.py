@@ -623,8 +623,9 @@ class JobSummary(BaseModel):
     stop_reason: str | None = None
     judge_note: str | None = Field(
         default=None,
-        description="Why the judge scored a job below a pass, where its metrics say: a reason,"
-        " a verifier's or judge's error, a failing case, the answer a math judge read.",
+        description="Why the judge scored a job below a pass: its `metrics.reason` (results"
+        " stored before judges gave one: a verifier's or judge's error, a failing case, the"
+        " answer a math judge read).",
     )
     tamper: str | None = Field(
         default=None,

@@ -15,6 +15,7 @@ import shlex
 from typing import Any
 
 from raas.agent.tools import ToolOutcome
+from raas.judge.reasons import with_reason, wrong_answer
 from raas.sandbox import Sandbox
 from raas.tasks.agentic import AgentContext, AgentTask
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text
@@ -82,4 +83,6 @@ class LogCountTask(AgentTask):
     ) -> RewardInfo:
         truth = sum(instance["pattern"] in line for line in instance["log"].splitlines())
         answer = str(artifact.get("answer") or "").strip()
-        return RewardInfo(1.0 if answer == str(truth) else 0.0, {"truth": truth})
+        reward = 1.0 if answer == str(truth) else 0.0
+        why = wrong_answer(answer, truth)  # below a pass, metrics.reason: "answer read: 2, ..."
+        return RewardInfo(reward, with_reason(reward, {"truth": truth}, why))

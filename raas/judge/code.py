@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.judge.programs import CandidateEnded, ended, install, python, run_candidate
+from raas.judge.reasons import REASON, clip
 from raas.judge.values import Unsupported, decode, encode
 from raas.sandbox import ExecResult, Sandbox
 
@@ -104,6 +105,12 @@ async def _humaneval(sandbox: Sandbox, path: str, check: HumanEvalCheck) -> Verd
     if not passed:
         why = said.get("error") if said.get("mark") == mark else None
         metrics["test_output"] = str(why or _tail(run))[-2000:]
+        if run.timed_out:
+            metrics[REASON] = f"timed out after {check.timeout_s:g}s"
+        elif why:
+            metrics[REASON] = clip(f"tests failed: {why}")
+        else:  # no verdict line of this run's: the tests' process died, or was made to exit
+            metrics[REASON] = f"the tests gave no verdict (exit {run.exit_code})"
     return Verdict(passed, metrics)
 
 
@@ -123,8 +130,11 @@ async def _contest(sandbox: Sandbox, path: str, contest: ContestCases) -> Verdic
             else:
                 failure = await _program_case(sandbox, case, path, limit)
         if failure is not None:
-            metrics = {"passed": False, "tests_passed": i, "tests_total": len(cases)}
-            return Verdict(False, {**metrics, "failure": {"case": i, "why": failure}})
+            metrics: dict[str, Any] = {"passed": False, "tests_passed": i}
+            metrics |= {"tests_total": len(cases), "failure": {"case": i, "why": failure}}
+            # The first failure ends the run: the cases after it were not run.
+            metrics[REASON] = clip(f"case {i + 1} of {len(cases)} failed: {failure}")
+            return Verdict(False, metrics)
     return Verdict(True, {"passed": True, "tests_passed": len(cases), "tests_total": len(cases)})
 
 

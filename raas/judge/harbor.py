@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.judge.programs import CandidateEnded, run_candidate
+from raas.judge.reasons import REASON, clip, with_reason
 from raas.sandbox import ForkCarry, Sandbox, SandboxError, ToolError
 
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
@@ -149,24 +150,32 @@ async def run_verifier(verifier: Sandbox, run: VerifierRun) -> HarborVerdict:
         ended_well = not result.timed_out and result.exit_code >= 0
         rewards = await _rewards_of(verifier, run.reward_key) if ended_well else None
     except CandidateEnded as e:
-        return HarborVerdict(0.0, {}, {"verifier_error": str(e), "policy_failure": str(e)})
+        return _no_reward({"policy_failure": str(e)}, str(e))
     metrics: dict[str, Any] = {
         "verifier_exit_code": result.exit_code,
         "verifier_timed_out": result.timed_out,
         "verifier_output": (result.stdout + result.stderr)[-OUTPUT_TAIL:],
     }
     if result.timed_out:
-        metrics["verifier_error"] = f"test.sh ran past its {run.timeout_s:g} s"
-        return HarborVerdict(0.0, {}, metrics)
+        return _no_reward(metrics, f"test.sh ran past its {run.timeout_s:g} s")
     if result.exit_code < 0:
         # Killed by a signal, as code it ran (the agent's, under test) can do: what it left in
         # /logs is not the verifier's word.
-        metrics["verifier_error"] = f"test.sh was killed by signal {-result.exit_code}"
-        return HarborVerdict(0.0, {}, metrics)
+        return _no_reward(metrics, f"test.sh was killed by signal {-result.exit_code}")
     if not isinstance(rewards, dict):
-        metrics["verifier_error"] = str(rewards)
-        return HarborVerdict(0.0, {}, metrics)
-    return HarborVerdict(rewards[run.reward_key], rewards, metrics)
+        return _no_reward(metrics, str(rewards))
+    reward = rewards[run.reward_key]
+    # test.sh's own last words (pytest's summary line, often) say why it scored so.
+    last = next(
+        (line for line in reversed(metrics["verifier_output"].splitlines()) if line.strip()), ""
+    )
+    why = f"test.sh scored {reward:g}" + (f": {last.strip()}" if last else " and printed nothing")
+    return HarborVerdict(reward, rewards, with_reason(reward, metrics, why))
+
+
+def _no_reward(metrics: dict[str, Any], error: str) -> HarborVerdict:
+    """A 0 with no reward read: ``error`` is the verifier's error and the reason."""
+    return HarborVerdict(0.0, {}, {**metrics, "verifier_error": error, REASON: clip(error)})
 
 
 async def _rewards_of(verifier: Sandbox, key: str) -> dict[str, float] | RewardFileError:

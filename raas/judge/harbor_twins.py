@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.judge.harbor import HarborVerdict
+from raas.judge.reasons import REASON, tamper_reason
 from raas.judge.twins import once, secret_rng, twin_source
 
 log = logging.getLogger(__name__)
@@ -261,4 +262,5 @@ async def verify_with_twins(
     if not report.passed:
         return HarborVerdict(real.reward, real.rewards, metrics)
     metrics["tamper"] = f"{len(report.passed)} twin(s) passed: {', '.join(report.passed)}"
+    metrics[REASON] = tamper_reason(metrics["tamper"])
     return HarborVerdict(0.0, {name: 0.0 for name in real.rewards}, metrics)

@@ -6,6 +6,7 @@ import functools
 import importlib.resources
 from typing import Any
 
+from raas.judge.reasons import REASON, clip
 from raas.sandbox import ExecResult, Sandbox, SandboxError
 
 # Where the programs go: the judge's sandbox is fresh, so nothing of the candidate has run when
@@ -61,4 +62,5 @@ async def run_candidate(
 
 def ended(error: CandidateEnded) -> dict[str, Any]:
     """A judge's metrics for ``error``: not resolved, and why."""
-    return {"passed": False, "resolved": False, "policy_failure": str(error)[:2000]}
+    why = str(error)[:2000]
+    return {"passed": False, "resolved": False, "policy_failure": why, REASON: clip(why)}

@@ -37,6 +37,7 @@ from typing import Any
 
 from raas.judge.code import Verdict
 from raas.judge.programs import JUDGE_DIR, CandidateEnded, ended, install, python, run_candidate
+from raas.judge.reasons import REASON, clip, listed
 from raas.judge.swe_paths import Change, parse_raw, review, test_modules
 from raas.judge.swe_repo import REPO, git, materialise
 from raas.judge.twins import UNITTEST, candidate_paths
@@ -78,11 +79,12 @@ async def judge_swe(
     if patch.strip():
         failed = await apply_patch(sandbox, patch)
         if failed is not None:
-            return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
+            return unresolved(metrics, f"the patch does not apply: {failed}", apply_output=failed)
         metrics["patch_applied"] = True
         found = review(await _changes(sandbox), set(files), ids, where["names"], where["roots"])
         if found.refused is not None:
-            return Verdict(False, {**metrics, "resolved": False, "refused": found.refused})
+            why = f"the patch is refused: {found.refused}"
+            return unresolved(metrics, why, refused=found.refused)
         if found.restore:
             await _restore(sandbox, files, found.restore)
             metrics["dropped"] = found.restore
@@ -212,7 +214,41 @@ def _verdict(
         metrics["untrusted"] = untrusted[:20]
     if not resolved:
         metrics["test_output"] = _output(run, record, request["ids"])
+        failing = [f"{short_test_id(t)} ({s})" for t, s in f2p.items() if s != "ok"]
+        broken = [f"{short_test_id(t)} ({s})" for t, s in p2p.items() if s != "ok"]
+        metrics[REASON] = failing_reason(metrics, failing, broken, untrusted)
     return Verdict(resolved, metrics, passing)
+
+
+def unresolved(metrics: dict[str, Any], why: str, **said: Any) -> Verdict:
+    """The verdict on a patch whose tests never ran: what stopped them (``said``: git's output,
+    the review's refusal) in the metrics, and ``why`` as the reason."""
+    return Verdict(False, {**metrics, "resolved": False, **said, REASON: clip(why)})
+
+
+def failing_reason(
+    metrics: dict[str, Any], failing: list[str], broken: list[str], untrusted: list[str]
+) -> str:
+    """Why a run of the tests did not resolve the row: the FAIL_TO_PASS tests that still fail
+    (``failing``), the PASS_TO_PASS ones that now do (``broken``; both as short_test_id gives
+    them), why the run is not trusted; an empty patch said first (nothing was tried)."""
+    parts = [f"{len(failing)} FAIL_TO_PASS still failing: {listed(failing, 2)}"] if failing else []
+    if broken:
+        parts.append(f"{len(broken)} PASS_TO_PASS now failing: {listed(broken, 2)}")
+    if untrusted:
+        parts.append(f"the run is not trusted: {listed(untrusted, 1)}")
+    empty = "the patch is empty; " if not metrics.get("patch_bytes") else ""
+    return clip(empty + ("; ".join(parts) or "the tests did not all pass"))
+
+
+def short_test_id(test_id: str) -> str:
+    """``test_id`` short enough for a reason: a pytest node id without its file, a dotted
+    unittest id as its class and method (the metrics keep the whole ids)."""
+    if "::" in test_id:
+        return test_id.split("::", 1)[1]
+    if " " in test_id:  # Django's "test_x (module.Class)" names stay whole
+        return test_id
+    return ".".join(test_id.split(".")[-2:])
 
 
 def read_record(run: ExecResult, mark: str) -> tuple[dict[str, Any], list[str]]:

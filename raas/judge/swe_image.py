@@ -61,13 +61,17 @@ from typing import Any
 
 from raas.judge.code import Verdict
 from raas.judge.programs import JUDGE_DIR, CandidateEnded, ended, install, python, run_candidate
+from raas.judge.reasons import REASON, clip
 from raas.judge.swe import (
     OUTPUT_CHARS,
     RUN_OUTPUT,
     apply_patch,
+    failing_reason,
     hide_history,
     modules_around,
     read_record,
+    short_test_id,
+    unresolved,
     write_tests,
 )
 from raas.judge.swe_paths import GITLINK, SYMLINK, Change, is_test_path, review
@@ -131,7 +135,8 @@ async def judge_swe_image(
         paths = await _patch_paths(sandbox, patch, repo)
         failed = await apply_patch(sandbox, patch, repo) if isinstance(paths, list) else paths
         if failed is not None or not isinstance(paths, list):
-            return Verdict(False, {**metrics, "resolved": False, "apply_output": failed})
+            why = f"the patch does not apply: {failed}"
+            return unresolved(metrics, why, apply_output=failed)
         metrics["patch_applied"] = True
         changes = await _changes(sandbox, repo, paths, tracked, plan.env)
         # Django's and SymPy's names are no module paths; their test files are put back anyway.
@@ -139,7 +144,8 @@ async def judge_swe_image(
         ids = _module_ids(fail_to_pass + pass_to_pass) if by_file else []
         found = review(changes, set(tracked), ids, where["names"], where["roots"])
         if found.refused is not None:
-            return Verdict(False, {**metrics, "resolved": False, "refused": found.refused})
+            why = f"the patch is refused: {found.refused}"
+            return unresolved(metrics, why, refused=found.refused)
         runner = [c.path for c in changes if _runner_file(c.path, plan.runner)]
         restore = sorted({*found.restore, *runner})
         if restore:
@@ -148,7 +154,8 @@ async def judge_swe_image(
     if test_patch.strip():
         failed = await apply_patch(sandbox, test_patch, repo, TEST_PATCH_FILE)
         if failed is not None:
-            return Verdict(False, {**metrics, "resolved": False, "test_patch_output": failed})
+            why = f"the row's test patch does not apply over the patch: {failed}"
+            return unresolved(metrics, why, test_patch_output=failed)
     # The test patch's text would tell a twin from the real tests: it goes before they run.
     await sandbox.exec(["rm", "-f", "--", TEST_PATCH_FILE])
     sources = await _test_sources(sandbox, repo, fail_to_pass, plan)
@@ -388,6 +395,10 @@ async def _verdict(
         metrics["untrusted"] = untrusted[:20]
     if not resolved:
         metrics["test_output"] = run.stderr[-OUTPUT_CHARS:]
+        failing = [short_test_id(t) for t in report[FAIL_TO_PASS].get("failure", [])]
+        broken = [short_test_id(t) for t in report[PASS_TO_PASS].get("failure", [])]
+        why = failing_reason(metrics, failing, broken, untrusted)
+        metrics[REASON] = why if readable else clip(f"{metrics['log']}; {why}")
     return Verdict(resolved, metrics, passing)
 
 

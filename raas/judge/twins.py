@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.judge.code import Verdict
+from raas.judge.reasons import REASON, tamper_reason
 
 # Assertions of equality: the expected side's constants are changed.
 EQUAL = {
@@ -514,5 +515,6 @@ async def with_twins(
     if passed:
         metrics["tamper"] = f"{len(passed)} twin(s) passed: {', '.join(passed[:5])}"
         metrics["resolved"] = False
+        metrics[REASON] = tamper_reason(metrics["tamper"])
         return Verdict(False, metrics, real.passing, real.sources)
     return Verdict(True, metrics, real.passing, real.sources)

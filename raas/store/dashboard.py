@@ -32,15 +32,15 @@ WINDOWS_S = (60.0, 600.0)
 # A row's result where it is JSON (SQLite's JSON functions refuse the whole query on one that is
 # not): a row that cannot be read is listed with what its columns say.
 _RESULT = "(CASE WHEN json_valid(result) THEN result END)"
-# Why the judge scored a done job below a pass, from what the judges write in their metrics:
-# a reason given as such, a verifier's or a judge's error, a failing case's why, the harness's
-# word on its log, or the answer a math judge read. Only where the reward is below a pass.
+# Why the judge scored a done job below a pass (only there): its ``metrics.reason``, which every
+# judge of raas writes below a pass (raas.judge.reasons). The other keys are a fallback for rows
+# stored before the judges gave reasons (and a task of one's own that writes none): what judges
+# wrote then, a verifier's or a judge's error, a failing case's why, the harness's word on its
+# log, or the answer a math judge read.
+_OLD_NOTES = ("verifier_error", "error", "failure.why", "log")
 _JUDGE_NOTE = (
     f"CASE WHEN reward < {PASS_REWARD} THEN COALESCE("
-    + ", ".join(
-        f"json_extract({_RESULT}, '$.metrics.{key}')"
-        for key in ("reason", "verifier_error", "error", "failure.why", "log")
-    )
+    + ", ".join(f"json_extract({_RESULT}, '$.metrics.{key}')" for key in ("reason", *_OLD_NOTES))
     + f", CASE WHEN json_extract({_RESULT}, '$.metrics.correct') = 0 THEN 'answer read: '"
     f" || COALESCE(json_extract({_RESULT}, '$.metrics.read'), 'none') END) END"
 )

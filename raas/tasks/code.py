@@ -27,6 +27,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
 from raas import judge
+from raas.judge.reasons import REASON
 from raas.sandbox import SandboxError, ToolError
 from raas.tasks.agentic import AgentContext, AgentTask, fresh_sandbox
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
@@ -263,7 +264,8 @@ class CodeTask(AgentTask):
     ) -> RewardInfo:
         code = artifact.get("solution")
         if not code:
-            return RewardInfo(0.0, {"passed": False, "error": "no solution file"})
+            why = f"no solution: {SOLUTION} is missing or empty"
+            return RewardInfo(0.0, {"passed": False, "error": "no solution file", REASON: why})
         parsed = CodeInstance.model_validate(instance)
         tests: judge.HumanEvalCheck | judge.ContestCases
         if parsed.reward_model is not None:

@@ -24,6 +24,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
+from raas.judge.reasons import with_reason
 from raas.llm.types import WHOLE, Seed
 from raas.tasks.protocol import (
     RewardInfo,
@@ -239,9 +240,17 @@ class CountdownTask:
             try:
                 pool = play(pool, parse_move(text))
             except ValueError as e:
-                return RewardInfo(0.0, {"steps": i, "valid": False, "error": f"move {i}: {e}"})
-        reached = ctx.target in pool
-        return RewardInfo(1.0 if reached else 0.0, {"steps": len(moves), "valid": True})
+                metrics = {"steps": i, "valid": False, "error": f"move {i}: {e}"}
+                why = f"move {i + 1} of {len(moves)} is illegal: {e}"
+                return RewardInfo(0.0, with_reason(0.0, metrics, why))
+        reward = 1.0 if ctx.target in pool else 0.0
+        why = (
+            f"target {ctx.target} not reached: the numbers left are {sorted(pool)}"
+            f" after {len(moves)} move(s)"
+            if moves
+            else "no moves made"
+        )
+        return RewardInfo(reward, with_reason(reward, {"steps": len(moves), "valid": True}, why))
 
     async def cleanup(self, context: TaskContext) -> None:
         return None

@@ -24,6 +24,7 @@ from pydantic import AfterValidator, ConfigDict, Field, StrictFloat, StrictStr, 
 
 from raas.agent.tools import Tool
 from raas.judge.answers import check_numeric, exact_number, final_answer
+from raas.judge.reasons import with_reason, wrong_answer
 from raas.tasks.agentic import AgentContext
 from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, located_error
@@ -147,7 +148,6 @@ class LookupTask(QuestionTask):
         given, truth = artifact.get("answer"), instance["answer"]
         correct = answer_is_right(given, truth, float(instance.get("rel_tol", 0.0)))
         leaked = in_text(truth, prompt_text(LookupInstance.model_validate(instance)))
-        return RewardInfo(
-            1.0 if correct else 0.0,
-            {"correct": correct, "given": given, "answer_in_prompt": leaked},
-        )
+        reward = 1.0 if correct else 0.0
+        metrics = {"correct": correct, "given": given, "answer_in_prompt": leaked}
+        return RewardInfo(reward, with_reason(reward, metrics, wrong_answer(given, truth)))

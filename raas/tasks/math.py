@@ -44,6 +44,7 @@ from raas.judge.answers import (
     judge_math,
     marked_answer,
 )
+from raas.judge.reasons import one_of, with_reason
 from raas.tasks import sources
 from raas.tasks.agentic import AgentContext, AgentTask, last_assistant_text
 from raas.tasks.protocol import PolicyError, RewardInfo, TaskInstance, located_error
@@ -251,7 +252,14 @@ class MathTask(QuestionTask):
         # math-verify may take seconds on a hard expression: never on the event loop.
         verdict = await asyncio.to_thread(judge_math, answer, truths)
         truth: str | list[str] = truths[0] if len(truths) == 1 else truths
-        metrics = {"correct": verdict.correct, "ground_truth": truth, "read": verdict.read}
+        metrics: dict[str, Any] = {
+            "correct": verdict.correct,
+            "ground_truth": truth,
+            "read": verdict.read,
+        }
+        reason = verdict.reason(truths)
+        if reason is not None:
+            metrics["reason"] = reason
         return RewardInfo(1.0 if verdict.correct else 0.0, metrics)
 
 
@@ -313,4 +321,8 @@ def verl_judge(instance: dict[str, Any], artifact: dict[str, Any]) -> RewardInfo
     metrics["verl"] = {
         k: v for k, v in details.items() if isinstance(v, str | int | float | bool) or v is None
     }
-    return RewardInfo(reward, metrics)
+    # verl's scorers say what they read only where they do (DAPO's ``pred``).
+    read = f", answer read: {details['pred']}" if details.get("pred") is not None else ""
+    expected = one_of(ground_truths(instance))
+    why = f"verl's {data_source} scorer gave {reward:g}{read}, expected {expected}"
+    return RewardInfo(reward, with_reason(reward, metrics, why))

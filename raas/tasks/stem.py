@@ -18,9 +18,11 @@ from raas.judge.answers import (
     check_choice,
     check_numeric,
     final_answer,
+    numeric_reason,
     parse_choice,
     parse_numbers,
 )
+from raas.judge.reasons import with_reason, wrong_answer
 from raas.tasks.agentic import AgentContext, last_assistant_text
 from raas.tasks.math import QuestionTask, Scalar
 from raas.tasks.protocol import RewardInfo, TaskInstance, Text, located_error
@@ -123,11 +125,15 @@ class StemTask(QuestionTask):
             n_choices = len(instance["choices"])
             correct = check_choice(answer, str(instance["answer"]), n_choices)
             read = parse_choice(answer, n_choices)  # None: no letter, or more than one
+            why = wrong_answer(read, instance["answer"])
+            if read is None and answer:
+                why = "no single choice letter found in the answer"
         else:
             one_value = bool(artifact.get("given"))
             rel_tol = float(instance.get("rel_tol", 0.01))
-            correct = check_numeric(
-                answer, float(instance["answer"]), rel_tol=rel_tol, one_value=one_value
-            )
+            truth = float(instance["answer"])
+            correct = check_numeric(answer, truth, rel_tol=rel_tol, one_value=one_value)
             read = parse_numbers(answer) if one_value else parse_numbers(answer)[-1:]
-        return RewardInfo(1.0 if correct else 0.0, {"correct": correct, "read": read})
+            why = numeric_reason(answer, truth, rel_tol=rel_tol, one_value=one_value)
+        reward = 1.0 if correct else 0.0
+        return RewardInfo(reward, with_reason(reward, {"correct": correct, "read": read}, why))

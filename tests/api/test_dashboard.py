@@ -498,9 +498,15 @@ async def test_a_job_scored_zero_for_tampering_says_so_in_its_summary(tmp_path: 
 
 
 async def test_a_job_below_a_pass_says_why_where_the_judges_metrics_do(tmp_path: Path) -> None:
-    # What the judges write: a verifier's error (harbor), a failing case (code), the answer a
-    # math judge read, a reason given as such; nothing for a pass or a 0 whose metrics say none.
+    # Every judge writes a reason below a pass, and the reason is the note, before the other
+    # keys ("reasoned": a math judge's today). Rows stored before judges gave reasons: a
+    # verifier's error (harbor), a failing case (code), the answer a math judge read; nothing
+    # for a pass or a 0 whose metrics say none.
     cases = {
+        "reasoned": (
+            0.0,
+            {"correct": False, "read": "12", "reason": "answer read: 12, expected 13"},
+        ),
         "verifier": (0.0, {"verifier_error": "test.sh ran past its 60 s"}),
         "case": (0.0, {"passed": False, "failure": {"case": 2, "why": "expected 3, got 4"}}),
         "math": (0.0, {"correct": False, "read": "41"}),
@@ -527,6 +533,7 @@ async def test_a_job_below_a_pass_says_why_where_the_judges_metrics_do(tmp_path:
         )
     jobs, _ = await store.summaries(JobFilter(), None, 10)
     assert {job.job_id: job.judge_note for job in jobs} == {
+        "reasoned": "answer read: 12, expected 13",
         "verifier": "test.sh ran past its 60 s",
         "case": "expected 3, got 4",
         "math": "answer read: 41",

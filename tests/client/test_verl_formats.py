@@ -407,5 +407,11 @@ def test_verl_scorer_is_used_when_installed() -> None:
     dapo = {**task_instance(ROWS["dapo"][0], "row"), "scorer": "verl"}
     wrong = verl_judge(dapo, {"solution": verl_solution("Answer: 20", None, markers("math_dapo"))})
     assert (wrong.reward, wrong.metrics["correct"]) == (-1.0, False)  # verl's own reward
+    # Below a pass, the reason says what verl's scorer gave and read (its pred: the stand-in's
+    # is the reply's last 5 characters); a pass has none.
+    assert wrong.metrics["reason"] == (
+        "verl's math_dapo scorer gave -1, answer read: r: 20, expected 30"
+    )
+    assert "reason" not in right.metrics
     with pytest.raises(PolicyError, match="no scorer for data_source 'taco'"):
         verl_judge({**instance, "data_source": "taco"}, {"solution": "#### 72"})

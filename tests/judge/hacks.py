@@ -34,9 +34,11 @@ from typing import Any
 import pytest
 
 import raas.tasks.code
+from raas.judge.reasons import REASON_CHARS
 from raas.sandbox import BwrapConfig
 from raas.tasks.protocol import RewardInfo
 from raas.tasks.services import TaskServices
+from raas.wire import PASS_REWARD
 
 # Tiny limits for the attempts that never end (a sleep of an hour, a stopped parent, a daemon
 # that holds the case's output for more than CASE_TIMEOUT_S), so that each costs the suite a
@@ -138,6 +140,13 @@ def assert_reward(outcome: Outcome, attempt: Attempt) -> None:
         assert deadline is None, f"timed out ({deadline}), so no verdict of the judge: {shown}"
     want = attempt.want
     assert outcome.reward == want, f"reward {outcome.reward}, not {want}: {shown}"
+    # Whatever the trick, a reward below a pass says why in one short line; a pass says nothing.
+    reason = metrics.get("reason")
+    if want < PASS_REWARD:
+        assert isinstance(reason, str) and 0 < len(reason) <= REASON_CHARS, f"no reason: {shown}"
+        assert "\n" not in reason, reason
+    else:
+        assert reason is None, f"a pass with a reason: {shown}"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from raas.judge.answers import (
     holds_one_value,
     judge_math,
     marked_answer,
+    numeric_reason,
     parse_choice,
     parse_number,
     parse_numbers,
@@ -145,8 +146,19 @@ def test_holds_one_value(answer: str, one: bool) -> None:
 def test_judge_math_says_what_it_read() -> None:
     assert judge_math("48 or 49", ["48"]) == MathVerdict(False, "not one value: {48, 49}")
     assert judge_math("48 49", ["97"]) == MathVerdict(False, "not one value")
-    assert judge_math("1/2", ["3", "0.5"]) == MathVerdict(True, "1/2")
+    assert judge_math("1/2", ["3", "0.5"]) == MathVerdict(True, "1/2", compared=True)
     assert judge_math(None, ["3"]) == MathVerdict(False, "no answer")
+    assert judge_math("12", ["13"]) == MathVerdict(False, "12", compared=True)
+
+
+def test_a_wrong_math_answer_says_why_and_a_right_one_says_nothing() -> None:
+    assert judge_math("12", ["13"]).reason(["13"]) == "answer read: 12, expected 13"
+    assert judge_math("2", ["3", " ", "4"]).reason(["3", " ", "4"]) == (
+        "answer read: 2, expected one of 3, 4"
+    )
+    assert judge_math("48 or 49", ["48"]).reason(["48"]) == "answer not one value: {48, 49}"
+    assert judge_math("", ["13"]).reason(["13"]) == "no answer found"
+    assert judge_math("13", ["13"]).reason(["13"]) is None
 
 
 # --- check_math -----------------------------------------------------------------------------------
@@ -375,6 +387,19 @@ def test_check_numeric_accepts(prediction: str, truth: float) -> None:
 )
 def test_check_numeric_rejects(prediction: str | None, truth: float) -> None:
     assert not check_numeric(prediction, truth)
+
+
+def test_a_wrong_number_says_which_values_were_checked() -> None:
+    """numeric_reason names what check_numeric compared: with ``one_value`` every value, those
+    the last-number reading skips too (a subscript's), so a hedge is not shown as the truth."""
+    assert numeric_reason("12 m/s", 6.0) == "answer read: 12, expected 6 (relative tolerance 0.01)"
+    assert numeric_reason("3.2_{3.1}", 3.2, one_value=True) == (
+        "answer read: 3.2, 3.1, expected 3.2 (relative tolerance 0.01), and one value only"
+    )
+    assert numeric_reason("(3.2)^{2}", 3.2, one_value=True) == (
+        "answer read: an unreadable value, expected 3.2 (relative tolerance 0.01)"
+    )
+    assert numeric_reason("about six", 6.0) == "no answer found"
 
 
 def test_check_numeric_tolerances() -> None:

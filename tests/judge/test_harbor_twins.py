@@ -190,6 +190,7 @@ async def test_honest_code_passes_the_real_tests_and_fails_every_twin() -> None:
 
     verdict = await verify_with_twins(fake_verifier(ANSWERS, ran), TESTS, key="honest", gold=gold)
     assert verdict.reward == 1.0 and "tamper" not in verdict.metrics
+    assert "reason" not in verdict.metrics
     twins = verdict.metrics["twins"]
     assert twins["made"] == 3 and twins["counted"] == 3 and len(twins["ran"]) == PER_EVAL
     assert twins["passed"] == [] and len(ran) == 1 + PER_EVAL
@@ -204,6 +205,7 @@ async def test_a_trick_that_passes_everything_scores_zero_with_tamper() -> None:
     )
     assert verdict.reward == 0.0 and verdict.rewards == {"reward": 0.0}
     assert verdict.metrics["tamper"].startswith("1 twin(s) passed: test_stats.py::")
+    assert verdict.metrics["reason"].startswith("tamper: 1 twin(s) passed: test_stats.py::")
     # Without gold only the exact twins count: the swapped exception is not one.
     assert verdict.metrics["twins"]["counted"] == 2
 

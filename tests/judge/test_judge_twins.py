@@ -224,7 +224,7 @@ async def test_gold_scores_one_with_its_twins_counted(services: TaskServices) ->
     info = await judged(services, ROW["gold_patch"])
     assert info.reward == 1.0, info.metrics
     assert info.metrics["twins"] == {"made": 3, "counted": 3, "passed": []}
-    assert "tamper" not in info.metrics
+    assert "tamper" not in info.metrics and "reason" not in info.metrics
 
 
 async def test_an_honest_fix_of_its_own_scores_one(services: TaskServices) -> None:
@@ -250,6 +250,7 @@ async def test_a_trick_that_passes_the_real_tests_scores_zero_because_a_twin_pas
     assert set(info.metrics["FAIL_TO_PASS"].values()) == {"ok"}, info.metrics
     assert "untrusted" not in info.metrics
     assert info.metrics["tamper"].startswith("3 twin(s) passed")
+    assert info.metrics["reason"].startswith("tamper: 3 twin(s) passed")
 
 
 async def test_the_real_tests_text_is_not_in_the_sandbox_during_a_twin_run(

@@ -109,12 +109,28 @@ def shell_file(path: str, content: str, mode: str = "644") -> str:
 async def test_the_gold_patch_scores_one(services: TaskServices) -> None:
     info = await judged(services, ROW["gold_patch"])
     assert info.reward == 1.0, info.metrics
+    assert "reason" not in info.metrics
 
 
 async def test_an_honest_wrong_fix_scores_zero(services: TaskServices) -> None:
     wrong = FILES[SOLUTION].replace("distance < threshold", "distance <= threshold")
     info = await judged(services, patch_of({SOLUTION: wrong}))
     assert info.reward == 0.0, info.metrics
+    # The failing tests by class and method, two of them and how many more (all in the metrics).
+    failing = [t.split(".", 2)[2] for t, s in info.metrics["FAIL_TO_PASS"].items() if s == "FAIL"]
+    assert len(failing) == 3, info.metrics
+    assert info.metrics["reason"] == (
+        f"3 FAIL_TO_PASS still failing: {failing[0]} (FAIL), {failing[1]} (FAIL) and 1 more"
+    ), info.metrics
+
+
+async def test_a_patch_that_does_not_apply_or_is_empty_says_so(services: TaskServices) -> None:
+    stale = patch_of({SOLUTION: fixed()}).replace("threshold", "limit")
+    info = await judged(services, stale)
+    assert info.reward == 0.0 and info.metrics["patch_applied"] is False, info.metrics
+    assert info.metrics["reason"].startswith("the patch does not apply: error:"), info.metrics
+    empty = await judged(services, "")
+    assert empty.metrics["reason"].startswith("the patch is empty; 3 FAIL_TO_PASS still failing")
 
 
 async def test_a_fix_with_harmless_extras_scores_one(services: TaskServices) -> None:
@@ -483,6 +499,7 @@ async def test_a_judge_trick_scores_zero(services: TaskServices, trick: str) -> 
     info = await judged(services, patch_of(changes))
     assert info.reward == 0.0, info.metrics
     assert any(sign in evidence(info.metrics) for sign in signs), info.metrics
+    assert info.metrics["reason"], info.metrics  # whatever caught it says why
 
 
 async def test_a_test_file_replaced_by_a_symlink_scores_zero(services: TaskServices) -> None:
@@ -490,6 +507,7 @@ async def test_a_test_file_replaced_by_a_symlink_scores_zero(services: TaskServi
     link = {TESTS: f"../{PKG}/fake_tests.py"}
     info = await judged(services, patch_of({f"{PKG}/fake_tests.py": passing_tests()}, link))
     assert info.reward == 0.0 and "symbolic links" in str(info.metrics["refused"]), info.metrics
+    assert info.metrics["reason"].startswith("the patch is refused: "), info.metrics
 
 
 def test_a_module_shadowing_the_standard_library_from_a_src_layout_is_refused() -> None:

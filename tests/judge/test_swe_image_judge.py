@@ -97,7 +97,7 @@ async def test_the_gold_patch_resolves_it_by_swebench_rules(sandbox: Sandbox) ->
     assert verdict.metrics["resolution"] == "RESOLVED_FULL"
     assert verdict.metrics["FAIL_TO_PASS"] == {"success": FAIL_TO_PASS, "failure": []}
     assert verdict.metrics["PASS_TO_PASS"] == {"success": PASS_TO_PASS, "failure": []}
-    assert "untrusted" not in verdict.metrics
+    assert "untrusted" not in verdict.metrics and "reason" not in verdict.metrics
 
 
 @rootfs
@@ -107,6 +107,11 @@ async def test_no_patch_leaves_the_failing_tests_failing(sandbox: Sandbox) -> No
     assert verdict.metrics["FAIL_TO_PASS"] == {"success": [], "failure": FAIL_TO_PASS}
     assert verdict.metrics["PASS_TO_PASS"]["failure"] == []
     assert "untrusted" not in verdict.metrics  # an honest failure: log and record agree
+    # The reason names the node ids without their file.
+    names = ", ".join(t.split("::", 1)[1] for t in FAIL_TO_PASS[:2])
+    assert verdict.metrics["reason"].startswith(
+        f"the patch is empty; {len(FAIL_TO_PASS)} FAIL_TO_PASS still failing: {names}"
+    ), verdict.metrics
 
 
 @rootfs
@@ -127,6 +132,7 @@ async def test_a_fix_that_breaks_a_pass_to_pass_test_scores_zero(sandbox: Sandbo
     assert not verdict.passed
     assert verdict.metrics["PASS_TO_PASS"]["failure"] == [f"{TESTS}::test_add"]
     assert verdict.metrics["FAIL_TO_PASS"]["failure"] == []
+    assert verdict.metrics["reason"].startswith("1 PASS_TO_PASS now failing: test_add")
 
 
 @rootfs

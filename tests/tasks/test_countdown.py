@@ -102,3 +102,23 @@ def test_validation_names_the_field(
     with pytest.raises(InvalidInstance) as exc:
         CountdownTask().validate(job(instance, **params))
     assert exc.value.field == field
+
+
+async def test_a_reward_below_a_pass_says_why_and_a_pass_says_nothing() -> None:
+    task = CountdownTask()
+    ctx = await task.init(job({"numbers": [3, 4, 100], "target": 7}))
+
+    def moves(*texts: str) -> Trajectory:
+        return Trajectory(messages=[{"role": "assistant", "content": t} for t in texts])
+
+    solved = await task.eval(ctx, moves("3 + 4"))
+    assert solved.reward == 1.0 and "reason" not in solved.metrics
+    short = await task.eval(ctx, moves("100 - 4"))
+    assert short.metrics["reason"] == (
+        "target 7 not reached: the numbers left are [3, 96] after 1 move(s)"
+    )
+    illegal = await task.eval(ctx, moves("3 + 4", "7 ^ 2"))
+    assert illegal.metrics["reason"] == (
+        "move 2 of 2 is illegal: not a move of the form 'a op b': '7 ^ 2'"
+    )
+    assert (await task.eval(ctx, moves())).metrics["reason"] == "no moves made"

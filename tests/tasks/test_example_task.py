@@ -96,9 +96,10 @@ def test_the_example_runs_end_to_end(service: str) -> None:
     assert tool_messages[0]["name"] == "count_lines" and tool_messages[0]["content"] == "2"
     assert errors["reward"] == 1.0
     assert errors["metrics"]["artifact"] == {"answer": "2"}
-    assert errors["metrics"]["truth"] == 2
-    # the model counted 1 and answered 2: the judge says no
+    assert errors["metrics"]["truth"] == 2 and "reason" not in errors["metrics"]
+    # the model counted 1 and answered 2: the judge says no, and why
     assert (timeouts["state"], timeouts["reward"], timeouts["metrics"]["truth"]) == ("done", 0.0, 1)
+    assert timeouts["metrics"]["reason"] == "answer read: 2, expected 1"
 
 
 def test_a_bad_instance_is_refused_naming_the_field(service: str) -> None:

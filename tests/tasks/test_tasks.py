@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import pytest
@@ -85,6 +85,8 @@ async def test_code_reward_both_ways(run: Run) -> None:
     assert (good["state"], good["reward"]) == ("done", 1.0)
     assert (bad["state"], bad["reward"]) == ("done", 0.0)
     assert "AssertionError" in bad["metrics"]["test_output"]
+    assert bad["metrics"]["reason"].startswith("tests failed: AssertionError")
+    assert "reason" not in good["metrics"]
     assert good["metrics"]["artifact"]["solution"].strip() == right.strip()
 
 
@@ -229,6 +231,44 @@ LOOKUP = {
     "files": {"data/n.txt": "73182\n", "notes.txt": "nothing here\n"},
     "answer": 7318200,
 }
+
+
+async def test_answer_judges_say_why_below_a_pass_and_nothing_on_one() -> None:
+    """Each answer task's judge, called on an artifact as its EVAL gives it (they run nothing,
+    so no services): a wrong answer's ``reason`` names what was read and what was expected."""
+    services = cast(TaskServices, None)
+    math = {"data_source": "math", "problem": "p", "answer": "13"}
+    choice = {"data_source": "stem", "question": "q", "choices": {"A": 1, "B": 2}, "answer": "B"}
+    numeric = {"data_source": "stem", "question": "q", "answer": 6.0}
+    cases: list[tuple[Any, dict[str, Any], dict[str, Any], str | None]] = [
+        (MathTask(), math, {"answer": "13"}, None),
+        (MathTask(), math, {"answer": "12"}, "answer read: 12, expected 13"),
+        (MathTask(), math, {"answer": None}, "no answer found"),
+        (StemTask(), choice, {"answer": "B"}, None),
+        (StemTask(), choice, {"answer": "A"}, "answer read: A, expected B"),
+        (StemTask(), choice, {"answer": "A or B"}, "no single choice letter found in the answer"),
+        (StemTask(), numeric, {"answer": "6.01", "given": True}, None),
+        (
+            StemTask(),
+            numeric,
+            {"answer": "12 m/s", "given": True},
+            "answer read: 12, expected 6 (relative tolerance 0.01)",
+        ),
+        (
+            StemTask(),
+            numeric,
+            {"answer": "12 or 6", "given": True},
+            "answer read: 12, 6, expected 6 (relative tolerance 0.01), and one value only",
+        ),
+        (StemTask(), numeric, {"answer": "six-ish", "given": False}, "no answer found"),
+        (LookupTask(), LOOKUP, {"answer": "7318200"}, None),
+        (LookupTask(), LOOKUP, {"answer": "73182"}, "answer read: 73182, expected 7318200"),
+        (LookupTask(), LOOKUP, {"answer": None}, "no answer found"),
+    ]
+    for task, instance, artifact, reason in cases:
+        info = await task.judge(instance, artifact, services)
+        assert info.metrics.get("reason") == reason, (instance, artifact, info)
+        assert (info.reward == 1.0) == (reason is None)
 
 
 async def test_lookup_reward_both_ways(run: Run) -> None:

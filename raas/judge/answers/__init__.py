@@ -14,6 +14,7 @@ reply marks; ``symbolic``: math with math_verify; ``choices``: a letter; ``numbe
 - ``check_choice(prediction, correct, n_choices)``: a multiple-choice letter.
 - ``check_numeric(prediction, truth, rel_tol, abs_tol, one_value)``: the last number in the
   prediction (with ``one_value``: every number in it), with a tolerance.
+- ``numeric_reason(prediction, truth, rel_tol, one_value)``: why check_numeric said no.
 - ``exact_number(answer)``: the one number an answer holds, exactly as written (ids, counts).
 
 How check_math feeds math_verify, what one final value means and how its timeouts work: see
@@ -23,7 +24,13 @@ How check_math feeds math_verify, what one final value means and how its timeout
 from raas.judge.answers.choices import check_choice, parse_choice
 from raas.judge.answers.latex import extract_boxed
 from raas.judge.answers.marks import MARKERS, AnswerMarker, final_answer, marked_answer
-from raas.judge.answers.numbers import check_numeric, exact_number, parse_number, parse_numbers
+from raas.judge.answers.numbers import (
+    check_numeric,
+    exact_number,
+    numeric_reason,
+    parse_number,
+    parse_numbers,
+)
 from raas.judge.answers.symbolic import (
     EQUATION_SIDES,
     MAX_CHARS,
@@ -50,6 +57,7 @@ __all__ = [
     "holds_one_value",
     "judge_math",
     "marked_answer",
+    "numeric_reason",
     "parse_choice",
     "parse_number",
     "parse_numbers",

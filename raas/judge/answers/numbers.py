@@ -11,6 +11,8 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import NamedTuple
 
+from raas.judge.reasons import wrong_answer
+
 _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
 _SUPERSCRIPT_RUN_RE = re.compile(r"[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
 _UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?![\d])|\d+)(?:\.\d*)?|\.\d+"
@@ -334,3 +336,20 @@ def check_numeric(
         not math.isnan(v) and math.isclose(v, truth, rel_tol=rel_tol, abs_tol=abs_tol)
         for v in checked
     )
+
+
+def numeric_reason(
+    prediction: str | None,
+    truth: float,
+    rel_tol: float = 1e-2,
+    one_value: bool = False,
+) -> str:
+    """Why check_numeric (with the same arguments) says no, for a result's ``metrics.reason``:
+    the values it checked (every one with ``one_value``, else the last) and the truth."""
+    values = scan_numbers(prediction, every=one_value)
+    checked = values if one_value else values[-1:]
+    if not checked:
+        return wrong_answer(None, truth)
+    read = ", ".join("an unreadable value" if math.isnan(v) else f"{v:g}" for v in checked)
+    several = ", and one value only" if len(checked) > 1 else ""
+    return wrong_answer(read, f"{truth:g} (relative tolerance {rel_tol:g}){several}")

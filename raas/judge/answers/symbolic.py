@@ -86,6 +86,7 @@ from typing import Any
 
 from raas.judge.answers.latex import TEXT_COMMANDS, closing_braces, find_boxes
 from raas.judge.answers.numbers import NUMBER_WORDS_RE, holds_number, parse_numbers, scan_numbers
+from raas.judge.reasons import one_of, wrong_answer
 
 # math-verify warns on every call made off the main thread that its own timeout is off; the
 # length guard below is what bounds those calls.
@@ -93,6 +94,8 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 MAX_CHARS = 4000
 """check_math refuses a prediction or ground truth longer than this, whatever the thread."""
+NO_ANSWER = "no answer"
+"""A MathVerdict's ``read`` where there was no answer (None, or blank)."""
 NO_TIMEOUT_MAX_CHARS = 300
 """check_math refuses longer input where it cannot use math_verify's alarm (not the main thread)."""
 EQUATION_SIDES = 4
@@ -499,10 +502,20 @@ def _parse_gold(s: str, timeout_s: int | None) -> tuple[Any, ...]:
 @dataclass(frozen=True)
 class MathVerdict:
     """Whether an answer matched, and what it was read as: math_verify's reading of it (``{48,
-    49}`` for "48 or 49"), or why it was not read ("not one value", "unreadable"...)."""
+    49}`` for "48 or 49"), or why it was not read ("not one value", "unreadable"...);
+    ``compared``: whether it was read and compared with the truth (else ``read`` says why not)."""
 
     correct: bool
     read: str
+    compared: bool = False
+
+    def reason(self, ground_truths: Sequence[str]) -> str | None:
+        """Why the answer is wrong, for a result's ``metrics.reason``; None where it is right."""
+        if self.correct:
+            return None
+        if not self.compared:
+            return wrong_answer(None, "") if self.read == NO_ANSWER else f"answer {self.read}"
+        return wrong_answer(self.read, one_of([t for t in ground_truths if t.strip()]))
 
 
 def judge_math(
@@ -522,7 +535,7 @@ def judge_math(
     """
     truths = [t for t in ground_truths if t.strip()]
     if prediction is None or not prediction.strip() or not truths:
-        return MathVerdict(False, "no answer")
+        return MathVerdict(False, NO_ANSWER)
     if len(prediction) > MAX_CHARS or any(len(t) > MAX_CHARS for t in truths):
         return MathVerdict(False, "too long")
     timeout: int | None = max(1, int(timeout_s))
@@ -547,8 +560,8 @@ def judge_math(
         return MathVerdict(False, f"not one value: {read}")
     for truth in truths:
         if _guarded(partial(_verify, truth, pred, timeout)):
-            return MathVerdict(True, read)
-    return MathVerdict(False, read)
+            return MathVerdict(True, read, compared=True)
+    return MathVerdict(False, read, compared=True)
 
 
 def _verify(truth: str, pred: list[Any], timeout: int | None) -> bool:

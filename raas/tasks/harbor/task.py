@@ -47,6 +47,7 @@ from raas.judge.harbor import (
     verifier_carry,
 )
 from raas.judge.harbor_twins import GoldRuns, Tests, named_as_tests, verify_with_twins
+from raas.judge.reasons import REASON
 from raas.judge.twins import task_key
 from raas.sandbox import ForkCarry, Sandbox, SandboxError
 from raas.sandbox.egress import EgressPolicy
@@ -245,7 +246,8 @@ class HarborTask(AgentTask):
         ctx: AgentContext = context
         instance = HarborInstance.model_validate(ctx.job.instance)
         if ctx.sandbox is None:
-            return RewardInfo(0.0, {"verifier_error": "the agent had no sandbox"})
+            why = "the agent had no sandbox"
+            return RewardInfo(0.0, {"verifier_error": why, REASON: why})
         agents = ctx.sandbox
         config = instance.config
         services = self.services_of(ctx.job)
