@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv agents-node test-harness-agents test-ray test-slurm test-hpc test-images test-fuzz lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images bench-tenants example-grpo system-deps clean
+.PHONY: demo test docs test-readme test-faults test-oracle test-trl test-verl example-verl agents-venv agents-node test-harness-agents test-ray test-slurm test-hpc test-images test-fuzz lint typecheck unit bench-pipeline bench-tools bench-llm bench-dapo bench-scale bench-soak bench-images bench-tenants bench-docs example-grpo system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -201,6 +201,12 @@ bench-images: $(STAMP) system-deps
 # Two tenants through a real raas serve: a flood of one against the other's steady jobs (2 min).
 bench-tenants: $(STAMP) system-deps
 	$(BIN)/raas bench tenants
+
+# Every run docs/benchmarks.md quotes, one after the other, each output in out/bench-docs/ with
+# its command, commit and load (an hour or more here: run it on a quiet machine).
+bench-docs: $(STAMP) system-deps
+	scripts/images/make-base-rootfs.sh
+	$(BIN)/raas bench docs
 
 # GRPO on the CPU over HTTP: starts raas engine and raas serve, 20 steps (about 50 minutes here).
 example-grpo: $(STAMP) system-deps
