@@ -233,8 +233,9 @@ class LLMClient(ABC):
                     "text/event-stream"
                 ):
                     answer = await response.read()
-                    text = answer.decode("utf-8", "replace")
-                    self._check(response.status, response.headers, text)
+                    if response.status >= 400:
+                        text = answer.decode("utf-8", "replace")
+                        self._check(response.status, response.headers, text)
                     self.streams = False
                     return self._json(answer)
                 self.streams = True
@@ -414,7 +415,7 @@ class VLLMClient(LLMClient):
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             body["seed"] = params.seed
-        if not self.stream:
+        if not self.stream or self.streams is False:  # (a server that answered whole once)
             return self._read(await self._post("/v1/completions", body))
         # Streamed, so that a turn's tokens are counted as they come and a backend that sends
         # none is told from a slow one (the usage chunk carries the cached tokens).
