@@ -2,9 +2,12 @@
 the textbook synchronous over-sample-then-filter loop, against the same service, in one run.
 
 The task is a lottery whose reward is 1 with probability p (p per prompt from {0.1, 0.5, 0.9}, so
-some groups are uniform) and whose rollouts take a long-tailed time (log-normal, median 50 ms).
-Prints wall time to fill the batch, the ratio, and the rollouts each approach wasted (samples of
-groups that were dropped, cancelled, or not needed). Prints; asserts nothing.
+some groups are uniform) and whose rollouts take a long-tailed time (log-normal, median
+``--median-ms``, 50 by default, cut at 40 times it). Prints wall time to fill the batch, the ratio,
+and the rollouts each approach wasted (samples of groups that were dropped, cancelled, or not
+needed). Replenishing pays where a rollout's time is the model's and the tools' (a long tail to
+wait out), not raas's own CPU: on a machine whose cores raas itself fills, short rollouts leave
+little to win. Prints; asserts nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class LotteryTask:
 
     async def run(self, context: TaskContext) -> Trajectory:
         rng = random.Random(context.job.job_id)
-        await asyncio.sleep(min(0.05 * math.exp(rng.gauss(0, 1.0)), 2.0))
+        median_s = float(context.job.instance["median_s"])
+        await asyncio.sleep(min(median_s * math.exp(rng.gauss(0, 1.0)), 40 * median_s))
         return context.trajectory
 
     async def eval(self, context: TaskContext, trajectory: Trajectory) -> RewardInfo:
@@ -45,19 +49,20 @@ class LotteryTask:
         return None
 
 
-def prompts(seed: int) -> Any:
+def prompts(seed: int, median_s: float) -> Any:
     rng = random.Random(seed)
     i = 0
     while True:
-        yield {"data_source": "lottery", "p": rng.choice([0.1, 0.5, 0.9]), "i": i}
+        p = rng.choice([0.1, 0.5, 0.9])
+        yield {"data_source": "lottery", "p": p, "i": i, "median_s": median_s}
         i += 1
 
 
 async def synchronous(
-    client: RolloutClient, b: int, n: int, oversample: float, seed: int
+    client: RolloutClient, b: int, n: int, oversample: float, seed: int, median_s: float
 ) -> tuple[float, int, int]:
     """Over-sample a whole batch, wait for all of it, filter; repeat until B are kept."""
-    source = prompts(seed)
+    source = prompts(seed, median_s)
     kept, rollouts, start = 0, 0, time.perf_counter()
     while kept < b:
         tasks = [next(source) for _ in range(math.ceil(b * oversample))]
@@ -68,11 +73,11 @@ async def synchronous(
 
 
 async def asynchronous(
-    client: RolloutClient, b: int, n: int, in_flight: int, seed: int
+    client: RolloutClient, b: int, n: int, in_flight: int, seed: int, median_s: float
 ) -> tuple[float, int, int]:
     start = time.perf_counter()
     groups, report = await collect_groups(
-        client, prompts(seed), n=n, batch_size=b, max_in_flight=in_flight
+        client, prompts(seed, median_s), n=n, batch_size=b, max_in_flight=in_flight
     )
     wall = time.perf_counter() - start
     return wall, report.jobs_submitted, report.jobs_submitted - len(groups) * n
@@ -84,13 +89,15 @@ async def bench(args: argparse.Namespace, url: str) -> None:
     print(
         f"B={args.batch} groups of n={args.n}; chance a group is informative {p_info:.2f};"
         f" sync over-samples {args.oversample}x per round, async keeps {in_flight} in flight;"
-        f" {args.repeats} repeats each (medians)"
+        f" rollouts take {args.median_ms:g} ms at the median; {args.repeats} repeats each"
+        " (medians)"
     )
     sync, asyn = [], []
+    median_s = args.median_ms / 1000
     async with RolloutClient(url) as client:
         for r in range(args.repeats):
-            sync.append(await synchronous(client, args.batch, args.n, args.oversample, r))
-            asyn.append(await asynchronous(client, args.batch, args.n, in_flight, r))
+            sync.append(await synchronous(client, args.batch, args.n, args.oversample, r, median_s))
+            asyn.append(await asynchronous(client, args.batch, args.n, in_flight, r, median_s))
     for name, runs in (
         ("synchronous over-sample-then-filter", sync),
         ("async replenishment", asyn),
@@ -125,6 +132,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n", type=int, default=4, help="samples per group")
     parser.add_argument("--oversample", type=float, default=1.5)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--median-ms", type=float, default=50.0, help="a rollout's median time (log-normal)"
+    )
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory() as tmp,

@@ -29,6 +29,7 @@ RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("burst", ("--cold",)),
     ("llm", ()),
     ("dapo", ()),
+    ("dapo", ("--median-ms", "500")),
     ("scale", ()),
     ("scale", ("--servers", "1")),
     ("gateway", ()),
