@@ -412,6 +412,13 @@ class Trajectory(BaseModel):
         versions = [v for turn in self.turns for v in turn_policy_versions(turn)]
         return (min(versions), max(versions)) if versions else None
 
+    def policy_version_span(self) -> int | None:
+        """The newest policy version of the generated tokens minus the oldest: how many weight
+        updates landed while the trajectory was generated (the staleness of its oldest token
+        against its newest); None where no turn names a version (not 0: it is not known)."""
+        span = self.policy_version_range()
+        return None if span is None else span[1] - span[0]
+
     def token_policy_versions(self, segment: int = 0) -> list[int | None] | None:
         """One entry a response token: the policy version that generated it, None on a token
         the environment inserted (or whose turn names no version). None as a whole where the
