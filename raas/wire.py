@@ -719,9 +719,10 @@ class DashboardStats(BaseModel):
 
 
 class DashboardSeries(BaseModel):
-    """What finished over the server's recent past (since it started, at most ``keep`` buckets):
-    one value a bucket of ``bucket_s`` seconds, oldest first, in columns as a plot takes them.
-    Kept in memory: a restart starts them again (the stats count the whole database)."""
+    """What finished over the server's recent past (at most ``keep`` buckets back): one value a
+    bucket of ``bucket_s`` seconds, oldest first, in columns as a plot takes them. Counted in
+    memory as jobs finish, and filled at the server's start from the results the database holds
+    for that span, so a restart keeps them."""
 
     bucket_s: float
     t: list[float] = Field(description="Each bucket's start, Unix time.")
@@ -741,6 +742,15 @@ class DashboardSeries(BaseModel):
     )
     malformed_tool_calls: list[int] = Field(
         description="Tool calls the parser could not read, in the jobs that finished."
+    )
+    staleness_mean: list[float | None] = Field(
+        description="Mean policy version span of the jobs that finished: each one's newest"
+        " token's policy version minus its oldest's (how many weight updates landed while it"
+        " was generated; `policy_version_span` of the export). Null where no job of the bucket"
+        " had a backend that names versions: such jobs add nothing, not 0.",
+    )
+    staleness_max: list[int | None] = Field(
+        description="The largest such span in the bucket (null: none known)."
     )
 
 
