@@ -412,6 +412,13 @@ class Trajectory(BaseModel):
         versions = [v for turn in self.turns for v in turn_policy_versions(turn)]
         return (min(versions), max(versions)) if versions else None
 
+    def policy_version_span(self) -> int | None:
+        """The newest policy version of the generated tokens minus the oldest: how many weight
+        updates landed while the trajectory was generated (the staleness of its oldest token
+        against its newest); None where no turn names a version (not 0: it is not known)."""
+        span = self.policy_version_range()
+        return None if span is None else span[1] - span[0]
+
     def token_policy_versions(self, segment: int = 0) -> list[int | None] | None:
         """One entry a response token: the policy version that generated it, None on a token
         the environment inserted (or whose turn names no version). None as a whole where the
@@ -712,9 +719,10 @@ class DashboardStats(BaseModel):
 
 
 class DashboardSeries(BaseModel):
-    """What finished over the server's recent past (since it started, at most ``keep`` buckets):
-    one value a bucket of ``bucket_s`` seconds, oldest first, in columns as a plot takes them.
-    Kept in memory: a restart starts them again (the stats count the whole database)."""
+    """What finished over the server's recent past (at most ``keep`` buckets back): one value a
+    bucket of ``bucket_s`` seconds, oldest first, in columns as a plot takes them. Counted in
+    memory as jobs finish, and filled at the server's start from the results the database holds
+    for that span, so a restart keeps them."""
 
     bucket_s: float
     t: list[float] = Field(description="Each bucket's start, Unix time.")
@@ -734,6 +742,15 @@ class DashboardSeries(BaseModel):
     )
     malformed_tool_calls: list[int] = Field(
         description="Tool calls the parser could not read, in the jobs that finished."
+    )
+    staleness_mean: list[float | None] = Field(
+        description="Mean policy version span of the jobs that finished: each one's newest"
+        " token's policy version minus its oldest's (how many weight updates landed while it"
+        " was generated; `policy_version_span` of the export). Null where no job of the bucket"
+        " had a backend that names versions: such jobs add nothing, not 0.",
+    )
+    staleness_max: list[int | None] = Field(
+        description="The largest such span in the bucket (null: none known)."
     )
 
 

@@ -1,5 +1,6 @@
 """The dashboard's plots over time (GET /v1/dashboard/series): what finished in each bucket of a
-few seconds, read from the ledger's ``recent`` window (raas.pipeline.ledger), which counts it.
+few seconds, read from the ledger's ``recent`` window (raas.pipeline.ledger), which counts it
+(filled at the start from the results the store holds for its span).
 
 The window holds the buckets that saw something (at most ``keep``); a read spreads them over the
 timeline, empty buckets as zeros, back ``keep`` buckets from now at most. A tenant's read holds
@@ -23,7 +24,7 @@ def read_series(window: Window, tenant: str | None = None) -> DashboardSeries:
     now = window.index()
     # From the oldest bucket that holds something of the reader's, ``keep`` back at most.
     held = [b for b in window.buckets() if tenant is None or tenant in b.tenants]
-    first = max(held[0].index if held else now, now - window.keep + 1)
+    first = max(held[0].index if held else now, window.first())
     kept = {b.index: b.of(tenant) for b in held if b.index >= first}
     indices = range(first, now + 1)
     buckets = [kept.get(i) or Counts() for i in indices]
@@ -44,4 +45,6 @@ def read_series(window: Window, tenant: str | None = None) -> DashboardSeries:
         stage_s={s: [share(b.stage_s[s], b.stage_runs[s]) for b in buckets] for s in STAGES},
         errors={k: [b.errors[k] for b in buckets] for k in KINDS},
         malformed_tool_calls=[b.malformed_tool_calls for b in buckets],
+        staleness_mean=[share(b.staleness_sum, b.staleness_known) for b in buckets],
+        staleness_max=[b.staleness_max for b in buckets],
     )

@@ -38,6 +38,8 @@ class JobEvent:
     tamper: bool  # a judge scored it 0: a twin of a deciding test passed
     sandbox_s: float  # INIT to cleanup, every attempt
     reward: float | None
+    # Its tokens' newest policy version minus their oldest; None where its backend named none.
+    policy_version_span: int | None
     finished_at: float  # Unix time it was reported finished (its result durable)
 
 
@@ -75,5 +77,6 @@ def _event(
         tamper=bool(result.metrics.get("tamper")),
         sandbox_s=sandbox_s,
         reward=result.reward,
+        policy_version_span=result.trajectory.policy_version_span(),
         finished_at=time.time(),
     )

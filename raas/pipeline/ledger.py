@@ -15,7 +15,9 @@ finishes: ``record``). It keeps, in memory since the process started:
   A window keeps only the buckets that saw something, at most ``keep``.
 
 What outlives a restart is the result store's (raas.store): the dashboard's counts over every
-stored result are counted from the table there.
+stored result are counted from the table there, and ``recent`` is filled at the start
+(``restore``) from the results the store holds for its span, before any job of this process
+finishes, so that no result is counted both from the store and as it finishes.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import bisect
 import math
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from raas.pipeline.events import JobEvent
 from raas.pipeline.job import Job
 from raas.pipeline.states import JobState, Stage
+from raas.store.dashboard import FinishedGroup
 from raas.tasks import sources
 from raas.wire import PASS_REWARD
 
@@ -83,6 +86,10 @@ class Counts:
     rewarded: int = 0
     reward_sum: float = 0.0
     passed: int = 0  # rewarded with PASS_REWARD or more
+    # The finished jobs whose policy version span is known (JobEvent.policy_version_span).
+    staleness_known: int = 0
+    staleness_sum: int = 0
+    staleness_max: int | None = None
 
     @property
     def finished_jobs(self) -> int:
@@ -104,6 +111,33 @@ class Counts:
             self.rewarded += 1
             self.reward_sum += event.reward
             self.passed += event.reward >= PASS_REWARD
+        if event.policy_version_span is not None:
+            self._add_staleness(1, event.policy_version_span, event.policy_version_span)
+
+    def _add_staleness(self, known: int, total: int, largest: int | None) -> None:
+        self.staleness_known += known
+        self.staleness_sum += total
+        if largest is not None:
+            now = self.staleness_max
+            self.staleness_max = largest if now is None else max(now, largest)
+
+    def add_group(self, group: FinishedGroup) -> None:
+        """Count the results of ``group`` (read from the store at a start)."""
+        self.finished[group.state] += group.jobs
+        self.errors.update(group.attempt_errors)
+        if group.error_kind is not None:
+            self.errors[group.error_kind] += group.jobs
+        self.generated_tokens += group.generated_tokens
+        self.malformed_tool_calls += group.malformed_tool_calls
+        self.rewarded += group.rewarded
+        self.reward_sum += group.reward_sum
+        self.passed += group.passed
+        # A job's seconds in a stage (every attempt's) as one run: a stored result keeps no
+        # more, and where it ended is its finish's bucket, not each run's.
+        for stage, seconds in group.stage_s.items():
+            self.stage_s[stage] += seconds
+            self.stage_runs[stage] += group.stage_runs[stage]
+        self._add_staleness(group.staleness_known, group.staleness_sum, group.staleness_max)
 
     def add_stage(self, stage: Stage, seconds: float) -> None:
         self.stage_s[stage.value] += seconds
@@ -126,6 +160,7 @@ class Counts:
         self.rewarded += other.rewarded
         self.reward_sum += other.reward_sum
         self.passed += other.passed
+        self._add_staleness(other.staleness_known, other.staleness_sum, other.staleness_max)
 
 
 @dataclass
@@ -185,6 +220,25 @@ class Window:
             self._ring.append(Bucket(index))
         return self._ring[-1].tenants[tenant]
 
+    def first(self) -> int:
+        """The index of the oldest bucket the window can hold now (``keep`` back from now)."""
+        return self.index() - self.keep + 1
+
+    def restore(self, buckets: Iterable[Bucket]) -> None:
+        """Take in ``buckets`` from before (a bucket already here gets their counts added):
+        those older than ``first()`` are left out, and those after now (a clock set back since
+        they were written), which would take the counts of the jobs that finish now."""
+        merged = {b.index: b for b in self._ring}
+        now = self.index()
+        for bucket in buckets:
+            if not now - self.keep < bucket.index <= now:
+                continue
+            into = merged.setdefault(bucket.index, Bucket(bucket.index))
+            for tenant, counts in bucket.tenants.items():
+                into.tenants[tenant].add(counts)
+        self._ring.clear()
+        self._ring.extend(sorted(merged.values(), key=lambda b: b.index))
+
     def buckets(self, first: int | None = None) -> Iterator[Bucket]:
         """The kept buckets (from index ``first`` on), oldest first."""
         if first is None:
@@ -216,6 +270,16 @@ class Ledger:
         yield self.daily.now(tenant)
 
     # -- what it is told -------------------------------------------------------------------------
+
+    def restore(self, groups: list[FinishedGroup]) -> None:
+        """Fill ``recent`` with results from before this process (read from the store for its
+        span, ``recent.first()`` on): called at the start, before any job of this process
+        finishes, so that each result is counted once: from the store, or as it finishes."""
+        buckets: dict[int, Bucket] = {}
+        for group in groups:
+            bucket = buckets.setdefault(group.bucket, Bucket(group.bucket))
+            bucket.tenants[group.tenant].add_group(group)
+        self.recent.restore(sorted(buckets.values(), key=lambda b: b.index))
 
     def record(self, event: JobEvent) -> None:
         """A job finished: the one place its end is counted."""

@@ -74,7 +74,12 @@ class Pipeline:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the stage workers, then run again the jobs a previous process left unfinished."""
+        """Fill the plots over time from the store, start the stage workers, then run again the
+        jobs a previous process left unfinished."""
+        # First: no job of this process has finished yet, so none is counted twice.
+        recent = self.ledger.recent
+        since = recent.first() * recent.bucket_s
+        self.ledger.restore(await self.store.finished_groups(recent.bucket_s, since))
         self.stages.start()
         rerun, failed = await self.recover()
         if rerun or failed:

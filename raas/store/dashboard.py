@@ -14,15 +14,17 @@ import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from raas.wire import (
     PASS_REWARD,
     DashboardStats,
     Distributions,
+    ErrorKind,
     FailureCount,
     JobSummary,
     SourceStats,
+    StageName,
     Throughput,
 )
 
@@ -307,3 +309,89 @@ def distributions(conn: sqlite3.Connection, last: int, tenant: str | None = None
         groups=len(groups),
         groups_all_equal=sum(1 for key in groups if len(rewards[key]) == 1),
     )
+
+
+# -- the plots over time, filled at a start ----------------------------------------------------
+
+_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+_STAGES: tuple[StageName, ...] = get_args(StageName)
+
+
+@dataclass(frozen=True)
+class FinishedGroup:
+    """What the plots over time count of the results of one tenant that finished in one
+    bucket with one state and error kind (raas.pipeline.ledger fills its window with these)."""
+
+    bucket: int  # the index of the bucket: floor(finished_at / bucket_s)
+    tenant: str
+    state: str
+    error_kind: str | None  # of the error that ended them; None when done
+    jobs: int
+    attempt_errors: dict[str, int]  # the errors that ended their earlier runs, by kind
+    rewarded: int
+    reward_sum: float
+    passed: int
+    generated_tokens: int
+    malformed_tool_calls: int
+    stage_s: dict[str, float]  # every attempt's seconds in the stage, summed over the jobs
+    stage_runs: dict[str, int]  # the jobs that spent any in the stage
+    staleness_known: int  # the jobs whose policy version span is known
+    staleness_sum: int
+    staleness_max: int | None
+
+
+def _attempt_errors_of(kind: str) -> str:
+    # A row's attempt_errors (a short JSON list) counted by kind; one written before kinds
+    # reads as infra, as ErrorInfo's default. Not JSON: none (the query must not fail on it).
+    return (
+        "TOTAL((SELECT COUNT(*) FROM json_each(CASE WHEN json_valid(attempt_errors)"
+        " THEN attempt_errors END) WHERE COALESCE(json_extract(value, '$.kind'), 'infra')"
+        f" = '{kind}'))"
+    )
+
+
+_GROUPS = (
+    "SELECT CAST(finished_at / ? AS INTEGER), tenant, state, error_kind, COUNT(*),"
+    " COUNT(reward), TOTAL(reward), COUNT(CASE WHEN reward >= ? THEN 1 END),"
+    " TOTAL(generated_tokens), TOTAL(malformed_tool_calls), "
+    + ", ".join(f"TOTAL({s}_s), COUNT(CASE WHEN {s}_s > 0 THEN 1 END)" for s in _STAGES)
+    + ", COUNT(policy_version_span), TOTAL(policy_version_span), MAX(policy_version_span), "
+    + ", ".join(_attempt_errors_of(kind) for kind in _KINDS)
+    # finished_at >= ?: a range of the jobs_finished_at index, so only the span's rows are read.
+    + " FROM jobs WHERE finished_at >= ? AND seq IS NOT NULL GROUP BY 1, 2, 3, 4"
+)
+
+
+def finished_groups(conn: sqlite3.Connection, bucket_s: float, since: float) -> list[FinishedGroup]:
+    """The results that finished at ``since`` or later, counted by bucket of ``bucket_s``
+    seconds, tenant, state and error kind, in one query over the columns a result's write
+    copies (a row written before store version 7 adds no tokens, stage seconds, malformed
+    calls or staleness: those columns are NULL there)."""
+    groups = []
+    for row in conn.execute(_GROUPS, (bucket_s, PASS_REWARD, since)):
+        bucket, tenant, state, kind, jobs, rewarded, reward_sum, passed, tokens, malformed = row[
+            :10
+        ]
+        stages = row[10 : 10 + 2 * len(_STAGES)]
+        known, span_sum, span_max, *attempts = row[10 + 2 * len(_STAGES) :]
+        groups.append(
+            FinishedGroup(
+                bucket=int(bucket),
+                tenant=tenant,
+                state=state,
+                error_kind=kind,
+                jobs=jobs,
+                attempt_errors={k: int(n) for k, n in zip(_KINDS, attempts, strict=True) if n},
+                rewarded=rewarded,
+                reward_sum=reward_sum,
+                passed=passed,
+                generated_tokens=int(tokens),
+                malformed_tool_calls=int(malformed),
+                stage_s=dict(zip(_STAGES, stages[0::2], strict=True)),
+                stage_runs=dict(zip(_STAGES, stages[1::2], strict=True)),
+                staleness_known=known,
+                staleness_sum=int(span_sum),
+                staleness_max=span_max,
+            )
+        )
+    return groups

@@ -85,16 +85,11 @@ def _version_range(result: RolloutResult) -> tuple[int, int] | tuple[None, None]
     return result.trajectory.policy_version_range() or (None, None)
 
 
-def _version_span(result: RolloutResult) -> int | None:
-    span = result.trajectory.policy_version_range()
-    return None if span is None else span[1] - span[0]
-
-
 # Columns computed from a result rather than read off one field: name -> (kind, value).
 DERIVED: dict[str, tuple[Kind, Callable[[RolloutResult], Any]]] = {
     "policy_version_min": ("int", lambda r: _version_range(r)[0]),
     "policy_version_max": ("int", lambda r: _version_range(r)[1]),
-    "policy_version_span": ("int", _version_span),
+    "policy_version_span": ("int", lambda r: r.trajectory.policy_version_span()),
     "token_policy_versions": ("ints", lambda r: r.trajectory.token_policy_versions()),
 }
 

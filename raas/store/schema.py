@@ -8,6 +8,10 @@ A database keeps its version in SQLite's ``PRAGMA user_version``. The versions r
    so that the dashboard counts and filters without parsing every result;
 4. ``tenant``: whose job it is (raas.tenants); a job written before is the ``default`` tenant's.
 5. the ``checkpoints`` table: jobs in flight's durable turn boundaries (raas.store.checkpoints).
+6. ``stop_reason``, ``turns`` and ``job_group`` copied out of each result and request.
+7. ``generated_tokens``, ``malformed_tool_calls``, ``init_s``, ``run_s``, ``eval_s`` and
+   ``policy_version_span`` copied out of each result as it is written, so that the dashboard's
+   plots over time are filled at a start from small columns, not from every result's JSON.
 
 The raas releases that wrote versions 1 to 3 left ``user_version`` at 0; such a database is placed
 by its columns. A new database is made at the current version directly; an older one is migrated
@@ -53,7 +57,14 @@ CREATE_TABLE = """CREATE TABLE jobs (
     tenant      TEXT NOT NULL DEFAULT 'default',  -- whose job; job_id is its key (raas.tenants)
     stop_reason TEXT,     -- the trajectory's (version 6): the dashboard's distributions
     turns       INTEGER,
-    job_group   TEXT      -- the request's group (GRPO's samples of a prompt)
+    job_group   TEXT,     -- the request's group (GRPO's samples of a prompt)
+    -- The plots over time (version 7); NULL in a row written before.
+    generated_tokens INTEGER,      -- loss mask 1
+    malformed_tool_calls INTEGER,
+    init_s      REAL,              -- every attempt's seconds in the stage
+    run_s       REAL,
+    eval_s      REAL,
+    policy_version_span INTEGER    -- newest token's policy version - oldest's; NULL: unknown
 )"""
 # The dashboard's filters and counts (version 3); version 1 had jobs_state_seq alone.
 DASHBOARD_INDEXES = (
@@ -76,6 +87,14 @@ ADDED_COLUMNS = {
     3: {"error_type": "TEXT", "error_kind": "TEXT", "response_tokens": "INTEGER"},
     4: {"tenant": "TEXT NOT NULL DEFAULT 'default'"},
     6: {"stop_reason": "TEXT", "turns": "INTEGER", "job_group": "TEXT"},
+    7: {
+        "generated_tokens": "INTEGER",
+        "malformed_tool_calls": "INTEGER",
+        "init_s": "REAL",
+        "run_s": "REAL",
+        "eval_s": "REAL",
+        "policy_version_span": "INTEGER",
+    },
 }
 
 
@@ -145,6 +164,15 @@ def _add_trajectory_columns(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_series_columns(conn: sqlite3.Connection) -> None:
+    """6 -> 7: what the plots over time count of each result, as columns. Rows written before
+    keep NULL there (nothing is read out of their JSON): a backfill would parse every result
+    ever stored, for the few that finished in the plots' last two hours before the upgrade,
+    which count in the plots' jobs, rewards and errors, not in their tokens, stage seconds,
+    malformed calls or staleness."""
+    _add_columns(conn, ADDED_COLUMNS[7])
+
+
 # MIGRATIONS[v - 1] takes a database from version v to v + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_attempts,
@@ -152,6 +180,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_tenant,
     _add_checkpoints,
     _add_trajectory_columns,
+    _add_series_columns,
 ]
 VERSION = len(MIGRATIONS) + 1
 

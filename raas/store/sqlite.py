@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from raas.store import checkpoints as turn_rows
 from raas.store import dashboard
-from raas.store.dashboard import JobFilter, Tally
+from raas.store.dashboard import FinishedGroup, JobFilter, Tally
 from raas.store.records import COLUMNS, ERRORS, JobRecord, Quarantine, storable
 from raas.store.schema import VERSION, migrate
 from raas.wire import DashboardStats, Distributions, ErrorInfo, JobSummary, RolloutResult
@@ -348,7 +348,8 @@ class ResultStore:
             written = conn.execute(
                 "UPDATE jobs SET state = ?, seq = ?, finished_at = ?, reward = ?, result = ?,"
                 " error_type = ?, error_kind = ?, response_tokens = ?, stop_reason = ?,"
-                " turns = ? WHERE job_id = ?",
+                " turns = ?, generated_tokens = ?, malformed_tool_calls = ?, init_s = ?,"
+                " run_s = ?, eval_s = ?, policy_version_span = ? WHERE job_id = ?",
                 (
                     stored.state,
                     seq,
@@ -360,6 +361,12 @@ class ResultStore:
                     tokens,
                     stored.trajectory.stop_reason,
                     len(stored.trajectory.turns),
+                    sum(stored.trajectory.loss_mask),
+                    stored.trajectory.malformed_tool_calls(),
+                    stored.timing.init_s,
+                    stored.timing.run_s,
+                    stored.timing.eval_s,
+                    stored.trajectory.policy_version_span(),
                     job_id,
                 ),
             ).rowcount
@@ -463,6 +470,11 @@ class ResultStore:
     async def distributions(self, last: int, tenant: str | None = None) -> Distributions:
         """How the ``last`` finished jobs (``tenant``'s) ended, their turns and lengths."""
         return await self._call(lambda conn: dashboard.distributions(conn, last, tenant))
+
+    async def finished_groups(self, bucket_s: float, since: float) -> list[FinishedGroup]:
+        """What the plots over time count of the results finished at ``since`` or later, by
+        bucket of ``bucket_s`` seconds, tenant, state and error kind (one query)."""
+        return await self._call(lambda conn: dashboard.finished_groups(conn, bucket_s, since))
 
     async def stats(self, tenant: str | None = None) -> DashboardStats:
         """Counts over every finished job (or only ``tenant``'s): by state, by error, in recent

@@ -4,7 +4,9 @@ database's, and a previous process's, included), and a trajectory's tokens are d
 
 from __future__ import annotations
 
+import math
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -472,6 +474,78 @@ def test_the_series_ring_keeps_the_last_buckets_and_fills_the_gaps() -> None:
     now[0] = 1100.0  # long after: only the last `keep` buckets, the old ones out of sight
     later = read_series(ledger.recent)
     assert later.t == [1080.0, 1090.0, 1100.0] and later.stage_s["run"] == [None] * 3
+
+
+def versioned(*versions: int | None) -> Trajectory:
+    """One generated token a turn, each turn's record naming the policy version of its token as
+    its backend reported it (None: a backend that names none)."""
+    turns = [{"output_tokens": 1, "policy_version": v} for v in versions]
+    n = len(turns)
+    return Trajectory(response_ids=[5] * n, loss_mask=[1] * n, logprobs=[-0.1] * n, turns=turns)
+
+
+async def store_finished(db: Path, rows: list[tuple[str, str, RolloutResult, float]]) -> None:
+    """Write (job_id, tenant, result, finished_at) through the store as a server before a
+    restart did, each result placed at ``finished_at`` (the store writes the time of the write)."""
+    store = ResultStore(db)
+    await store.open()
+    for job_id, tenant, result, _ in rows:
+        await store.add_jobs([JobRecord(job_id, "queued", "probe", None, {}, 0.0, tenant=tenant)])
+        await store.save_result(job_id, result)
+    await store.close()
+    with sqlite3.connect(db) as conn:
+        for job_id, _, _, at in rows:
+            conn.execute("UPDATE jobs SET finished_at = ? WHERE job_id = ?", (at, job_id))
+    conn.close()
+
+
+def stored(job_id: str, reward: float | None, trajectory: Trajectory) -> RolloutResult:
+    return RolloutResult(
+        job_id=job_id,
+        state="done",
+        data_source="probe",
+        reward=reward,
+        trajectory=trajectory,
+        timing=Timing(queue_s=0, init_s=0.5, run_s=3.0, eval_s=1.0, total_s=4.5),
+    )
+
+
+async def test_the_series_show_the_results_from_before_a_restart_in_their_buckets(
+    client: Client, tmp_path: Path
+) -> None:
+    db = tmp_path / "restart.db"
+    bucket_s = 10.0  # the plots' buckets (raas.pipeline.ledger.RECENT)
+    # An hour back and half an hour back, each mid-bucket; and one before the two hours kept.
+    hour_ago = (math.floor(time.time() / bucket_s) - 360) * bucket_s
+    half_hour_ago = hour_ago + 180 * bucket_s
+    await store_finished(
+        db,
+        [
+            ("a", "default", stored("a", 1.0, versioned(2, 4)), hour_ago + 1),
+            ("b", "default", stored("b", 0.0, versioned(7, 7, 7)), hour_ago + 9),
+            ("c", "default", stored("c", 0.5, versioned(None)), half_hour_ago + 5),
+            ("gone", "default", stored("gone", 1.0, versioned(1, 9)), hour_ago - 7300),
+        ],
+    )
+    async with client(db=db) as http:
+        before = (await http.get("/v1/dashboard/series")).json()
+        await submit_and_finish(http, {"after": probe_instance()})
+        after = (await http.get("/v1/dashboard/series")).json()
+
+    first = before["t"].index(hour_ago)
+    assert first == 0  # the oldest bucket that holds something (the one of "gone" is not kept)
+    second = before["t"].index(half_hour_ago)
+    assert before["finished"][first] == 2 and before["finished"][second] == 1
+    assert sum(before["finished"]) == 3
+    assert before["reward_mean"][first] == 0.5 and before["pass_rate"][first] == 0.5
+    assert before["reward_mean"][second] == 0.5
+    assert before["generated_tokens_per_s"][first] * bucket_s == 2 + 3
+    assert before["stage_s"]["run"][first] == 3.0 and before["stage_s"]["eval"][second] == 1.0
+    # Spans 4-2 and 7-7; "c"'s backend named no version: no point there, not 0.
+    assert before["staleness_mean"][first] == 1.0 and before["staleness_max"][first] == 2
+    assert before["staleness_mean"][second] is None and before["staleness_max"][second] is None
+    # The job run after the start is counted as it finished, and those before are not again.
+    assert after["finished"][first] == 2 and sum(after["finished"]) == 4
 
 
 async def test_a_job_scored_zero_for_tampering_says_so_in_its_summary(tmp_path: Path) -> None:

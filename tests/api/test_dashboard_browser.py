@@ -167,7 +167,7 @@ def test_the_overview_shows_the_service_and_its_jobs(
     assert "1 rewarded" in dom.one(id="rewards").text
 
     # The plots: each drawn by uPlot on a canvas, with its legend.
-    assert dom.one("body").attrs.get("data-plots") == "4"
+    assert dom.one("body").attrs.get("data-plots") == "5"
     legends = {}
     for plot in (d for d in dom.one(id="plots").all("div") if d.has_class("plot")):
         assert plot.all("canvas"), plot.attrs["id"]
@@ -177,9 +177,13 @@ def test_the_overview_shows_the_service_and_its_jobs(
         "plot-throughput": ["rollouts/min", "generated tokens/s"],
         "plot-stages": ["INIT", "RUN", "EVAL"],
         "plot-errors": ["infra", "policy", "malformed tool calls"],
+        "plot-staleness": ["mean span", "max span"],
     }, legends
+    # The solved job's turns came from versions 3 and 4 (a span of 1), the others' from a
+    # backend that named none: one bucket has a point, whichever it is.
+    assert dom.one(id="plot-staleness").attrs["data-points"] == "1,1"
 
-    browser.screenshot(dashboard.page(), SCREENSHOTS / "dashboard.png", size=(1400, 1500))
+    browser.screenshot(dashboard.page(), SCREENSHOTS / "dashboard.png", size=(1400, 1700))
 
 
 def test_the_filters_narrow_the_list(browser: Browser, dashboard: Dashboard) -> None:
@@ -341,6 +345,12 @@ def segmented(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 update={"job_id": job_id, "reward": reward, "metrics": judged}
             )
             await db.save_result(job_id, sample)
+        # A job whose tokens came from policy versions 2 to 5 (weights updated mid-rollout).
+        await db.add_jobs([JobRecord("stale", "queued", "harness", None, {}, 0.0)])
+        turns = [{"output_tokens": 2, "policy_versions": [2, 5]}]
+        stale = Trajectory(response_ids=[1, 2], loss_mask=[1, 1], turns=turns)
+        stale.logprobs.extend([-0.1, -0.1])
+        await db.save_result("stale", result.model_copy(update={"trajectory": stale}))
         await db.close()
 
     asyncio.run(store())
@@ -370,6 +380,26 @@ def test_the_overview_draws_the_share_of_grpo_groups_that_teach_nothing(
         for row in dom.one(id="jobs").all("tr", data_job=None)
     }
     assert notes["q-0"] == [" \u00b7 judge: answer read: 7"] and notes["q-1"] == []
+
+
+def test_the_plots_after_a_restart_show_what_finished_before_it_and_its_staleness(
+    browser: Browser, segmented: str
+) -> None:
+    """The server started on a database whose results an earlier one wrote: its plots over
+    time are drawn from them, the staleness plot with the one job whose backend named
+    versions (a span of 5 - 2)."""
+    dom = browser.dom(f"{segmented}/ui")
+    assert dom.one("body").attrs.get("data-plots") == "5", dom.text[:2000]
+    staleness, reward = dom.one(id="plot-staleness"), dom.one(id="plot-reward")
+    assert staleness.all("canvas") and reward.all("canvas")
+    assert [t.text for t in staleness.all("th")] == ["mean span", "max span"]
+    assert staleness.attrs["data-points"] == "1,1"  # the other jobs' backends named none
+    rewarded = [int(n) for n in reward.attrs["data-points"].split(",")]
+    assert rewarded[0] >= 1 and rewarded[0] == rewarded[1]  # mean reward and pass rate
+    assert "from the results in the database" in dom.one(id="plots-note").text
+    browser.screenshot(
+        f"{segmented}/ui", SCREENSHOTS / "plots-after-restart.png", size=(1400, 1700)
+    )
 
 
 def test_each_segment_of_a_gateway_job_has_a_page_of_its_tokens(

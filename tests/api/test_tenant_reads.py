@@ -23,7 +23,10 @@ from raas.api.app import create_app
 from raas.api.auth import COOKIE
 from raas.pipeline.ledger import UNKNOWN_SOURCE
 from raas.settings import ServeSettings
+from raas.store.sqlite import JobRecord, ResultStore
 from raas.tasks import TaskRegistry
+from raas.tenants import job_key
+from raas.wire import RolloutResult, Timing, Trajectory
 from tests.support.probe import WAIT_S, ProbeTask, probe_instance
 
 ADMIN = "admin-s3cret"
@@ -276,3 +279,37 @@ async def test_a_tenants_dashboard_session_reads_its_own_counts_only(
     assert sum(answers["/v1/dashboard/series"].json()["finished"]) == 1
     assert "tenant=" not in answers["/metrics"].text
     assert [t["tenant"] for t in everyone["tenants"]] == ["alice", "bob", "mallory"]
+
+
+async def test_a_tenants_series_after_a_restart_holds_its_own_stored_results_only(
+    app_with_tenants: Any, tmp_path: Path
+) -> None:
+    """The plots' results from before a restart (read from the store at the start) are each
+    tenant's own, as those counted as they finish."""
+    store = ResultStore(tmp_path / "reads.db")  # the database the server opens next
+    await store.open()
+    for tenant, job_id, reward in (("alice", "a1", 1.0), ("alice", "a2", 1.0), ("bob", "b1", 0.0)):
+        key = job_key(tenant, job_id)
+        await store.add_jobs([JobRecord(key, "queued", "probe", None, {}, 0.0, tenant=tenant)])
+        await store.save_result(
+            key,
+            RolloutResult(
+                job_id=key,
+                state="done",
+                data_source="probe",
+                reward=reward,
+                trajectory=Trajectory(),
+                timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+            ),
+        )
+    await store.close()
+    async with app_with_tenants() as (_, http):
+        reads = {
+            key: (await http.get("/v1/dashboard/series", headers=auth(key))).json()
+            for key in (ALICE, BOB, MALLORY, ADMIN)
+        }
+    finished = {key: sum(series["finished"]) for key, series in reads.items()}
+    assert finished == {ALICE: 2, BOB: 1, MALLORY: 0, ADMIN: 3}
+    rewards = {k: [m for m in s["reward_mean"] if m is not None] for k, s in reads.items()}
+    assert rewards[ALICE] and set(rewards[ALICE]) == {1.0}
+    assert rewards[BOB] == [0.0] and rewards[MALLORY] == []

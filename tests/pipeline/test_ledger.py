@@ -14,6 +14,7 @@ from raas.api.usage import read_usage
 from raas.pipeline import JobRequest, JobState, Pipeline, Stage
 from raas.pipeline.events import JobEvent
 from raas.pipeline.ledger import UNKNOWN_SOURCE, Histogram, Ledger, WindowSpec, source_label
+from raas.store.dashboard import FinishedGroup
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
 from raas.tenants import job_key
@@ -39,6 +40,7 @@ def event(tenant: str = "a", state: JobState = JobState.DONE, **kw: Any) -> JobE
         "tamper": False,
         "sandbox_s": 2.0,
         "reward": 1.0,
+        "policy_version_span": None,
         "finished_at": 0.0,
         **kw,
     }
@@ -245,3 +247,82 @@ async def test_one_tenants_retries_cancels_and_endless_jobs_count_as_its_own_onl
     theirs = tenants["mallory"]
     assert theirs.submitted == 3 and theirs.finished == {"cancelled": 1}
     assert everyone == {"done": 1, "cancelled": 2}
+
+
+def test_the_plots_count_each_jobs_policy_version_span_where_it_is_known() -> None:
+    now = [1000.0]
+    ledger = Ledger(clock=lambda: now[0], recent=WindowSpec(10.0, 3))
+    ledger.record(event("a", policy_version_span=0))
+    ledger.record(event("a", policy_version_span=3))
+    ledger.record(event("a", policy_version_span=None))  # its backend named no version
+    now[0] = 1010.0
+    ledger.record(event("a", policy_version_span=None))
+    series = read_series(ledger.recent)
+    assert series.finished == [3, 1]
+    assert series.staleness_mean == [1.5, None] and series.staleness_max == [3, None]
+
+
+def group(bucket: int, tenant: str, state: str = "done", **kw: Any) -> FinishedGroup:
+    values: dict[str, Any] = {
+        "bucket": bucket,
+        "tenant": tenant,
+        "state": state,
+        "error_kind": None,
+        "jobs": 2,
+        "attempt_errors": {},
+        "rewarded": 2,
+        "reward_sum": 1.5,
+        "passed": 1,
+        "generated_tokens": 30,
+        "malformed_tool_calls": 1,
+        "stage_s": {"init": 1.0, "run": 4.0, "eval": 0.0},
+        "stage_runs": {"init": 2, "run": 2, "eval": 0},
+        "staleness_known": 2,
+        "staleness_sum": 3,
+        "staleness_max": 2,
+        **kw,
+    }
+    return FinishedGroup(**values)
+
+
+def test_the_recent_window_is_filled_from_the_stores_groups() -> None:
+    now = [1035.0]
+    ledger = Ledger(clock=lambda: now[0], recent=WindowSpec(10.0, 3))
+    ledger.restore(
+        [
+            group(100, "a"),  # before the window's span (1010 on): left out
+            group(101, "a"),
+            group(101, "b", "failed", error_kind="policy", attempt_errors={"infra": 1}),
+            group(103, "a", staleness_known=0, staleness_sum=0, staleness_max=None),
+            group(104, "a"),  # after now (a clock set back): not a bucket of the live jobs'
+        ]
+    )
+    ledger.record(event("a", policy_version_span=5))  # live, into the restored bucket 103
+    series = read_series(ledger.recent)
+    assert series.t == [1010.0, 1020.0, 1030.0]
+    assert series.finished == [4, 0, 3]
+    assert series.rewarded == [4, 0, 3] and series.reward_mean == [0.75, None, 2.5 / 3]
+    assert series.errors == {"infra": [1, 0, 0], "policy": [2, 0, 0]}
+    assert series.generated_tokens_per_s == [6.0, 0.0, 3.3]
+    assert series.stage_s["run"] == [2.0, None, 2.0]  # a live run counts as it ends (none here)
+    assert series.staleness_mean == [1.5, None, 5.0] and series.staleness_max == [2, None, 5]
+    theirs = read_series(ledger.recent, "b")
+    assert theirs.t == [1010.0, 1020.0, 1030.0] and theirs.finished == [2, 0, 0]
+
+
+async def test_results_from_before_a_restart_are_counted_once(
+    make_pipeline: Any, probe: ProbeTask
+) -> None:
+    before = ("before-1", "before-2")
+    async with make_pipeline() as first:
+        await first.submit([JobRequest.of(probe_instance(), job_id=j) for j in before])
+        for job_id in before:
+            await finished(first, job_id)
+        assert sum(read_series(first.ledger.recent).finished) == 2
+    async with make_pipeline() as second:  # the same database, a new process
+        assert sum(read_series(second.ledger.recent).finished) == 2  # from the store
+        await second.submit([JobRequest.of(probe_instance(), job_id="after")])
+        await finished(second, "after")
+        series = read_series(second.ledger.recent)  # the store holds 3 now; counted once each
+        assert sum(series.finished) == 3 and sum(series.rewarded) == 3
+        assert sum(series.generated_tokens_per_s) * series.bucket_s == 3 * 3

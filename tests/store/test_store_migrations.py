@@ -4,8 +4,9 @@ Each tests/fixtures/store/vN.sql is a database as the raas releases of store ver
 their CREATE statements and a few rows (finished, failed with a partial trajectory, queued, in
 flight) with that version's columns and result JSON. Version 3 was also written with its
 user_version (3) by the raas that kept it, before version 4 (tenants) came; version 4 was
-written with its user_version (4) until version 5 (checkpoints) came, and version 5 until
-version 6 (stop reasons and turns as columns).
+written with its user_version (4) until version 5 (checkpoints) came, version 5 until
+version 6 (stop reasons and turns as columns), and version 6 until version 7 (what the plots
+over time count, as columns).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "store"
 # The versions raas wrote before it kept user_version (each fixture's user_version is 0).
 UNVERSIONED = [1, 2, 3]
 # The versions raas wrote with their user_version (the fixture sets it).
-VERSIONED = [4, 5]
+VERSIONED = [4, 5, 6]
 RESTART = ErrorInfo(
     type="server_restart",
     message="the service stopped while this job was run",
@@ -73,7 +74,7 @@ async def test_a_new_database_is_made_at_the_current_version(tmp_path: Path) -> 
     store = ResultStore(tmp_path / "new.db")
     await store.open()
     await store.close()
-    # A version 7 needs a fixture of version 6 as that raas writes it (user_version 6), here.
+    # A version 8 needs a fixture of version 7 as that raas writes it (user_version 7), here.
     assert user_version(tmp_path / "new.db") == schema.VERSION
     assert [*UNVERSIONED, *VERSIONED] == list(range(1, schema.VERSION))
     assert all((FIXTURES / f"v{v}.sql").is_file() for v in range(1, schema.VERSION))
@@ -97,7 +98,7 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
     before_open = jobs_rows(db)
     store = ResultStore(db)
     await store.open()
-    if version >= 4:  # 4 -> 5 adds a table, 5 -> 6 columns: every value there was is kept
+    if version >= 4:  # 4 -> 5 adds a table, 5 -> 6 and 6 -> 7 columns: every value is kept
         assert [row[: len(before_open[0])] for row in jobs_rows(db)] == before_open
     # 5 -> 6 copied each result's stop reason and turns out of it, for the distributions.
     with closing(sqlite3.connect(db)) as conn:
@@ -110,6 +111,12 @@ async def test_a_database_from_an_earlier_version_opens_with_every_row(
             ("queued-3", None, None, None),
             ("run-4", None, None, None),
         ]
+        # 6 -> 7 reads nothing out of the results: the plots' columns of older rows stay NULL.
+        plotted = conn.execute(
+            "SELECT generated_tokens, malformed_tool_calls, init_s, run_s, eval_s,"
+            " policy_version_span FROM jobs"
+        )
+        assert set(plotted.fetchall()) == {(None,) * 6}
 
     done, failed = (await store.finished()).records
     assert (done.job_id, done.state, done.seq, done.data_source) == (

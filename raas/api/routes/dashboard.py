@@ -3,8 +3,9 @@
 The page itself reads /v1/status, /v1/backends, /v1/rollouts:running and /v1/rollouts/{id};
 the routes here add what those do not give: finished jobs as a filterable list without their
 trajectories, counts over every result in the database (by state, by error, recent
-throughput, mean reward and pass rate), the series its plots draw (raas.api.series, in memory),
-and a trajectory's tokens decoded with the server's tokenizer.
+throughput, mean reward and pass rate), the series its plots draw (raas.api.series: counted in
+memory, filled at the start from the store), and a trajectory's tokens decoded with the
+server's tokenizer.
 """
 
 from __future__ import annotations
@@ -157,9 +158,10 @@ async def dashboard_distributions(
 
 @router.get("/v1/dashboard/series", response_model=DashboardSeries)
 async def dashboard_series(svc: Service, who: Who) -> DashboardSeries:
-    """What finished in each 10 s since this server started (two hours back at most; a
-    tenant's own jobs): rollouts a minute, generated tokens a second, mean reward and pass
-    rate, mean seconds of each stage, errors by kind. In memory: a restart starts them again."""
+    """What finished in each 10 s of the last two hours (a tenant's own jobs), results from
+    before a restart included (read from the store at the start): rollouts a minute,
+    generated tokens a second, mean reward and pass rate, mean seconds of each stage, errors
+    by kind, the mean and largest policy version span."""
     return read_series(svc.pipeline.ledger.recent, who.tenant)
 
 

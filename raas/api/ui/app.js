@@ -198,6 +198,13 @@ function plotSpecs(s) {
         line("malformed tool calls", "#c0392b", { dash: [6, 4] })],
       data: [s.errors.infra, s.errors.policy, s.malformed_tool_calls], scales: { y: fromZero },
       axes: [{ incrs: COUNTS, values: ticks }] },
+    // A job's span: its newest token's policy version minus its oldest's (weight updates that
+    // landed while it was generated); a bucket none of whose jobs' backends named a version
+    // has no point, not 0.
+    { id: "plot-staleness", title: "Staleness (policy versions between a rollout's oldest and newest token)",
+      series: [line("mean span", "#2f5bd3"), line("max span", "#c0392b", { dash: [6, 4] })],
+      data: [s.staleness_mean, s.staleness_max], scales: { y: fromZero },
+      axes: [{ incrs: COUNTS, values: ticks }] },
   ];
 }
 
@@ -210,7 +217,7 @@ function plotsCard(series) {
   }
   const n = series.t.length;
   plots.card.querySelector("#plots-note").textContent =
-    `${n} bucket${n === 1 ? "" : "s"} of ${series.bucket_s} s since this server started (kept in memory: a restart starts them again)`;
+    `${n} bucket${n === 1 ? "" : "s"} of ${series.bucket_s} s (counted as jobs finish; at a start, from the results in the database)`;
   plots.pending = specs;
   return plots.card;
 }
@@ -220,6 +227,8 @@ function drawPlots(series) {
   if (!plots.pending) return;
   plots.pending.forEach((p, i) => {
     const data = [series.t, ...p.data];
+    // What each line has to draw: its points with a value (a test reads it; so may a person).
+    plots.cells[i].dataset.points = p.data.map((d) => d.filter((v) => v !== null).length).join(",");
     if (plots.charts[i]) {
       plots.charts[i].setData(data);
       return;
