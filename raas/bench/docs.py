@@ -24,6 +24,7 @@ from pathlib import Path
 # agree): a benchmark's name and the options after its `--`.
 RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline", ()),
+    ("pipeline", ("--jobs", "8", "--repeats", "3")),
     ("fork", ()),
     ("tools", ()),
     ("burst", ("--cold",)),
