@@ -167,7 +167,8 @@ def create_app(settings: ServeSettings, registry: TaskRegistry | None = None) ->
     methods = PathMethods()
     install_error_handlers(app, methods)
     # The last added runs first: a page's request is refused, then the key checked, then the
-    # body's size, all before any of the body is read.
+    # body's size, all before any of the body is read; then a gateway call goes to its session.
+    app.add_middleware(gateway.GatewayLane)
     app.add_middleware(BodyLimitMiddleware, max_body_mb=settings.http.max_body_mb)
     app.add_middleware(
         ApiKeyMiddleware,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
 from raas.llm.chat import (
+    _backend,
     encode,
     observation_delta,
     render_text,
@@ -107,3 +109,41 @@ def test_the_invariant_catches_what_a_trainer_cannot_use(
     traj.add_generated([4, 5], [-1.0, -1.0])
     setattr(traj, field, value)
     assert traj.invariant_error() == reason
+
+
+TEXTS = [
+    "",
+    "plain words, and   runs of  spaces\n\n\ttabs",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",  # special tokens in the text
+    "an emoji 🤖, accents: café naïve, and CJK: 训练",
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call><|im_end|>',
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_gives_the_tokenizers_own_ids(text: str) -> None:
+    tok = copy.deepcopy(load_tokenizer("smollm2"))  # (its settings are changed below)
+    assert _backend(tok) is not None  # the fast way is taken
+    assert encode(tok, text) == tok.encode(text, add_special_tokens=False)
+    tok.split_special_tokens = True  # special tokens in a text read as plain text
+    assert _backend(tok) is None
+    assert encode(tok, text) == tok.encode(text, add_special_tokens=False)
+    tok.split_special_tokens = False
+    tok.backend_tokenizer.encode_special_tokens = False  # (transformers' encode set it)
+    assert _backend(tok) is not None
+    tok.backend_tokenizer.enable_truncation(max_length=3)  # left on by someone
+    assert _backend(tok) is None
+    assert encode(tok, text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_a_tokenizer_of_another_kind_encodes_its_own_way() -> None:
+    tok = load_tokenizer("smollm2")
+
+    class Wrapped:
+        def __init__(self) -> None:
+            self._tokenizer = tok.backend_tokenizer  # not transformers' class: not used
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return [7]
+
+    assert encode(Wrapped(), "hello") == [7]

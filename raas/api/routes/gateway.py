@@ -7,6 +7,9 @@ An agent program raas did not write gets ``OPENAI_BASE_URL=<raas>/v1`` and
 ``GEMINI_API_KEY``); the token picks its job's gateway session (and is let through the server's
 API key for these paths only, see raas.api.auth). Everything else is the session's: see
 raas.agent.gateway.
+
+The routes below are FastAPI's for the document; a request is served by ``GatewayLane`` before
+FastAPI routes it (see there), through the same ``_serve``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from raas.agent.gateway import GEMINI, GatewaySession, unauthorized
+from raas.agent.gateway import GEMINI, ROUTES, GatewaySession, route_of, unauthorized
 from raas.api.errors import app_path
 from raas.api.state import ServiceState
 from raas.helpers.tokens import offered_tokens
@@ -107,6 +111,30 @@ async def _serve(request: Request) -> Response:
         )
     media = headers.pop("content-type", "application/json")
     return Response(body, status_code=status, headers=headers, media_type=media)
+
+
+class GatewayLane:
+    """The gateway's routes, served as soon as the server's guards (installed outside this
+    middleware: browser, key, body size) have let a request through, without FastAPI's routing.
+
+    Every model call of every agent comes this way, and FastAPI's way to ``_serve`` (matching
+    the path against each of the app's routes in turn, then its endpoint machinery) cost about
+    as much CPU as the session's own work on a call. A request of a gateway route's path and
+    method is what FastAPI routes to ``_serve`` (no other route takes those paths): it is
+    answered here by ``_serve`` as it is there; any other request (another method, a path with
+    a trailing slash) goes on to FastAPI, which answers it as before."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            route = ROUTES.get(route_of(app_path(scope)))
+            if route is not None and route[0] == scope["method"]:
+                response = await _serve(Request(scope, receive))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # With `stream: true` the answer is that object as the API's server-sent events, sent at once.
