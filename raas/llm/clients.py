@@ -51,6 +51,9 @@ MAX_CONNECTIONS = 100
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 5.0
 MODELS_TIMEOUT_S = 10.0
+# The longest event of a stream raas reads (a whole answer of 32k tokens in one event is about
+# 2 MiB): more is a broken server, not one to hold in memory.
+MAX_EVENT_BYTES = 16 * 2**20
 # A pause answers once the server is paused: after its current step, or once the generations in
 # flight have ended (an "abort"); never a whole generation's time.
 CONTROL_TIMEOUT_S = 120.0
@@ -247,6 +250,10 @@ class LLMClient(ABC):
                 async for block in response.content.iter_any():
                     lines = (rest + block).split(b"\n")
                     rest = lines.pop()  # a line not whole yet
+                    if len(rest) > MAX_EVENT_BYTES:  # a server that never ends its line
+                        raise BackendError(
+                            self.url, f"a stream event longer than {MAX_EVENT_BYTES} bytes", False
+                        )
                     for line in lines:
                         if not line.startswith(b"data:"):
                             continue  # blank lines between events, comments, other fields
@@ -420,7 +427,7 @@ class VLLMClient(LLMClient):
         # Streamed, so that a turn's tokens are counted as they come and a backend that sends
         # none is told from a slow one (the usage chunk carries the cached tokens).
         body["stream"], body["stream_options"] = True, {"include_usage": True}
-        stream = _CompletionStream(live)
+        stream = _CompletionStream(self.url, params.max_tokens, live)
         whole = await self._post_stream("/v1/completions", body, stream.add, live)
         return self._read(stream.answer() if whole is None else whole)
 
@@ -451,8 +458,9 @@ class _CompletionStream:
     versions raas's engine puts on its last chunk. Each chunk's tokens are counted into
     ``live`` as it comes."""
 
-    def __init__(self, live: LiveCall | None) -> None:
-        self.live = live
+    def __init__(self, backend: str, max_tokens: int, live: LiveCall | None) -> None:
+        self.backend, self.max_tokens, self.live = backend, max_tokens, live
+        self.counted = 0
         self.token_ids: list[Any] | None = None  # None: no chunk had token_ids
         self.tokens: list[Any] = []
         self.values: list[Any] = []
@@ -471,8 +479,14 @@ class _CompletionStream:
                 self.tokens += names
                 self.values += logprobs.get("token_logprobs") or []
                 self.finish = choice.get("finish_reason") or self.finish
+                came = len(ids) if ids is not None else len(names)
+                self.counted += came
+                if self.counted > self.max_tokens:  # held in memory no further
+                    raise BackendError(
+                        self.backend, f"streamed more than max_tokens={self.max_tokens}", False
+                    )
                 if self.live is not None:
-                    self.live.tokens += len(ids) if ids is not None else len(names)
+                    self.live.tokens += came
             for key in ("usage", "weight_version", "weight_versions"):
                 if event.get(key) is not None:
                     self.extra[key] = event[key]

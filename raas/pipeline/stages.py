@@ -208,7 +208,7 @@ class Stages:
             timeout = None if limit is None else max(limit, 0.0)
             done, _ = await asyncio.wait({work}, timeout=timeout)
             if not done and job.ending is None:
-                job.ending = _timed_out(job, stage, why, timeout_kind)
+                job.ending = _timed_out(job, stage, why, timeout_kind, timeout or 0.0)
             if not work.done():
                 work.cancel()
                 done, _ = await asyncio.wait({work}, timeout=self.config.cancel_grace_s)
@@ -454,21 +454,27 @@ def _log_finished(job: Job, state: JobState, result: RolloutResult) -> None:
     log.log(logging.INFO if state is JobState.DONE or asked else logging.WARNING, summary)
 
 
-def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind) -> Ending:
-    """The ending of a job whose time ran out in ``stage``. Where it ran out while a model call
-    had brought no token yet, the backend never answered: the infrastructure's fault, said so
-    with the backend's name, and run again (an attempt has its whole budget); a slow model
-    that was sending tokens, or a loop that spent the time in tools, stays ``kind``."""
+def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind, limit_s: float) -> Ending:
+    """The ending of a job whose time (``limit_s`` for this stage run) ran out in ``stage``.
+
+    Where a model call had waited at least half of that time and brought no token yet, the
+    backend never answered: the infrastructure's fault, said so with the backend's name, and
+    run again (an attempt has its whole budget). A slow model that was sending tokens, or a
+    loop that spent the time in its tools, stays ``kind``. The half is what makes it a stall
+    and not a trick: a policy that waits out its budget in a tool and then asks the model with
+    a moment left gets no token either, and must not turn its own timeout into a run again
+    (its 0 would be dropped from the trainer's batch, not learned from)."""
     call = job.model_call()
-    if call is not None and call.tokens == 0:
-        waited = f"{time.monotonic() - call.started:.3g} s"
+    waited = time.monotonic() - call.started if call is not None else 0.0
+    if call is not None and call.tokens == 0 and waited >= limit_s / 2:
+        took = f"{waited:.3g} s"
         if not call.backend:
-            said = f"no backend took the turn's model call in {waited} (the pool was paused,"
+            said = f"no backend took the turn's model call in {took} (the pool was paused,"
             said += " or had no backend free)"
         elif call.streaming:
-            said = f"{call.backend} sent no token in {waited} of the turn's model call"
+            said = f"{call.backend} sent no token in {took} of the turn's model call"
         else:
-            said = f"{call.backend} had not answered the turn's model call in {waited} (it"
+            said = f"{call.backend} had not answered the turn's model call in {took} (it"
             said += " answers whole, so raas cannot tell slow from stalled)"
         why, kind = f"{said}: {why}", "infra"
     return Ending(JobState.TIMEOUT, stage, "timeout", why, kind)

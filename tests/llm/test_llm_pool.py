@@ -455,3 +455,29 @@ async def test_a_pool_told_not_to_stream_asks_for_whole_answers(servers: Any) ->
         await pool.stop()
     assert gen.token_ids == scripted(PROMPT, 5, [])[0]
     assert "stream" not in fake.requests[0] and "stream_options" not in fake.requests[0]
+
+
+async def test_a_stream_of_more_tokens_than_asked_is_refused_as_it_comes(servers: Any) -> None:
+    fake, server = servers()
+    fake.streams, fake.extra_tokens = True, 1000
+    client, live = VLLMClient(server.url), LiveCall(server.url, time.monotonic())
+    try:
+        with pytest.raises(BackendError, match="streamed more than max_tokens=5") as caught:
+            await client.generate(PROMPT, PARAMS, live=live)
+    finally:
+        await client.aclose()
+    assert not caught.value.transient and live.tokens == 5  # the sixth was never kept
+
+
+async def test_a_stream_event_with_no_end_is_refused(
+    servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("raas.llm.clients.MAX_EVENT_BYTES", 8 * 1024)
+    fake, server = servers()
+    fake.streams, fake.endless_event = True, True
+    client = VLLMClient(server.url)
+    try:
+        with pytest.raises(BackendError, match="a stream event longer than 8192 bytes"):
+            await client.generate(PROMPT, PARAMS)
+    finally:
+        await client.aclose()

@@ -43,6 +43,8 @@ class AskTask:
     async def run(self, context: TaskContext) -> Trajectory:
         traj = context.trajectory
         traj.prompt_ids = list(PROMPT)
+        # The policy's own time first (a tool that sleeps), where the instance says so.
+        await asyncio.sleep(float(context.job.instance.get("tools_s", 0)))
         gen = await context.job.services.llm.generate(
             context.job.job_id, PROMPT, SamplingParams(max_tokens=5)
         )
@@ -66,7 +68,9 @@ def fake() -> Iterator[tuple[FakeBackend, ServerThread]]:
     server.stop()
 
 
-async def run_one(tmp_path: Path, url: str, timeout_s: float) -> dict[str, Any]:
+async def run_one(
+    tmp_path: Path, url: str, timeout_s: float, tools_s: float = 0.0
+) -> dict[str, Any]:
     registry = TaskRegistry()
     registry.register(AskTask())
     pool = BackendPool()
@@ -78,7 +82,8 @@ async def run_one(tmp_path: Path, url: str, timeout_s: float) -> dict[str, Any]:
     )
     await pipeline.start()
     try:
-        request = JobRequest.of(instance={"data_source": "ask"}, timeout_s=timeout_s)
+        instance = {"data_source": "ask", "tools_s": tools_s}
+        request = JobRequest.of(instance=instance, timeout_s=timeout_s)
         (view,) = await pipeline.submit([request])
         return await finished(pipeline, view.job_id)
     finally:
@@ -102,6 +107,19 @@ async def test_a_backend_that_sends_no_token_is_an_infra_timeout_run_again(
     assert result["attempts"] == 2
     assert [e["kind"] for e in result["attempt_errors"]] == ["infra"]
     assert len(backend.requests) == 2
+
+
+async def test_a_policy_that_asks_the_model_with_a_moment_left_times_out_as_itself(
+    tmp_path: Path, fake: Any
+) -> None:
+    # The attack: wait out most of the budget in a tool, then ask a model that cannot answer
+    # in the moment left, to have the timeout blamed on the backend and the job run again.
+    backend, server = fake
+    backend.hold_after = 0
+    result = await run_one(tmp_path, server.url, timeout_s=1.0, tools_s=0.75)
+    assert result["state"] == "timeout"
+    assert result["error"]["kind"] == "policy" and result["attempts"] == 1
+    assert "sent no token" not in result["error"]["message"]
 
 
 async def test_a_model_that_answers_is_unaffected(tmp_path: Path, fake: Any) -> None:
@@ -164,9 +182,16 @@ def a_job(call: LiveCall | None) -> Job:
     ],
 )
 def test_whose_timeout_it_is(call: LiveCall | None, kind: str, said: str | None) -> None:
-    ending = _timed_out(a_job(call), Stage.RUN, "the budget ran out", "policy")
+    # (A limit of 0: any wait is at least half of it; the half is the test above's.)
+    ending = _timed_out(a_job(call), Stage.RUN, "the budget ran out", "policy", 0.0)
     assert ending.kind == kind and ending.message.endswith("the budget ran out")
     if said is None:
         assert ending.message == "the budget ran out"
     else:
         assert said in ending.message
+
+
+def test_a_call_that_waited_less_than_half_the_limit_is_no_stall() -> None:
+    call = LiveCall("http://b", time.monotonic(), 0, True)  # started a moment ago
+    ending = _timed_out(a_job(call), Stage.RUN, "the budget ran out", "policy", 10.0)
+    assert ending.kind == "policy" and ending.message == "the budget ran out"

@@ -82,6 +82,9 @@ class FakeBackend:
         self.released = threading.Event()
         self.stream_error: dict[str, Any] | None = None
         self.cut = False
+        # A broken server: tokens beyond max_tokens in its stream, or an event with no end.
+        self.extra_tokens = 0
+        self.endless_event = False
         app = self.app = _server_app("fake-model")
 
         def scripted_answer(
@@ -171,6 +174,11 @@ class FakeBackend:
         self, ids: list[Any], lps: list[Any], finish: str, usage: bool, old_vllm: bool
     ) -> AsyncIterator[bytes]:
         """vLLM's stream of a scripted answer: a chunk per token, the finish on the last."""
+        if self.endless_event:
+            for _ in range(64):
+                yield b"data: " + b"x" * 1024  # never a newline
+            return
+        ids, lps = ids + [7] * self.extra_tokens, lps + [-0.1] * self.extra_tokens
         for i, (token, logprob) in enumerate(zip(ids, lps, strict=False)):
             if i == self.hold_after:
                 self.holding.set()
