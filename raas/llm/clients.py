@@ -213,14 +213,17 @@ class LLMClient(ABC):
         self,
         path: str,
         body: dict[str, Any],
-        on_event: Callable[[dict[str, Any]], None],
+        on_event: Callable[[dict[str, Any]], int],
         live: LiveCall | None = None,
     ) -> dict[str, Any] | None:
         """POST a request that asks for a stream (server-sent events, each ``data: {json}``, the
-        last ``data: [DONE]``): ``on_event`` is given each event as it comes, and None returned
-        at the end. A server that answered whole instead (it does not stream) gives its JSON
-        answer back. Nothing for ``stall_timeout_s`` (before the first token or between two) is
-        a transient BackendError that says the backend stalled; so is a stream cut short."""
+        last ``data: [DONE]``): ``on_event`` is given each event as it comes (and says how many
+        tokens it brought), and None returned at the end. A server that answered whole instead
+        (it does not stream) gives its JSON answer back. No token for ``stall_timeout_s``
+        (before the first or between two) is a transient BackendError that says the backend
+        stalled, whether it sent nothing or went on sending what brings no token (comments,
+        empty events: a stream that never ends would hold its caller forever); so is a stream
+        cut short."""
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=self.timeout_s,
@@ -247,6 +250,7 @@ class LLMClient(ABC):
                 # Read as it arrives and split here: a line at a time (aiohttp's readline) cost
                 # about twice the CPU on a stream of a chunk a token.
                 rest = b""
+                last_token = time.monotonic()
                 async for block in response.content.iter_any():
                     lines = (rest + block).split(b"\n")
                     rest = lines.pop()  # a line not whole yet
@@ -261,9 +265,12 @@ class LLMClient(ABC):
                         if data == b"[DONE]":
                             done = True
                             break
-                        on_event(self._event(data))
+                        if on_event(self._event(data)):
+                            last_token = time.monotonic()
                     if done:
                         break
+                    if time.monotonic() - last_token > self.stall_timeout_s:
+                        raise TimeoutError  # bytes, but no token: stalled as much as silence
         except TimeoutError as e:  # (aiohttp's read timeout is one too)
             raise BackendError(
                 self.url, f"stalled: sent nothing for {self.stall_timeout_s:g} s"
@@ -466,25 +473,52 @@ class _CompletionStream:
         self.values: list[Any] = []
         self.finish: Any = None
         self.extra: dict[str, Any] = {}
+        self.given = False  # an event brought tokens (with ids, or without: token_ids says)
 
-    def add(self, event: dict[str, Any]) -> None:
+    def add(self, event: dict[str, Any]) -> int:
+        """Take in one event; the number of tokens it brought. An event whose choice is not the
+        one asked for (``index`` 0), whose logprobs do not go one to one with its tokens, or
+        that gives ids where an earlier one gave none (or none where one gave them) is refused:
+        the whole answer's lengths would still agree while a logprob stood beside another
+        token than its own."""
+        brought = 0
         try:
             for choice in event.get("choices") or ():
+                if choice.get("index", 0) != 0:
+                    raise BackendError(
+                        self.backend, f"streamed choice {choice.get('index')!r}, not 0", False
+                    )
                 logprobs = choice.get("logprobs") or {}
                 ids = choice.get("token_ids")
                 names = logprobs.get("tokens") or []
-                if ids is not None:
-                    self.token_ids = self.token_ids if self.token_ids is not None else []
-                    self.token_ids += ids
-                self.tokens += names
-                self.values += logprobs.get("token_logprobs") or []
-                self.finish = choice.get("finish_reason") or self.finish
+                values = logprobs.get("token_logprobs") or []
                 came = len(ids) if ids is not None else len(names)
-                self.counted += came
+                # Counted as the most of what the event holds, so that no list grows unbounded
+                # beside an empty one.
+                self.counted += max(came, len(names), len(values))
                 if self.counted > self.max_tokens:  # held in memory no further
                     raise BackendError(
                         self.backend, f"streamed more than max_tokens={self.max_tokens}", False
                     )
+                if len(values) != came or (names and len(names) != came):
+                    raise BackendError(
+                        self.backend,
+                        f"a stream event of {came} tokens with {len(values)} logprobs"
+                        f" and {len(names)} token names",
+                        False,
+                    )
+                if came and (ids is None) != (self.token_ids is None) and self.given:
+                    raise BackendError(
+                        self.backend, "a stream that gives token_ids in some events only", False
+                    )
+                if ids is not None:
+                    self.token_ids = self.token_ids if self.token_ids is not None else []
+                    self.token_ids += ids
+                self.given = self.given or came > 0
+                self.tokens += names
+                self.values += values
+                self.finish = choice.get("finish_reason") or self.finish
+                brought += came
                 if self.live is not None:
                     self.live.tokens += came
             for key in ("usage", "weight_version", "weight_versions"):
@@ -492,6 +526,7 @@ class _CompletionStream:
                     self.extra[key] = event[key]
         except (AttributeError, TypeError) as e:  # read as a shape error in _read
             self.extra["error"] = f"{type(e).__name__}: {e}"
+        return brought
 
     def answer(self) -> dict[str, Any]:
         if "error" in self.extra:
