@@ -520,7 +520,7 @@ class _CompletionStream:
                 self.finish = choice.get("finish_reason") or self.finish
                 brought += came
                 if self.live is not None:
-                    self.live.tokens += came
+                    self.live.count(came)
             for key in ("usage", "weight_version", "weight_versions"):
                 if event.get(key) is not None:
                     self.extra[key] = event[key]

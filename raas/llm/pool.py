@@ -39,6 +39,7 @@ from raas.llm.types import (
     STALL_TIMEOUT_S,
     BackendError,
     Generation,
+    Heard,
     LiveCall,
     NoBackendAvailable,
     SamplingParams,
@@ -148,6 +149,8 @@ class BackendPool:
         self._order = itertools.count()
         self._pinned: dict[str, str] = {}
         self._live: dict[str, LiveCall] = {}  # each session's model call in flight
+        # Each session's last token, and how many of its calls are in flight (overlapping).
+        self._heard: dict[str, tuple[Heard, int]] = {}
         # The latest moves, for inspection; bounded, as a long-lived service makes many.
         self.moves: deque[Move] = deque(maxlen=self.config.moves_kept)
         self._health_task: asyncio.Task[None] | None = None
@@ -286,12 +289,22 @@ class BackendPool:
     ) -> Generation:
         """Generate on the session's backend (retried, then moved to another if it fails); a
         generation a backend aborts goes on from its prefix, and comes back whole."""
-        live = self._live[session] = LiveCall("", time.monotonic())
+        heard, overlapping = self._heard.get(session, (Heard(), 0))
+        self._heard[session] = (heard, overlapping + 1)
+        live = self._live[session] = LiveCall("", time.monotonic(), heard=heard)
         try:
-            return await self._generate_parts(session, prompt_ids, params, live)
+            generation = await self._generate_parts(session, prompt_ids, params, live)
+            if not live.streaming:  # a whole answer's tokens came as it did
+                heard.at = time.monotonic() if generation.token_ids else heard.at
+            return generation
         finally:
             if self._live.get(session) is live:  # (a gateway's calls may overlap)
                 del self._live[session]
+            heard, overlapping = self._heard[session]
+            if overlapping == 1:
+                del self._heard[session]
+            else:
+                self._heard[session] = (heard, overlapping - 1)
 
     def live_call(self, session: str) -> LiveCall | None:
         """The session's model call in flight: its backend, since when, the tokens so far."""

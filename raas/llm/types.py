@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat
@@ -80,6 +81,24 @@ class LiveCall:
     started: float
     tokens: int = 0
     streaming: bool = False  # the backend streams this call: tokens are counted as they come
+    # When a token of the session's calls last came, shared by the calls of one session that
+    # overlap (an agent behind the gateway may make several at once): a call that waits while
+    # its siblings get tokens waits on its own session, not on a stalled backend.
+    heard: Heard = field(default_factory=lambda: Heard())
+
+    def count(self, tokens: int) -> None:
+        """``tokens`` more came (streamed, or a whole answer's)."""
+        self.tokens += tokens
+        if tokens:
+            self.heard.at = time.monotonic()
+
+
+@dataclass
+class Heard:
+    """When (``time.monotonic()``) a token of a session's model calls last came; None: none
+    yet, of the calls in flight and those that overlapped them."""
+
+    at: float | None = None
 
 
 class BackendError(Exception):

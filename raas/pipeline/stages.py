@@ -465,8 +465,13 @@ def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind, limit_s: float
     a moment left gets no token either, and must not turn its own timeout into a run again
     (its 0 would be dropped from the trainer's batch, not learned from)."""
     call = job.model_call()
-    waited = time.monotonic() - call.started if call is not None else 0.0
-    if call is not None and call.tokens == 0 and waited >= limit_s / 2:
+    now = time.monotonic()
+    waited = now - call.started if call is not None else 0.0
+    # Nor is it a stall where another call of the job (a gateway's agent may make several at
+    # once) brought a token in that half: the one that waits, waits behind its own siblings.
+    heard = call.heard.at if call is not None else None
+    quiet = waited if heard is None else now - heard
+    if call is not None and call.tokens == 0 and min(waited, quiet) >= limit_s / 2:
         took = f"{waited:.3g} s"
         if not call.backend:
             said = f"no backend took the turn's model call in {took} (the pool was paused,"
