@@ -103,3 +103,26 @@ async def test_the_guards_run_before_the_lane(tmp_path: Path) -> None:
     form = {"authorization": "Bearer k", "content-type": "text/plain"}
     status, _, _ = await call(app, app, "POST", path, form, b"{}")
     assert status == 415
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/completions/",
+        "//v1/chat/completions",
+        "/v1/./chat/completions",
+        "/V1/chat/completions",
+        "/v1/chat/completions/../../rollouts",
+        "/v1/rollouts",
+        "/v1beta/models/a/b:generateContent",
+    ],
+)
+async def test_a_path_that_is_not_a_gateway_routes_takes_no_job_token(
+    tmp_path: Path, path: str
+) -> None:
+    # (The server's path is the decoded one; these are what a sandboxed agent could send.) Not
+    # a gateway route's: the key's 401 in raas's own shape, never the lane's answer.
+    settings = ServeSettings(db=tmp_path / "p.db", llm=[], api_key="k")
+    app = create_app(settings, TaskRegistry())
+    status, _, body = await call(app, app, "POST", path, {"authorization": "Bearer raas-job"})
+    assert status == 401 and "error" not in body and "API key" in body["detail"]
