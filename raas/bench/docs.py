@@ -34,6 +34,7 @@ RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scale", ()),
     ("scale", ("--servers", "1")),
     ("gateway", ()),
+    ("gateway", ("--concurrency", "1")),
     ("soak", ()),
     (
         "soak",

@@ -25,9 +25,9 @@ def known() -> list[str]:
 @click.argument("name")
 @click.pass_context
 def bench(ctx: click.Context, name: str) -> None:
-    """Run benchmark NAME: burst, dapo, fork, gateway, harbor, images, judges, llm, pipeline,
-    scale, soak, tenants or tools; or docs, every run docs/benchmarks.md quotes, one after the
-    other (`make bench-docs`). Its own options come after `--`: `raas bench pipeline --
+    """Run benchmark NAME: burst, dapo, docs, fork, gateway, harbor, images, judges, llm,
+    pipeline, scale, soak, tenants or tools (docs: every run docs/benchmarks.md quotes, one
+    after the other, as `make bench-docs`). Its own options come after `--`: `raas bench pipeline --
     --help`, `raas bench pipeline -- --jobs 96`. Benchmarks print medians and ratios against a
     baseline measured in the same run; they never assert."""
     if name not in known():

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -64,6 +64,8 @@ class Backend:
     missed_checks: int = 0
     last_error: str | None = None
     in_flight: int = 0  # requests sent and not answered
+    # When it last sent anything to any session (an answer, a streamed token): see LiveCall.
+    heard: Heard = field(default_factory=Heard)
     paused: bool = False  # paused through its own route by the pool's pause
 
     @property
@@ -391,8 +393,11 @@ class BackendPool:
         # This request's tokens count from those of the parts before it (an aborted generation
         # resumed); a request that fails takes back what it had streamed.
         live.backend, live.streaming, counted = backend.url, False, live.tokens
+        live.backend_heard = backend.heard
         try:
-            return await backend.client.generate(prompt_ids, params, self.vocab_size(), live)
+            generation = await backend.client.generate(prompt_ids, params, self.vocab_size(), live)
+            backend.heard.at = time.monotonic()
+            return generation
         except BackendError as e:
             live.tokens = counted
             backend.failures += 1

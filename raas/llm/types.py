@@ -85,12 +85,18 @@ class LiveCall:
     # overlap (an agent behind the gateway may make several at once): a call that waits while
     # its siblings get tokens waits on its own session, not on a stalled backend.
     heard: Heard = field(default_factory=lambda: Heard())
+    # When the backend it went to last sent anything, to any session (an answer, a token): a
+    # backend that answers whole and answered others while this call waited is alive, and the
+    # wait is this call's own long generation, not a stall.
+    backend_heard: Heard | None = None
 
     def count(self, tokens: int) -> None:
         """``tokens`` more came (streamed, or a whole answer's)."""
         self.tokens += tokens
         if tokens:
             self.heard.at = time.monotonic()
+            if self.backend_heard is not None:
+                self.backend_heard.at = self.heard.at
 
 
 @dataclass

@@ -471,6 +471,13 @@ def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind, limit_s: float
     # once) brought a token in that half: the one that waits, waits behind its own siblings.
     heard = call.heard.at if call is not None else None
     quiet = waited if heard is None else now - heard
+    # A backend that answers whole says nothing of a call until it ends: the call's wait is a
+    # stall only where the backend answered no one else meanwhile either (one that did is
+    # alive, and the call is a long generation of the policy's own).
+    if call is not None and not call.streaming and call.backend_heard is not None:
+        answered = call.backend_heard.at
+        if answered is not None and answered > call.started:
+            quiet = min(quiet, now - answered)
     if call is not None and call.tokens == 0 and min(waited, quiet) >= limit_s / 2:
         took = f"{waited:.3g} s"
         if not call.backend:
@@ -479,7 +486,7 @@ def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind, limit_s: float
         elif call.streaming:
             said = f"{call.backend} sent no token in {took} of the turn's model call"
         else:
-            said = f"{call.backend} had not answered the turn's model call in {took} (it"
-            said += " answers whole, so raas cannot tell slow from stalled)"
+            said = f"{call.backend} had not answered the turn's model call in {took}, nor any"
+            said += " other call meanwhile"
         why, kind = f"{said}: {why}", "infra"
     return Ending(JobState.TIMEOUT, stage, "timeout", why, kind)

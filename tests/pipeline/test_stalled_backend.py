@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from raas.llm.pool import BackendPool
-from raas.llm.types import Generation, LiveCall, SamplingParams
+from raas.llm.types import Generation, Heard, LiveCall, SamplingParams
 from raas.pipeline import JobRequest, Pipeline, Stage
 from raas.pipeline.job import Ending, Job
 from raas.pipeline.stages import _timed_out
@@ -175,7 +175,7 @@ def a_job(call: LiveCall | None) -> Job:
     ("call", "kind", "said"),
     [
         (LiveCall("http://b", time.monotonic(), 0, True), "infra", "http://b sent no token in"),
-        (LiveCall("http://b", time.monotonic()), "infra", "cannot tell slow from stalled"),
+        (LiveCall("http://b", time.monotonic()), "infra", "nor any other call meanwhile"),
         (LiveCall("", time.monotonic()), "infra", "no backend took the turn's model call"),
         (LiveCall("http://b", time.monotonic(), 3, True), "policy", None),
         (None, "policy", None),
@@ -260,13 +260,20 @@ async def test_a_lone_call_without_a_token_is_still_a_stall() -> None:
     assert ending.kind == "infra" and "http://b sent no token in" in ending.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a backend that answers whole (sglang, verl, llm_stream false) counts no token"
-    " until it answers, so a policy that generates long enough (half the job's limit) has its"
-    " timeout blamed on the backend and run again; raas cannot tell it from a stall there",
-)
 def test_a_long_generation_on_a_backend_that_answers_whole_is_the_policys() -> None:
-    call = LiveCall("http://b", time.monotonic() - 100.0)  # generating for 100 s, whole
+    # The attack: generate for more than half the limit on a backend that answers whole (no
+    # token counted until it ends), to have the timeout blamed on the backend. The backend
+    # answered other jobs meanwhile: alive, so the long generation is the policy's.
+    alive = Heard(time.monotonic() - 10.0)
+    call = LiveCall("http://b", time.monotonic() - 100.0, backend_heard=alive)
     ending = _timed_out(a_job(call), Stage.RUN, "the budget ran out", "policy", 150.0)
-    assert ending.kind == "policy"
+    assert ending.kind == "policy" and ending.message == "the budget ran out"
+
+
+def test_a_backend_that_answers_whole_and_answered_no_one_meanwhile_stalled() -> None:
+    silent = Heard(time.monotonic() - 500.0)  # its last answer came before the call began
+    call = LiveCall("http://b", time.monotonic() - 100.0, backend_heard=silent)
+    ending = _timed_out(a_job(call), Stage.RUN, "the budget ran out", "policy", 150.0)
+    assert ending.kind == "infra"
+    assert ending.message.startswith("http://b had not answered the turn's model call in ")
+    assert "nor any other call meanwhile" in ending.message
