@@ -33,6 +33,7 @@ RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dapo", ("--median-ms", "500")),
     ("scale", ()),
     ("scale", ("--servers", "1")),
+    ("scale", ("--servers", "1", "--repeats", "1")),
     ("gateway", ()),
     ("gateway", ("--concurrency", "1")),
     ("soak", ()),

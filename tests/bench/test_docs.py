@@ -42,7 +42,11 @@ def test_list_prints_the_runs_and_only_narrows_them() -> None:
     every = listed()
     assert every.returncode == 0 and every.stdout.splitlines() == quoted_runs()
     scale = listed("--only", "scale")
-    assert scale.stdout.splitlines() == ["raas bench scale", "raas bench scale -- --servers 1"]
+    assert scale.stdout.splitlines() == [
+        "raas bench scale",
+        "raas bench scale -- --servers 1",
+        "raas bench scale -- --servers 1 --repeats 1",
+    ]
     wrong = listed("--only", "nosuch")
     assert wrong.returncode == 2 and "--only nosuch: the docs quote no such run" in wrong.stderr
 
