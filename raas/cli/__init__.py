@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import raas
-from raas.cli import bench, data, images, jobs, run, serve, slurm, usage
+from raas.cli import bench, compare, data, images, jobs, run, serve, slurm, usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,6 +29,7 @@ for command in (
     data.export,
     run.demo,
     run.run,
+    compare.compare,
     data.datasets,
     images.images,
     slurm.slurm,

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import textwrap
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from raas.cli.output import api_key_option, run_client
+from raas.store.dashboard import SEARCH_CHARS, JobFilter
 from raas.store.export import FORMATS
 
 if TYPE_CHECKING:
@@ -69,6 +72,17 @@ def format_of(out: Path, fmt: str | None) -> str:
     type=click.Choice(["done", "failed", "timeout", "cancelled"]),
     help="Only results in this state.",
 )
+@click.option("--data-source", metavar="NAME", help="Only results of this data_source.")
+@click.option("--error-type", metavar="TYPE", help="Only results that failed so (an error's type).")
+@click.option("--min-reward", type=float, metavar="R", help="Only results rewarded R or more.")
+@click.option("--max-reward", type=float, metavar="R", help="Only results rewarded R or less.")
+@click.option(
+    "--search",
+    metavar="TEXT",
+    help="Only results with TEXT (case aside) in their job id, instance_id, data_source, task,"
+    f" error type or message, or judge's note; at most {SEARCH_CHARS} characters, % and _"
+    " literal.",
+)
 def export(
     db: Path | None,
     tenant: str | None,
@@ -77,6 +91,11 @@ def export(
     fmt: str | None,
     out: Path,
     state: str | None,
+    data_source: str | None,
+    error_type: str | None,
+    min_reward: float | None,
+    max_reward: float | None,
+    search: str | None,
 ) -> None:
     """Write finished trajectories for offline use, from a database (--db) or from a running
     server (--server URL), in the order the jobs finished.
@@ -85,7 +104,8 @@ def export(
     `tenant`: null for the admin's own jobs, so for every job of a server without tenants. JSONL
     holds a result a line (as RolloutResult reads it back); Parquet a column a field. From a
     server the rows come as JSON lines and Parquet is written here. The --out file appears only
-    once it is whole: an export that breaks off leaves none."""
+    once it is whole: an export that breaks off leaves none. The filters are the dashboard's
+    (its job list's "Export these" link writes the same rows)."""
     from raas.store.export import WRITERS
     from raas.store.export import export as from_db
 
@@ -101,12 +121,27 @@ def export(
             "--api-key is for --server; --db reads the file itself (--tenant NAME picks a"
             " tenant's jobs)"
         )
+    for name, reward in (("--min-reward", min_reward), ("--max-reward", max_reward)):
+        if reward is not None and not math.isfinite(reward):
+            raise click.BadParameter(f"{reward} is not a finite number", param_hint=f"'{name}'")
+    if search is not None and len(search) > SEARCH_CHARS:
+        raise click.BadParameter(
+            f"{len(search)} characters: at most {SEARCH_CHARS}", param_hint="'--search'"
+        )
+    where = JobFilter(
+        state=state,
+        data_source=data_source,
+        error_type=error_type,
+        min_reward=min_reward,
+        max_reward=max_reward,
+        search=search or None,
+    )
     part = out.with_name(out.name + ".part")  # renamed to OUT once every row is in
     try:
         if server is not None:
-            n = run_client(_from_server(server, api_key, state, WRITERS[fmt], part))
+            n = run_client(_from_server(server, api_key, where, WRITERS[fmt], part))
         else:
-            n = from_db(db or _default_db(), fmt, part, state, tenant)
+            n = from_db(db or _default_db(), fmt, part, replace(where, tenant=tenant))
     except RuntimeError as e:  # Parquet without pyarrow, a database from a newer raas
         part.unlink(missing_ok=True)
         raise click.ClickException(str(e)) from e
@@ -130,17 +165,27 @@ def _default_db() -> Path:
 async def _from_server(
     url: str,
     api_key: str | None,
-    state: str | None,
+    where: JobFilter,
     write: Callable[[Iterable[RolloutResult], Path], int],
     out: Path,
 ) -> int:
     """Write the rows the server at ``url`` streams with ``write`` (a file writer of
-    raas.store.export), on a thread, as they come."""
+    raas.store.export), on a thread, as they come; ``where`` (of no tenant: the server's key
+    says whose) sent as the route's filters."""
     from raas.client import AsyncRolloutClient
 
     async with (
         AsyncRolloutClient(url, api_key=api_key) as client,
-        contextlib.aclosing(client.export(state)) as rows,
+        contextlib.aclosing(
+            client.export(
+                where.state,
+                data_source=where.data_source,
+                error_type=where.error_type,
+                min_reward=where.min_reward,
+                max_reward=where.max_reward,
+                search=where.search,
+            )
+        ) as rows,
     ):
         loop = asyncio.get_running_loop()
 

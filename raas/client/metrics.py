@@ -51,7 +51,7 @@ import numpy as np
 from raas.client.batch import HasResults, ResultLike, _as_result, _members
 from raas.client.dapo import DapoReport
 from raas.client.staleness import staleness_metrics, token_lag
-from raas.wire import RolloutResult
+from raas.wire import PASS_REWARD, RolloutResult
 
 STATES = ("done", "failed", "timeout", "cancelled")
 ERROR_KINDS = ("infra", "policy")
@@ -147,7 +147,7 @@ def _rewards(results: list[RolloutResult]) -> dict[str, float]:
         "reward_std": float(rewards.std()),
         "reward_min": float(rewards.min()),
         "reward_max": float(rewards.max()),
-        "pass_rate": float((rewards >= 1.0).mean()),
+        "pass_rate": float((rewards >= PASS_REWARD).mean()),
     }
 
 
@@ -208,7 +208,7 @@ def _group_stats(groups: list[list[RolloutResult]]) -> dict[str, float]:
         metrics["group_zero_std_frac"] = float(np.mean([np.ptp(r) == 0 for r in several]))
     some = [rewards for rewards in scored if rewards]
     if some:
-        metrics["group_solved_frac"] = float(np.mean([max(r) >= 1.0 for r in some]))
+        metrics["group_solved_frac"] = float(np.mean([max(r) >= PASS_REWARD for r in some]))
     return metrics
 
 

@@ -217,11 +217,30 @@ class AsyncRolloutClient:
         data = await self._request("GET", "/v1/usage", params={"since_s": since_s})
         return UsageReport.model_validate(data)
 
-    async def export(self, state: str | None = None) -> AsyncGenerator[ExportedResult, None]:
+    async def export(
+        self,
+        state: str | None = None,
+        *,
+        data_source: str | None = None,
+        error_type: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        search: str | None = None,
+    ) -> AsyncGenerator[ExportedResult, None]:
         """Every result that had finished on the server when asked (a tenant's key: its own;
-        the admin's: every job's), in finish order, read as the server streams them. Not
+        the admin's: every job's) and that the filters take (the dashboard's: its state,
+        data_source, error type, reward at least and at most, ``search`` a text in its ids,
+        task, error or judge's note), in finish order, read as the server streams them. Not
         retried: a connection lost midway raises (httpx.TransportError)."""
-        params = {"format": "jsonl", **({"state": state} if state is not None else {})}
+        filters = {
+            "state": state,
+            "data_source": data_source,
+            "error_type": error_type,
+            "min_reward": min_reward,
+            "max_reward": max_reward,
+            "q": search,
+        }
+        params = {"format": "jsonl", **{k: v for k, v in filters.items() if v is not None}}
         async with self._http.stream("GET", "/v1/rollouts:export", params=params) as response:
             if response.is_error:
                 await response.aread()

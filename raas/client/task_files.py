@@ -1,7 +1,8 @@
 """Task files in, result files out: reading a task file (JSONL or Parquet, raas's rows or
 verl's), running it through a server (its results and an interruption told to callbacks) with
-its infra failures, writing the results (what ``raas submit`` and ``raas run`` do). Nothing here
-prints: the commands' progress and messages are raas.cli.progress's."""
+its infra failures, writing the results (what ``raas submit`` and ``raas run`` do) and reading
+them back (``raas compare``). Nothing here prints: the commands' progress and messages are
+raas.cli.progress's."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 class TaskFileError(ValueError):
     pass
+
+
+class ResultFileError(ValueError):
+    """A results file that cannot be read: one line, ``FILE:LINE: what is wrong``."""
 
 
 def read_requests(
@@ -237,6 +242,50 @@ def write_results(results: Iterable[RolloutResult], out: Path) -> None:
     with open(out, "w") as f:
         for r in results:
             f.write(r.model_dump_json() + "\n")
+
+
+RESULTS_NAME = "results.jsonl"  # a run folder's results file (raas run's default --out)
+
+
+def read_results(path: Path) -> list[RolloutResult]:
+    """The results of a JSONL results file, one a line, as ``raas run --out``, ``raas submit``
+    and ``raas export`` write them (an export's rows name their tenant too, which a result does
+    not hold); a run's folder reads its ``results.jsonl``. ResultFileError names the file and
+    line of what cannot be read."""
+    if path.is_dir() and (path / RESULTS_NAME).is_file():
+        path = path / RESULTS_NAME
+    if not path.is_file():
+        raise ResultFileError(f"no such results file: {path}")
+    if path.suffix == ".parquet":
+        raise ResultFileError(
+            f"{path}: a Parquet export; compare reads JSON lines (raas export --out FILE.jsonl)"
+        )
+    results = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode()
+            except UnicodeDecodeError:
+                raise ResultFileError(f"{where}: not UTF-8 text (results are JSONL)") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ResultFileError(f"{where}: not JSON: {e.msg} at column {e.colno}") from None
+            try:
+                results.append(RolloutResult.model_validate(row))
+            except ValidationError as e:
+                err = e.errors()[0]
+                field = ".".join(str(p) for p in err["loc"]) or "the line"
+                raise ResultFileError(
+                    f"{where}: {field}: {err['msg']} (not a result as raas run and raas export"
+                    " write them)"
+                ) from None
+    if not results:
+        raise ResultFileError(f"{path} holds no results (one JSON result a line)")
+    return results
 
 
 def infra_errors(results: list[RolloutResult]) -> list[ErrorInfo]:

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from raas.tenants import job_key
 from raas.wire import (
     PASS_REWARD,
     DashboardStats,
@@ -70,9 +71,35 @@ _FIELDS = {
 _SUMMARY = f"SELECT seq, {', '.join(_FIELDS.values())} FROM jobs"
 
 
+SEARCH_CHARS = 200  # the longest text a search takes (the routes refuse a longer one: a 422)
+LIKE_ESCAPE = "\\"
+# What a search looks in, cheapest first (SQLite stops at the first that matches): the row's
+# columns, then its result's JSON. The job id is read as the caller knows it (``_own_id``).
+_SEARCHED = (
+    "instance_id",
+    "data_source",
+    "error_type",
+    _FIELDS["task"],
+    f"json_extract({_RESULT}, '$.error.message')",
+    _JUDGE_NOTE,
+)
+
+
+def like_pattern(text: str) -> str:
+    """A LIKE pattern that matches ``text`` anywhere, each of its characters only itself: a
+    ``%`` or ``_`` someone searches for is not a wildcard."""
+    escaped = (
+        text.replace(LIKE_ESCAPE, LIKE_ESCAPE * 2)
+        .replace("%", LIKE_ESCAPE + "%")
+        .replace("_", LIKE_ESCAPE + "_")
+    )
+    return f"%{escaped}%"
+
+
 @dataclass(frozen=True)
 class JobFilter:
-    """Which finished jobs to list; None is no filter."""
+    """Which finished jobs to list or export (the dashboard's list, ``GET /v1/rollouts:export``,
+    ``raas export``): the one WHERE clause of them all; None is no filter."""
 
     state: str | None = None
     data_source: str | None = None
@@ -80,8 +107,13 @@ class JobFilter:
     min_reward: float | None = None
     max_reward: float | None = None
     tenant: str | None = None  # None: every tenant's (the admin's view)
+    # A substring, matched without regard to (ASCII) case, of the job id as the caller knows
+    # it, instance_id, data_source, task, the error's type and message, or the judge's note.
+    search: str | None = None
 
     def where(self) -> tuple[str, list[Any]]:
+        """The SQL condition on ``jobs`` and its arguments (every value bound, none formatted
+        into the SQL)."""
         clauses, args = ["seq IS NOT NULL"], []
         for sql, value in (
             ("tenant = ?", self.tenant),
@@ -94,7 +126,26 @@ class JobFilter:
             if value is not None:
                 clauses.append(sql)
                 args.append(value)
+        if self.search:
+            own_id, own_args = self._own_id()
+            searched = (own_id, *_SEARCHED)
+            clauses.append(
+                "(" + " OR ".join(f"{x} LIKE ? ESCAPE '{LIKE_ESCAPE}'" for x in searched) + ")"
+            )
+            # The own id's argument first: its expression is the first searched.
+            args.extend([*own_args, *[like_pattern(self.search)] * len(searched)])
         return " AND ".join(clauses), args
+
+    def _own_id(self) -> tuple[str, list[Any]]:
+        """The SQL of the job id as the caller knows it, and its arguments: a tenant its own
+        (``cd-7``, not the key ``alice~cd-7``, so that searching ``ali`` does not match every
+        job of Alice's); the admin the key, as the admin's list shows it."""
+        if self.tenant is None:
+            return "job_id", []
+        return "substr(job_id, ?)", [len(job_key(self.tenant, "")) + 1]
+
+
+EVERY_JOB = JobFilter()  # every finished job of every tenant (a database's owner's reads)
 
 
 def summaries(

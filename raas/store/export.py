@@ -15,7 +15,9 @@ A row is an ``ExportedResult``: the result under the id its own tenant knows the
 (``cd-7``, not the server's key ``alice~cd-7``) and the tenant named in ``tenant`` (null for the
 admin's own jobs, so for every job of a server without tenants). A database is read as its
 owner reads it (``export``, ``results``); a server streams the rows a caller may see
-(``stream_jsonl``, for ``GET /v1/rollouts:export``) a page of the store at a time.
+(``stream_jsonl``, for ``GET /v1/rollouts:export``) a page of the store at a time. Either takes
+the dashboard's filter of its job list (raas.store.dashboard.JobFilter: state, data_source,
+error type, reward bounds, a search), so an export is the list a person filtered.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from raas.helpers.optional import without_none
+from raas.store.dashboard import EVERY_JOB, JobFilter
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore, iter_finished
 from raas.tenants import DEFAULT_TENANT, own_id
@@ -132,11 +135,10 @@ def exported(record: JobRecord) -> ExportedResult | None:
     return ExportedResult.model_construct(**fields)
 
 
-def results(
-    db: Path, state: str | None = None, tenant: str | None = None
-) -> Iterator[ExportedResult]:
-    """The rows of every finished job in ``db`` (only ``tenant``'s, where one is named)."""
-    for record in iter_finished(db, state, tenant):
+def results(db: Path, where: JobFilter = EVERY_JOB) -> Iterator[ExportedResult]:
+    """The rows of every finished job in ``db`` that ``where`` takes (a tenant's, a state's,
+    a search's...)."""
+    for record in iter_finished(db, where):
         if (row := exported(record)) is not None:
             yield row
 
@@ -146,16 +148,15 @@ def line(row: RolloutResult) -> str:
     return row.model_dump_json() + "\n"
 
 
-async def stream_jsonl(
-    store: ResultStore, state: str | None = None, tenant: str | None = None
-) -> AsyncIterator[bytes]:
-    """The rows of the jobs that had finished when it started (only ``tenant``'s, where one is
-    named) as JSON lines, a page at a time: each read on the store's thread and written on
-    another, so neither the event loop waits nor is the whole export ever in memory."""
+async def stream_jsonl(store: ResultStore, where: JobFilter = EVERY_JOB) -> AsyncIterator[bytes]:
+    """The rows of the jobs that had finished when it started and that ``where`` takes (a
+    tenant's, and what the dashboard's list filters by) as JSON lines, a page at a time: each
+    read on the store's thread and written on another, so neither the event loop waits nor is
+    the whole export ever in memory."""
     until = store.last_seq  # a fixed end: results that finish meanwhile cannot prolong it
     since = 0
     while since < until:
-        page = await store.finished(state, since, STREAM_PAGE, tenant=tenant)
+        page = await store.finished(where, since, STREAM_PAGE)
         if page.next_since == since:
             return
         since = page.next_since
@@ -228,10 +229,9 @@ WRITERS: dict[str, Callable[[Iterable[RolloutResult], Path], int]] = {
 }
 
 
-def export(
-    db: Path, fmt: str, out: Path, state: str | None = None, tenant: str | None = None
-) -> int:
-    """Write every finished result (optionally of one state, of one tenant); returns how many."""
+def export(db: Path, fmt: str, out: Path, where: JobFilter = EVERY_JOB) -> int:
+    """Write every finished result that ``where`` takes (of one state, one tenant, matching a
+    search...); returns how many."""
     if fmt not in WRITERS:
         raise ValueError(f"unknown format {fmt!r} (choose {', '.join(FORMATS)})")
-    return WRITERS[fmt](results(db, state, tenant), out)
+    return WRITERS[fmt](results(db, where), out)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from raas.store import checkpoints as turn_rows
 from raas.store import dashboard
-from raas.store.dashboard import FinishedGroup, JobFilter, Tally
+from raas.store.dashboard import EVERY_JOB, FinishedGroup, JobFilter, Tally
 from raas.store.records import COLUMNS, ERRORS, JobRecord, Quarantine, storable
 from raas.store.schema import VERSION, migrate
 from raas.wire import DashboardStats, Distributions, ErrorInfo, JobSummary, RolloutResult
@@ -443,16 +443,16 @@ class ResultStore:
         return await self._call(_unfinished)
 
     async def finished(
-        self, state: str | None = None, since: int = 0, limit: int = 100, tenant: str | None = None
+        self, where: JobFilter = EVERY_JOB, since: int = 0, limit: int = 100
     ) -> Page:
-        """Finished jobs in finish order, after the cursor ``since`` (only ``tenant``'s, where
-        one is named); a row that cannot be read is skipped (and counted), and the cursor goes
-        past it."""
+        """Finished jobs that ``where`` takes (a tenant's, a state's...) in finish order, after
+        the cursor ``since``; a row that cannot be read is skipped (and counted), and the
+        cursor goes past it."""
 
         def _page(conn: sqlite3.Connection) -> Page:
             records: list[JobRecord] = []
             last = since
-            rows = _iter_finished(conn, self._quarantine, state, since, limit, tenant)
+            rows = _iter_finished(conn, self._quarantine, where, since, limit)
             for seq, found in rows:
                 last = seq
                 if found is not None:
@@ -500,21 +500,15 @@ def _deliver(answers: list[_Answer]) -> None:
 def _iter_finished(
     conn: sqlite3.Connection,
     quarantine: Quarantine,
-    state: str | None,
+    where: JobFilter,
     since: int,
     limit: int | None,
-    tenant: str | None = None,
 ) -> Iterator[tuple[int, JobRecord | None]]:
-    """(seq, record) of each finished job in finish order; None for a row that cannot be read."""
-    sql = f"SELECT {COLUMNS} FROM jobs WHERE seq > ?"
-    args: list[Any] = [since]
-    if tenant is not None:
-        sql += " AND tenant = ?"
-        args.append(tenant)
-    if state is not None:
-        sql += " AND state = ?"
-        args.append(state)
-    sql += " ORDER BY seq"
+    """(seq, record) of each finished job ``where`` takes, in finish order; None for a row that
+    cannot be read."""
+    condition, args = where.where()
+    sql = f"SELECT {COLUMNS} FROM jobs WHERE seq > ? AND {condition} ORDER BY seq"
+    args = [since, *args]
     if limit is not None:
         sql += " LIMIT ?"
         args.append(limit)
@@ -522,16 +516,15 @@ def _iter_finished(
         yield row[6], quarantine.read(row)
 
 
-def iter_finished(
-    path: str | Path, state: str | None = None, tenant: str | None = None
-) -> Iterator[JobRecord]:
-    """Every finished job in a database (only ``tenant``'s, where one is named), in finish order
-    (for export; blocking). A row that cannot be read is skipped, and said in the log."""
+def iter_finished(path: str | Path, where: JobFilter = EVERY_JOB) -> Iterator[JobRecord]:
+    """Every finished job in a database that ``where`` takes (a tenant's, a state's...), in
+    finish order (for export; blocking). A row that cannot be read is skipped, and said in the
+    log."""
     if not Path(path).exists():
         raise FileNotFoundError(f"no raas database at {path}")
     conn = connect(path)
     try:
-        for _, found in _iter_finished(conn, Quarantine(str(path)), state, 0, None, tenant):
+        for _, found in _iter_finished(conn, Quarantine(str(path)), where, 0, None):
             if found is not None:
                 yield found
     finally:

@@ -4,6 +4,7 @@ database's, and a previous process's, included), and a trajectory's tokens are d
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import time
@@ -617,3 +618,167 @@ async def test_a_job_below_a_pass_says_why_where_the_judges_metrics_do(tmp_path:
         "silent": None,
     }
     await store.close()
+
+
+# -- searching the list, and exporting what it lists --------------------------------------------
+
+
+def judged(
+    job_id: str,
+    *,
+    instance_id: str,
+    data_source: str,
+    task: str | None = None,
+    reward: float | None = None,
+    metrics: dict[str, Any] | None = None,
+    error: ErrorInfo | None = None,
+) -> RolloutResult:
+    return RolloutResult(
+        job_id=job_id,
+        state="failed" if error is not None else "done",
+        stage_failed="run" if error is not None else None,
+        error=error,
+        reward=reward,
+        metrics=metrics or {},
+        trajectory=Trajectory(),
+        timing=Timing(queue_s=0, init_s=0, run_s=0, eval_s=0, total_s=0),
+        instance_id=instance_id,
+        data_source=data_source,
+        task=task,
+    )
+
+
+# Each row holds each searched field once, and `%`, `_` and `\` where a wildcard (or an escape)
+# would match another row too.
+SEARCHED = [
+    judged("run-7", instance_id="gsm-0042", data_source="gsm8k", task="math", reward=1.0),
+    judged(
+        "run-8",
+        instance_id="humaneval/12",
+        data_source="code",
+        task="code",
+        error=ErrorInfo(type="SandboxDied", message="action server exited: 137 in C:\\sandbox"),
+    ),
+    judged(
+        "run-9",
+        instance_id="a%b",
+        data_source="my_set",
+        task="probe",
+        reward=0.0,
+        metrics={"reason": "expected 13, got 12"},
+    ),
+    judged(
+        "run-10",
+        instance_id="axb",
+        data_source="myXset",
+        task="probe",
+        reward=0.5,
+        metrics={"reason": "PARTIAL credit"},
+    ),
+    # A pass: its metrics' reason is no judge's note, so no search finds it there.
+    judged(
+        "run-11",
+        instance_id="ok",
+        data_source="myXset",
+        task="probe",
+        reward=1.0,
+        metrics={"reason": "never shown"},
+    ),
+]
+
+
+async def store_results(db: Path, results: list[RolloutResult], tenant: str = "default") -> None:
+    store = ResultStore(db)
+    await store.open()
+    try:
+        for r in results:
+            key = r.job_id if tenant == "default" else f"{tenant}~{r.job_id}"
+            await store.add_jobs(
+                [JobRecord(key, "queued", r.data_source, r.instance_id, {}, 0.0, tenant=tenant)]
+            )
+            await store.save_result(key, r.model_copy(update={"job_id": key}))
+    finally:
+        await store.close()
+
+
+async def test_a_search_matches_each_field_and_its_wildcards_are_literal(tmp_path: Path) -> None:
+    await store_results(tmp_path / "s.db", SEARCHED)
+    store = ResultStore(tmp_path / "s.db")
+    await store.open()
+
+    async def found(text: str) -> set[str]:
+        jobs, _ = await store.summaries(JobFilter(search=text), None, 100)
+        return {j.job_id for j in jobs}
+
+    try:
+        assert await found("RUN-7") == {"run-7"}  # the job id, whatever the case
+        assert await found("Gsm-00") == {"run-7"}  # instance_id
+        assert await found("gsm8") == {"run-7"}  # data_source
+        assert await found("MATH") == {"run-7"}  # task
+        assert await found("sandboxdied") == {"run-8"}  # the error's type
+        assert await found("exited: 137") == {"run-8"}  # its message
+        assert await found("got 12") == {"run-9"}  # the judge's note below a pass
+        assert await found("partial") == {"run-10"}
+        assert await found("never shown") == set()  # a pass has no note
+        # `%`, `_` and the escape character are themselves: each would match more as a
+        # wildcard (every row; "axb"; "myXset"; any "s").
+        assert await found("%") == {"run-9"}
+        assert await found("a%b") == {"run-9"}
+        assert await found("_") == {"run-9"}
+        assert await found("my_set") == {"run-9"}
+        assert await found("\\s") == {"run-8"}
+        assert await found("no such text") == set()
+        # Beside the other filters, all of which hold.
+        both = JobFilter(search="probe", min_reward=0.25)
+        assert {j.job_id for j in (await store.summaries(both, None, 100))[0]} == {
+            "run-10",
+            "run-11",
+        }
+        assert len(await found("run-")) == len(SEARCHED)  # the control: a text all hold
+    finally:
+        await store.close()
+
+
+async def test_the_export_streams_exactly_what_the_list_shows(
+    client: Client, tmp_path: Path
+) -> None:
+    await store_results(tmp_path / "api.db", SEARCHED)
+    async with client() as http:
+
+        async def listed(**params: Any) -> list[str]:
+            r = await http.get("/v1/dashboard/jobs", params=params)
+            assert r.status_code == 200, r.text
+            return ids(r.json())
+
+        async def exported(**params: Any) -> list[str]:
+            r = await http.get("/v1/rollouts:export", params=params)
+            assert r.status_code == 200, r.text
+            return [json.loads(line)["job_id"] for line in r.text.splitlines()]
+
+        every = [r.job_id for r in SEARCHED]
+        assert await exported() == every  # the control: no filter, every result
+        assert await listed() == every[::-1]
+        for params, expected in (
+            ({"q": "probe"}, ["run-9", "run-10", "run-11"]),
+            ({"q": "a%b"}, ["run-9"]),
+            ({"data_source": "myXset"}, ["run-10", "run-11"]),
+            ({"error_type": "SandboxDied"}, ["run-8"]),
+            ({"state": "done", "max_reward": 0.5}, ["run-9", "run-10"]),
+            ({"min_reward": 0.5, "q": "x"}, ["run-10", "run-11"]),
+            ({"q": "probe", "min_reward": 0.25, "max_reward": 0.75}, ["run-10"]),
+            ({"q": "no such text"}, []),
+        ):
+            assert await exported(**params) == expected, params
+            assert await listed(**params) == expected[::-1], params  # newest first there
+
+        # A search is at most 200 characters, in either route; a key given twice is refused.
+        for path in ("/v1/dashboard/jobs", "/v1/rollouts:export"):
+            assert (await http.get(path, params={"q": "x" * 200})).status_code == 200
+            long = await http.get(path, params={"q": "x" * 201})
+            assert long.status_code == 422 and long.json()["detail"][0]["loc"] == ["query", "q"]
+            twice = await http.get(f"{path}?q=run&q=probe")
+            assert twice.status_code == 422 and twice.json()["detail"][0]["loc"] == ["query", "q"]
+            for bad in ({"min_reward": "nan"}, {"state": "running"}):
+                refused = await http.get(path, params=bad)
+                assert refused.status_code == 422, (path, bad)
+                assert refused.json()["detail"][0]["loc"] == ["query", *bad], (path, bad)

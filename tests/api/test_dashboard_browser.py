@@ -10,6 +10,7 @@ screenshots of the pages go to out/ui/ at the repository's root.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import re
@@ -191,6 +192,44 @@ def test_the_filters_narrow_the_list(browser: Browser, dashboard: Dashboard) -> 
     assert [r.attrs["data-job"] for r in failed.all("tr", data_job=None)] == ["broken"]
     rewarded = browser.dom(dashboard.page("#/?min_reward=0.5"))
     assert [r.attrs["data-job"] for r in rewarded.all("tr", data_job=None)] == ["solved"]
+
+
+def test_typing_a_search_narrows_the_list_and_its_export_downloads_what_it_lists(
+    browser: Browser, dashboard: Dashboard
+) -> None:
+    """A person types part of the failed job's error in the search box: once typing pauses the
+    list holds that job alone, the address keeps the search, the box keeps the focus and what
+    was typed; "Export these" downloads exactly the rows listed (every one, not a page)."""
+    broken = dashboard.results["broken"]
+    typed = broken["error"]["type"][2:].lower()  # a part of it, in another case
+    with browser.tab(size=(1400, 1700)) as tab:
+        tab.go(dashboard.page("#/"))
+        tab.wait_for("document.body.dataset.loaded === 'overview'")
+        listed = "[...document.querySelectorAll('#jobs tr[data-job]')].map((r) => r.dataset.job)"
+        assert sorted(tab.evaluate(listed)) == ["broken", "held", "solved"]
+        everything, _ = tab.download("#export")
+        every_row = [json.loads(line)["job_id"] for line in everything.read_text().splitlines()]
+        assert sorted(every_row) == ["broken", "solved"]  # the finished ones: held runs
+
+        tab.type("#search", typed)
+        tab.wait_for(f"document.getElementById('jobs').dataset.search === {json.dumps(typed)}")
+        assert tab.evaluate(listed) == ["broken"]
+        assert tab.evaluate("location.hash") == f"#/?q={typed}"
+        focus = "[document.activeElement.id, document.activeElement.value]"
+        assert tab.evaluate(focus) == ["search", typed]
+        downloaded, name = tab.download("#export")
+        rows = [json.loads(line) for line in downloaded.read_text().splitlines()]
+        assert name == "raas-jobs.jsonl"
+        assert [(r["job_id"], r["error"]["type"]) for r in rows] == [
+            ("broken", broken["error"]["type"])
+        ]
+        tab.screenshot(SCREENSHOTS / "search.png")
+
+        # The search in the address is the list's on a load too, and the box shows it.
+        tab.go(dashboard.page(f"#/?q={typed}&state=done"))
+        tab.wait_for("document.body.dataset.loaded === 'overview'")
+        assert tab.evaluate("document.getElementById('search').value") == typed
+        assert tab.evaluate("document.querySelectorAll('#jobs tr[data-job]').length") == 0
 
 
 def test_the_overview_shows_each_data_sources_jobs_and_rewards(

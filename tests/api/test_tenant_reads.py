@@ -9,6 +9,7 @@ wrote, so no tenant reads another's names there and no tenant adds a series a jo
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -313,3 +314,34 @@ async def test_a_tenants_series_after_a_restart_holds_its_own_stored_results_onl
     rewards = {k: [m for m in s["reward_mean"] if m is not None] for k, s in reads.items()}
     assert rewards[ALICE] and set(rewards[ALICE]) == {1.0}
     assert rewards[BOB] == [0.0] and rewards[MALLORY] == []
+
+
+async def test_a_tenants_search_and_filtered_export_find_its_own_jobs_only(
+    app_with_tenants: Any,
+) -> None:
+    """Mallory searches the list and exports by every word of Alice's: nothing; a search is
+    matched against the id a tenant knows its job by, never the server's key (``bob~...``)."""
+    async with app_with_tenants() as (_, http):
+        await alices_work(http)
+        await run(http, MALLORY, probe_instance(), "mine")
+
+        async def found(key: str, q: str) -> tuple[list[str], list[str]]:
+            """(the list's job ids, the export's) for ``q``, as ``key`` reads them."""
+            listed = await http.get("/v1/dashboard/jobs", params={"q": q}, headers=auth(key))
+            streamed = await http.get("/v1/rollouts:export", params={"q": q}, headers=auth(key))
+            assert listed.status_code == streamed.status_code == 200, (listed.text, streamed.text)
+            exported = [json.loads(line)["job_id"] for line in streamed.text.splitlines()]
+            return [j["job_id"] for j in listed.json()["jobs"]], exported
+
+        for secret in (HER_JOB, HER_SOURCE, HER_INSTANCE, "boom", "RuntimeError", "alice", "~"):
+            assert await found(MALLORY, secret) == ([], []), secret
+        assert await found(MALLORY, "mine") == (["mine"], ["mine"])
+        assert await found(MALLORY, "probe") == (["mine"], ["mine"])  # her task, not Bob's too
+        # Bob's key is "bob~bob-run": his search of "~" or "bob~" matches no id he knows.
+        assert await found(BOB, "~") == ([], []) and await found(BOB, "bob~") == ([], [])
+        assert await found(BOB, "bob-run") == (["bob-run"], ["bob-run"])
+        # The controls: Alice finds hers by each word; the admin, who knows keys, by the key.
+        for word in (HER_JOB, HER_SOURCE, HER_INSTANCE, "boom", "runtimeerror"):
+            assert await found(ALICE, word) == ([HER_JOB], [HER_JOB]), word
+        listed, exported = await found(ADMIN, "alice~")
+        assert listed == [f"alice~{HER_JOB}"] and exported == [HER_JOB]  # each as it shows ids

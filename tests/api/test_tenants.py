@@ -35,6 +35,7 @@ from raas.helpers.ports import free_port
 from raas.llm.types import SamplingParams
 from raas.pipeline import JobRequest, Pipeline
 from raas.settings import ServeSettings, load_settings
+from raas.store.dashboard import JobFilter
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
@@ -584,6 +585,16 @@ def test_each_exports_its_own_jobs_under_its_ids_and_the_admin_every_tenants(
     table = pq.read_table(parquet)
     assert table.column("tenant").to_pylist() == ["alice", "bob", None]
     assert table.column("job_id").to_pylist() == ["cd-7"] * 3
+    # The dashboard's filters, sent as the route's query: the admin's search reads keys.
+    filtered = ["export", "--server", server.url, "--out", str(out)]
+    for more, rows in (
+        (["--min-reward", "0.5", "--search", "CD-7"], [everyone[0], everyone[2]]),
+        (["--search", "bob~", "--state", "done", "--max-reward", "0"], [everyone[1]]),
+        (["--data-source", "countdown", "--error-type", "RuntimeError"], []),
+    ):
+        cli = runner.invoke(main, [*filtered, *more], env={"RAAS_API_KEY": ADMIN})
+        assert cli.exit_code == 0, cli.output
+        assert exported_rows(out.read_text()) == rows, more
     refused = runner.invoke(main, args, env={"RAAS_API_KEY": "nobody's"})
     assert refused.exit_code == 1 and "raas answered 401" in refused.output
     assert not (tmp_path / "all.parquet.part").exists()
@@ -625,9 +636,9 @@ async def test_a_tenants_job_in_flight_at_a_crash_runs_again_as_its_own(
         probe.release("alice~j", "run")
         view = await pipeline.wait("alice~j", WAIT_S)
         assert view is not None and view.state.value == "done"
-        (job,) = (await pipeline.store.finished(tenant="alice")).records
+        (job,) = (await pipeline.store.finished(JobFilter(tenant="alice"))).records
         assert (job.job_id, job.tenant) == ("alice~j", "alice")
-        assert (await pipeline.store.finished(tenant="bob")).records == []
+        assert (await pipeline.store.finished(JobFilter(tenant="bob"))).records == []
 
 
 async def test_a_job_recorded_field_by_field_before_runs_again_as_its_tenants(

@@ -19,6 +19,7 @@ from raas.helpers.ports import free_port
 from raas.settings import FIELDS
 from raas.store.sqlite import connect
 from raas.wire import RolloutRequest
+from tests.api.test_dashboard import SEARCHED, store_results
 
 
 def test_serve_help_shows_each_default_once_from_the_model() -> None:
@@ -92,6 +93,37 @@ def test_export_writes_the_format_its_file_names(tmp_path: Path) -> None:
     assert typed.exit_code == 2 and "--api-key is for --server" in typed.output
     kept = runner.invoke(main, ["export", "--db", str(db), *out], env={"RAAS_API_KEY": "k"})
     assert kept.exit_code == 0
+
+
+def test_export_takes_the_dashboards_filters(tmp_path: Path) -> None:
+    db = tmp_path / "raas.db"
+    asyncio.run(store_results(db, SEARCHED))
+    runner = CliRunner()
+
+    def exported(*args: str) -> list[str]:
+        out = tmp_path / "r.jsonl"
+        cli = runner.invoke(main, ["export", "--db", str(db), "--out", str(out), *args])
+        assert cli.exit_code == 0, cli.output
+        return [json.loads(line)["job_id"] for line in out.read_text().splitlines()]
+
+    assert exported() == [r.job_id for r in SEARCHED]  # the control: every result
+    assert exported("--search", "PROBE") == ["run-9", "run-10", "run-11"]
+    assert exported("--search", "my_set") == ["run-9"]  # `_` is itself
+    assert exported("--data-source", "myXset") == ["run-10", "run-11"]
+    assert exported("--error-type", "SandboxDied") == ["run-8"]
+    assert exported("--min-reward", "0.25", "--max-reward", "0.75") == ["run-10"]
+    assert exported("--state", "done", "--max-reward", "0", "--search", "got 12") == ["run-9"]
+    text = " ".join(runner.invoke(main, ["export", "--help"]).output.split())
+    for option in ("--data-source", "--error-type", "--min-reward", "--max-reward", "--search"):
+        assert f"{option} " in text, option
+    out = ["--out", str(tmp_path / "bad.jsonl")]
+    for args, said in (
+        (["--search", "x" * 201], "Invalid value for '--search': 201 characters: at most 200"),
+        (["--min-reward", "nan"], "Invalid value for '--min-reward': nan is not a finite number"),
+    ):
+        refused = runner.invoke(main, ["export", "--db", str(db), *out, *args])
+        assert refused.exit_code == 2 and said in refused.output, refused.output
+    assert not (tmp_path / "bad.jsonl").exists()
 
 
 def test_replay_alone_says_why_it_needs_the_tasks(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raas.store import export
+from raas.store.dashboard import JobFilter
 from raas.store.export import columns, flat_row, parquet_schema, stream_jsonl, write_parquet
 from raas.store.records import JobRecord
 from raas.store.sqlite import ResultStore
@@ -140,7 +141,7 @@ async def test_a_streamed_export_pages_through_one_tenants_jobs_and_ends_where_i
     await store.open()
     try:
         await finish(store, "alice~cd-7", "bob~cd-7", "cd-7", "alice~cd-8")
-        alices = stream_jsonl(store, tenant="alice")
+        alices = stream_jsonl(store, JobFilter(tenant="alice"))
         chunks = [await anext(alices)]
         await finish(store, "alice~late")  # finished after the export began: not in it
         chunks += [chunk async for chunk in alices]

@@ -19,18 +19,16 @@ from fastapi.exceptions import RequestValidationError
 
 from raas.api.auth import logged_in, session_cookie
 from raas.api.errors import responses
-from raas.api.routes.rollouts import Cursor, no_job
+from raas.api.routes.rollouts import Cursor, FinishedFilter, no_job
 from raas.api.series import read_series
 from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
 from raas.api.ui import ASSETS, HEADERS, asset, login_page, page
 from raas.llm.chat import token_texts
-from raas.store.dashboard import JobFilter
 from raas.wire import (
     DashboardSeries,
     DashboardStats,
     Distributions,
-    FinalStateName,
     JobSummaryPage,
     TokenView,
     Trajectory,
@@ -169,19 +167,15 @@ async def dashboard_series(svc: Service, who: Who) -> DashboardSeries:
 async def dashboard_jobs(
     svc: Service,
     who: Who,
-    state: FinalStateName | None = None,
-    data_source: str | None = None,
-    error_type: Annotated[str | None, Query(description="Only jobs that failed so.")] = None,
-    min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
-    max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    where: FinishedFilter,
     before: Annotated[
         Cursor | None, Query(ge=1, description="Cursor: next_before of the previous page.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> JobSummaryPage:
     """Finished jobs newest first, without their trajectories (GET /v1/rollouts/{id} has one);
-    /v1/rollouts:running lists the jobs in flight."""
-    where = JobFilter(state, data_source, error_type, min_reward, max_reward, who.tenant)
+    /v1/rollouts:running lists the jobs in flight; GET /v1/rollouts:export takes the same
+    filters."""
     jobs, next_before = await svc.pipeline.store.summaries(where, before, limit)
     jobs = [j.model_copy(update={"job_id": who.show(j.job_id)}) for j in jobs]
     return JobSummaryPage(jobs=jobs, next_before=next_before)

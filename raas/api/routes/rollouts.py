@@ -15,6 +15,7 @@ from raas.api.errors import ErrorBody, responses
 from raas.api.routes.submission import shown, status_of, submit
 from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
+from raas.store.dashboard import SEARCH_CHARS, JobFilter
 from raas.store.export import stream_jsonl
 from raas.wire import (
     BatchRequest,
@@ -37,6 +38,46 @@ MAX_WAIT_S = 300.0
 # larger one would overflow there (a 500), so it is a 422 here, and the document says the bound.
 MAX_CURSOR = 2**63 - 1
 Cursor = Annotated[int, Field(ge=0, le=MAX_CURSOR)]
+
+
+async def finished_filter(
+    who: Who,
+    state: Annotated[
+        FinalStateName | None,
+        Query(description="Only jobs in this state (a final one: only finished jobs are here)."),
+    ] = None,
+    data_source: Annotated[str | None, Query(description="Only jobs of this data_source.")] = None,
+    error_type: Annotated[str | None, Query(description="Only jobs that failed so.")] = None,
+    min_reward: Annotated[
+        float | None, Query(allow_inf_nan=False, description="Only jobs rewarded this or more.")
+    ] = None,
+    max_reward: Annotated[
+        float | None, Query(allow_inf_nan=False, description="Only jobs rewarded this or less.")
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=SEARCH_CHARS,
+            description="Only jobs with this text (case aside, ASCII) in their job id, instance_id,"
+            " data_source, task, error type or message, or the judge's note on a reward below a"
+            " pass; `%` and `_` are themselves, not wildcards.",
+        ),
+    ] = None,
+) -> JobFilter:
+    """Which finished jobs a read takes: the dashboard's job list and the export filter alike
+    (one definition, so that an export is the list a person filtered), the caller's own only."""
+    return JobFilter(
+        state=state,
+        data_source=data_source,
+        error_type=error_type,
+        min_reward=min_reward,
+        max_reward=max_reward,
+        tenant=who.tenant,
+        search=q or None,
+    )
+
+
+FinishedFilter = Annotated[JobFilter, Depends(finished_filter)]
 
 
 # A branch's parent is looked up, not validated: a job the server does not know is a 404.
@@ -172,7 +213,9 @@ async def list_results(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ResultPage:
     """Finished results in the order they finished, including those from before a restart."""
-    page = await svc.pipeline.store.finished(state, since, limit, tenant=who.tenant)
+    page = await svc.pipeline.store.finished(
+        JobFilter(state=state, tenant=who.tenant), since, limit
+    )
     results = [shown(r.result, who) for r in page.records if r.result is not None]
     return ResultPage(results=results, next_since=page.next_since)
 
@@ -198,17 +241,15 @@ ExportFormat = Literal["jsonl"]
 )
 async def export_results(
     svc: Service,
-    who: Who,
+    where: FinishedFilter,
     # One format so far: taken (and checked) so that a client names what it reads.
     fmt: Annotated[
         ExportFormat, Query(alias="format", description="The rows' format: `jsonl`.")
     ] = "jsonl",
-    state: Annotated[
-        FinalStateName | None, Query(description="Only results in this state.")
-    ] = None,
 ) -> JsonLines:
-    """Every result that had finished when the request came (those from before a restart too),
-    streamed: a tenant's key gets its own jobs', the admin's every job's. Each row is under the
-    id its tenant knows the job by, with that tenant named in ``tenant`` (null for the admin's
-    own jobs, so for every job of a server without tenants): ``raas export --server URL``."""
-    return JsonLines(stream_jsonl(svc.pipeline.store, state, tenant=who.tenant))
+    """Every result that had finished when the request came (those from before a restart too)
+    and that the filters take (those of GET /v1/dashboard/jobs), streamed: a tenant's key gets
+    its own jobs', the admin's every job's. Each row is under the id its tenant knows the job
+    by, with that tenant named in ``tenant`` (null for the admin's own jobs, so for every job
+    of a server without tenants): ``raas export --server URL``."""
+    return JsonLines(stream_jsonl(svc.pipeline.store, where))

@@ -6,6 +6,11 @@
 
 const POLL_MS = 2000;
 const PAGE = 50;
+const SEARCH_MS = 250; // a search is read once typing pauses this long, not at every key
+const SEARCH_CHARS = 200; // the longest search the server takes
+// The filters of the finished jobs' list, each a query key of /v1/dashboard/jobs and of
+// /v1/rollouts:export alike (the server reads both through one filter).
+const FILTERS = ["state", "data_source", "error_type", "min_reward", "max_reward", "q"];
 const STATES = ["running", "done", "failed", "timeout", "cancelled"];
 const main = document.getElementById("main");
 let view = 0; // bumped on every navigation: a late answer for an old view is dropped
@@ -334,6 +339,9 @@ function filterForm(q, stats) {
   const errors = stats.failures.map((f) => f.type);
   if (q.get("error_type") && !errors.includes(q.get("error_type"))) errors.push(q.get("error_type"));
   return h("form", { class: "filters", id: "filters", onsubmit: (e) => e.preventDefault() },
+    h("label", { class: "search" }, "search",
+      h("input", { type: "search", name: "q", id: "search", value: q.get("q") || "", maxlength: SEARCH_CHARS,
+        placeholder: "id, data_source, task, error, judge's note", autocomplete: "off", oninput: searched })),
     h("label", {}, "state", select("state", [["", "any"], ...STATES.map((s) => [s, s])])),
     h("label", {}, "data_source", select("data_source", [["", "any"], ...stats.data_sources.map((s) => [s, s])])),
     h("label", {}, "error", select("error_type", [["", "any"], ...errors.map((s) => [s, s])])),
@@ -341,10 +349,37 @@ function filterForm(q, stats) {
     h("a", { href: "#/", class: "clear" }, "clear"));
 }
 
+// The list again with what is typed in the search box, once typing pauses: the address keeps
+// it (replaced, not pushed: Back does not step through every key), and the box keeps the focus
+// (overview keeps a form that holds it).
+let searchTimer = null;
+function searched(e) {
+  clearTimeout(searchTimer);
+  const mine = view;
+  const text = e.target.value;
+  searchTimer = setTimeout(() => {
+    if (mine !== view) return; // gone to another page meanwhile
+    const next = hashQuery();
+    if (text) next.set("q", text); else next.delete("q");
+    next.delete("before"); // a new search starts from the newest
+    history.replaceState(null, "", `#/?${next}`);
+    view += 1;
+    poll(overview);
+  }, SEARCH_MS);
+}
+
+// What a search finds in a running job: its ids, data_source and task (it has no error or
+// note yet), case aside, as the server matches a finished one's.
+function runningMatches(j, text) {
+  if (!text) return true;
+  const t = text.toLowerCase();
+  return [j.job_id, j.instance_id, j.data_source, j.task].some((x) => x && x.toLowerCase().includes(t));
+}
+
 function runningRows(running, q) {
   const state = q.get("state");
   if ((state && state !== "running") || q.get("min_reward") || q.get("max_reward") || q.get("error_type") || q.get("before")) return [];
-  return running.jobs.filter((j) => !q.get("data_source") || j.data_source === q.get("data_source"))
+  return running.jobs.filter((j) => (!q.get("data_source") || j.data_source === q.get("data_source")) && runningMatches(j, q.get("q")))
     .map((j) => h("tr", { "data-job": j.job_id, "data-state": "running" },
       jobCell(j),
       h("td", {}, badge("running"), " ", h("span", { class: "muted" }, j.state === "queued" ? `queued for ${j.stage}` : j.stage)),
@@ -386,11 +421,26 @@ function finishedRows(page) {
 }
 
 function jobsQuery(q) {
-  const p = new URLSearchParams({ limit: String(PAGE) });
-  for (const k of ["state", "data_source", "error_type", "min_reward", "max_reward", "before"]) {
-    if (q.get(k)) p.set(k, q.get(k));
-  }
+  const p = filtersQuery(q);
+  p.set("limit", String(PAGE));
+  if (q.get("before")) p.set("before", q.get("before"));
   return p;
+}
+
+function filtersQuery(q) {
+  const p = new URLSearchParams();
+  for (const k of FILTERS) if (q.get(k)) p.set(k, q.get(k));
+  return p;
+}
+
+// Every finished job the filters take (not only this page), as `raas export` writes them. A
+// plain link: the session cookie that reads the list goes with it (same origin, GET), and the
+// browser streams the file to disk rather than holding it in the page.
+function exportLink(q) {
+  if (q.get("state") === "running") return null; // an export is of finished jobs only
+  return h("a", { id: "export", class: "export", href: `v1/rollouts:export?${filtersQuery(q)}`, download: "raas-jobs.jsonl",
+    title: "every finished job these filters take, not only this page: one result a line, as raas export writes them" },
+  "Export these (JSONL)");
 }
 
 async function overview(mine) {
@@ -407,14 +457,16 @@ async function overview(mine) {
   const rows = [...runningRows(running, q), ...finishedRows(page)];
   const nav = h("p", { class: "pager" },
     q.get("before") ? h("a", { href: withParam("before", null) }, "← newest") : null,
-    page.next_before ? h("a", { href: withParam("before", page.next_before) }, "older →") : null);
+    page.next_before ? h("a", { href: withParam("before", page.next_before) }, "older →") : null,
+    exportLink(q));
   // Someone typing in a filter keeps the very element (and what is typed so far).
   const active = document.activeElement;
   const old = document.getElementById("filters");
   const form = old && old.contains(active) ? old : filterForm(q, stats);
   const jobs = wide(card("Jobs", form,
-    rows.length ? table(["instance", "state", "data_source", "reward:num", "error / stop", "turns:num", "tokens:num", "time:num", "finished"], rows, { id: "jobs" })
-      : h("p", { class: "muted", id: "jobs" }, "No job matches."),
+    // data-search: the search the rows were read with (a test waits for it; so may a person).
+    rows.length ? table(["instance", "state", "data_source", "reward:num", "error / stop", "turns:num", "tokens:num", "time:num", "finished"], rows, { id: "jobs", "data-search": q.get("q") || "" })
+      : h("p", { class: "muted", id: "jobs", "data-search": q.get("q") || "" }, "No job matches."),
     nav));
   main.replaceChildren(
     h("div", { class: "grid" }, stagesCard(status), throughputCard(stats), failuresCard(stats)),
