@@ -529,8 +529,10 @@ class _CompletionStream:
         return brought
 
     def answer(self) -> dict[str, Any]:
+        """The stream as a whole answer, for ``VLLMClient._read``."""
         if "error" in self.extra:
-            return {}  # _read says "unexpected completion shape"
+            error = self.extra["error"]
+            raise BackendError(self.backend, f"unexpected completion stream shape: {error}", False)
         choice = {
             "token_ids": self.token_ids,
             "logprobs": {"tokens": self.tokens, "token_logprobs": self.values},

@@ -297,7 +297,7 @@ class BackendPool:
         try:
             generation = await self._generate_parts(session, prompt_ids, params, live)
             if not live.streaming:  # a whole answer's tokens came as it did
-                heard.at = time.monotonic() if generation.token_ids else heard.at
+                live.count(len(generation.token_ids))
             return generation
         finally:
             if self._live.get(session) is live:  # (a gateway's calls may overlap)

@@ -71,6 +71,14 @@ STALL_TIMEOUT_S = 300.0
 
 
 @dataclass
+class Heard:
+    """When (``time.monotonic()``) a token of a session's model calls last came; None: none
+    yet, of the calls in flight and those that overlapped them."""
+
+    at: float | None = None
+
+
+@dataclass
 class LiveCall:
     """A model call in flight, as the pool sees it: the backend it went to (the last, where it
     moved), since when (``time.monotonic()``), and the tokens streamed so far. A backend that
@@ -84,7 +92,7 @@ class LiveCall:
     # When a token of the session's calls last came, shared by the calls of one session that
     # overlap (an agent behind the gateway may make several at once): a call that waits while
     # its siblings get tokens waits on its own session, not on a stalled backend.
-    heard: Heard = field(default_factory=lambda: Heard())
+    heard: Heard = field(default_factory=Heard)
     # When the backend it went to last sent anything, to any session (an answer, a token): a
     # backend that answers whole and answered others while this call waited is alive, and the
     # wait is this call's own long generation, not a stall.
@@ -98,13 +106,20 @@ class LiveCall:
             if self.backend_heard is not None:
                 self.backend_heard.at = self.heard.at
 
-
-@dataclass
-class Heard:
-    """When (``time.monotonic()``) a token of a session's model calls last came; None: none
-    yet, of the calls in flight and those that overlapped them."""
-
-    at: float | None = None
+    def silent_s(self, now: float) -> float:
+        """How long the call has gone with no sign that its backend serves it: since it began,
+        or since its session's last token (an agent behind the gateway may make several calls
+        at once: one that waits while its siblings get tokens waits on its own session, not on
+        a stalled backend); and, where the backend answers whole (so says nothing of a call
+        until it ends), since the backend last answered anyone (one that did is alive, and the
+        wait is this call's own long generation)."""
+        silent = now - self.started
+        if self.heard.at is not None:
+            silent = min(silent, now - self.heard.at)
+        answered = self.backend_heard.at if self.backend_heard is not None else None
+        if not self.streaming and answered is not None and answered > self.started:
+            silent = min(silent, now - answered)
+        return silent
 
 
 class BackendError(Exception):

@@ -457,29 +457,18 @@ def _log_finished(job: Job, state: JobState, result: RolloutResult) -> None:
 def _timed_out(job: Job, stage: Stage, why: str, kind: ErrorKind, limit_s: float) -> Ending:
     """The ending of a job whose time (``limit_s`` for this stage run) ran out in ``stage``.
 
-    Where a model call had waited at least half of that time and brought no token yet, the
-    backend never answered: the infrastructure's fault, said so with the backend's name, and
-    run again (an attempt has its whole budget). A slow model that was sending tokens, or a
-    loop that spent the time in its tools, stays ``kind``. The half is what makes it a stall
-    and not a trick: a policy that waits out its budget in a tool and then asks the model with
-    a moment left gets no token either, and must not turn its own timeout into a run again
-    (its 0 would be dropped from the trainer's batch, not learned from)."""
+    Where a model call had brought no token and gone at least half of that time without a sign
+    that its backend serves it (``LiveCall.silent_s``), the backend never answered: the
+    infrastructure's fault, said so with the backend's name, and run again (an attempt has its
+    whole budget). A slow model that was sending tokens, or a loop that spent the time in its
+    tools, stays ``kind``. The half is what makes it a stall and not a trick: a policy that
+    waits out its budget in a tool and then asks the model with a moment left gets no token
+    either, and must not turn its own timeout into a run again (its 0 would be dropped from
+    the trainer's batch, not learned from)."""
     call = job.model_call()
     now = time.monotonic()
-    waited = now - call.started if call is not None else 0.0
-    # Nor is it a stall where another call of the job (a gateway's agent may make several at
-    # once) brought a token in that half: the one that waits, waits behind its own siblings.
-    heard = call.heard.at if call is not None else None
-    quiet = waited if heard is None else now - heard
-    # A backend that answers whole says nothing of a call until it ends: the call's wait is a
-    # stall only where the backend answered no one else meanwhile either (one that did is
-    # alive, and the call is a long generation of the policy's own).
-    if call is not None and not call.streaming and call.backend_heard is not None:
-        answered = call.backend_heard.at
-        if answered is not None and answered > call.started:
-            quiet = min(quiet, now - answered)
-    if call is not None and call.tokens == 0 and min(waited, quiet) >= limit_s / 2:
-        took = f"{waited:.3g} s"
+    if call is not None and call.tokens == 0 and call.silent_s(now) >= limit_s / 2:
+        took = f"{now - call.started:.3g} s"
         if not call.backend:
             said = f"no backend took the turn's model call in {took} (the pool was paused,"
             said += " or had no backend free)"

@@ -20,7 +20,8 @@ from tests.support.llm_servers import ServerThread
 
 PROMPT = [5, 6, 7]
 PARAMS = SamplingParams(max_tokens=5)
-# What a test waits at most for an answer that should come at once (a stall timeout of 0.3 s).
+# What a test waits at most for an answer that should come at once, and the stall timeout of
+# every test but the stall's (0.3 s there): a loaded machine may pause a server for a moment.
 WAIT_S = 30.0
 
 Events = Callable[[], AsyncIterator[bytes]]
@@ -63,8 +64,8 @@ def serve() -> Iterator[Callable[[Events], str]]:
         thread.stop()
 
 
-async def generate(url: str, live: LiveCall | None = None) -> Any:
-    client = VLLMClient(url, model="m", stall_timeout_s=0.3)
+async def generate(url: str, live: LiveCall | None = None, stall_timeout_s: float = WAIT_S) -> Any:
+    client = VLLMClient(url, model="m", stall_timeout_s=stall_timeout_s)
     try:
         return await asyncio.wait_for(client.generate(PROMPT, PARAMS, live=live), WAIT_S)
     finally:
@@ -95,7 +96,7 @@ async def test_a_stream_that_sends_only_pings_is_a_stall(serve: Callable[[Events
             await asyncio.sleep(0.01)
 
     with pytest.raises(BackendError, match="stalled") as caught:
-        await generate(serve(events))
+        await generate(serve(events), stall_timeout_s=0.3)
     assert caught.value.transient
 
 
@@ -154,4 +155,15 @@ async def test_a_stream_that_switches_shape_is_refused(serve: Callable[[Events],
         yield b"data: [DONE]\n\n"
 
     with pytest.raises(BackendError, match=r"token_ids in some events only|1 token ids but 2"):
+        await generate(serve(events))
+
+
+async def test_a_stream_of_another_shape_is_refused_saying_so(
+    serve: Callable[[Events], str],
+) -> None:
+    async def events() -> AsyncIterator[bytes]:
+        yield event({"choices": [5]})  # a choice that is no object
+        yield b"data: [DONE]\n\n"
+
+    with pytest.raises(BackendError, match="unexpected completion stream shape: Attribute"):
         await generate(serve(events))

@@ -370,7 +370,8 @@ async def test_a_stream_that_sends_nothing_is_a_stall_and_moves_elsewhere(
     healthy.streams = True
     pool = BackendPool(PoolConfig(retries=0, backoff_s=0.0, stall_timeout_s=0.5))
     pool.add(stalled_server.url, capacity=1)
-    pool.add(healthy_server.url, capacity=1)
+    # The healthy one under a long stall timeout: a loaded machine may pause its server a moment.
+    pool.add(healthy_server.url, capacity=1).client.stall_timeout_s = 60.0
     try:
         client = pool.backends()[0].client
         with pytest.raises(BackendError, match=r"stalled: sent nothing for 0\.5 s") as caught:

@@ -190,7 +190,7 @@ def engine_app(
         if arrived is not None:
             future.add_done_callback(arrived.close)
             stream = CompletionStream(body, served_name, tokenizer)
-            events = _streamed(stream, arrived, asyncio.wrap_future(future), engine, future)
+            events = _streamed(stream, arrived, engine, future)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
             result = await _unless_disconnected(request, asyncio.wrap_future(future))
@@ -328,7 +328,6 @@ class _Arrivals:
 async def _streamed(
     stream: CompletionStream,
     arrived: _Arrivals,
-    result: Awaitable[GenerationResult],
     engine: Engine,
     future: Future[GenerationResult],
 ) -> AsyncIterator[bytes]:
@@ -344,7 +343,7 @@ async def _streamed(
             if ready:
                 yield stream.tokens([t for t, _ in ready], [lp for _, lp in ready])
         try:
-            yield stream.end(await result)
+            yield stream.end(await asyncio.wrap_future(future))
         except EngineStopped as e:
             yield stream.error(str(e), "ServiceUnavailableError", 503)
         except Exception as e:  # a prefill that failed: said in the stream, as vLLM does

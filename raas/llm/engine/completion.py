@@ -58,19 +58,23 @@ def completion_response(
         finish_reason=_FINISH.get(result.finish_reason, "length"),
         stop_reason=result.stop_reason,
     )
-    prompt_tokens = len(result.prompt_token_ids)
     return CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=served_name,
         choices=[choice],
-        usage=Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=len(tokens),
-            total_tokens=prompt_tokens + len(tokens),
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
-        ),
+        usage=usage_of(result),
         **version_fields(result),
+    )
+
+
+def usage_of(result: GenerationResult) -> Usage:
+    prompt_tokens, tokens = len(result.prompt_token_ids), len(result.token_ids)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=tokens,
+        total_tokens=prompt_tokens + tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
     )
 
 
@@ -137,9 +141,7 @@ class CompletionStream:
         self.text_sent = 0  # characters of text sent so far (the logprobs' offsets go on)
 
     def tokens(self, token_ids: list[int], logprobs: list[float]) -> bytes:
-        """A chunk of new tokens (none: no chunk)."""
-        if not token_ids:
-            return b""
+        """A chunk of new tokens."""
         return self._chunk(token_ids, logprobs, token_ids, None, None, {})
 
     def end(self, result: GenerationResult) -> bytes:
@@ -159,14 +161,8 @@ class CompletionStream:
         )
         options = self.body.stream_options
         if options is not None and options.include_usage:
-            prompt_tokens = len(result.prompt_token_ids)
-            usage = Usage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=len(result.token_ids),
-                total_tokens=prompt_tokens + len(result.token_ids),
-                prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
-            )
-            out += self._event({**self._head(), "choices": [], "usage": usage.model_dump()})
+            usage = usage_of(result).model_dump()
+            out += self._event({**self._head(), "choices": [], "usage": usage})
         return out + DONE
 
     def error(self, message: str, kind: str, code: int) -> bytes:
