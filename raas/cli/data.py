@@ -141,7 +141,9 @@ def export(
         if server is not None:
             n = run_client(_from_server(server, api_key, where, WRITERS[fmt], part))
         else:
-            n = from_db(db or _default_db(), fmt, part, replace(where, tenant=tenant))
+            # One's own database, read here: a search reads every row, not the server's newest.
+            own = replace(where, tenant=tenant, search_rows=None)
+            n = from_db(db or _default_db(), fmt, part, own)
     except RuntimeError as e:  # Parquet without pyarrow, a database from a newer raas
         part.unlink(missing_ok=True)
         raise click.ClickException(str(e)) from e

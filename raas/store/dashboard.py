@@ -72,6 +72,11 @@ _SUMMARY = f"SELECT seq, {', '.join(_FIELDS.values())} FROM jobs"
 
 
 SEARCH_CHARS = 200  # the longest text a search takes (the routes refuse a longer one: a 422)
+# How many of the newest finished jobs a search over the server's routes reads: it reads each
+# row's result JSON (the error's message, the judge's note), on the store's one thread, where
+# every result write waits behind it. Unbounded, 2,000 results of 8k tokens took 0.56 s a
+# search, and a tenant (or the dashboard's refresh) could repeat it at will.
+SEARCH_ROWS = 1000
 LIKE_ESCAPE = "\\"
 # What a search looks in, cheapest first (SQLite stops at the first that matches): the row's
 # columns, then its result's JSON. The job id is read as the caller knows it (``_own_id``).
@@ -108,8 +113,10 @@ class JobFilter:
     max_reward: float | None = None
     tenant: str | None = None  # None: every tenant's (the admin's view)
     # A substring, matched without regard to (ASCII) case, of the job id as the caller knows
-    # it, instance_id, data_source, task, the error's type and message, or the judge's note.
+    # it, instance_id, data_source, task, the error's type and message, or the judge's note;
+    # among the newest ``search_rows`` finished jobs of the database (None: all of them).
     search: str | None = None
+    search_rows: int | None = SEARCH_ROWS
 
     def where(self) -> tuple[str, list[Any]]:
         """The SQL condition on ``jobs`` and its arguments (every value bound, none formatted
@@ -134,6 +141,9 @@ class JobFilter:
             )
             # The own id's argument first: its expression is the first searched.
             args.extend([*own_args, *[like_pattern(self.search)] * len(searched)])
+            if self.search_rows is not None:  # (seq's index finds the newest at once)
+                clauses.append("seq > (SELECT COALESCE(MAX(seq), 0) FROM jobs) - ?")
+                args.append(self.search_rows)
         return " AND ".join(clauses), args
 
     def _own_id(self) -> tuple[str, list[Any]]:

@@ -9,6 +9,7 @@ import math
 import sqlite3
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -737,6 +738,21 @@ async def test_a_search_matches_each_field_and_its_wildcards_are_literal(tmp_pat
         assert len(await found("run-")) == len(SEARCHED)  # the control: a text all hold
     finally:
         await store.close()
+
+
+async def test_a_search_reads_only_the_newest_rows_it_is_given(tmp_path: Path) -> None:
+    # A search reads each row's result JSON on the store's one thread: the server's is bounded.
+    await store_results(tmp_path / "s.db", SEARCHED)
+    store = ResultStore(tmp_path / "s.db")
+    await store.open()
+    try:
+        newest = JobFilter(search="run-", search_rows=2)
+        jobs, _ = await store.summaries(newest, None, 100)
+        every, _ = await store.summaries(replace(newest, search_rows=None), None, 100)
+    finally:
+        await store.close()
+    assert {j.job_id for j in jobs} == {r.job_id for r in SEARCHED[-2:]}
+    assert len(every) == len(SEARCHED)  # the control: unbounded, every row
 
 
 async def test_the_export_streams_exactly_what_the_list_shows(

@@ -15,7 +15,7 @@ from raas.api.errors import ErrorBody, responses
 from raas.api.routes.submission import shown, status_of, submit
 from raas.api.state import ServiceState, service
 from raas.api.tenants import Caller, caller
-from raas.store.dashboard import SEARCH_CHARS, JobFilter
+from raas.store.dashboard import SEARCH_CHARS, SEARCH_ROWS, JobFilter
 from raas.store.export import stream_jsonl
 from raas.wire import (
     BatchRequest,
@@ -60,7 +60,8 @@ async def finished_filter(
             max_length=SEARCH_CHARS,
             description="Only jobs with this text (case aside, ASCII) in their job id, instance_id,"
             " data_source, task, error type or message, or the judge's note on a reward below a"
-            " pass; `%` and `_` are themselves, not wildcards.",
+            " pass; `%` and `_` are themselves, not wildcards. Among the newest"
+            f" {SEARCH_ROWS:,} finished jobs of the server (a search reads each one's result).",
         ),
     ] = None,
 ) -> JobFilter:
