@@ -275,6 +275,8 @@ async def run_tasks(
                     )
                 finally:
                     watch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watch  # (an error of its own is raised here, not lost)
             return results, time.perf_counter() - start
 
 

@@ -12,10 +12,13 @@ one-run figures, and another job's load moves them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,27 +96,37 @@ def run_one(name: str, args: tuple[str, ...], out: Path) -> Outcome:
     with out.open("w") as file:
         file.write(head)
         file.flush()
+        # Its own session: the servers a benchmark starts go with it, and the pipe they hold
+        # open closes, when it is killed.
         proc = subprocess.Popen(
             [sys.executable, "-m", "raas", "bench", name, "--", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
         )
+        # The deadline holds for a benchmark that hangs without a line, too.
+        deadline = threading.Timer(RUN_TIMEOUT_S, _kill_group, (proc,))
+        deadline.start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:  # as it comes: a long benchmark shows its progress
                 sys.stdout.write(line)
                 file.write(line)
-                if time.monotonic() - begin > RUN_TIMEOUT_S:
-                    proc.kill()
             code = proc.wait(timeout=60)
         finally:
+            deadline.cancel()
             if proc.poll() is None:  # Ctrl-C, or a benchmark that would not end
-                proc.kill()
+                _kill_group(proc)
                 proc.wait()
         if time.monotonic() - begin > RUN_TIMEOUT_S:
             code = 124
     return Outcome(command(name, args), load, time.monotonic() - begin, code, out)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:

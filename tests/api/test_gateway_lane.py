@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 from raas.agent.gateway import GEMINI, ROUTES
 from raas.api.app import create_app
+from raas.api.routes.gateway import GatewayLane
 from raas.settings import ServeSettings
 from raas.tasks import TaskRegistry
 
@@ -126,3 +127,20 @@ async def test_a_path_that_is_not_a_gateway_routes_takes_no_job_token(
     app = create_app(settings, TaskRegistry())
     status, _, body = await call(app, app, "POST", path, {"authorization": "Bearer raas-job"})
     assert status == 401 and "error" not in body and "API key" in body["detail"]
+
+
+async def test_the_app_serves_gateway_calls_through_the_lane_not_the_router(app: FastAPI) -> None:
+    # The test above passes as well without the lane (FastAPI's routes answer the same): this
+    # one holds that the lane is installed and answers with no router behind it.
+    assert any(m.cls is GatewayLane for m in app.user_middleware)
+
+    async def no_router(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError(f"routed: {scope['path']}")
+
+    headers = {"authorization": "Bearer raas-nobody", "content-type": "application/json"}
+    status, got, _ = await call(
+        app, GatewayLane(no_router), "POST", "/v1/chat/completions", headers, b"{}"
+    )
+    assert status == 401 and got["www-authenticate"] == "Bearer"
+    with pytest.raises(AssertionError, match="routed: /v1/status"):  # the control
+        await call(app, GatewayLane(no_router), "GET", "/v1/status", headers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -65,3 +66,24 @@ def test_each_output_is_headed_by_its_command_and_load_and_a_failure_is_said(
     summary = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"raas bench nosuch -- --x 1 +\d+\.\d\d +\d+ +2", summary[-3])
     assert summary[-1] == f"outputs in {tmp_path}/"
+
+
+def test_a_benchmark_that_hangs_silently_is_stopped_at_its_deadline_with_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A "python" that starts a server of its own and then waits, printing nothing.
+    pids = tmp_path / "pids"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nsleep 600 &\necho $$ $! > {pids}\nwait\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(docs.sys, "executable", str(fake))
+    monkeypatch.setattr(docs, "RUN_TIMEOUT_S", 3.0)  # a shell's start, many times over
+    outcome = docs.run_one("silent", (), tmp_path / "silent.txt")
+    assert outcome.code == 124
+    for pid in map(int, pids.read_text().split()):  # the benchmark and its server both gone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # A zombie of a killed child waits for its reaper: dead all the same.
+        assert Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z", pid
