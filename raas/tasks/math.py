@@ -257,10 +257,8 @@ class MathTask(QuestionTask):
             "ground_truth": truth,
             "read": verdict.read,
         }
-        reason = verdict.reason(truths)
-        if reason is not None:
-            metrics["reason"] = reason
-        return RewardInfo(1.0 if verdict.correct else 0.0, metrics)
+        reward = 1.0 if verdict.correct else 0.0
+        return RewardInfo(reward, with_reason(reward, metrics, verdict.reason(truths) or ""))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -400,6 +400,10 @@ def test_a_wrong_number_says_which_values_were_checked() -> None:
         "answer read: an unreadable value, expected 3.2 (relative tolerance 0.01)"
     )
     assert numeric_reason("about six", 6.0) == "no answer found"
+    # Digits enough to tell the two apart (six significant ones made both 1.23...e+06).
+    assert numeric_reason("1234567", 1234000.0) == (
+        "answer read: 1234567, expected 1234000 (relative tolerance 0.01)"
+    )
 
 
 def test_check_numeric_tolerances() -> None:

@@ -328,10 +328,9 @@ def check_numeric(
     """
     if not math.isfinite(truth):
         return False
-    values = scan_numbers(prediction, every=one_value)
-    if not values:
+    checked = checked_values(prediction, one_value)
+    if not checked:
         return False
-    checked = values if one_value else values[-1:]
     return all(
         not math.isnan(v) and math.isclose(v, truth, rel_tol=rel_tol, abs_tol=abs_tol)
         for v in checked
@@ -346,10 +345,17 @@ def numeric_reason(
 ) -> str:
     """Why check_numeric (with the same arguments) says no, for a result's ``metrics.reason``:
     the values it checked (every one with ``one_value``, else the last) and the truth."""
-    values = scan_numbers(prediction, every=one_value)
-    checked = values if one_value else values[-1:]
+    checked = checked_values(prediction, one_value)
     if not checked:
         return wrong_answer(None, truth)
-    read = ", ".join("an unreadable value" if math.isnan(v) else f"{v:g}" for v in checked)
+    # 12 digits: `:g`'s six showed 1234567 against 1234000 as 1.23457e+06 and 1.234e+06.
+    read = ", ".join("an unreadable value" if math.isnan(v) else f"{v:.12g}" for v in checked)
     several = ", and one value only" if len(checked) > 1 else ""
-    return wrong_answer(read, f"{truth:g} (relative tolerance {rel_tol:g}){several}")
+    return wrong_answer(read, f"{truth:.12g} (relative tolerance {rel_tol:g}){several}")
+
+
+def checked_values(prediction: str | None, one_value: bool) -> list[float]:
+    """The values check_numeric compares with the truth: every one with ``one_value``, else
+    the last."""
+    values = scan_numbers(prediction, every=one_value)
+    return values if one_value else values[-1:]
