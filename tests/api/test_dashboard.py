@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 
 from raas.api.auth import COOKIE, session_token
 from raas.llm.chat import encode, token_texts
@@ -541,7 +542,7 @@ async def test_the_series_show_the_results_from_before_a_restart_in_their_bucket
     assert sum(before["finished"]) == 3
     assert before["reward_mean"][first] == 0.5 and before["pass_rate"][first] == 0.5
     assert before["reward_mean"][second] == 0.5
-    assert before["generated_tokens_per_s"][first] * bucket_s == 2 + 3
+    assert before["generated_tokens_per_s"][first] * bucket_s == pytest.approx(2 + 3)
     assert before["stage_s"]["run"][first] == 3.0 and before["stage_s"]["eval"][second] == 1.0
     # Spans 4-2 and 7-7; "c"'s backend named no version: no point there, not 0.
     assert before["staleness_mean"][first] == 1.0 and before["staleness_max"][first] == 2
