@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from raas.cli.progress import markup
-from raas.client.task_files import as_requests, write_results
+from raas.client.task_files import RESULTS_NAME, as_requests, write_results
 from raas.helpers.files import new_run_dir
 from raas.oracle.sabotage import sabotage_of
 from raas.run import CPU_SAMPLING, RunOptions, result_table, run_tasks, summary
@@ -64,7 +64,7 @@ class Demo:
 
     @property
     def out(self) -> Path:
-        return self.workdir / "results.jsonl"
+        return self.workdir / RESULTS_NAME
 
     def run(
         self, finished: list[RolloutResult] | None = None

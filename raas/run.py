@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -25,7 +24,7 @@ from raas.api.app import create_app
 from raas.cli.progress import Counting, markup, say_cancelling
 from raas.client import RolloutClient
 from raas.client.single_server import RaasHTTPError, with_job_id
-from raas.client.task_files import infra_errors, keeping, run_requests
+from raas.client.task_files import infra_errors, keeping, read_results, run_requests
 from raas.helpers.ports import free_port
 from raas.helpers.readiness import wait_until_answers
 from raas.launch import EngineProcess
@@ -381,8 +380,8 @@ async def replay(
     registry = TaskRegistry.from_entry_points()
     services = TaskServices(llm=BackendPool(), sandbox_config=BwrapConfig())
     rows: list[tuple[str, float | None, float]] = []
-    text = await asyncio.to_thread(results_file.read_text)
-    stored = [RolloutResult.model_validate(json.loads(x)) for x in text.splitlines() if x.strip()]
+    # ResultFileError (a line that is not a result, no such file) names the file and line.
+    stored = await asyncio.to_thread(read_results, results_file)
     try:
         for result, instance in zip(stored, tasks_of(stored, tasks), strict=True):
             name = result.instance_id or result.job_id[:10]

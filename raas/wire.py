@@ -28,6 +28,8 @@ ErrorKind = Literal["infra", "policy"]
 # A reward at least this is a pass (pass rates count these).
 PASS_REWARD = 1.0
 FINAL_STATES: tuple[FinalStateName, ...] = get_args(FinalStateName)
+STAGE_NAMES: tuple[StageName, ...] = get_args(StageName)
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 
 def _require_data_source(instance: dict[str, Any]) -> dict[str, Any]:

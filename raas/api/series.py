@@ -9,13 +9,8 @@ its own jobs only; the admin's every tenant's.
 
 from __future__ import annotations
 
-from typing import get_args
-
 from raas.pipeline.ledger import Counts, Window
-from raas.wire import DashboardSeries, ErrorKind, StageName
-
-KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
-STAGES: tuple[StageName, ...] = get_args(StageName)
+from raas.wire import ERROR_KINDS, STAGE_NAMES, DashboardSeries
 
 
 def read_series(window: Window, tenant: str | None = None) -> DashboardSeries:
@@ -42,8 +37,8 @@ def read_series(window: Window, tenant: str | None = None) -> DashboardSeries:
         rewarded=[b.rewarded for b in buckets],
         reward_mean=[share(b.reward_sum, b.rewarded) for b in buckets],
         pass_rate=[share(b.passed, b.rewarded) for b in buckets],
-        stage_s={s: [share(b.stage_s[s], b.stage_runs[s]) for b in buckets] for s in STAGES},
-        errors={k: [b.errors[k] for b in buckets] for k in KINDS},
+        stage_s={s: [share(b.stage_s[s], b.stage_runs[s]) for b in buckets] for s in STAGE_NAMES},
+        errors={k: [b.errors[k] for b in buckets] for k in ERROR_KINDS},
         malformed_tool_calls=[b.malformed_tool_calls for b in buckets],
         staleness_mean=[share(b.staleness_sum, b.staleness_known) for b in buckets],
         staleness_max=[b.staleness_max for b in buckets],

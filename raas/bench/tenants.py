@@ -53,14 +53,13 @@ from raas.bench.scale import serve_thinking_llm
 from raas.launch import ServerProcess
 from raas.settings import defaults
 from raas.tenants import TenantEntry, TenantsFile, key_digest
-from raas.wire import FINAL_STATES
+from raas.wire import FINAL_STATES, STAGE_NAMES
 
 WIDTH = 80
 INSTANCE = {"data_source": "math", "question": "What is 6 * 7?", "answer": "42"}
 BATCH = 500  # jobs a request of a flood
 PROGRESS_S = 5.0
-STAGES = ("init", "run", "eval")
-PARTS = ("queued", *STAGES, "other")  # where a finished job's time went
+PARTS = ("queued", *STAGE_NAMES, "other")  # where a finished job's time went
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Stream:
 
     def finished(self, latency: float, timing: dict[str, float]) -> None:
         queued = timing["queue_s"]
-        stages = [timing[f"{stage}_s"] for stage in STAGES]
+        stages = [timing[f"{stage}_s"] for stage in STAGE_NAMES]
         self.latency.append(latency)
         for part, seconds in zip(
             PARTS, [queued, *stages, latency - queued - sum(stages)], strict=True

@@ -148,7 +148,13 @@ def run(
     from rich.console import Console
 
     from raas.cli.progress import markup
-    from raas.client.task_files import as_requests, read_tasks, write_results
+    from raas.client.task_files import (
+        RESULTS_NAME,
+        ResultFileError,
+        as_requests,
+        read_tasks,
+        write_results,
+    )
     from raas.helpers.files import new_run_dir
     from raas.paths import host_paths, image_caps, installed
     from raas.run import (
@@ -226,11 +232,14 @@ def run(
         )
     if replay is not None:
         with installed(settings.paths, settings.images):
-            rows = asyncio.run(do_replay([task for _, task in items], replay, console))
+            try:
+                rows = asyncio.run(do_replay([task for _, task in items], replay, console))
+            except ResultFileError as e:
+                raise click.ClickException(str(e)) from e
         for instance_id, old, new in rows:
             console.print(f"{markup(instance_id)}: stored reward {old}, re-scored {new}")
         return
-    out = out or new_run_dir(Path("out/run")) / "results.jsonl"
+    out = out or new_run_dir(Path("out/run")) / RESULTS_NAME
     options = RunOptions(
         url=url,
         api_key=api_key,

@@ -51,11 +51,8 @@ import numpy as np
 from raas.client.batch import HasResults, ResultLike, _as_result, _members
 from raas.client.dapo import DapoReport
 from raas.client.staleness import staleness_metrics, token_lag
-from raas.wire import PASS_REWARD, RolloutResult
+from raas.wire import ERROR_KINDS, FINAL_STATES, PASS_REWARD, STAGE_NAMES, RolloutResult
 
-STATES = ("done", "failed", "timeout", "cancelled")
-ERROR_KINDS = ("infra", "policy")
-STAGES = ("init", "run", "eval")
 TIMINGS = ("queue_s", "init_s", "run_s", "eval_s", "total_s")
 
 Rollouts = Iterable[ResultLike] | Iterable[Iterable[ResultLike] | HasResults]
@@ -125,9 +122,9 @@ def _outcomes(results: list[RolloutResult]) -> dict[str, float]:
     stages = Counter(str(r.stage_failed) for r in results if r.stage_failed is not None)
     stops = Counter(r.trajectory.stop_reason for r in results if r.trajectory.stop_reason)
     return {
-        **_fractions(Counter(r.state for r in results), n, "state", STATES),
+        **_fractions(Counter(r.state for r in results), n, "state", FINAL_STATES),
         **_fractions(Counter(e.kind for e in errors), n, "error_kind", ERROR_KINDS),
-        **_fractions(stages, n, "stage_failed", STAGES),
+        **_fractions(stages, n, "stage_failed", STAGE_NAMES),
         **_fractions(Counter(e.type for e in errors), n, "error_type"),
         **_fractions(stops, n, "stop_reason"),
         "attempts_mean": float(np.mean([r.attempts for r in results])),

@@ -258,7 +258,8 @@ def read_results(path: Path) -> list[RolloutResult]:
         raise ResultFileError(f"no such results file: {path}")
     if path.suffix == ".parquet":
         raise ResultFileError(
-            f"{path}: a Parquet export; compare reads JSON lines (raas export --out FILE.jsonl)"
+            f"{path}: a Parquet export; results are read as JSON lines (raas export --out"
+            " FILE.jsonl)"
         )
     results = []
     with open(path, "rb") as f:

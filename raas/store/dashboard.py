@@ -14,18 +14,18 @@ import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 from raas.tenants import job_key
 from raas.wire import (
+    ERROR_KINDS,
     PASS_REWARD,
+    STAGE_NAMES,
     DashboardStats,
     Distributions,
-    ErrorKind,
     FailureCount,
     JobSummary,
     SourceStats,
-    StageName,
     Throughput,
 )
 
@@ -374,9 +374,6 @@ def distributions(conn: sqlite3.Connection, last: int, tenant: str | None = None
 
 # -- the plots over time, filled at a start ----------------------------------------------------
 
-_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
-_STAGES: tuple[StageName, ...] = get_args(StageName)
-
 
 @dataclass(frozen=True)
 class FinishedGroup:
@@ -415,9 +412,9 @@ _GROUPS = (
     "SELECT CAST(finished_at / ? AS INTEGER), tenant, state, error_kind, COUNT(*),"
     " COUNT(reward), TOTAL(reward), COUNT(CASE WHEN reward >= ? THEN 1 END),"
     " TOTAL(generated_tokens), TOTAL(malformed_tool_calls), "
-    + ", ".join(f"TOTAL({s}_s), COUNT(CASE WHEN {s}_s > 0 THEN 1 END)" for s in _STAGES)
+    + ", ".join(f"TOTAL({s}_s), COUNT(CASE WHEN {s}_s > 0 THEN 1 END)" for s in STAGE_NAMES)
     + ", COUNT(policy_version_span), TOTAL(policy_version_span), MAX(policy_version_span), "
-    + ", ".join(_attempt_errors_of(kind) for kind in _KINDS)
+    + ", ".join(_attempt_errors_of(kind) for kind in ERROR_KINDS)
     # finished_at >= ?: a range of the jobs_finished_at index, so only the span's rows are read.
     + " FROM jobs WHERE finished_at >= ? AND seq IS NOT NULL GROUP BY 1, 2, 3, 4"
 )
@@ -433,8 +430,8 @@ def finished_groups(conn: sqlite3.Connection, bucket_s: float, since: float) -> 
         bucket, tenant, state, kind, jobs, rewarded, reward_sum, passed, tokens, malformed = row[
             :10
         ]
-        stages = row[10 : 10 + 2 * len(_STAGES)]
-        known, span_sum, span_max, *attempts = row[10 + 2 * len(_STAGES) :]
+        stages = row[10 : 10 + 2 * len(STAGE_NAMES)]
+        known, span_sum, span_max, *attempts = row[10 + 2 * len(STAGE_NAMES) :]
         groups.append(
             FinishedGroup(
                 bucket=int(bucket),
@@ -442,14 +439,14 @@ def finished_groups(conn: sqlite3.Connection, bucket_s: float, since: float) -> 
                 state=state,
                 error_kind=kind,
                 jobs=jobs,
-                attempt_errors={k: int(n) for k, n in zip(_KINDS, attempts, strict=True) if n},
+                attempt_errors={k: int(n) for k, n in zip(ERROR_KINDS, attempts, strict=True) if n},
                 rewarded=rewarded,
                 reward_sum=reward_sum,
                 passed=passed,
                 generated_tokens=int(tokens),
                 malformed_tool_calls=int(malformed),
-                stage_s=dict(zip(_STAGES, stages[0::2], strict=True)),
-                stage_runs=dict(zip(_STAGES, stages[1::2], strict=True)),
+                stage_s=dict(zip(STAGE_NAMES, stages[0::2], strict=True)),
+                stage_runs=dict(zip(STAGE_NAMES, stages[1::2], strict=True)),
                 staleness_known=known,
                 staleness_sum=int(span_sum),
                 staleness_max=span_max,

@@ -689,6 +689,11 @@ def test_replay_scores_each_result_against_its_own_task_without_instance_ids(
     stored.write_text(results[1].model_dump_json() + "\n")  # one of two: no place to go by
     alone = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
     assert "skipping j1: no task at its place" in " ".join(alone.output.split())
+    # A line that is not a result: one line naming the file and line, no traceback.
+    stored.write_text(results[0].model_dump_json() + "\n" + '{"job_id": 3}\n')
+    bad = CliRunner().invoke(main, ["run", str(tasks), "--replay", str(stored)])
+    assert bad.exit_code == 1 and "Traceback" not in bad.output, bad.output
+    assert f"{stored}:2: " in " ".join(bad.output.split()), bad.output
 
 
 def test_errors_name_what_was_meant_where_it_was_and_stay_short(tmp_path: Path) -> None:

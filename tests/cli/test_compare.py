@@ -147,7 +147,7 @@ def test_what_cannot_be_read_is_one_line_naming_the_file_and_line(tmp_path: Path
             "{path}:1: state: Input should be",
         ),
         "empty.jsonl": ("\n", "{path} holds no results"),
-        "r.parquet": ("PAR1", "{path}: a Parquet export; compare reads JSON lines"),
+        "r.parquet": ("PAR1", "{path}: a Parquet export; results are read as JSON lines"),
     }
     for name, (text, said) in cases.items():
         path = tmp_path / name
