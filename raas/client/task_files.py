@@ -72,10 +72,9 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        numbered.append((f"{path}:{lineno}", json.loads(line)))
-                    except json.JSONDecodeError as e:  # its own line and column: the line's
-                        why = f"{e.msg} at column {e.colno}"
-                        raise TaskFileError(f"{path}:{lineno}: not JSON: {why}") from e
+                        numbered.append((f"{path}:{lineno}", json_line(line)))
+                    except json.JSONDecodeError as e:
+                        raise TaskFileError(not_json(f"{path}:{lineno}", e)) from e
     else:
         raise TaskFileError(f"{path}: use .jsonl, .parquet or a Harbor task directory")
     if not numbered:
@@ -84,6 +83,19 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(row, dict):
             raise TaskFileError(f"{where}: expected a JSON object")
     return numbered
+
+
+def json_line(line: str) -> Any:
+    """One line of a JSONL file, decoded without its line break: an error's column is then
+    the line's own (an object left open is "at column N" past its text, not column 1 of a next
+    line the decoder saw)."""
+    return json.loads(line.rstrip("\r\n"))
+
+
+def not_json(where: str, e: json.JSONDecodeError) -> str:
+    """Why a line at ``where`` (FILE:LINE) is not JSON: the decoder's reason and column, not
+    its own line number, which counts from the line and so would read as the file's."""
+    return f"{where}: not JSON: {e.msg} at column {e.colno}"
 
 
 def task_instance(row: dict[str, Any], where: str, task: str | None = None) -> dict[str, Any]:
@@ -272,9 +284,9 @@ def read_results(path: Path) -> list[RolloutResult]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json_line(line)
             except json.JSONDecodeError as e:
-                raise ResultFileError(f"{where}: not JSON: {e.msg} at column {e.colno}") from None
+                raise ResultFileError(not_json(where, e)) from None
             try:
                 results.append(RolloutResult.model_validate(row))
             except ValidationError as e:

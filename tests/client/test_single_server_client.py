@@ -135,6 +135,13 @@ def test_a_task_file_with_no_task_or_a_broken_line_is_refused_by_name(tmp_path: 
     with pytest.raises(TaskFileError) as broken:
         read_requests(f)
     assert re.fullmatch(r".*t\.jsonl:2: not JSON: Expecting value at column 17", str(broken.value))
+    # An object left open is past its text's end, not at column 1 of a line after it.
+    f.write_text('{"data_source": "probe"}\n{"data_source": "probe"\n')
+    with pytest.raises(TaskFileError) as open_object:
+        read_requests(f)
+    assert str(open_object.value).endswith(
+        "t.jsonl:2: not JSON: Expecting ',' delimiter at column 24"
+    )
     f.write_text('{"data_source": "probe"}\n')  # the control: one task
     assert [r.instance["data_source"] for r in read_requests(f)] == ["probe"]
 
