@@ -323,14 +323,14 @@ def result_table(results: list[RolloutResult], title: str) -> Table:
 def summary(results: list[RolloutResult], wall_s: float) -> str:
     states = Counter(r.state for r in results)
     rewards = [r.reward for r in results if r.reward is not None]
-    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"  # none scored: no mean
     passed = sum(1 for r in rewards if r >= PASS_REWARD)
     tokens = sum(generated_tokens(r) for r in results)
     wall_s = max(wall_s, 1e-9)  # an empty task file finishes at once
     return (
         f"{len(results)} rollouts in {wall_s:.1f} s ({60 * len(results) / wall_s:.1f} per minute,"
         f" {tokens / wall_s:.1f} generated tokens/s):\n"  # two lines, each within 80 columns
-        f"mean reward {mean:.3f}, pass rate {passed}/{len(rewards)}; "
+        f"mean reward {mean}, pass rate {passed}/{len(rewards)}; "
         + ", ".join(f"{markup(k)} {v}" for k, v in sorted(states.items()))
         + (f" ({infra} of them for infra reasons)" if (infra := len(infra_errors(results))) else "")
     )

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+from typing import Any
+
 import click
 
 import raas
 from raas.cli import bench, compare, data, images, jobs, run, serve, slurm, usage
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """raas's commands: Ctrl-C before a command has work of its own to stop (an engine still
+    starting, say) exits as a shell's interrupted command does (130), not click's ``Aborted!``
+    and 1. A command that has work to stop says so itself (``raas.cli.output.run_keeping``)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(128 + signal.SIGINT)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(raas.__version__, prog_name="raas")
 def main() -> None:
     """raas: Rollout-as-a-Service for RL of multi-turn LLM agents.

@@ -41,8 +41,9 @@ def compare(a: Path, b: Path) -> None:
     except ResultFileError as e:
         raise click.ClickException(str(e)) from e
     console = Console(width=WIDTH)
-    console.print(f"A: {markup(a)} ({len(first)} results)")
-    console.print(f"B: {markup(b)} ({len(second)} results)")
+    for label, path, results in (("A", a, first), ("B", b, second)):
+        s = "" if len(results) == 1 else "s"
+        console.print(f"{label}: {markup(path)} ({len(results)} result{s})")
     console.print(compare_table(side_by_side(first, second)))
 
 

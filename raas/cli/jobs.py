@@ -203,10 +203,10 @@ def submit(
     for r in results:
         by_state[r.state] = by_state.get(r.state, 0) + 1
     rewards = [r.reward for r in results if r.reward is not None]
-    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"  # none scored: no mean
     click.echo(
         f"{len(results)} result{'' if len(results) == 1 else 's'} in {out}: "
         + ", ".join(f"{plain(k)} {v}" for k, v in sorted(by_state.items()))
-        + f"; mean reward {mean:.3f}"
+        + f"; mean reward {mean}"
     )
     exit_for_infra(results)

@@ -15,7 +15,8 @@ from raas.helpers.terminal import plain
 
 def say_cancelling(n: int) -> None:
     """What ``raas run`` / ``raas submit`` print on Ctrl-C before cancelling their jobs."""
-    print(f"interrupted: cancelling this run's {n} unfinished jobs on the server", flush=True)
+    s = "" if n == 1 else "s"  # Ctrl-C or SIGTERM alike: what happens, not which
+    print(f"stopping: cancelling this run's {n} unfinished job{s} on the server", flush=True)
 
 
 def markup(value: object) -> str:

@@ -47,12 +47,13 @@ def read_tasks(path: Path, task: str | None = None) -> list[tuple[str, dict[str,
 def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """The objects in a task file, each with ``FILE:LINE`` (``FILE:ROW`` in Parquet, from 1);
     a directory is a Harbor task or a dataset of them, each task a ``harbor`` instance with its
-    files inline, found at its directory."""
+    files inline, found at its directory, its name (the directory's) its ``instance_id``, so
+    that tables and results say ``create-file``, not a job id."""
     if not path.exists():
         raise TaskFileError(f"no such task file: {path}")
     if path.is_dir():
         try:
-            return [(str(task), read_task_dir(task)) for task in task_dirs(path)]
+            return [(str(task), named(read_task_dir(task))) for task in task_dirs(path)]
         except TaskDirError as e:
             raise TaskFileError(str(e)) from e
     if path.suffix == ".parquet":
@@ -83,6 +84,13 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(row, dict):
             raise TaskFileError(f"{where}: expected a JSON object")
     return numbered
+
+
+def named(instance: dict[str, Any]) -> dict[str, Any]:
+    """A Harbor task read from its directory, its name its ``instance_id`` (unless it has one)."""
+    if instance.get("instance_id") is None and isinstance(instance.get("name"), str):
+        return {**instance, "instance_id": instance["name"]}
+    return instance
 
 
 def json_line(line: str) -> Any:

@@ -183,7 +183,8 @@ class Stages:
         if left is not None and limit == left:  # the job's budget, not the stage's, bounds it
             budget = job.budget(self.config.job_timeout_s)
             why = f"the job's time budget of {budget:.3g} s ran out in {stage}"
-            why += f" ({left:.3g} s of it were left)"
+            if budget is not None and budget - left >= max(1.0, budget / 20):  # time went before
+                why += f", which began with {left:.3g} s of it left"
         else:
             why = f"{stage} did not finish within its time limit of {limit or 0:.3g} s"
         job.stage = stage

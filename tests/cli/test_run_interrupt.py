@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from raas.helpers.sigterm import Terminated, stopped_by_sigterm
 from raas.store.sqlite import iter_finished
@@ -209,7 +211,7 @@ def test_ctrl_c_against_a_server_cancels_the_unfinished_and_keeps_the_finished(
     finally:
         term.kill()
     assert code == 128 + sig, term.tail
-    assert "cancelling this run's 1 unfinished jobs on the server" in term.output
+    assert "stopping: cancelling this run's 1 unfinished job on the server" in term.output
     how = "interrupted" if sig == signal.SIGINT else "stopped by SIGTERM"
     said = f"{how}: the 1 results that had finished are in {out}"
     assert said in " ".join(term.output.split()), term.tail
@@ -296,3 +298,17 @@ def test_ctrl_c_on_the_demo_stops_its_engine_and_keeps_what_finished(tmp_path: P
     states = {r.instance_id: r.state for r in iter_finished(out.parent / "run.db")}
     assert len(states) == 8 and {states[i] for i in kept} <= {"done", "failed", "timeout"}
     assert all(state == "cancelled" for i, state in states.items() if i not in kept)
+
+
+def test_ctrl_c_before_a_command_has_work_exits_130_not_aborted() -> None:
+    """Ctrl-C while a command is still starting (an engine loading, say): a shell's 130 and
+    one word, not click's ``Aborted!`` and 1 (the control: a plain click group)."""
+    from raas.cli import Commands
+
+    def starting() -> None:
+        raise KeyboardInterrupt
+
+    for cls, code, said in ((Commands, 130, "interrupted"), (click.Group, 1, "Aborted!")):
+        group = cls(commands={"start": click.Command("start", callback=starting)})
+        result = CliRunner().invoke(group, ["start"])
+        assert (result.exit_code, result.output.strip()) == (code, said), cls
