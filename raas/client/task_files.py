@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
 from raas.client.single_server import RaasHTTPError, with_job_id
-from raas.helpers.task_dirs import TaskDirError, read_task_dir, task_dirs
+from raas.helpers.task_dirs import TaskDirError, named, read_task_dir, task_dirs
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
 
@@ -84,13 +84,6 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(row, dict):
             raise TaskFileError(f"{where}: expected a JSON object")
     return numbered
-
-
-def named(instance: dict[str, Any]) -> dict[str, Any]:
-    """A Harbor task read from its directory, its name its ``instance_id`` (unless it has one)."""
-    if instance.get("instance_id") is None and isinstance(instance.get("name"), str):
-        return {**instance, "instance_id": instance["name"]}
-    return instance
 
 
 def json_line(line: str) -> Any:

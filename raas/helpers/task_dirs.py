@@ -87,6 +87,14 @@ def task_dirs(path: Path) -> list[Path]:
     return found
 
 
+def named(instance: dict[str, Any]) -> dict[str, Any]:
+    """A Harbor task read from its directory with its name (the directory's) as its
+    ``instance_id`` (unless it has one): tables and results then say ``create-file``."""
+    if instance.get("instance_id") is None and isinstance(instance.get("name"), str):
+        return {**instance, "instance_id": instance["name"]}
+    return instance
+
+
 def read_task_dir(path: Path, deadline: float | None = None) -> dict[str, Any]:
     """The ``harbor`` instance of the task at ``path`` (the caller's own: a link to it is
     followed): its name (the directory's), its text files (``files``), any file that is not

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from raas.helpers.suggestions import did_you_mean
-from raas.helpers.task_dirs import read_task_dir, task_dirs
+from raas.helpers.task_dirs import named, read_task_dir, task_dirs
 from raas.tasks.countdown import generate_instances
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -65,7 +65,7 @@ def demo_mix() -> list[dict[str, Any]]:
 
 def harbor_tasks() -> list[dict[str, Any]]:
     """The Harbor tasks shipped with raas (raas/tasks/data/harbor), inline."""
-    return [read_task_dir(path) for path in task_dirs(HARBOR_DIR)]
+    return [named(read_task_dir(path)) for path in task_dirs(HARBOR_DIR)]
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ def test_jsonl_rows_requests_and_errors(tmp_path: Path) -> None:
     harbor = read_tasks(HARBOR_DIR)
     assert [t["data_source"] for _, t in harbor] == ["harbor"] * 6
     assert harbor[0][0].endswith("create-file") and "task.toml" in harbor[0][1]["files"]
+    # Named by its directory in tables and results (not by a job id's hash).
+    assert harbor[0][1]["instance_id"] == "create-file"
     with pytest.raises(TaskFileError, match="holds no Harbor task"):
         read_tasks(tmp_path)
     with pytest.raises(TaskFileError, match="no such task file"):
