@@ -70,7 +70,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     _require_buildah()
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("harbor")
-    builder = image_builder(work / "layout", rootfs)
+    builder = image_builder(tmp_path_factory, work / "layout", rootfs)
     tag = builder.base_of(rootfs)
     single = work / "base-layout"  # the one image alone, so the import may name it
     subprocess.run(

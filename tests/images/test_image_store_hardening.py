@@ -459,7 +459,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry,
     require_tools()
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("hardening")
-    builder = image_builder(work / "layout", rootfs)
+    builder = image_builder(tmp_path_factory, work / "layout", rootfs)
     with registry(work) as reg:
         swe = build_and_push(builder, reg, "harden/swe:v1", {"/testbed/a.py": "A = 1\n"}, rootfs)
         zeros = {f"/zeros/{i}": bytes(8 * MiB) for i in range(8)}

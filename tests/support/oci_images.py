@@ -10,12 +10,9 @@ root filesystem: seconds of gzip at each module's set-up otherwise). ``make_sif`
 
 from __future__ import annotations
 
-import atexit
-import functools
 import os
 import shutil
 import struct
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,15 +44,17 @@ def base_rootfs() -> Path:
     return root
 
 
-@functools.cache
-def _seed_layout(rootfs: Path) -> Path:
+_SEEDS: dict[Path, Path] = {}
+
+
+def _seed_layout(factory: pytest.TempPathFactory, rootfs: Path) -> Path:
     """An OCI layout holding the one-layer image of ``rootfs`` (``ImageBuilder.base_of``'s tag),
-    made the first time a process asks for it and removed when the process ends."""
-    top = Path(tempfile.mkdtemp(prefix="raas-test-base-layout-"))
-    atexit.register(shutil.rmtree, top, True)
-    builder = ImageBuilder(top / "layout")
-    builder.base_of(rootfs)
-    return builder.layout
+    made the first time this process asks for it, in pytest's temporary directory."""
+    if rootfs not in _SEEDS:
+        builder = ImageBuilder(factory.mktemp("base-layout") / "layout")
+        builder.base_of(rootfs)
+        _SEEDS[rootfs] = builder.layout
+    return _SEEDS[rootfs]
 
 
 def _link_blob_or_copy(src: str, dst: str) -> object:
@@ -70,11 +69,13 @@ def _link_blob_or_copy(src: str, dst: str) -> object:
     return shutil.copy2(src, dst)
 
 
-def image_builder(layout: Path, rootfs: Path | None = None) -> ImageBuilder:
+def image_builder(
+    factory: pytest.TempPathFactory, layout: Path, rootfs: Path | None = None
+) -> ImageBuilder:
     """An ``ImageBuilder`` at ``layout`` (which must not exist) whose base image of ``rootfs``
     (by default ``base_rootfs()``) is already there: the same layer ``base_of`` would make,
     made once a process and linked in, so ``base_of`` finds it."""
-    seed = _seed_layout((rootfs or base_rootfs()).resolve())
+    seed = _seed_layout(factory, (rootfs or base_rootfs()).resolve())
     shutil.copytree(seed, layout, copy_function=_link_blob_or_copy)
     return ImageBuilder(layout)
 
