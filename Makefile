@@ -22,7 +22,10 @@ system-deps:
 demo: $(STAMP) system-deps
 	$(BIN)/raas demo
 
-test: $(STAMP) system-deps lint typecheck docs unit
+# mypy, one process on one core (cold on a fresh clone: no cache), runs beside the tests, which
+# mostly wait; --output-sync keeps each one's output whole. A failure in either fails make test.
+test: $(STAMP) system-deps lint docs
+	$(MAKE) --no-print-directory -j2 --output-sync=target typecheck unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check raas tests scripts examples
@@ -141,11 +144,12 @@ test-oracle: $(STAMP) system-deps
 # Image tier: small real OCI images built offline with umoci on a Debian root filesystem (made
 # once by the script, as root, and cached in ~/.cache/raas/swe-images), pushed to a real registry
 # on 127.0.0.1 and pulled into the image store; sandboxes whose root is an image's layers; SWE
-# rows in their images, end to end.
+# rows in their images, end to end. Two processes, each taking whole files (a module's images,
+# registry and store stay in one): the tests mostly wait on sandboxes, umoci, skopeo and buildah.
 test-images: $(STAMP) system-deps
 	scripts/images/make-base-rootfs.sh
 	PYTHON=$(BIN)/python scripts/images/fetch-test-sources.sh
-	$(BIN)/pytest -q -m images
+	$(BIN)/pytest -q -n 2 --dist loadfile -m images
 
 # Ray tier: raas servers as actors on a local two-node Ray cluster (raas.deploy.ray).
 test-ray: $(STAMP)

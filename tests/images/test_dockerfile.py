@@ -36,7 +36,7 @@ from raas.images.errors import ImageError
 from raas.images.image import StoredImage
 from raas.images.store import ImageStore
 from tests.support import tiers
-from tests.support.oci_images import ImageBuilder, base_rootfs, require_tools
+from tests.support.oci_images import base_rootfs, image_builder, require_tools
 
 BASE = "raas/harbor-base:bookworm"
 DOCKERFILE = """\
@@ -70,7 +70,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     _require_buildah()
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("harbor")
-    builder = ImageBuilder(work / "layout")
+    builder = image_builder(tmp_path_factory, work / "layout", rootfs)
     tag = builder.base_of(rootfs)
     single = work / "base-layout"  # the one image alone, so the import may name it
     subprocess.run(

@@ -38,6 +38,7 @@ from tests.support.oci_images import (
     Registry,
     base_rootfs,
     build_and_push,
+    image_builder,
     make_sif,
     registry,
     require_tools,
@@ -334,7 +335,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
     require_tools()
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("oci")
-    builder = ImageBuilder(work / "layout")
+    builder = image_builder(tmp_path_factory, work / "layout", rootfs)
     with registry(work) as reg:
         a = build_and_push(builder, reg, "swe/a:v1", {"/testbed/a.py": "A = 1\n"}, rootfs)
         b = build_and_push(builder, reg, "swe/b:v1", {"/testbed/b.py": "B = 2\n"}, rootfs)

@@ -35,10 +35,10 @@ from raas.images.overlay import is_whiteout
 from raas.images.store import HARDENED, ImageStore
 from tests.images.test_image_store import GZIP, Blob, _blob, _entry, _layer, _tar
 from tests.support.oci_images import (
-    ImageBuilder,
     Registry,
     base_rootfs,
     build_and_push,
+    image_builder,
     make_sif,
     registry,
     require_tools,
@@ -459,7 +459,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry,
     require_tools()
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("hardening")
-    builder = ImageBuilder(work / "layout")
+    builder = image_builder(tmp_path_factory, work / "layout", rootfs)
     with registry(work) as reg:
         swe = build_and_push(builder, reg, "harden/swe:v1", {"/testbed/a.py": "A = 1\n"}, rootfs)
         zeros = {f"/zeros/{i}": bytes(8 * MiB) for i in range(8)}

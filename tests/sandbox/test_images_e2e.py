@@ -75,7 +75,7 @@ def pulled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     store = tmp / "store"
     rows = []
     with oci_images.registry(tmp / "registry") as registry:
-        builder = oci_images.ImageBuilder(tmp / "layout")
+        builder = oci_images.image_builder(tmp_path_factory, tmp / "layout")
         for instance_id in instance_ids():
             name = f"raas-tests/{instance_id.replace('__', '_s_')}:base"
             ref = oci_images.build_and_push(builder, registry, name, files)

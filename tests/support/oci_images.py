@@ -2,13 +2,16 @@
 on 127.0.0.1; shared with `raas bench images`), with the root filesystem a test skips without.
 
 ``build_and_push`` builds on ``base_rootfs()`` unless given another root filesystem: the SWE tests
-use it to make images with a project at /testbed. ``make_sif`` writes a ``.sif`` without
-apptainer.
+use it to make images with a project at /testbed. ``image_builder`` starts a layout that already
+holds the base root filesystem's layer, made once a test process (``umoci insert`` of the whole
+root filesystem: seconds of gzip at each module's set-up otherwise). ``make_sif`` writes a
+``.sif`` without apptainer.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import time
 from collections.abc import Mapping
@@ -25,6 +28,7 @@ __all__ = [
     "Registry",
     "base_rootfs",
     "build_and_push",
+    "image_builder",
     "make_sif",
     "missing_tools",
     "registry",
@@ -38,6 +42,42 @@ def base_rootfs() -> Path:
     if not oci_fixtures.rootfs_ready(root):
         pytest.skip(f"no base root filesystem at {root}: {oci_fixtures.MAKE_ROOTFS}")
     return root
+
+
+_SEEDS: dict[Path, Path] = {}
+
+
+def _seed_layout(factory: pytest.TempPathFactory, rootfs: Path) -> Path:
+    """An OCI layout holding the one-layer image of ``rootfs`` (``ImageBuilder.base_of``'s tag),
+    made the first time this process asks for it, in pytest's temporary directory."""
+    if rootfs not in _SEEDS:
+        builder = ImageBuilder(factory.mktemp("base-layout") / "layout")
+        builder.base_of(rootfs)
+        _SEEDS[rootfs] = builder.layout
+    return _SEEDS[rootfs]
+
+
+def _link_blob_or_copy(src: str, dst: str) -> object:
+    """Blobs are named by their digest and never written again: linked. The rest (index.json,
+    which umoci rewrites) copied."""
+    if f"{os.sep}blobs{os.sep}" in src:
+        try:
+            os.link(src, dst)
+            return dst
+        except OSError:  # another file system
+            pass
+    return shutil.copy2(src, dst)
+
+
+def image_builder(
+    factory: pytest.TempPathFactory, layout: Path, rootfs: Path | None = None
+) -> ImageBuilder:
+    """An ``ImageBuilder`` at ``layout`` (which must not exist) whose base image of ``rootfs``
+    (by default ``base_rootfs()``) is already there: the same layer ``base_of`` would make,
+    made once a process and linked in, so ``base_of`` finds it."""
+    seed = _seed_layout(factory, (rootfs or base_rootfs()).resolve())
+    shutil.copytree(seed, layout, copy_function=_link_blob_or_copy)
+    return ImageBuilder(layout)
 
 
 def require_tools() -> None:

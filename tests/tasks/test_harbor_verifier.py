@@ -28,8 +28,8 @@ from raas.tasks.services import TaskServices
 from raas.wire import Trajectory
 from tests.support import tiers
 from tests.support.oci_images import (
-    ImageBuilder,
     base_rootfs,
+    image_builder,
     registry,
     require_tools,
     run_tool,
@@ -96,7 +96,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TaskServices]
         pytest.skip(why)
     rootfs = base_rootfs()
     work = tmp_path_factory.mktemp("harbor-run")
-    builder = ImageBuilder(work / "layout")
+    builder = image_builder(tmp_path_factory, work / "layout", rootfs)
     tag = builder.base_of(rootfs)
     single = work / "base-layout"
     subprocess.run(
@@ -251,11 +251,11 @@ async def test_a_shipped_task_named_by_its_path_runs_as_read(services: TaskServi
 
 
 async def test_a_prebuilt_image_pulled_from_a_registry_runs_the_task(
-    services: TaskServices, tmp_path: Path
+    services: TaskServices, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     # task.toml's docker_image instead of a Dockerfile: the image is pulled into the store
     # first (raas images pull), here from a registry on 127.0.0.1.
-    builder = ImageBuilder(tmp_path / "layout")
+    builder = image_builder(tmp_path_factory, tmp_path / "layout")
     files = {"/app/data.txt": "3 4\n5\n"}
     with registry(tmp_path) as reg:
         tag = builder.image("sum", builder.base_of(base_rootfs()), files)
