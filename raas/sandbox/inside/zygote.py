@@ -109,6 +109,7 @@ def overlay_on(path: str, lower: int) -> None:
     for name in ("upper", "work", "lower"):
         os.mkdir(name, 0o700)
     move_mount(lower, "lower")
+    os.close(lower)  # else /proc/1/fd would reach the lower whole, under the child's deletes
     os.chmod("upper", os.stat("lower").st_mode & 0o7777)  # the root's mode is the upper's
     options = "lowerdir=lower,upperdir=upper,workdir=work,userxattr"
     mount("overlay", path, "overlay", MS_NOSUID | MS_NODEV, options)
