@@ -62,6 +62,8 @@ from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, uid_slots
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 1000
+# The kernel's FILESYSTEM_MAX_STACK_DEPTH: an overlay over an overlay over a tmpfs, no deeper.
+MAX_STACK = 2
 # A zygote's own scratch mounts: its forks mount theirs, of their sizes, over them.
 ZYGOTE_LIMITS = SandboxLimits(shm_bytes=1 << 20, tmp_bytes=1 << 20, disk_bytes=1 << 20)
 # What the gate runs when the sandbox has a cgroup: bwrap with no environment (dash exports PWD;
@@ -216,6 +218,9 @@ class BwrapSandbox(NamespacedSandbox):
         # tmpfs goes over (an overlay's upper), for its launch; and the uid that owns them.
         self._lowers: dict[str, int] = {}
         self._lowers_owner: int | None = None
+        # How many overlays deep its workspace and /tmp are (a fork of a sealed sandbox: one
+        # more than its parent's): the kernel stacks file systems MAX_STACK deep at most.
+        self._depth = 0
 
     def _bwrap_args(self, data_fds: dict[str, int], zygote: bool = False) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -312,6 +317,8 @@ class BwrapSandbox(NamespacedSandbox):
                 return True
             if not self._forked or self.closed or self.process is None:
                 return False
+            if self._depth >= MAX_STACK:  # its forks' overlays would be one too deep
+                return False
             shell = await self._shell_state()
             init, lost = await asyncio.to_thread(self._processes)
             try:
@@ -363,7 +370,7 @@ class BwrapSandbox(NamespacedSandbox):
         try:
             if carry.scratch:
                 child._lowers = await asyncio.to_thread(sealed.held.copies)
-                child._lowers_owner = sealed.uid
+                child._lowers_owner, child._depth = sealed.uid, self._depth + 1
             await child.start()
             if carry.scratch:
                 restored = await child.bash(sealed.shell.restore_command())

@@ -235,6 +235,24 @@ async def test_closing_the_sealed_sandbox_leaves_its_forks_and_the_last_frees_al
     assert our_fds() <= before_fds  # no fd of a lower, of the holder's socket, of a pipe
 
 
+async def test_forks_of_sealed_forks_stack_as_deep_as_the_kernel_allows_then_copy(
+    sealed: BwrapSandbox,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        parent, kinds = sealed, []
+        for generation in range(3):
+            child = await stack.enter_async_context(started(await parent.fork()))
+            await out(child, f"echo {generation} > g{generation} && rm -f repo/f")
+            kinds.append(await out(child, f"{FS} .; ls repo g*"))
+            if generation < 2:
+                assert await child.seal() == (generation == 0)
+            parent = child
+        # Control: each generation sees all the earlier ones' writes and deletes; the second
+        # was not sealed (a third overlay would be too deep): the third is its copy.
+        assert [k.split()[0] for k in kinds] == ["overlayfs", "overlayfs", "tmpfs"]
+        assert set(kinds[-1].split()[1:]) == {"g0", "g1", "g2", "repo:", "l", "sub"}
+
+
 async def test_a_sandbox_not_from_a_zygote_is_not_sealed_and_its_forks_copy() -> None:
     # A sandbox not forked from a zygote (here: one with a network) cannot be sealed: it stays
     # live, and its forks copy as before.
