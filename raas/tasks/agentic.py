@@ -286,7 +286,11 @@ class AgentTask:
             return
         fork = await sandbox.fork() if sandbox is not None else None
         if fork is not None:  # idle for good: its branches fork copy-on-write
-            await fork.seal()
+            try:
+                await fork.seal()
+            except BaseException:
+                await fork.close()
+                raise
         snapshot = Snapshot(
             ctx.job.job_id,
             turns,
