@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,17 +48,18 @@ class Held:
         self.process = process
         self.control = control
         self.dirs = dirs
+        self._lock = threading.Lock()  # one request at a time: forks run in threads at once
 
     def copies(self) -> dict[str, int]:
         """Blocking: a detached read-only copy of each held directory (path: fd), the caller's
         to pass on and close."""
-        self.control.settimeout(ANSWER_TIMEOUT_S)
+        fds = array.array("i")
+        space = socket.CMSG_SPACE(len(self.dirs) * fds.itemsize)
         try:
-            self.control.send(b"c")
-            fds = array.array("i")
-            message, ancillary, _, _ = self.control.recvmsg(
-                MAX_ANSWER, socket.CMSG_SPACE(len(self.dirs) * fds.itemsize)
-            )
+            with self._lock:
+                self.control.settimeout(ANSWER_TIMEOUT_S)
+                self.control.send(b"c")
+                message, ancillary, _, _ = self.control.recvmsg(MAX_ANSWER, space)
         except (OSError, TimeoutError) as e:
             raise SandboxError(f"the sealed sandbox's holder: {e}") from None
         for level, kind, data in ancillary:
