@@ -52,7 +52,9 @@ WRITERS = (
 
 
 def our_processes() -> set[int]:
-    return procs.descendants(os.getpid()) - zygote.own_pids()
+    """This test's live processes but the zygotes' (a fork's init the zygote has yet to reap
+    is a zombie, which holds nothing)."""
+    return {p for p in procs.descendants(os.getpid()) - zygote.own_pids() if procs.alive(p)}
 
 
 def our_fds() -> set[str]:
