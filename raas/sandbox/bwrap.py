@@ -192,6 +192,10 @@ class _Sealed:
     uid: int | None
 
 
+# Whether forks can mount overlays over a sealed sandbox's files here (None: not tried yet).
+_overlays_work: bool | None = None
+
+
 class BwrapSandbox(NamespacedSandbox):
     """A bwrap sandbox; with ``image``, its root is a copy-on-write overlay of that image's
     layers (``raas.sandbox.rootfs``), its action server runs on the image's own python3 (or,
@@ -327,12 +331,36 @@ class BwrapSandbox(NamespacedSandbox):
                 log.warning("sandbox %s: not sealed, its forks copy: %s", self.id, e)
                 return False
             try:
+                if not await self._forks_mount_overlays(held):
+                    await asyncio.to_thread(held.close)
+                    return False
                 await self._end_processes()
             except BaseException:
                 await asyncio.to_thread(held.close)
                 raise
             self._sealed = _Sealed(held, shell, lost, self._host_uid())
             return True
+
+    async def _forks_mount_overlays(self, held: cow.Held) -> bool:
+        """Whether a fork's init can mount its overlays over ``held``'s copies (moving a
+        detached mount of another user namespace's into its own: Linux 6.18 allows it, an
+        older kernel may not), found once per process by a trial fork, before the first seal
+        kills anything: where it cannot, no sandbox is sealed and forks copy."""
+        global _overlays_work
+        if _overlays_work is None:
+            trial = BwrapSandbox(self.config, self.image)
+            trial._lowers = await asyncio.to_thread(held.copies)
+            trial._lowers_owner = self._host_uid()
+            try:
+                await trial.start()
+                _overlays_work = True
+            except SandboxError as e:
+                log.warning("sandboxes are not sealed, their forks copy: %s", e)
+                _overlays_work = False
+            finally:
+                await trial.close()
+                trial._close_lowers()
+        return _overlays_work
 
     async def _end_processes(self) -> None:
         """Every process of this sandbox killed, and seen gone: the namespace's init killed

@@ -11,9 +11,13 @@ holds it); what it deletes is a whiteout there; the lower never changes, since n
 who could write it.
 
 The holder joins the namespace from the host's side (``setns``), so raas needs no code of the
-sandbox's to run, and the kernel (6.15 and later: a detached mount as another namespace's
-layer) decides whether it works: ``hold`` raises ``HoldRefused`` where it does not, and the
-sandbox then stays live and its forks copy.
+sandbox's to run. The kernel decides whether it works (Linux 6.18 lets a fork's init move a
+detached mount made in another user namespace's mount namespace into its own, then use it as
+an overlay's lower layer; overlayfs refuses a lower reached through an fd of a mount still in
+another namespace, EINVAL, and a detached one used directly, EPERM): ``hold`` raises
+``HoldRefused`` where the holder cannot join or copy, and ``BwrapSandbox.seal`` tries one fork
+before the first seal kills anything; either way the sandbox then stays live and its forks
+copy.
 """
 
 from __future__ import annotations

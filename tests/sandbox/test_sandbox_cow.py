@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from raas.sandbox import BwrapConfig, SandboxError, SandboxLimits, create_sandbox, procs, zygote
+from raas.sandbox import bwrap as bwrap_module
 from raas.sandbox.bwrap import BwrapSandbox
 from raas.sandbox.fork import ForkCarry
 from tests.support.unprivileged import unprivileged_user
@@ -267,6 +268,19 @@ async def test_a_sandbox_not_from_a_zygote_is_not_sealed_and_its_forks_copy() ->
     async with started(BwrapSandbox(config)) as live:
         await out(live, "echo v > /workspace/f")
         assert not await live.seal()
+        async with started(await live.fork()) as child:
+            assert await out(child, f"cat f; {FS} .") == "v\ntmpfs"
+
+
+async def test_where_forks_cannot_mount_overlays_nothing_is_sealed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An older kernel, found by the first seal's trial fork: the sandbox stays live, forks copy.
+    monkeypatch.setattr(bwrap_module, "_overlays_work", False)
+    async with started(bwrap()) as live:
+        await out(live, "echo v > f")
+        assert not await live.seal()
+        assert await out(live, "cat f") == "v"
         async with started(await live.fork()) as child:
             assert await out(child, f"cat f; {FS} .") == "v\ntmpfs"
 
