@@ -1,15 +1,18 @@
-"""`raas bench fork`: forking a live bubblewrap sandbox against starting one cold, same run.
+"""`raas bench fork`: forking a bubblewrap sandbox against starting one cold, same run.
 
 - fork p50/p95 of a parent whose workspace holds a small repository (``--files`` files,
-  ``--mib`` MiB in all), against a start of the same config (forked from its template's
-  zygote) and bare bwrap running ``/bin/true`` (the floor); the child's copy of the files is
-  included, and so is restoring its shell.
+  ``--mib`` MiB in all) and of one holding ``--many`` files of the same size each: a live
+  parent's fork copies them (a tar pipe into the child's tmpfs), a sealed parent's
+  (``Sandbox.seal``: a group's template, a kept snapshot) is copy-on-write (overlays over its
+  files, nothing copied); against a start of the same config (forked from its template's
+  zygote) and bare bwrap running ``/bin/true`` (the floor). Each round times one of each, in
+  turn, so that a loaded machine weighs on all alike; restoring the child's shell is included.
 - a group of ``--group`` rollouts of one task whose set-up takes ``--setup-s`` seconds of CPU
   (a build, an install) and writes the repository, all started at once: without fork (each
-  sandbox starts and sets up on its own) and with it (one sandbox set up, then forked
-  ``--group`` times); wall time and CPU (raas's, its reaped children's, and what ran in the
-  sandboxes).
-- disk (tmpfs memory) per child: what its workspace and /tmp hold after the fork.
+  sandbox starts and sets up on its own) and with it (one sandbox set up and sealed, then
+  forked ``--group`` times, as a group's template is); wall time and CPU (raas's, its reaped
+  children's, and what ran in the sandboxes).
+- disk (tmpfs memory) per child: what its own workspace and /tmp mounts hold after the fork.
 Prints; asserts nothing.
 """
 
@@ -67,34 +70,73 @@ async def started(config: BwrapConfig) -> Sandbox:
     return sandbox
 
 
+async def parent_with(config: BwrapConfig, files: int, mib: float, seal: bool) -> Sandbox:
+    """A started sandbox whose workspace holds ``files`` files (``mib`` MiB in all), sealed or
+    live."""
+    parent = await started(config)
+    try:
+        await parent.bash(setup_command(files, mib, 0), timeout_s=300)
+        if seal and not await parent.seal():
+            raise RuntimeError("this host cannot seal a sandbox (see the log)")
+    except BaseException:
+        await parent.close()
+        raise
+    return parent
+
+
+async def own_mib(child: Sandbox) -> float:
+    """What the child's own workspace and /tmp mounts hold (their upper layers, if overlays)."""
+    used = await child.bash(
+        "df -k --output=used /workspace /tmp | awk 'NR>1 {s+=$1} END {print s}'"
+    )
+    return int(used.output.strip() or 0) / 1024
+
+
 async def cold_and_fork(args: argparse.Namespace, config: BwrapConfig) -> None:
     async def cold() -> None:
         sandbox = await started(config)
         await sandbox.close()
 
     await cold()  # warm the page cache and the probes
-    cold_times = await timed(args.starts, cold)
-    parent = await started(config)
+    per_file = args.mib / max(args.files, 1)
+    kinds = {
+        f"live fork, copy ({args.files} files)": (args.files, args.mib, False),
+        f"live fork, copy ({args.many} files)": (args.many, per_file * args.many, False),
+        f"sealed fork, CoW ({args.files} files)": (args.files, args.mib, True),
+        f"sealed fork, CoW ({args.many} files)": (args.many, per_file * args.many, True),
+    }
+    parents = {}
     try:
-        await parent.bash(setup_command(args.files, args.mib, 0), timeout_s=300)
-        children: list[Sandbox] = []
+        for name, (files, mib, seal) in kinds.items():
+            parents[name] = await parent_with(config, files, mib, seal)
+        times: dict[str, list[float]] = {
+            "floor": [],
+            "start (zygote)": [],
+            **{n: [] for n in kinds},
+        }
+        disk: dict[str, float] = {}
 
-        async def fork() -> None:
-            children.append(await parent.fork())
-
-        fork_times = await timed(args.starts, fork)
-        used = await children[0].bash("du -sk /workspace /tmp | awk '{s+=$1} END {print s}'")
-        for child in children:
+        async def fork(name: str) -> None:
+            start = time.perf_counter()
+            child = await parents[name].fork()
+            times[name].append(time.perf_counter() - start)
+            if name not in disk:
+                disk[name] = await own_mib(child)
             await child.close()
+
+        for _ in range(args.starts):  # one of each per round: the load weighs on all alike
+            times["floor"] += await timed(1, lambda: bare_bwrap(config, ["/bin/true"]))
+            times["start (zygote)"] += await timed(1, cold)
+            for name in kinds:
+                await fork(name)
     finally:
-        await parent.close()
-    floor = await timed(args.starts, lambda: bare_bwrap(config, ["/bin/true"]))
-    base = statistics.median(floor)
-    print(f"floor, bare bwrap running /bin/true: {ms(floor)}")
-    print(f"start (zygote)      {ms(cold_times)}; {statistics.median(cold_times) / base:.1f}x")
-    fork_x = statistics.median(fork_times) / base
-    print(f"fork ({args.files} files, {args.mib:g} MiB) {ms(fork_times)}; {fork_x:.1f}x the floor")
-    print(f"disk per child      {int(used.output.strip() or 0) / 1024:.1f} MiB of tmpfs")
+        for parent in parents.values():
+            await parent.close()
+    base = statistics.median(times["floor"])
+    print(f"per file {per_file * 1024:.0f} KiB; {args.starts} rounds")
+    for name, values in times.items():
+        own = f"; {disk[name]:6.1f} MiB of its own tmpfs" if name in disk else ""
+        print(f"{name:34} {ms(values)}; {statistics.median(values) / base:5.1f}x the floor{own}")
 
 
 async def group(args: argparse.Namespace, config: BwrapConfig, fork: bool) -> tuple[float, float]:
@@ -107,6 +149,7 @@ async def group(args: argparse.Namespace, config: BwrapConfig, fork: bool) -> tu
             parent = await started(config)
             sandboxes.append(parent)
             await parent.bash(command, timeout_s=300)
+            await parent.seal()  # as a group's template is: its members fork copy-on-write
             sandboxes += await asyncio.gather(*(parent.fork() for _ in range(args.group)))
         else:
 
@@ -126,7 +169,8 @@ async def group(args: argparse.Namespace, config: BwrapConfig, fork: bool) -> tu
 
 
 async def bench(args: argparse.Namespace) -> None:
-    config = BwrapConfig(limits=SandboxLimits(disk_bytes=max(256 * MiB, int(4 * args.mib * MiB))))
+    most = args.mib * max(args.many, args.files) / max(args.files, 1)
+    config = BwrapConfig(limits=SandboxLimits(disk_bytes=max(256 * MiB, int(4 * most * MiB))))
     await cold_and_fork(args, config)
     plain = await group(args, config, fork=False)
     forked = await group(args, config, fork=True)
@@ -142,6 +186,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--starts", type=int, default=30)
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--mib", type=float, default=8.0)
+    parser.add_argument("--many", type=int, default=2000, help="files of the flatness parent")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--setup-s", type=float, default=2.0)
     asyncio.run(bench(parser.parse_args(argv)))

@@ -2,12 +2,13 @@
 
 The jobs in flight that name the same group and the same instance form one group. The first of
 them to reach INIT runs the handler's ``init`` for the group (the template), and every member,
-that one included, gets a context forked from it (``fork_context``: its sandbox copied as it
-was after ``init``). Each member stays a job of its own: an attempt that fails is forked again
-from the template, not the whole group. The template lives until the group's last member is
-finished, then is cleaned up as a context of its own. A handler without ``fork_context`` runs
-``init`` for every job, as without a group. After a restart the revived jobs regroup by their
-requests and make a new template.
+that one included, gets a context forked from it (``fork_context``: its sandbox as it was
+after ``init``; the template's sandbox is sealed first, so that its forks are copy-on-write
+and nothing of it can change what a member sees: ``Sandbox.seal``). Each member stays a job of
+its own: an attempt that fails is forked again from the template, not the whole group. The
+template lives until the group's last member is finished, then is cleaned up as a context of
+its own. A handler without ``fork_context`` runs ``init`` for every job, as without a group.
+After a restart the revived jobs regroup by their requests and make a new template.
 """
 
 from __future__ import annotations

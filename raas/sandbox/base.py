@@ -159,6 +159,16 @@ class Sandbox(ABC):
         """
         raise SandboxError(f"{type(self).__name__} cannot fork")
 
+    async def seal(self) -> bool:
+        """Make this idle sandbox a source of copy-on-write forks, for good: its processes are
+        killed (its shell's directory and variables read first, for its forks), and its files,
+        which nothing can then change, become the lower layers its forks' writes go on top of
+        (``raas.sandbox.cow``), instead of being copied. It runs no tool after; ``fork`` and
+        ``close`` still work. For a group's template and a kept snapshot, whose forks must see
+        what they saw when forked. False (and the sandbox unchanged and live) where this
+        provider or the kernel cannot: its forks copy."""
+        return False
+
     @property
     def can_checkpoint(self) -> bool:
         """Whether ``checkpoint`` keeps everything of this sandbox a job changes (its

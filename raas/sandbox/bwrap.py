@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from raas.images.image import StoredImage
-from raas.sandbox import cgroups, procs, seccomp
+from raas.sandbox import cgroups, cow, procs, seccomp
 from raas.sandbox import zygote as zygotes
-from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, Launched, launch_env
+from raas.sandbox.base import INSIDE_DIR, SERVER_PYTHON_FLAGS, Launched, launch_env, reap
 from raas.sandbox.checkpoint import (
     Checkpointed,
     Restored,
@@ -62,6 +62,8 @@ from raas.sandbox.namespaced import PATH, NamespacedSandbox, gate, uid_slots
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 1000
+# The kernel's FILESYSTEM_MAX_STACK_DEPTH: an overlay over an overlay over a tmpfs, no deeper.
+MAX_STACK = 2
 # A zygote's own scratch mounts: its forks mount theirs, of their sizes, over them.
 ZYGOTE_LIMITS = SandboxLimits(shm_bytes=1 << 20, tmp_bytes=1 << 20, disk_bytes=1 << 20)
 # What the gate runs when the sandbox has a cgroup: bwrap with no environment (dash exports PWD;
@@ -178,6 +180,22 @@ class _ForkLayer:
     image_kept: tuple[str, ...] = ()  # ForkCarry's: the root's entries left as the image has them
 
 
+@dataclasses.dataclass(frozen=True)
+class _Sealed:
+    """What a sealed sandbox keeps for its forks: the holder of its files, its shell's state
+    and what ran in it besides (read before its processes were killed), and its host uid (raas
+    as root: its files' owner, which a fork must run as)."""
+
+    held: cow.Held
+    shell: ShellState
+    lost: list[str]
+    uid: int | None
+
+
+# Whether forks can mount overlays over a sealed sandbox's files here (None: not tried yet).
+_overlays_work: bool | None = None
+
+
 class BwrapSandbox(NamespacedSandbox):
     """A bwrap sandbox; with ``image``, its root is a copy-on-write overlay of that image's
     layers (``raas.sandbox.rootfs``), its action server runs on the image's own python3 (or,
@@ -198,6 +216,15 @@ class BwrapSandbox(NamespacedSandbox):
         self._seed_fd: int | None = None  # a fork's: its parent's changes, for the launch
         self._zygote_uid: int | None = None  # forked from a zygote as root: the zygote's uid
         self._forked = False  # forked from a zygote: the launched process is the init
+        self._sealed: _Sealed | None = None
+        self._seal_lock = asyncio.Lock()
+        # A fork of a sealed sandbox's: a detached mount (fd) of each directory that its own
+        # tmpfs goes over (an overlay's upper), for its launch; and the uid that owns them.
+        self._lowers: dict[str, int] = {}
+        self._lowers_owner: int | None = None
+        # How many overlays deep its workspace and /tmp are (a fork of a sealed sandbox: one
+        # more than its parent's): the kernel stacks file systems MAX_STACK deep at most.
+        self._depth = 0
 
     def _bwrap_args(self, data_fds: dict[str, int], zygote: bool = False) -> list[str]:
         """bwrap's options; ``data_fds``: an fd to read each file from (passwd, group and the
@@ -286,9 +313,135 @@ class BwrapSandbox(NamespacedSandbox):
             return self._zygote_uid
         return None if self._slot is None else self.config.uid_base + self._slot
 
+    async def seal(self) -> bool:
+        """See ``Sandbox.seal``: for a sandbox forked from a zygote (no image, no network).
+        An image's root keeps a copy fork (its launch copies the parent's upper layer)."""
+        async with self._seal_lock:
+            if self._sealed is not None:
+                return True
+            if not self._forked or self.closed or self.process is None:
+                return False
+            if self._depth >= MAX_STACK:  # its forks' overlays would be one too deep
+                return False
+            shell = await self._shell_state()
+            init, lost = await asyncio.to_thread(self._processes)
+            try:
+                held = await asyncio.to_thread(cow.hold, init, [self.config.workdir, "/tmp"])
+            except cow.HoldRefused as e:
+                log.warning("sandbox %s: not sealed, its forks copy: %s", self.id, e)
+                return False
+            try:
+                if not await self._forks_mount_overlays(held):
+                    await asyncio.to_thread(held.close)
+                    return False
+                await self._end_processes()
+            except BaseException:
+                await asyncio.to_thread(held.close)
+                raise
+            self._sealed = _Sealed(held, shell, lost, self._host_uid())
+            return True
+
+    async def _forks_mount_overlays(self, held: cow.Held) -> bool:
+        """Whether a fork's init can mount its overlays over ``held``'s copies (moving a
+        detached mount of another user namespace's into its own: Linux 6.18 allows it, an
+        older kernel may not), found once per process by a trial fork, before the first seal
+        kills anything: where it cannot, no sandbox is sealed and forks copy."""
+        global _overlays_work
+        if _overlays_work is None:
+            trial = BwrapSandbox(self.config, self.image)
+            trial._lowers = await asyncio.to_thread(held.copies)
+            trial._lowers_owner = self._host_uid()
+            try:
+                await trial.start()
+                _overlays_work = True
+            except SandboxError as e:
+                log.warning("sandboxes are not sealed, their forks copy: %s", e)
+                _overlays_work = False
+            finally:
+                await trial.close()
+                trial._close_lowers()
+        return _overlays_work
+
+    async def _end_processes(self) -> None:
+        """Every process of this sandbox killed, and seen gone: the namespace's init killed
+        (the kernel kills the rest and ends the init last) and its end seen, the namespace found
+        empty, and what else its cgroup held killed. A SandboxError where any is left."""
+        process = self.process
+        assert process is not None
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.close()
+        if self._init is not None:
+            await self._kill_init(process)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await reap(process, zygotes.ANSWER_TIMEOUT_S)
+        # A zombie holds no file: the init's, until the zygote reaps it, is left out.
+        left: set[int] = set()
+        if self._pidns is not None:
+            ns = self._pidns
+            left = await asyncio.to_thread(procs.empty_namespace, ns, zygotes.ANSWER_TIMEOUT_S)
+        if self._cgroup is not None:
+            left |= {p for p in await asyncio.to_thread(self._cgroup.pids) if procs.alive(p)}
+        if process.returncode is None or left:
+            raise SandboxError(f"seal of {self.id}: its processes did not all end: {sorted(left)}")
+
+    async def _fork_sealed(self, limits: SandboxLimits | None, carry: ForkCarry) -> BwrapSandbox:
+        """A fork of this sealed sandbox: its workspace and /tmp overlays over this one's
+        (nothing copied), its shell's state as read at the seal."""
+        sealed = self._sealed
+        assert sealed is not None
+        child = BwrapSandbox(self._child_config(limits, carry), self.image)
+        self.share_holds(child)
+        restored = None
+        try:
+            if carry.scratch:
+                child._lowers = await asyncio.to_thread(sealed.held.copies)
+                child._lowers_owner, child._depth = sealed.uid, self._depth + 1
+            await child.start()
+            if carry.scratch:
+                restored = await child.bash(sealed.shell.restore_command())
+                if restored.exit_code != 0:
+                    raise SandboxError(f"fork of {self.id}: the shell's state: {restored.output}")
+        except BaseException:
+            await child.close()
+            child._close_lowers()
+            raise
+        shell_lost: list[str] = []
+        if restored is not None:
+            shell_lost = [*sealed.shell.dropped, *sealed.shell.not_restored(restored.output)]
+        child.note = fork_note(self.id, sealed.lost, shell_lost)
+        return child
+
+    def _close_lowers(self) -> None:
+        lowers, self._lowers = self._lowers, {}
+        for fd in lowers.values():
+            os.close(fd)
+
+    def _child_config(self, limits: SandboxLimits | None, carry: ForkCarry) -> BwrapConfig:
+        config = self.config
+        if limits is not None:
+            config = config.model_copy(update={"limits": limits})
+        if carry.tmpfs_dirs:
+            config = config.model_copy(update={"tmpfs_dirs": carry.tmpfs_dirs})
+        if carry.ro_binds is not None:
+            config = config.model_copy(update={"ro_binds": dict(carry.ro_binds)})
+        return config
+
+    async def _terminate(self) -> None:
+        try:
+            await super()._terminate()
+        finally:
+            self._close_lowers()
+            if self._sealed is not None:
+                await asyncio.to_thread(self._sealed.held.close)
+
     async def fork(
         self, limits: SandboxLimits | None = None, carry: ForkCarry = CARRY_ALL
     ) -> BwrapSandbox:
+        if self._sealed is not None:
+            return await self._fork_sealed(limits, carry)
         if carry.image_kept and self._root is not None and self._root.overlay is None:
             raise SandboxError(
                 f"sandbox {self.id}: a fork that leaves {', '.join(carry.image_kept)} as the"
@@ -300,13 +453,7 @@ class BwrapSandbox(NamespacedSandbox):
         init = await asyncio.to_thread(namespace_init, pids)
         if init is None or self.process is None:
             raise SandboxError(f"sandbox {self.id}: its processes are gone; cannot fork it")
-        config = self.config
-        if limits is not None:
-            config = config.model_copy(update={"limits": limits})
-        if carry.tmpfs_dirs:
-            config = config.model_copy(update={"tmpfs_dirs": carry.tmpfs_dirs})
-        if carry.ro_binds is not None:
-            config = config.model_copy(update={"ro_binds": dict(carry.ro_binds)})
+        config = self._child_config(limits, carry)
         caps = config.limits
         # What the child's tmpfs mounts must hold, in allocated blocks: refused before a copy.
         scratch = [(config.workdir, "", "disk_bytes"), ("/tmp", SCRATCH_OWN, "tmp_bytes")]
@@ -556,10 +703,24 @@ class BwrapSandbox(NamespacedSandbox):
             (self.config.workdir, limits.disk_bytes),
             *((directory, limits.tmp_bytes) for directory in self.config.tmpfs_dirs),
         ]
+        if self._lowers and zygote.uid != self._lowers_owner:
+            raise SandboxError(
+                f"sandbox {self.id}: a fork of a sealed sandbox must run as its uid"
+                f" ({self._lowers_owner}), not {zygote.uid}: fork it with its own config"
+            )
         request = zygotes.Request(
-            self.server_args(zygotes.LISTEN_FD, "/tmp"), self._env(), mounts, "sandbox"
+            self.server_args(zygotes.LISTEN_FD, "/tmp"),
+            self._env(),
+            mounts,
+            "sandbox",
+            list(self._lowers),
         )
-        forked = await asyncio.to_thread(zygote.fork, request, listen_fd)
+        try:
+            forked = await asyncio.to_thread(
+                zygote.fork, request, listen_fd, list(self._lowers.values())
+            )
+        finally:
+            self._close_lowers()  # the fork has its own: the zygote passed them on
         try:
             if self._cgroup is not None:
                 await asyncio.to_thread(self._cgroup.join, forked.pid)

@@ -1,5 +1,5 @@
-"""What forking a live sandbox carries over, and how: its files, its shell's place, and a note
-of what it cannot carry (``Sandbox.fork``).
+"""What forking a sandbox carries over, and how: its files (copied, or copy-on-write from a
+sealed sandbox), its shell's place, and a note of what it cannot carry (``Sandbox.fork``).
 
 A sandbox's writable state lives in tmpfs mounts of its own mount namespaces (the workspace,
 ``/tmp``; with an image, the overlay's upper directory, or the whole root in the copy
@@ -15,6 +15,18 @@ an error naming that cap (``check_fits``), so a copy never runs on until a timeo
 reaches the parent's mounts through ``/proc/PID/root`` of a process in that namespace.
 Processes are not carried (no CRIU): the child starts with a fresh action server, shell and,
 on first use, IPython kernel; what ran in the parent besides those is named in the child's note.
+
+A sealed parent (``Sandbox.seal``: a group's template, a kept snapshot; idle by construction)
+is not copied: its processes were killed when it was sealed (its shell's state and what ran
+in it read first), so nothing can change its files again, and each fork's workspace and
+``/tmp`` are overlays whose lower layer is the sealed mount (a detached read-only copy of it,
+from ``raas.sandbox.cow``) and whose upper is the fork's own tmpfs of its caps: copy-on-write,
+a fork's cost flat in the files. A live parent's fork copies as above: a parent that goes on
+running could otherwise write into its children's view (a lower layer must not change), and
+in GRPO a policy that lowers its siblings' rewards raises its own advantage. Only a sandbox
+forked from its template's zygote is sealed: one with an image (whose root's changes its
+forks' launches copy, ``raas.sandbox.rootfs``) or a network is not (``seal`` says False), nor
+one whose forks' overlays would stack deeper than the kernel allows; their forks copy.
 
 The shell's working directory and exported variables are carried as data, never as code. The
 parent's shell is the agent's: it may define functions or aliases named ``export``,

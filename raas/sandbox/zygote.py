@@ -31,7 +31,7 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from raas.sandbox import procs
@@ -88,12 +88,15 @@ _starting: dict[str, asyncio.Future[Zygote]] = {}
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One sandbox for a zygote to fork: the action server's arguments and environment, and
-    the tmpfs mounts (path, bytes) of its own."""
+    the tmpfs mounts (path, bytes) of its own; ``lowers``: those of its mounts that are the
+    upper layers of overlays (a fork of a sealed sandbox), each lower a detached mount, whose
+    fd ``Zygote.fork`` passes in this order."""
 
     argv: list[str]
     env: dict[str, str]
     mounts: list[tuple[str, int]]
     hostname: str = "sandbox"
+    lowers: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +159,9 @@ class Zygote:
         text = self.process.stderr.read().decode(errors="replace").strip()
         return text[-2000:] or f"exit status {self.process.returncode}"
 
-    def fork(self, request: Request, listen_fd: int) -> Forked:
-        """Blocking (run it in a thread): a new sandbox forked, waiting on ``Forked.go``."""
+    def fork(self, request: Request, listen_fd: int, lowers: Sequence[int] = ()) -> Forked:
+        """Blocking (run it in a thread): a new sandbox forked, waiting on ``Forked.go``;
+        ``lowers``: the fds of ``request.lowers``, passed on (the caller closes them)."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -165,7 +169,7 @@ class Zygote:
         try:
             with self._lock:
                 message = json.dumps(dataclasses.asdict(request)).encode()
-                fds = array.array("i", [listen_fd, out_w, err_w, go_r])
+                fds = array.array("i", [listen_fd, out_w, err_w, go_r, *lowers])
                 self.control.settimeout(ANSWER_TIMEOUT_S)
                 try:
                     self.control.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])

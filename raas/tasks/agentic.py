@@ -248,6 +248,9 @@ class AgentTask:
         source = _agent(template)
         if source.sandbox is None or not source.sandbox.can_fork:
             return await self.init(job)
+        # The template runs nothing after INIT: sealed (once, by the first member), no process
+        # of it can change what a member sees, and members fork copy-on-write, not by a copy.
+        await source.sandbox.seal()
         sandbox = await source.sandbox.fork()
         ctx = self.forked(source, job, sandbox)
         ctx.closing.append(sandbox)
@@ -274,13 +277,20 @@ class AgentTask:
         return ctx
 
     async def keep_snapshot(self, ctx: AgentContext, turns: int, trajectory: Trajectory) -> None:
-        """After turn ``turns``: keep a copy of the trajectory and an idle fork of the sandbox
-        (a sandbox that cannot fork keeps none, so a branch from it is refused)."""
+        """After turn ``turns``: keep a copy of the trajectory and an idle fork of the sandbox,
+        sealed (``Sandbox.seal``: its branches fork copy-on-write where the provider can); a
+        sandbox that cannot fork keeps none, so a branch from it is refused."""
         services = self.services_of(ctx.job)
         sandbox = ctx.sandbox
         if sandbox is not None and not sandbox.can_fork:
             return
         fork = await sandbox.fork() if sandbox is not None else None
+        if fork is not None:  # idle for good: its branches fork copy-on-write
+            try:
+                await fork.seal()
+            except BaseException:
+                await fork.close()
+                raise
         snapshot = Snapshot(
             ctx.job.job_id,
             turns,

@@ -6,16 +6,18 @@ It runs in a bwrap of the template (the same root, /etc, /.raas and seccomp filt
 of it; the filter and no_new_privs are inherited by every fork) as the sandbox user, with no
 capabilities. A request comes on the control socket (SOCK_SEQPACKET, the fd of ``--control-fd``):
 one JSON message ``{"argv": [...], "env": {...}, "mounts": [[path, bytes], ...], "hostname":
-...}`` carrying four fds (SCM_RIGHTS): the action server's listening socket, its stdout and
-stderr, and a pipe to wait on. The answer is ``{"pid": N}`` (the fork, in the zygote's PID
-namespace) or ``{"error": ...}``. The fork is made by clone(2) into new namespaces of its own
-(a user namespace, the sandbox user mapped to itself, so its process count is its own; mount,
-PID, IPC, UTS and network) and is their PID namespace's init. It waits for a byte on that pipe
-(raas moves it into the sandbox's cgroup first), takes a cgroup namespace rooted there, mounts
-its own /proc and a size-capped tmpfs on each of ``mounts``, forbids further user namespaces,
-drops every capability, and forks the action server (``server.main``, with only its three
-fds), then reaps what is left to it until the server ends, as bwrap's init does in a sandbox
-started cold.
+..., "lowers": [path, ...]}`` carrying four fds (SCM_RIGHTS): the action server's listening
+socket, its stdout and stderr, and a pipe to wait on; then one more for each of ``lowers``.
+The answer is ``{"pid": N}`` (the fork, in the zygote's PID namespace) or ``{"error": ...}``.
+The fork is made by clone(2) into new namespaces of its own (a user namespace, the sandbox
+user mapped to itself, so its process count is its own; mount, PID, IPC, UTS and network) and
+is their PID namespace's init. It waits for a byte on that pipe (raas moves it into the
+sandbox's cgroup first), takes a cgroup namespace rooted there, mounts its own /proc and a
+size-capped tmpfs on each of ``mounts``; where that path is one of ``lowers`` (a fork of a
+sealed sandbox), the tmpfs becomes the upper layer of an overlay whose lower is the detached
+mount its fd holds (``raas.sandbox.cow``). It forbids further user namespaces, drops every
+capability, and forks the action server (``server.main``, with only its three fds), then reaps
+what is left to it until the server ends, as bwrap's init does in a sandbox started cold.
 
 Standard library (with ctypes) only, Python 3.8+. Linux x86_64 and aarch64.
 """
@@ -49,6 +51,9 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 0x4000, 1 << 18
+MNT_DETACH = 2
+SYS_MOVE_MOUNT = 429  # the same on x86_64 and aarch64
+AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH = -100, 0x4
 PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 IFREQ = "16sH22s"  # struct ifreq: the name, then ifr_flags in its union
@@ -60,6 +65,7 @@ MAX_REQUEST = 1 << 20
 MAX_PTYS = 64  # a sandbox's own: its shell's, IPython's, and what its commands open
 DEVPTS = f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}"
 FDS = 4  # listen, stdout, stderr, go
+MAX_LOWERS = 8  # the most lower layers (fds beyond FDS) one request may carry
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -85,6 +91,32 @@ def mount(source: str, target: str, kind: str, flags: int, data: str = "") -> No
     )
 
 
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached mount ``fd`` holds at ``target`` (relative to the working directory)."""
+    args = [ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_long(fd), ctypes.c_char_p(b"")]
+    args += [ctypes.c_long(AT_FDCWD), ctypes.c_char_p(target.encode())]
+    check(libc.syscall(*args, ctypes.c_long(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
+
+
+def overlay_on(path: str, lower: int) -> None:
+    """The tmpfs just mounted on ``path`` becomes the upper layer (and work directory) of an
+    overlay mounted over it, whose lower is the detached read-only mount ``lower`` (a sealed
+    sandbox's directory): writes land in this sandbox's own tmpfs, of its size, and the lower
+    is never written. ``userxattr``: overlayfs' marks (opaque directories) as ``user.``
+    xattrs, the only ones a user namespace may set. The lower's own mount is detached once the
+    overlay holds it, and the tmpfs lies under the overlay: neither is reachable by a path."""
+    os.chdir(path)
+    for name in ("upper", "work", "lower"):
+        os.mkdir(name, 0o700)
+    move_mount(lower, "lower")
+    os.close(lower)  # else /proc/1/fd would reach the lower whole, under the child's deletes
+    os.chmod("upper", os.stat("lower").st_mode & 0o7777)  # the root's mode is the upper's
+    options = "lowerdir=lower,upperdir=upper,workdir=work,userxattr"
+    mount("overlay", path, "overlay", MS_NOSUID | MS_NODEV, options)
+    check(libc.umount2(b"lower", MNT_DETACH), "umount the lower layer")
+    os.chdir("/")
+
+
 def drop_capabilities() -> None:
     """Every capability this user namespace gave: the bounding set, then the rest (capset)."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -104,7 +136,7 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack(IFREQ, b"lo", flags | IFF_UP, b""))
 
 
-def become_init(request: dict) -> None:
+def become_init(request: dict, lowers: dict) -> None:
     """In the new PID namespace's init: the sandbox's own mounts, name and limits."""
     # Python's SIGINT handler would let a sandbox's ``kill -INT 1`` end its init (and the
     # sandbox); with none, the kernel keeps its namespace's signals from it, as from bwrap's.
@@ -118,6 +150,10 @@ def become_init(request: dict) -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for path, size in request["mounts"]:
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0755")
+        if path in lowers:
+            overlay_on(path, lowers.pop(path))
+    for fd in lowers.values():  # a lower for no mount of this sandbox's: never attached
+        os.close(fd)
     # Ptys of its own (bwrap's /dev/ptmx is a link to pts/ptmx): the zygote's devpts, which
     # every fork shared, listed each tenant's terminal to the others, all of one uid, so one
     # could open another's and set it; and a few of them, since the kernel counts every
@@ -177,7 +213,8 @@ def run_sandbox(request: dict, fds: list, uid: int, gid: int) -> None:
     """The init's part, in the new namespaces: wait for raas, map the sandbox user (``uid``
     and ``gid``, the zygote's) to itself, take a cgroup namespace rooted at the sandbox's
     cgroup, set the sandbox up and start its action server (never returns)."""
-    listen, out, err, go = fds
+    listen, out, err, go = fds[:FDS]
+    lowers = dict(zip(request.get("lowers", []), fds[FDS:]))
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
     if os.read(go, 1) != b"g":  # raas gave up on it (or failed to move it into its cgroup)
         os._exit(1)
@@ -186,7 +223,7 @@ def run_sandbox(request: dict, fds: list, uid: int, gid: int) -> None:
     write("/proc/self/uid_map", f"{uid} {uid} 1")
     write("/proc/self/gid_map", f"{gid} {gid} 1")
     check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup")  # raas has moved it: the root
-    become_init(request)
+    become_init(request, lowers)
     gc.disable()  # the init allocates nothing more: no collection ever copies its pages
     server_pid = os.fork()
     if server_pid:
@@ -229,7 +266,7 @@ def serve(control: socket.socket) -> None:
     control.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         fds = array.array("i")
-        space = socket.CMSG_SPACE(FDS * fds.itemsize)
+        space = socket.CMSG_SPACE((FDS + MAX_LOWERS) * fds.itemsize)
         message, ancillary, _, _ = control.recvmsg(MAX_REQUEST, space)
         if not message:  # raas closed its end
             return
@@ -238,9 +275,10 @@ def serve(control: socket.socket) -> None:
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
         received = list(fds)
         try:
-            if len(received) != FDS:
-                raise ValueError(f"a request carries {len(received)} fds, not {FDS}")
             request = json.loads(message)
+            wanted = FDS + len(request.get("lowers", []))
+            if len(received) != wanted:
+                raise ValueError(f"a request carries {len(received)} fds, not {wanted}")
             pid = clone_into_namespaces()
             if pid == 0:
                 control.close()
