@@ -103,6 +103,7 @@ def hold(init: int, dirs: Sequence[str]) -> Held:
             env=launch_env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # it prints nothing (holder.py says why)
             pass_fds=[mnt, theirs.fileno()],
             start_new_session=True,
             cwd="/",

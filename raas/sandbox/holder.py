@@ -13,8 +13,11 @@ is why this process lives as long as the sealed sandbox. The first message it se
 ``ready`` (or an error, then it exits); at EOF on CONTROL_FD it exits, and its namespaces go
 with it once no fork's overlay holds their mounts.
 
-Before ``ready`` it removes, from the top level of the namespace's ``/tmp``, the action
-server's own files (named ``.raas-``): a fork's server has its own.
+Once it has joined, every path it could read is the sandbox's, so it reads none: its imports
+are done before, it touches no file but through the mounts it copies, and it never prints (an
+error's traceback would read "source lines", and the codec their first line names, from files
+the sandbox planted; stderr is /dev/null as well). The sealed action server's own scratch files
+in ``/tmp`` (``.raas-``) are dropped by each fork's init, in the fork's own view.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ import array
 import ctypes
 import fcntl
 import os
-import shutil
 import socket
-import stat
 import sys
 
 NS_GET_USERNS = 0xB701
@@ -34,7 +35,6 @@ AT_FDCWD, AT_EMPTY_PATH, AT_RECURSIVE = -100, 0x1000, 0x8000
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, 0o2000000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 SYS_OPEN_TREE, SYS_MOUNT_SETATTR = 428, 442  # the same on x86_64 and aarch64
-SCRATCH_OWN = ".raas-"
 MAX_ANSWER = 4096
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -92,18 +92,6 @@ def detached_copy(path: str) -> int:
     return fd
 
 
-def drop_own(directory: str) -> None:
-    """The action server's files at the top of ``directory`` removed (never through a link:
-    a link is removed itself, a directory by ``rmtree``, which follows none)."""
-    for entry in os.scandir(directory):
-        if not entry.name.startswith(SCRATCH_OWN):
-            continue
-        if stat.S_ISDIR(entry.stat(follow_symlinks=False).st_mode):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
-
-
 def serve(control: socket.socket, dirs: list[str]) -> None:
     while control.recv(MAX_ANSWER):
         fds: list[int] = []
@@ -119,13 +107,9 @@ def serve(control: socket.socket, dirs: list[str]) -> None:
                 os.close(fd)
 
 
-def main() -> None:
-    mnt_fd, control_fd, *dirs = sys.argv[1:]
-    control = socket.socket(fileno=int(control_fd))
+def held(control: socket.socket, mnt_fd: int, dirs: list[str]) -> None:
     try:
-        join(int(mnt_fd))
-        if "/tmp" in dirs:
-            drop_own("/tmp")
+        join(mnt_fd)
         for d in dirs:  # a copy can be made of each: said now, not at the first fork
             os.close(detached_copy(d))
     except OSError as e:
@@ -133,6 +117,18 @@ def main() -> None:
         return
     control.send(b"ready")
     serve(control, dirs)
+
+
+def main() -> None:
+    mnt_fd, control_fd, *dirs = sys.argv[1:]
+    control = socket.socket(fileno=int(control_fd))
+    try:
+        held(control, int(mnt_fd), dirs)
+    except BaseException:
+        # Past the join, every path is the sandbox's: a traceback would read "source lines" (and
+        # the codec their first line names) from files the sandbox may have planted there, and
+        # run them, as raas's user on the host's network. So nothing is printed, ever.
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ MAX_REQUEST = 1 << 20
 MAX_PTYS = 64  # a sandbox's own: its shell's, IPython's, and what its commands open
 DEVPTS = f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}"
 FDS = 4  # listen, stdout, stderr, go
+SCRATCH_OWN = ".raas-"  # the action server's own files in /tmp (raas.sandbox.fork's too)
 MAX_LOWERS = 8  # the most lower layers (fds beyond FDS) one request may carry
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -117,6 +118,27 @@ def overlay_on(path: str, lower: int) -> None:
     os.chdir("/")
 
 
+def drop_scratch(directory: str) -> None:
+    """The sealed action server's own files (``.raas-`` at the top of ``directory``), or what
+    its sandbox planted under that name, removed from this fork's view (whiteouts in its own
+    upper), before its own server starts: in this sandbox's namespaces only, so whatever the
+    sealed sandbox left there (links, FIFOs, a tree deeper than Python recurses) can cost it its
+    own fork at most. A directory goes by ``rm -rf``, which walks without recursion and follows
+    no link."""
+    trees = []
+    for entry in os.scandir(directory):
+        if not entry.name.startswith(SCRATCH_OWN):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            trees.append(entry.path)
+        else:
+            os.unlink(entry.path)
+    if trees:
+        pid = os.posix_spawn("/bin/rm", ["rm", "-rf", "--", *trees], {})
+        if exit_code(os.waitpid(pid, 0)[1]) != 0:
+            raise OSError(f"rm -rf of {len(trees)} scratch trees failed")
+
+
 def drop_capabilities() -> None:
     """Every capability this user namespace gave: the bounding set, then the rest (capset)."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -152,6 +174,8 @@ def become_init(request: dict, lowers: dict) -> None:
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0755")
         if path in lowers:
             overlay_on(path, lowers.pop(path))
+            if path == "/tmp":
+                drop_scratch(path)
     for fd in lowers.values():  # a lower for no mount of this sandbox's: never attached
         os.close(fd)
     # Ptys of its own (bwrap's /dev/ptmx is a link to pts/ptmx): the zygote's devpts, which
