@@ -53,9 +53,10 @@ class ChildServer:
             start_new_session=tied,
         )
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Until it answers; raises NotReady (with its log's tail) if it exits or the time
-        runs out."""
+        runs out. A process that exits is said at once, so the deadline is for one that hangs:
+        minutes, since an engine's start on two loaded cores took over 60 s."""
         wait_until_answers(
             self.url + self.health_path, timeout_s, exited(self.proc, self.log_path, self.name)
         )
