@@ -22,10 +22,7 @@ system-deps:
 demo: $(STAMP) system-deps
 	$(BIN)/raas demo
 
-# mypy, one process on one core (cold on a fresh clone: no cache), runs beside the tests, which
-# mostly wait; --output-sync keeps each one's output whole. A failure in either fails make test.
-test: $(STAMP) system-deps lint docs
-	$(MAKE) --no-print-directory -j2 --output-sync=target typecheck unit
+test: $(STAMP) system-deps lint typecheck docs unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check raas tests scripts examples
