@@ -7,21 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from raas.sandbox import BwrapConfig, SandboxError, SandboxLimits, create_sandbox, procs, zygote
+from raas.sandbox import BwrapConfig, SandboxError, create_sandbox, procs
 from raas.sandbox import bwrap as bwrap_module
 from raas.sandbox.bwrap import BwrapSandbox
-
-MiB = 1024 * 1024
-LIMITS = SandboxLimits(action_timeout_s=60, disk_bytes=64 * MiB, tmp_bytes=32 * MiB)
-
-
-def our_processes() -> set[int]:
-    return {p for p in procs.descendants(os.getpid()) - zygote.own_pids() if procs.alive(p)}
+from tests.sandbox.test_sandbox_cow import LIMITS, bwrap, our_fds, our_processes, started
 
 
 def started_at(pid: int) -> str | None:
@@ -32,26 +25,6 @@ def started_at(pid: int) -> str | None:
     except OSError:
         return None
     return None if fields[0] == "Z" else fields[19]
-
-
-def our_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
-@contextlib.asynccontextmanager
-async def started(sandbox: BwrapSandbox) -> AsyncIterator[BwrapSandbox]:
-    try:
-        if not sandbox.client and not sandbox.closed:
-            await sandbox.start()
-        yield sandbox
-    finally:
-        await sandbox.close()
-
-
-def bwrap(limits: SandboxLimits = LIMITS) -> BwrapSandbox:
-    sandbox = create_sandbox(BwrapConfig(limits=limits))
-    assert isinstance(sandbox, BwrapSandbox)
-    return sandbox
 
 
 async def out(sandbox: BwrapSandbox, command: str) -> str:
