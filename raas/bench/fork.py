@@ -5,8 +5,9 @@
   parent's fork copies them (a tar pipe into the child's tmpfs), a sealed parent's
   (``Sandbox.seal``: a group's template, a kept snapshot) is copy-on-write (overlays over its
   files, nothing copied); against a start of the same config (forked from its template's
-  zygote) and bare bwrap running ``/bin/true`` (the floor). Each round times one of each, in
-  turn, so that a loaded machine weighs on all alike; restoring the child's shell is included.
+  zygote; its close timed apart) and bare bwrap running ``/bin/true`` (the floor: its start
+  and end). Each round times one of each, in turn, so that a loaded machine weighs on all
+  alike; restoring the child's shell is included.
 - a group of ``--group`` rollouts of one task whose set-up takes ``--setup-s`` seconds of CPU
   (a build, an install) and writes the repository, all started at once: without fork (each
   sandbox starts and sets up on its own) and with it (one sandbox set up and sealed, then
@@ -93,11 +94,18 @@ async def own_mib(child: Sandbox) -> float:
 
 
 async def cold_and_fork(args: argparse.Namespace, config: BwrapConfig) -> None:
-    async def cold() -> None:
-        sandbox = await started(config)
+    async def cold(record: bool = True) -> None:
+        sandbox = create_sandbox(config)
+        begun = time.perf_counter()
+        await sandbox.start()
+        between = time.perf_counter()
         await sandbox.close()
+        if record:
+            times["start (zygote)"].append(between - begun)
+            times["its close"].append(time.perf_counter() - between)
 
-    await cold()  # warm the page cache and the probes
+    times: dict[str, list[float]] = {"floor": [], "start (zygote)": [], "its close": []}
+    await cold(record=False)  # warm the page cache and the probes
     per_file = args.mib / max(args.files, 1)
     kinds = {
         f"live fork, copy ({args.files} files)": (args.files, args.mib, False),
@@ -109,11 +117,7 @@ async def cold_and_fork(args: argparse.Namespace, config: BwrapConfig) -> None:
     try:
         for name, (files, mib, seal) in kinds.items():
             parents[name] = await parent_with(config, files, mib, seal)
-        times: dict[str, list[float]] = {
-            "floor": [],
-            "start (zygote)": [],
-            **{n: [] for n in kinds},
-        }
+        times.update({n: [] for n in kinds})
         disk: dict[str, float] = {}
 
         async def fork(name: str) -> None:
@@ -126,7 +130,7 @@ async def cold_and_fork(args: argparse.Namespace, config: BwrapConfig) -> None:
 
         for _ in range(args.starts):  # one of each per round: the load weighs on all alike
             times["floor"] += await timed(1, lambda: bare_bwrap(config, ["/bin/true"]))
-            times["start (zygote)"] += await timed(1, cold)
+            await cold()
             for name in kinds:
                 await fork(name)
     finally:

@@ -96,6 +96,19 @@ HOST_ETC = [
 ]
 
 
+def _cgroup_to_join(
+    runtime_dir: Path, sandbox_id: str, caps: cgroups.Caps
+) -> tuple[cgroups.SandboxCgroup | None, list[int]]:
+    """Blocking: a zygote's sandbox's cgroup, and the fds it moves itself in by (none on v2)."""
+    group = cgroups.create(runtime_dir, sandbox_id, caps)
+    try:
+        return group, [] if group is None else group.open_self_joins()
+    except BaseException:
+        if group is not None:
+            group.remove()
+        raise
+
+
 def rootfs_args(image: Path | None) -> list[str]:
     if image is None:
         args = ["--ro-bind", "/usr", "/usr"]
@@ -694,42 +707,49 @@ class BwrapSandbox(NamespacedSandbox):
         key = self._zygote_key()
         zygote = await zygotes.get(key, functools.partial(self._start_zygote, binary))
         self._zygote_uid = zygote.uid
+        if self._lowers and zygote.uid != self._lowers_owner:
+            raise SandboxError(
+                f"sandbox {self.id}: a fork of a sealed sandbox must run as its uid"
+                f" ({self._lowers_owner}), not {zygote.uid}: fork it with its own config"
+            )
         limits = self.limits
-        caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
-        self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
         mounts = [
             ("/dev/shm", limits.shm_bytes),
             ("/tmp", limits.tmp_bytes),
             (self.config.workdir, limits.disk_bytes),
             *((directory, limits.tmp_bytes) for directory in self.config.tmpfs_dirs),
         ]
-        if self._lowers and zygote.uid != self._lowers_owner:
-            raise SandboxError(
-                f"sandbox {self.id}: a fork of a sealed sandbox must run as its uid"
-                f" ({self._lowers_owner}), not {zygote.uid}: fork it with its own config"
-            )
+        caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
+        self._cgroup, joins = await asyncio.to_thread(
+            _cgroup_to_join, self.dir.parent, self.id, caps
+        )
         request = zygotes.Request(
             self.server_args(zygotes.LISTEN_FD, "/tmp"),
             self._env(),
             mounts,
             "sandbox",
             list(self._lowers),
+            len(joins),
         )
         try:
             forked = await asyncio.to_thread(
-                zygote.fork, request, listen_fd, list(self._lowers.values())
+                zygote.fork, request, listen_fd, list(self._lowers.values()), joins
             )
         finally:
             self._close_lowers()  # the fork has its own: the zygote passed them on
+            for fd in joins:
+                os.close(fd)
         try:
-            if self._cgroup is not None:
+            if self._cgroup is not None and not joins:  # v2: moved by PID (on v1 it moves itself)
                 await asyncio.to_thread(self._cgroup.join, forked.pid)
-            os.write(forked.go, b"g")  # not written: the fork exits at once, having done nothing
             self._forked = True
             stdout, stderr = forked.stdout, forked.stderr
-            return zygotes.ForkedProcess(
+            # Its pidfd while it waits for go: till then its PID can name no other process.
+            process = zygotes.ForkedProcess(
                 forked.pid, await zygotes.reader(stdout), await zygotes.reader(stderr)
             )
+            os.write(forked.go, b"g")  # not written: the fork exits at once, having done nothing
+            return process
         except BaseException:
             for fd in (forked.stdout, forked.stderr):
                 with contextlib.suppress(OSError):

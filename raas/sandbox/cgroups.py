@@ -4,7 +4,7 @@ Each sandbox gets one cgroup, ``raas-<hash of its runtime directory>/<sandbox id
 server's own cgroup, so two servers never share a parent and a server restarted on the same
 runtime directory finds (and removes) what its dead predecessor left. A sandbox's first process
 (bwrap, or what starts apptainer) is moved in before it runs anything, through the gate of
-``raas.sandbox.namespaced``.
+``raas.sandbox.namespaced``; a zygote's fork moves itself in on v1 (``open_self_joins``).
 
 Where: cgroup v1 (a ``memory``, ``pids`` and ``cpu`` hierarchy raas can write, as root in a
 container that mounts them), or cgroup v2 where raas's own cgroup can enable ``memory`` and
@@ -161,6 +161,23 @@ class SandboxCgroup:
     def join(self, pid: int) -> None:
         for procs in self.procs_files():
             _write(procs, str(pid))
+
+    def open_self_joins(self) -> list[int]:
+        """v1: each hierarchy's ``tasks`` file, open for writing, for a single-threaded process
+        to move itself into by writing ``0`` (the kernel's check is on who opened it). That
+        move takes no global lock; ``join``'s, of a process by PID, waits out an RCU grace
+        period (milliseconds). v2 moves only whole processes, always under that lock: none."""
+        if self.version != 1:
+            return []
+        fds: list[int] = []
+        try:
+            for d in self.dirs.values():
+                fds.append(os.open(d / "tasks", os.O_WRONLY | os.O_CLOEXEC))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def pids(self) -> set[int]:
         found: set[int] = set()

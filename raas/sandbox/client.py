@@ -204,6 +204,8 @@ class ActionClient:
             ) from None
         finally:  # an answer that comes after all finds no one waiting and is dropped
             self._pending.pop(req_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # the connection's loss, set there too once the send failed
         if not answer.get("ok"):
             err = answer.get("error") or {}
             raise ToolError(str(err.get("type", "Error")), str(err.get("message", "")))

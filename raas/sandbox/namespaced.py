@@ -206,13 +206,17 @@ class NamespacedSandbox(Sandbox):
         """
 
     async def _after_start(self, process: Launched) -> None:
-        ns = await asyncio.to_thread(self._find_namespace, process.pid)
+        await asyncio.to_thread(self._pin_namespace, process.pid)  # /proc reads: one thread hop
+
+    def _pin_namespace(self, pid: int) -> None:
+        """The sandbox's PID namespace, held open, and its init, by pidfd."""
+        ns = self._find_namespace(pid)
         if ns is not None:
-            self._pin = await asyncio.to_thread(procs.pin_namespace, ns, process.pid)
+            self._pin = procs.pin_namespace(ns, pid)
         # Unpinned, the number may already name another sandbox's namespace: not ours to kill.
         self._pidns = ns if self._pin is not None else None
         if self._pidns is not None and self.init_is_launched_child:
-            init = await asyncio.to_thread(procs.init_of, self._pidns, process.pid)
+            init = procs.init_of(self._pidns, pid)
             fd = None if init is None else procs.open_pidfd(init)
             if init is not None and fd is not None and fd >= 0:
                 self._init = (init, fd)

@@ -90,13 +90,15 @@ class Request:
     """One sandbox for a zygote to fork: the action server's arguments and environment, and
     the tmpfs mounts (path, bytes) of its own; ``lowers``: those of its mounts that are the
     upper layers of overlays (a fork of a sealed sandbox), each lower a detached mount, whose
-    fd ``Zygote.fork`` passes in this order."""
+    fd ``Zygote.fork`` passes in this order; then the ``joins`` fds of its cgroup's ``tasks``
+    files (``SandboxCgroup.open_self_joins``)."""
 
     argv: list[str]
     env: dict[str, str]
     mounts: list[tuple[str, int]]
     hostname: str = "sandbox"
     lowers: list[str] = dataclasses.field(default_factory=list)
+    joins: int = 0  # how many cgroup ``tasks`` files (fds after the lowers') it moves itself in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,9 +161,16 @@ class Zygote:
         text = self.process.stderr.read().decode(errors="replace").strip()
         return text[-2000:] or f"exit status {self.process.returncode}"
 
-    def fork(self, request: Request, listen_fd: int, lowers: Sequence[int] = ()) -> Forked:
+    def fork(
+        self,
+        request: Request,
+        listen_fd: int,
+        lowers: Sequence[int] = (),
+        joins: Sequence[int] = (),
+    ) -> Forked:
         """Blocking (run it in a thread): a new sandbox forked, waiting on ``Forked.go``;
-        ``lowers``: the fds of ``request.lowers``, passed on (the caller closes them)."""
+        ``lowers``: the fds of ``request.lowers``, ``joins`` those of its cgroup's ``tasks``
+        files, passed on (the caller closes them)."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -169,7 +178,7 @@ class Zygote:
         try:
             with self._lock:
                 message = json.dumps(dataclasses.asdict(request)).encode()
-                fds = array.array("i", [listen_fd, out_w, err_w, go_r, *lowers])
+                fds = array.array("i", [listen_fd, out_w, err_w, go_r, *lowers, *joins])
                 self.control.settimeout(ANSWER_TIMEOUT_S)
                 try:
                     self.control.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])

@@ -7,8 +7,11 @@ what one does must not reach the other, nor the zygote, nor count against the ot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -115,6 +118,96 @@ async def test_a_fork_holds_no_capability_and_nothing_of_the_zygote(
         assert not links & {link for link in control if link.startswith("socket:")}, pid
     # Nor does it see the zygote: only its own namespace's processes.
     assert await out(a, "cat /proc/1/status | grep ^NSpid | awk '{print $NF}'") == "1"
+
+
+def fd_links(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return found
+
+
+async def test_no_cgroup_file_a_fork_moved_itself_by_is_left_open(
+    pair: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    """On cgroup v1 a fork moves itself into its cgroup by ``tasks`` files raas opened (as
+    root: open, they move any process the holder can name); none stays open in the zygote or
+    in a sandbox process (nor a bash command's)."""
+    a, _ = pair
+    if a._cgroup is None or a._cgroup.version != 1:
+        pytest.skip("no cgroup v1 hierarchy raas can write")
+    await out(a, "sleep 1000 &")
+    zygote = zygotes._zygotes[a._zygote_key()]
+    assert zygote.host_pid is not None
+    joins = a._cgroup.open_self_joins()
+    try:  # the control: such an fd, held, is seen by the same check
+        assert {link for link in fd_links(os.getpid()) if link.endswith("/tasks")}
+    finally:
+        for fd in joins:
+            os.close(fd)
+    for pid in {zygote.host_pid, *a.host_pids()}:
+        held = {link for link in fd_links(pid) if link.startswith("/sys/fs/cgroup")}
+        assert not held, (pid, held)
+    assert "/sys/fs/cgroup" not in await out(a, "ls -l /proc/[0-9]*/fd/ 2>/dev/null || true")
+
+
+def blocked_reading(pid: int, pipe: int) -> bool:
+    """Whether ``pid`` waits in read(2) (x86_64's and aarch64's numbers) on the pipe of which
+    our ``pipe`` is the other end."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:  # gone
+        return False
+    if len(fields) < 2 or fields[0] not in ("0", "63"):
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{int(fields[1], 16)}") == os.readlink(
+            f"/proc/self/fd/{pipe}"
+        )
+    except OSError:
+        return False
+
+
+def waits_for_go(pid: int, pipe: int, timeout_s: float = 30) -> bool:
+    """Blocking: whether ``pid`` comes to wait on the pipe within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not blocked_reading(pid, pipe):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+async def test_a_fork_whose_set_up_fails_lives_till_raas_lets_it_go(
+    pair: tuple[BwrapSandbox, BwrapSandbox],
+) -> None:
+    """A fork sets itself up before raas lets it go (its cgroup moved meanwhile): one whose
+    set-up fails says so only then, and exits only then, so its PID, which raas holds by
+    number till it has a pidfd, names no other process."""
+    a, _ = pair
+    zygote = zygotes._zygotes[a._zygote_key()]
+    results = []
+    for mounts in ([("/no/such/dir", MiB)], [("/tmp", MiB)]):  # the second: the control
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind("")  # an abstract name: no file
+            listener.listen(1)
+            request = zygotes.Request(a.server_args(zygotes.LISTEN_FD, "/tmp"), {}, mounts)
+            forked = await asyncio.to_thread(zygote.fork, request, listener.fileno())
+            try:
+                waits = await asyncio.to_thread(waits_for_go, forked.pid, forked.go)
+                assert waits and procs.alive(forked.pid)
+                os.write(forked.go, b"g")
+                with os.fdopen(forked.stderr, "rb") as err, os.fdopen(forked.stdout, "rb") as o:
+                    results.append(await asyncio.to_thread(o.readline))
+                    if mounts[0][0] != "/tmp":
+                        said = await asyncio.to_thread(err.read)
+                        assert b"sandbox set-up" in said and b"/no/such/dir" in said, said
+            finally:
+                os.close(forked.go)
+                procs.kill({forked.pid})
+    assert results[0] == b"", results
+    assert results[1].startswith(b"RAAS-ACTION-SERVER-READY"), results
 
 
 async def test_a_dead_zygote_is_replaced_and_takes_its_forks_with_it() -> None:

@@ -80,6 +80,7 @@ class ActionServer:
         self.editor = Editor(args.workdir)
         self.ipython = IPythonSession(args.workdir, args.scratch)
         self.relay = Relay()
+        self.shell_started = False
         self.tunnels = Tunnels()
         self.actions: dict[str, Callable[[dict[str, Any]], Any]] = {
             "ping": self.ping,
@@ -264,6 +265,9 @@ class ActionServer:
 
         hello = {"protocol": PROTOCOL, "python": sys.version.split()[0], "pid": os.getpid()}
         await send({"hello": hello})
+        if not self.shell_started:  # once the host has its hello: see serve
+            self.shell_started = True
+            self.shell.start_soon()
         tasks = set()
         first = True
         try:
@@ -316,9 +320,9 @@ class ActionServer:
             )
             os.chmod(self.args.socket, 0o600)
         print(READY, flush=True)
-        # bash starts once the server has said it is ready (the host connects meanwhile): the
-        # start ends sooner, and the first command waits for bash.
-        self.shell.start_soon()
+        # bash starts once the host has the first connection's hello (``connection``), not
+        # here: its spawn would hold the loop while the host's connect waits to be accepted.
+        # The start ends sooner, and the first command waits for bash.
         async with server:
             await server.serve_forever()
 

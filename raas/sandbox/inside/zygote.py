@@ -6,18 +6,21 @@ It runs in a bwrap of the template (the same root, /etc, /.raas and seccomp filt
 of it; the filter and no_new_privs are inherited by every fork) as the sandbox user, with no
 capabilities. A request comes on the control socket (SOCK_SEQPACKET, the fd of ``--control-fd``):
 one JSON message ``{"argv": [...], "env": {...}, "mounts": [[path, bytes], ...], "hostname":
-..., "lowers": [path, ...]}`` carrying four fds (SCM_RIGHTS): the action server's listening
-socket, its stdout and stderr, and a pipe to wait on; then one more for each of ``lowers``.
+..., "lowers": [path, ...], "joins": N}`` carrying four fds (SCM_RIGHTS): the action server's
+listening socket, its stdout and stderr, and a pipe to wait on; then one more for each of
+``lowers``, then ``N`` of its cgroup's ``tasks`` files (v1), which the fork moves itself in by
+before anything else.
 The answer is ``{"pid": N}`` (the fork, in the zygote's PID namespace) or ``{"error": ...}``.
 The fork is made by clone(2) into new namespaces of its own (a user namespace, the sandbox
 user mapped to itself, so its process count is its own; mount, PID, IPC, UTS and network) and
-is their PID namespace's init. It waits for a byte on that pipe (raas moves it into the
-sandbox's cgroup first), takes a cgroup namespace rooted there, mounts its own /proc and a
-size-capped tmpfs on each of ``mounts``; where that path is one of ``lowers`` (a fork of a
-sealed sandbox), the tmpfs becomes the upper layer of an overlay whose lower is the detached
-mount its fd holds (``raas.sandbox.cow``). It forbids further user namespaces, drops every
-capability, and forks the action server (``server.main``, with only its three fds), then reaps
-what is left to it until the server ends, as bwrap's init does in a sandbox started cold.
+is their PID namespace's init. It moves itself into the sandbox's cgroup by the ``tasks``
+files (on v2 raas moves it by PID meanwhile), mounts its own /proc and a size-capped tmpfs on
+each of ``mounts``; where that path is one of ``lowers`` (a fork of a sealed sandbox), the
+tmpfs becomes the upper layer of an overlay whose lower is the detached mount its fd holds
+(``raas.sandbox.cow``), and forbids further user namespaces. Then it waits for a byte on that
+pipe, takes a cgroup namespace rooted at its cgroup, drops every capability, and forks the
+action server (``server.main``, with only its three fds), then reaps what is left to it until
+the server ends, as bwrap's init does in a sandbox started cold.
 
 Standard library (with ctypes) only, Python 3.8+. Linux x86_64 and aarch64.
 """
@@ -67,6 +70,7 @@ DEVPTS = f"newinstance,ptmxmode=0666,mode=0620,max={MAX_PTYS}"
 FDS = 4  # listen, stdout, stderr, go
 SCRATCH_OWN = ".raas-"  # the action server's own files in /tmp (raas.sandbox.fork's too)
 MAX_LOWERS = 8  # the most lower layers (fds beyond FDS) one request may carry
+MAX_JOINS = 4  # the most cgroup ``tasks`` files (after the lowers') one request may carry
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -174,8 +178,6 @@ def become_init(request: dict, lowers: dict) -> None:
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0755")
         if path in lowers:
             overlay_on(path, lowers.pop(path))
-            if path == "/tmp":
-                drop_scratch(path)
     for fd in lowers.values():  # a lower for no mount of this sandbox's: never attached
         os.close(fd)
     # Ptys of its own (bwrap's /dev/ptmx is a link to pts/ptmx): the zygote's devpts, which
@@ -193,9 +195,23 @@ def become_init(request: dict, lowers: dict) -> None:
         if os.path.exists(path):
             mount(path, path, "", MS_BIND | MS_REC)
             mount("none", path, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(cwd)  # the path again: now the sandbox's own mount
+
+
+def join_cgroup(tasks: list) -> None:
+    """Into the sandbox's cgroup (v1), by ``0`` written to each hierarchy's ``tasks`` file
+    raas opened: this process alone, single-threaded, so the kernel takes no global lock."""
+    for fd in tasks:
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
+def lock_down() -> None:
+    """What the init gives up before the action server starts: new privileges, capabilities."""
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     drop_capabilities()
-    os.chdir(cwd)  # the path again: now the sandbox's own mount
 
 
 def exit_code(status: int) -> int:
@@ -234,20 +250,37 @@ def clone_into_namespaces() -> int:
 
 
 def run_sandbox(request: dict, fds: list, uid: int, gid: int) -> None:
-    """The init's part, in the new namespaces: wait for raas, map the sandbox user (``uid``
-    and ``gid``, the zygote's) to itself, take a cgroup namespace rooted at the sandbox's
-    cgroup, set the sandbox up and start its action server (never returns)."""
+    """The init's part, in the new namespaces: into the sandbox's cgroup, map the sandbox
+    user (``uid`` and ``gid``, the zygote's) to itself, set the sandbox up, wait for raas, take
+    a cgroup namespace rooted at the sandbox's cgroup and start its action server (never
+    returns)."""
     listen, out, err, go = fds[:FDS]
-    lowers = dict(zip(request.get("lowers", []), fds[FDS:]))
+    names = request.get("lowers", [])
+    lowers = dict(zip(names, fds[FDS : FDS + len(names)]))
+    joins = fds[FDS + len(names) :]
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent death signal")
+    sealed_scratch = "/tmp" in lowers
+    failed = None
+    try:
+        join_cgroup(joins)
+        write("/proc/self/setgroups", "deny")
+        write("/proc/self/uid_map", f"{uid} {uid} 1")
+        write("/proc/self/gid_map", f"{gid} {gid} 1")
+        # Set up meanwhile where raas moves it into its cgroup by PID (cgroup v2: a move that
+        # waits out an RCU grace period): only this code runs before, charged to no cap but
+        # for the init's own few pages.
+        become_init(request, lowers)
+    except OSError as e:  # said once raas lets it go: till then its PID is raas's to use
+        failed = e
     if os.read(go, 1) != b"g":  # raas gave up on it (or failed to move it into its cgroup)
         os._exit(1)
     os.close(go)
-    write("/proc/self/setgroups", "deny")
-    write("/proc/self/uid_map", f"{uid} {uid} 1")
-    write("/proc/self/gid_map", f"{gid} {gid} 1")
+    if failed is not None:
+        raise failed
     check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup")  # raas has moved it: the root
-    become_init(request, lowers)
+    if sealed_scratch:  # in its cgroup: whatever the sealed sandbox left costs its own caps
+        drop_scratch("/tmp")
+    lock_down()
     gc.disable()  # the init allocates nothing more: no collection ever copies its pages
     server_pid = os.fork()
     if server_pid:
@@ -290,7 +323,7 @@ def serve(control: socket.socket) -> None:
     control.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         fds = array.array("i")
-        space = socket.CMSG_SPACE((FDS + MAX_LOWERS) * fds.itemsize)
+        space = socket.CMSG_SPACE((FDS + MAX_LOWERS + MAX_JOINS) * fds.itemsize)
         message, ancillary, _, _ = control.recvmsg(MAX_REQUEST, space)
         if not message:  # raas closed its end
             return
@@ -300,7 +333,7 @@ def serve(control: socket.socket) -> None:
         received = list(fds)
         try:
             request = json.loads(message)
-            wanted = FDS + len(request.get("lowers", []))
+            wanted = FDS + len(request.get("lowers", [])) + int(request.get("joins", 0))
             if len(received) != wanted:
                 raise ValueError(f"a request carries {len(received)} fds, not {wanted}")
             pid = clone_into_namespaces()
