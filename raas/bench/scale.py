@@ -172,7 +172,11 @@ def cpu_cost(args: argparse.Namespace, tmp: Path, llm_url: str) -> None:
             costs.append((cpu / turns, cpu / args.jobs, args.jobs / wall, cpu / wall))
     per_turn, per_job, rate, busy = (statistics.median(c[i] for c in costs) for i in range(4))
     # A turn's prompt is the job's conversation so far: about 300 tokens here.
-    floor = asyncio.run(request_cpu(llm_url, 300, 4 * args.workers, args.workers))
+    # Medians of as many runs of 16 rounds: a few dozen requests alone gave floors 4x apart.
+    floor = statistics.median(
+        asyncio.run(request_cpu(llm_url, 300, 16 * args.workers, args.workers))
+        for _ in range(args.repeats)
+    )
     print(
         f"part 1: one server, {args.jobs} jobs of {args.turns} turns, {args.workers} in flight,"
         f" LLM latency {args.llm_latency_ms:g} ms; medians of {args.repeats}"
