@@ -20,6 +20,7 @@ from tests.support import tiers
 from tests.support.probe import ProbeTask
 
 FIXTURES = Path(__file__).parent / "fixtures"
+pytest_plugins = ["tests.support.sigterm"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
