@@ -110,6 +110,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
         # The libraries of this process read the server's paths and image caps.
         with installed(settings.paths, settings.images):
             check_tokenizer(settings.inference.tokenizer)
+            check_sandbox(settings.sandboxes.sandbox)
             check_backends(settings.inference.llm, settings.inference.llm_protocol)
             run_server(settings)
     except (
@@ -144,6 +145,19 @@ def check_backends(addresses: list[str], protocol: str) -> None:
         return  # a URL that cannot be used: the pool says so, as it did
     if why is not None:
         raise click.UsageError(f"--llm {why}")
+
+
+def check_sandbox(provider: str) -> None:
+    """A sandbox provider whose program is missing fails every job that needs a sandbox: said
+    at start, as a warning (a server of tasks that need none, math or STEM, still serves)."""
+    from raas.sandbox.providers import program_missing
+
+    why = program_missing(provider)
+    if why is not None:
+        click.echo(
+            f"warning: --sandbox {provider}: {why}. Every job that needs a sandbox will fail.",
+            err=True,
+        )
 
 
 def check_tokenizer(name: str) -> None:

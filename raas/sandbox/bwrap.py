@@ -96,6 +96,12 @@ HOST_ETC = [
 ]
 
 
+NO_BWRAP = (
+    "bubblewrap is not installed: apt-get install bubblewrap (or use the 'local' provider for"
+    " development)"
+)
+
+
 def _cgroup_to_join(
     runtime_dir: Path, sandbox_id: str, caps: cgroups.Caps
 ) -> tuple[cgroups.SandboxCgroup | None, list[int]]:
@@ -596,10 +602,7 @@ class BwrapSandbox(NamespacedSandbox):
     async def _launch(self, listen_fd: int) -> Launched:
         binary = shutil.which("bwrap")
         if binary is None:
-            raise SandboxError(
-                "bubblewrap is not installed: apt-get install bubblewrap (or use the 'local'"
-                " provider for development)"
-            )
+            raise SandboxError(NO_BWRAP)
         await asyncio.to_thread(disables_userns)  # runs bwrap --help once, off the loop
         if self._uses_zygote():
             return await self._zygote_launch(binary, listen_fd)

@@ -6,13 +6,15 @@ of a class lives here, above both, so that no provider and its config import eac
 
 from __future__ import annotations
 
+import shutil
 from typing import assert_never
 
 from raas.images.errors import ImageError
 from raas.images.image import StoredImage
-from raas.sandbox.apptainer import ApptainerSandbox
+from raas.sandbox.apptainer import ApptainerSandbox, find_binary
 from raas.sandbox.base import Sandbox
-from raas.sandbox.bwrap import BwrapSandbox
+from raas.sandbox.bwrap import NO_BWRAP, BwrapSandbox
+from raas.sandbox.client import SandboxError
 from raas.sandbox.config import ApptainerConfig, BwrapConfig, LocalConfig, SandboxConfig
 from raas.sandbox.local import LocalSandbox
 
@@ -31,3 +33,17 @@ def create_sandbox(config: SandboxConfig, image: StoredImage | None = None) -> S
             return ApptainerSandbox(config, image)
         case _:
             assert_never(config)
+
+
+def program_missing(provider: str) -> str | None:
+    """Why a sandbox of ``provider`` ("bwrap", "apptainer", "local") cannot start on this host
+    (its program is not installed), or None: said before a server starts, since every job
+    that needs a sandbox would fail."""
+    if provider == "bwrap":
+        return None if shutil.which("bwrap") else NO_BWRAP
+    if provider == "apptainer":
+        try:
+            find_binary(None)
+        except SandboxError as e:
+            return str(e)
+    return None

@@ -353,6 +353,30 @@ def test_serve_refuses_a_tokenizer_it_cannot_load(tmp_path: Path) -> None:
     assert "--tokenizer Org/NotCached-1B: neither a directory nor a hub id" in result.output
 
 
+def test_serve_warns_of_a_sandbox_program_that_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raas.cli.serve import check_sandbox
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither apptainer, singularity nor bwrap
+    for provider, said in (
+        ("apptainer", "apptainer (or singularity) is not on PATH"),
+        ("bwrap", "bubblewrap is not installed"),
+    ):
+        check_sandbox(provider)
+        err = capsys.readouterr().err
+        assert err.startswith(f"warning: --sandbox {provider}: {said}"), err
+        assert "Every job that needs a sandbox will fail." in err
+    check_sandbox("local")  # needs no program
+    assert capsys.readouterr().err == ""
+    for name in ("apptainer", "bwrap"):  # the control: installed, nothing is said
+        program = tmp_path / name
+        program.write_text("#!/bin/sh\n")
+        program.chmod(0o755)
+        check_sandbox(name)
+        assert capsys.readouterr().err == ""
+
+
 def test_progress_without_a_terminal_is_lines_even_when_nothing_finishes() -> None:
     import asyncio
     import io
