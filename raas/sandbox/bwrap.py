@@ -332,6 +332,11 @@ class BwrapSandbox(NamespacedSandbox):
             return self._zygote_uid
         return None if self._slot is None else self.config.uid_base + self._slot
 
+    def host_pids(self) -> set[int]:
+        if self._sealed is not None:  # it ran its last at the seal (its init's zombie aside,
+            return set()  # which its zygote reaps when it comes to it)
+        return super().host_pids()
+
     async def seal(self) -> bool:
         """See ``Sandbox.seal``: for a sandbox forked from a zygote (no image, no network).
         An image's root keeps a copy fork (its launch copies the parent's upper layer)."""
