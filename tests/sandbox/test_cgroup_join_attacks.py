@@ -417,3 +417,108 @@ async def test_a_fork_whose_join_fails_keeps_no_cgroup_file_open(
             os.close(forked.go)
             procs.kill({forked.pid})
             assert await asyncio.to_thread(poll, lambda: not procs.alive(forked.pid))
+
+
+# -- Attack: processes made, or work charged, before the move (HELD) ----------------------------
+# A fork moves itself (on v1) before anything else, then sets up; only raas's code runs before
+# its move, and the sandbox's first process (the action server) is forked after. A fork of a
+# sealed sandbox runs ``rm`` over the sealed server's scratch files after go, in its cgroup. So
+# every process of the sandbox, from its init on, is in its cgroup in every hierarchy, and the
+# cgroup holds nothing else: nothing to escape the caps by.
+
+
+@pytest.mark.parametrize("kind", ["fresh", "of a sealed sandbox"])
+async def test_every_process_of_a_fork_is_in_its_cgroup_and_nothing_else(
+    first: BwrapSandbox, kind: str
+) -> None:
+    parent = None
+    if kind == "fresh":
+        sandbox = BwrapSandbox(CONFIG)
+    else:
+        parent = BwrapSandbox(CONFIG)
+        await parent.start()
+        # Scratch of the sealed server's name for the fork's ``rm`` (after go) to remove.
+        await out(parent, "mkdir -p /tmp/.raas-x/y && touch /tmp/.raas-x/y/z /tmp/.raas-f")
+        assert await parent.seal()
+        child = await parent.fork()
+        assert isinstance(child, BwrapSandbox)
+        sandbox = child
+    try:
+        if sandbox.client is None:  # a fork comes started
+            await sandbox.start()
+        group = v1(sandbox)
+        if parent is not None:
+            gone = "test ! -e /tmp/.raas-x && test ! -e /tmp/.raas-f && echo gone"
+            assert await out(sandbox, gone) == "gone"
+        await out(sandbox, "sleep 1000 & setsid sleep 1000 > /dev/null 2>&1 < /dev/null &")
+        pids = sandbox.host_pids()
+        assert len(pids) >= 4  # init, server, bash, the sleeps
+        outside = {}
+        for pid in pids:
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile (a command's)
+                # One exiting (a command's) leaves its cgroup after its memory (so its command
+                # line): it runs nothing more.
+                if not in_cgroup(pid, group) and procs.command_line(pid) not in ("", "?"):
+                    outside[pid] = (procs.command_line(pid), cgroup_of(pid))
+        assert not outside, outside
+        assert sandbox._pidns is not None
+        for pid in group.pids():  # nothing but the sandbox's own (one gone meanwhile: none)
+            assert procs.pid_namespace(pid) in (sandbox._pidns, None), pid
+        # The control: the check tells the zygote and the other tenant's processes apart.
+        zygote = zygotes._zygotes[first._zygote_key()]
+        assert zygote.host_pid is not None
+        assert not in_cgroup(zygote.host_pid, group)
+        assert not any(in_cgroup(pid, group) for pid in first.host_pids())
+        assert all(in_cgroup(pid, v1(first)) for pid in first.host_pids())
+    finally:
+        await sandbox.close()
+        if parent is not None:
+            await parent.close()
+
+
+# -- Attack: a host user reads the zygote's or a fork's fds, or writes a ``tasks`` file (HELD) --
+# An unprivileged host user (another uid than the sandboxes') cannot list or open the fds of
+# the zygote or of a fork (/proc/PID/fd: the ptrace check), nor open a sandbox cgroup's
+# ``tasks`` file for writing (root's, 0644): what it could move a process by.
+
+PROBE = r"""
+import os, sys
+for path in sys.argv[1:]:
+    try:
+        if path.endswith("/fd"):
+            os.listdir(path)
+        else:
+            os.close(os.open(path, os.O_WRONLY))
+        print("reached", path)
+    except OSError as e:
+        print("denied", e.errno)
+"""
+
+
+@pytest.mark.parametrize("user", [65534, 0], ids=["nobody", "control-root"])
+async def test_a_host_user_reaches_no_fd_of_the_zygote_or_a_fork_nor_a_tasks_file(
+    first: BwrapSandbox, user: int
+) -> None:
+    zygote = zygotes._zygotes[first._zygote_key()]
+    assert zygote.host_pid is not None and isinstance(first.process, zygotes.ForkedProcess)
+    group = v1(first)
+    paths = [f"/proc/{zygote.host_pid}/fd", f"/proc/{first.process.pid}/fd"]
+    paths += [str(d / "tasks") for d in group.dirs.values()]
+    probe = await asyncio.create_subprocess_exec(
+        "/usr/bin/python3",
+        "-c",
+        PROBE,
+        *paths,
+        user=user,
+        group=user,
+        extra_groups=[],
+        stdout=asyncio.subprocess.PIPE,
+        cwd="/",
+    )
+    said, _ = await probe.communicate()
+    lines = said.decode().splitlines()
+    assert len(lines) == len(paths), lines
+    if user == 0:
+        assert all(line.startswith("reached") for line in lines), lines
+    else:
+        assert not [line for line in lines if line.startswith("reached")], lines
