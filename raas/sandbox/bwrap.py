@@ -28,8 +28,9 @@ import secrets
 import shutil
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from raas.images.image import StoredImage
 from raas.sandbox import cgroups, cow, procs, seccomp
@@ -113,6 +114,40 @@ def _cgroup_to_join(
         if group is not None:
             group.remove()
         raise
+
+
+_T = TypeVar("_T")
+
+
+async def _to_its_end(call: Callable[[], _T], undo: Callable[[_T], None]) -> _T:
+    """``call()`` in a thread, awaited to its end even where the task is cancelled meanwhile:
+    it uses the caller's fds by number (closed under it, their numbers taken by any other file of
+    raas's, it would pass on whatever has them by then), and what it makes (a cgroup, a fork)
+    only its result names. Cancelled, ``undo`` gets that result, then the cancellation is
+    raised."""
+    job = asyncio.ensure_future(asyncio.to_thread(call))
+    cancelled: asyncio.CancelledError | None = None
+    while not job.done():
+        try:
+            await asyncio.wait({job})
+        except asyncio.CancelledError as e:  # the thread goes on: wait for it all the same
+            cancelled = cancelled or e
+    if cancelled is None:
+        return job.result()
+    if not job.cancelled() and job.exception() is None:
+        undo(job.result())
+    raise cancelled
+
+
+def _nothing(_: object) -> None:
+    pass
+
+
+def _let_go_of(forked: zygotes.Forked) -> None:
+    """A fork no start wants any more: with its pipe to go closed, it exits having run nothing."""
+    for fd in (forked.go, forked.stdout, forked.stderr):
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def rootfs_args(image: Path | None) -> list[str]:
@@ -728,38 +763,55 @@ class BwrapSandbox(NamespacedSandbox):
             *((directory, limits.tmp_bytes) for directory in self.config.tmpfs_dirs),
         ]
         caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
-        self._cgroup, joins = await asyncio.to_thread(
-            _cgroup_to_join, self.dir.parent, self.id, caps
-        )
-        request = zygotes.Request(
-            self.server_args(zygotes.LISTEN_FD, "/tmp"),
-            self._env(),
-            mounts,
-            "sandbox",
-            list(self._lowers),
-            len(joins),
+
+        def undo_join(made: tuple[cgroups.SandboxCgroup | None, list[int]]) -> None:
+            self._cgroup = made[0]  # the close that follows removes it
+            for fd in made[1]:
+                os.close(fd)
+
+        self._cgroup, joins = await _to_its_end(
+            functools.partial(_cgroup_to_join, self.dir.parent, self.id, caps), undo_join
         )
         try:
-            forked = await asyncio.to_thread(
-                zygote.fork, request, listen_fd, list(self._lowers.values()), joins
+            request = zygotes.Request(
+                self.server_args(zygotes.LISTEN_FD, "/tmp"),
+                self._env(),
+                mounts,
+                "sandbox",
+                list(self._lowers),
+                len(joins),
+            )
+            # The thread passes these fds (and listen_fd) on by number: none is closed before
+            # it ends, even by a cancellation.
+            lowers = list(self._lowers.values())
+            forked = await _to_its_end(
+                functools.partial(zygote.fork, request, listen_fd, lowers, joins), _let_go_of
             )
         finally:
             self._close_lowers()  # the fork has its own: the zygote passed them on
             for fd in joins:
                 os.close(fd)
+        pending = [forked.stdout, forked.stderr]  # ours to close till a reader takes each
         try:
             if self._cgroup is not None and not joins:  # v2: moved by PID (on v1 it moves itself)
-                await asyncio.to_thread(self._cgroup.join, forked.pid)
+                await _to_its_end(functools.partial(self._cgroup.join, forked.pid), _nothing)
             self._forked = True
-            stdout, stderr = forked.stdout, forked.stderr
-            # Its pidfd while it waits for go: till then its PID can name no other process.
-            process = zygotes.ForkedProcess(
-                forked.pid, await zygotes.reader(stdout), await zygotes.reader(stderr)
-            )
-            os.write(forked.go, b"g")  # not written: the fork exits at once, having done nothing
+            streams = []
+            while pending:
+                streams.append(await zygotes.reader(pending.pop(0)))  # its transport closes it
+            # Its pidfd while it waits for go: till then it cannot end (but killed), and the go
+            # written proves it alive when the pidfd was opened, so the pidfd is the fork's.
+            process = zygotes.ForkedProcess(forked.pid, *streams)
+            try:
+                os.write(forked.go, b"g")
+            except OSError as e:  # no reader: the fork is dead, its PID maybe another's by now
+                process.release()
+                raise SandboxError(
+                    f"sandbox {self.id}: its process ended before it was let go ({e})"
+                ) from None
             return process
         except BaseException:
-            for fd in (forked.stdout, forked.stderr):
+            for fd in pending:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             raise

@@ -318,6 +318,11 @@ class ForkedProcess:
         if not self._exited.done():
             self._exited.set_result(self.returncode)
 
+    def release(self) -> None:
+        """Lets go of the pidfd without a signal (it may name a process that took the PID of a
+        fork that died before the pidfd was opened), as if the process had ended."""
+        self._done()
+
     async def wait(self) -> int:
         return await asyncio.shield(self._exited)
 

@@ -201,10 +201,11 @@ def become_init(request: dict, lowers: dict) -> None:
 def join_cgroup(tasks: list) -> None:
     """Into the sandbox's cgroup (v1), by ``0`` written to each hierarchy's ``tasks`` file
     raas opened: this process alone, single-threaded, so the kernel takes no global lock."""
-    for fd in tasks:
-        try:
+    try:
+        for fd in tasks:
             os.write(fd, b"0")
-        finally:
+    finally:  # each, whatever failed: one left open moves any process this one can name
+        for fd in tasks:
             os.close(fd)
 
 
