@@ -303,6 +303,15 @@ async def test_a_start_cancelled_while_its_cgroup_is_made_leaves_none(
 # alive, so the pidfd opened before it is the fork's.
 
 
+def started_at(pid: int) -> str | None:
+    """When the process with PID ``pid`` started (its stat's field 22), None where there is
+    none: with the PID, which process it is."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def place_at(pid: int, tries: int = 50) -> int | None:
     """A process of ours (``sleep``) with PID ``pid`` (ns_last_pid: as root), or None."""
     for _ in range(tries):
@@ -329,8 +338,11 @@ async def test_a_fork_that_dies_before_go_fails_its_start_and_holds_nothing(
     def fork(*args: Any) -> zygotes.Forked:
         forked = real_fork(*args)
         if fate != "control":
+            born = started_at(forked.pid)
             os.kill(forked.pid, signal.SIGKILL)
-            assert poll(lambda: not os.path.exists(f"/proc/{forked.pid}"))  # reaped: PID free
+            # Reaped, its PID free (or already another's: other processes of a loaded machine
+            # take PIDs too, and a zombie keeps its start time till reaped).
+            assert poll(lambda: started_at(forked.pid) != born)
             if fate == "dies, its PID taken":
                 placed = place_at(forked.pid)
                 if placed is not None:
