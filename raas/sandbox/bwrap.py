@@ -28,10 +28,10 @@ import secrets
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
+from raas.helpers.threads import nothing, to_its_end
 from raas.images.image import StoredImage
 from raas.sandbox import cgroups, cow, procs, seccomp
 from raas.sandbox import zygote as zygotes
@@ -114,33 +114,6 @@ def _cgroup_to_join(
         if group is not None:
             group.remove()
         raise
-
-
-_T = TypeVar("_T")
-
-
-async def _to_its_end(call: Callable[[], _T], undo: Callable[[_T], None]) -> _T:
-    """``call()`` in a thread, awaited to its end even where the task is cancelled meanwhile:
-    it uses the caller's fds by number (closed under it, their numbers taken by any other file of
-    raas's, it would pass on whatever has them by then), and what it makes (a cgroup, a fork)
-    only its result names. Cancelled, ``undo`` gets that result, then the cancellation is
-    raised."""
-    job = asyncio.ensure_future(asyncio.to_thread(call))
-    cancelled: asyncio.CancelledError | None = None
-    while not job.done():
-        try:
-            await asyncio.wait({job})
-        except asyncio.CancelledError as e:  # the thread goes on: wait for it all the same
-            cancelled = cancelled or e
-    if cancelled is None:
-        return job.result()
-    if not job.cancelled() and job.exception() is None:
-        undo(job.result())
-    raise cancelled
-
-
-def _nothing(_: object) -> None:
-    pass
 
 
 def _let_go_of(forked: zygotes.Forked) -> None:
@@ -769,7 +742,7 @@ class BwrapSandbox(NamespacedSandbox):
             for fd in made[1]:
                 os.close(fd)
 
-        self._cgroup, joins = await _to_its_end(
+        self._cgroup, joins = await to_its_end(
             functools.partial(_cgroup_to_join, self.dir.parent, self.id, caps), undo_join
         )
         try:
@@ -784,7 +757,7 @@ class BwrapSandbox(NamespacedSandbox):
             # The thread passes these fds (and listen_fd) on by number: none is closed before
             # it ends, even by a cancellation.
             lowers = list(self._lowers.values())
-            forked = await _to_its_end(
+            forked = await to_its_end(
                 functools.partial(zygote.fork, request, listen_fd, lowers, joins), _let_go_of
             )
         finally:
@@ -794,7 +767,7 @@ class BwrapSandbox(NamespacedSandbox):
         pending = [forked.stdout, forked.stderr]  # ours to close till a reader takes each
         try:
             if self._cgroup is not None and not joins:  # v2: moved by PID (on v1 it moves itself)
-                await _to_its_end(functools.partial(self._cgroup.join, forked.pid), _nothing)
+                await to_its_end(functools.partial(self._cgroup.join, forked.pid), nothing)
             self._forked = True
             streams = []
             while pending:

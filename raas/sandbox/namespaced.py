@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import ClassVar
 
+from raas.helpers.threads import nothing, to_its_end
 from raas.images.image import StoredImage
 from raas.sandbox import cgroups, copies, procs, pydeps
 from raas.sandbox.base import (
@@ -134,13 +136,16 @@ class NamespacedSandbox(Sandbox):
         """
         limits = self.limits
         caps = cgroups.Caps(limits.sandbox_memory_bytes, limits.sandbox_tasks, limits.cpus)
-        self._cgroup = await asyncio.to_thread(cgroups.create, self.dir.parent, self.id, caps)
+        create = functools.partial(cgroups.create, self.dir.parent, self.id, caps)
+        self._cgroup = await to_its_end(create, self._keep_cgroup)  # a close removes it
         if self._cgroup is None:
             return await spawn(argv, False)
         process = await spawn(gated, True)
         assert process.stdin is not None
         try:
-            await asyncio.to_thread(self._cgroup.join, process.pid)
+            # To its end: cancelled, the process is reaped below, and a join still to come
+            # would write a PID that may be another process's by then.
+            await to_its_end(functools.partial(self._cgroup.join, process.pid), nothing)
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
@@ -150,6 +155,9 @@ class NamespacedSandbox(Sandbox):
         process.stdin.write(b"go\n")
         process.stdin.close()
         return process
+
+    def _keep_cgroup(self, made: cgroups.SandboxCgroup | None) -> None:
+        self._cgroup = made
 
     @abstractmethod
     def _own_env(self) -> dict[str, str]:

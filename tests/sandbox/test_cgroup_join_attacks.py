@@ -291,6 +291,51 @@ async def test_a_start_cancelled_while_its_cgroup_is_made_leaves_none(
         await second.close()
 
 
+# -- The same, on a cold start (bwrap started as it is, behind a gate; FIXED) --------------------
+# A cold start's cgroup was made by a thread a cancellation did not wait for: the cgroup was left
+# till raas restarts. Its join by PID, likewise cancelled, could write a PID after the gate was
+# killed and reaped, one another process may have taken. Both now run to their end.
+
+
+@pytest.mark.parametrize("cancel", [True, False], ids=["cancelled", "control"])
+async def test_a_cold_start_cancelled_while_its_cgroup_is_made_leaves_none(
+    cancel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, gate, finished = threading.Event(), threading.Event(), threading.Event()
+    real = cgroups.create
+
+    def create(*args: Any) -> Any:
+        entered.set()
+        gate.wait(DEADLINE_S)
+        try:
+            return real(*args)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(cgroups, "create", create)
+    sandbox = BwrapSandbox(BwrapConfig(limits=LIMITS, zygote=False))
+    start = asyncio.create_task(sandbox.start())
+    try:
+        assert await asyncio.to_thread(entered.wait, DEADLINE_S)
+        if cancel:
+            start.cancel()
+            await delivered()
+        gate.set()
+        if cancel:
+            with pytest.raises(asyncio.CancelledError):
+                await start
+        else:
+            await start
+            assert not isinstance(sandbox.process, zygotes.ForkedProcess)  # started cold
+            assert all(d.is_dir() for d in cgroup_dirs(sandbox))  # the control: it was made
+        assert await asyncio.to_thread(finished.wait, DEADLINE_S)
+        await sandbox.close()
+        assert not [d for d in cgroup_dirs(sandbox) if d.exists()]
+    finally:
+        gate.set()
+        await sandbox.close()
+
+
 # -- Attack: a fork that dies before it is let go (FIXED) ------------------------------------------
 # raas opens the fork's pidfd while the fork sets itself up, "while its PID can name no other
 # process". But the fork can die before: its own memory cap is hit in its set-up (it is in its
