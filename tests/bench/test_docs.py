@@ -47,6 +47,7 @@ def test_list_prints_the_runs_and_only_narrows_them() -> None:
         "raas bench scale",
         "raas bench scale -- --servers 1",
         "raas bench scale -- --servers 1 --repeats 1",
+        "raas bench scale -- --servers 1 --repeats 3",
     ]
     wrong = listed("--only", "nosuch")
     assert wrong.returncode == 2 and "--only nosuch: the docs quote no such run" in wrong.stderr
