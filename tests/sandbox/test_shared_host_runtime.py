@@ -394,12 +394,13 @@ def test_a_sandbox_a_dead_server_left_is_killed(shared_tmp: Path) -> None:
 
 
 ZYGOTE_SERVER = r"""
-import asyncio, json
-from raas.sandbox import BwrapConfig, create_sandbox
+import asyncio, json, sys
+from raas.sandbox import BwrapConfig, claim_runtime_dir, create_sandbox
 from raas.sandbox.zygote import ForkedProcess
 
 async def main():
-    sandbox = create_sandbox(BwrapConfig())
+    runtime = claim_runtime_dir(sys.argv[1])
+    sandbox = create_sandbox(BwrapConfig(runtime_dir=runtime.path))
     await sandbox.start()
     await sandbox.bash("sleep 1000 &")
     forked = isinstance(sandbox.process, ForkedProcess)
@@ -414,7 +415,9 @@ def test_a_zygotes_sandbox_dies_with_the_server_that_forked_it() -> None:
     # A successor cannot prove a zygote's fork its sandbox from the launch record (its
     # directory is the zygote's): it need not, as nothing of it outlives the server.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with _started([sys.executable, "-c", ZYGOTE_SERVER], stdout=subprocess.PIPE, env=env) as server:
+    key = uuid.uuid4().hex
+    command = [sys.executable, "-c", ZYGOTE_SERVER, key]
+    with _started(command, stdout=subprocess.PIPE, env=env) as server:
         assert server.stdout is not None
         started = json.loads(server.stdout.readline())  # EOF if it failed: the test fails
         pids = set(started["pids"])
@@ -423,6 +426,8 @@ def test_a_zygotes_sandbox_dies_with_the_server_that_forked_it() -> None:
         server.kill()
         assert server.wait(timeout=60) == -signal.SIGKILL
         assert procs.wait_gone(pids, 30) == set()
+    with claim_runtime_dir(key):  # what it left on disk and in cgroups (else left for good)
+        pass
 
 
 def test_a_launch_that_mounted_the_sandboxs_root_is_killed(shared_tmp: Path) -> None:
