@@ -12,6 +12,7 @@ import pytest
 from raas.api.app import create_app
 from raas.launch import ServerProcess
 from raas.pipeline import Pipeline, PipelineConfig, Stage
+from raas.sandbox import cgroups
 from raas.settings import ServeSettings
 from raas.store.sqlite import ResultStore
 from raas.tasks import TaskRegistry
@@ -55,6 +56,12 @@ SLOW_FIRST = [
     "tests/tasks/test_harness.py",  # 22 s
     "tests/sandbox/test_sandbox_checkpoint.py",  # 21 s
 ]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Tests give sandboxes temporary runtime roots that no server claims: each left its empty
+    # parent cgroup (raas-<hash>) in every hierarchy for good, hundreds a run.
+    cgroups.sweep_parents()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

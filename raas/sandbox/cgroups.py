@@ -28,6 +28,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -40,6 +41,7 @@ ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 EMPTY_WAIT_S = 5.0
+PARENT_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,9 @@ def parent_name(runtime_dir: Path) -> str:
     return "raas-" + hashlib.sha256(str(runtime_dir).encode()).hexdigest()[:12]
 
 
+PARENT_NAME = re.compile(r"raas-[0-9a-f]{12}")  # parent_name's (not a probe's: raas-probe-PID)
+
+
 def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
@@ -213,21 +218,52 @@ def create(runtime_dir: Path, sandbox_id: str, caps: Caps) -> SandboxCgroup | No
     found = hierarchy()
     if found is None:
         return None
-    dirs = {}
-    for controller, base in found.bases.items():
-        parent = base / parent_name(runtime_dir)
-        parent.mkdir(exist_ok=True)
-        if found.version == 2:
-            _enable_v2(parent)
-        dirs[controller] = parent / sandbox_id
-        dirs[controller].mkdir()
-    group = SandboxCgroup(found.version, dirs)
+    group = SandboxCgroup(found.version, {})
     try:
+        for controller, base in found.bases.items():
+            group.dirs[controller] = _make_child(base / parent_name(runtime_dir), sandbox_id, found)
         _set_caps(group, caps)
     except OSError:
         group.remove()
         raise
     return group
+
+
+def _make_child(parent: Path, name: str, found: Hierarchy) -> Path:
+    """``parent/name``, made with its parent where that is missing. A parent may be removed
+    between the two (``sweep_parents`` takes every empty one, whoever's): it is made again."""
+    for _ in range(PARENT_TRIES):
+        try:
+            parent.mkdir(exist_ok=True)
+            if found.version == 2:
+                _enable_v2(parent)
+            (parent / name).mkdir()
+            return parent / name
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(f"the cgroup {parent} was removed {PARENT_TRIES} times while in use")
+
+
+def sweep_parents() -> int:
+    """Remove every empty sandbox parent cgroup of raas's own cgroup; how many went.
+
+    A parent (``raas-<hash>``) outlives its last sandbox: a server removes its own when it lets
+    its runtime directory go, but one of a directory that nobody claimed (a library's temporary
+    runtime root, a test's) stays for good. An empty one holds nothing: the kernel refuses to
+    remove one with a sandbox in it, and one removed while a sandbox is being made in it is made
+    again (``_make_child``). Blocking."""
+    found = hierarchy()
+    if found is None:
+        return 0
+    gone = 0
+    for base in found.bases.values():
+        with contextlib.suppress(OSError):
+            for parent in base.iterdir():
+                if PARENT_NAME.fullmatch(parent.name) and parent.is_dir():
+                    with contextlib.suppress(OSError):  # EBUSY: it holds a sandbox
+                        parent.rmdir()
+                        gone += 1
+    return gone
 
 
 def _set_caps(group: SandboxCgroup, caps: Caps) -> None:

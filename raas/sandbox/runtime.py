@@ -430,3 +430,4 @@ def _release_dead(root: Path) -> None:
         if fd is not None:  # its holder is gone
             left = lock_path.with_name(lock_path.name.removesuffix(".lock"))
             RuntimeDir(left, True, lock_path, fd).release()
+    cgroups.sweep_parents()  # and the empty parents of directories nobody claimed
