@@ -27,6 +27,7 @@ from raas.client.single_server import RaasHTTPError, with_job_id
 from raas.client.task_files import infra_errors, keeping, read_results, run_requests
 from raas.helpers.ports import free_port
 from raas.helpers.readiness import wait_until_answers
+from raas.helpers.terminal import counted
 from raas.launch import EngineProcess
 from raas.llm.pool import BackendPool
 from raas.paths import host_paths, image_caps
@@ -328,7 +329,8 @@ def summary(results: list[RolloutResult], wall_s: float) -> str:
     tokens = sum(generated_tokens(r) for r in results)
     wall_s = max(wall_s, 1e-9)  # an empty task file finishes at once
     return (
-        f"{len(results)} rollouts in {wall_s:.1f} s ({60 * len(results) / wall_s:.1f} per minute,"
+        f"{counted(len(results), 'rollout')} in {wall_s:.1f} s"
+        f" ({60 * len(results) / wall_s:.1f} per minute,"
         f" {tokens / wall_s:.1f} generated tokens/s):\n"  # two lines, each within 80 columns
         f"mean reward {mean}, pass rate {passed}/{len(rewards)}; "
         + ", ".join(f"{markup(k)} {v}" for k, v in sorted(states.items()))

@@ -113,7 +113,7 @@ EXPECT = {
     "Agents raas did not write: the gateway and harness tasks :: .venv/bin/python -c 'import"
     " json; from raas.tasks.datasets import humaneval": [
         r"HumanEval/0 done",
-        r"1 rollouts in .* done 1",
+        r"1 rollout in .* done 1",
     ],
     "Agents raas did not write: the gateway and harness tasks :: mkdir -p my_agent": [
         r"math-gen-0001 done 0\.0 1 32 agent_exit_0",  # task, state, reward, turns, tokens, why

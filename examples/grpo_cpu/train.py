@@ -1094,8 +1094,9 @@ def run_with_servers(args: argparse.Namespace, t0: float) -> None:
         engine_url, engine_key = args.engine, env_key()
         if engine_url is not None and not engine_key:
             sys.exit(
-                f"--engine {engine_url}: its /update_weights needs the key the engine was started"
-                " with: set RAAS_API_KEY (or RAAS_API_KEY_FILE) as for raas engine"
+                f"--engine {engine_url}: loading new weights needs an engine started with a key:"
+                " start it as RAAS_API_KEY=KEY raas engine ... --weights-dir"
+                f" {args.out.resolve()}, and set the same RAAS_API_KEY (or RAAS_API_KEY_FILE) here"
             )
         if engine_url is None:
             engine = EngineProcess(
@@ -1134,7 +1135,7 @@ def run_with_servers(args: argparse.Namespace, t0: float) -> None:
                     f"{flag} {url}: nothing answers GET {health} (start it, or leave {flag} out)"
                 )
         if args.engine is not None:
-            check_engine_key(engine_url, engine_key)
+            check_engine(engine_url, engine_key, args.out.resolve())
         asyncio.run(stopped_by_sigterm(train(args, raas_url, engine_url, engine_key, t0)))
 
 
@@ -1151,21 +1152,27 @@ def env_key() -> str:
         sys.exit(f"RAAS_API_KEY_FILE: {e}")
 
 
-def check_engine_key(engine_url: str, key: str) -> None:
-    """Ends the run in one line if the engine refuses ``key`` for /update_weights: asked with
-    an empty body, a right key gets a 422 (no path given) and nothing loads."""
+def check_engine(engine_url: str, key: str, out: Path) -> None:
+    """Ends the run in one line, before any step, if the engine would refuse the weights this run
+    writes: ``key`` (a 401), or ``out`` outside its --weights-dir (a 403). Asked to load a file
+    that is not there, an engine that takes both answers 422 and loads nothing."""
     reply = httpx.post(
         engine_url + "/update_weights",
-        json={},
+        json={"path": str(out / "no-such-checkpoint.safetensors")},
         headers={"Authorization": f"Bearer {key}"},
         timeout=30,
     )
+    try:
+        why = reply.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        why = reply.text.strip()
     if reply.status_code == 401:
-        try:
-            why = reply.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            why = reply.text.strip()
         sys.exit(f"--engine {engine_url} refuses the key set in RAAS_API_KEY(_FILE): {why}")
+    if reply.status_code == 403:
+        sys.exit(
+            f"--engine {engine_url} would refuse this run's weights in {out}: {why}; start it"
+            f" with --weights-dir {out}, or give --out a directory among its --weights-dir"
+        )
 
 
 if __name__ == "__main__":

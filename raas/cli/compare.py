@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from raas.cli.progress import markup
+from raas.helpers.terminal import counted
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -42,8 +43,7 @@ def compare(a: Path, b: Path) -> None:
         raise click.ClickException(str(e)) from e
     console = Console(width=WIDTH)
     for label, path, results in (("A", a, first), ("B", b, second)):
-        s = "" if len(results) == 1 else "s"
-        console.print(f"{label}: {markup(path)} ({len(results)} result{s})")
+        console.print(f"{label}: {markup(path)} ({counted(len(results), 'result')})")
     console.print(compare_table(side_by_side(first, second)))
 
 

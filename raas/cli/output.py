@@ -94,13 +94,19 @@ def run_keeping(coro: Coroutine[Any, Any, T], finished: list[Any], out: Path) ->
     of ``Aborted!``."""
     from raas.client.task_files import write_results
     from raas.helpers.sigterm import Terminated, stopped_by_sigterm
+    from raas.helpers.terminal import counted
 
     try:
         return run_client(stopped_by_sigterm(coro))
     except (KeyboardInterrupt, Terminated) as e:
         write_results(finished, out)
         how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
-        click.echo(f"{how}: the {len(finished)} results that had finished are in {out}")
+        if finished:
+            done = counted(len(finished), "result")
+            verb = "is" if len(finished) == 1 else "are"
+            click.echo(f"{how}: the {done} that had finished {verb} in {out}")
+        else:
+            click.echo(f"{how}: no result had finished ({out} holds none)")
         sys.exit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT))
 
 

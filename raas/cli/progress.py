@@ -10,13 +10,13 @@ import contextlib
 import time
 from typing import Any, Self
 
-from raas.helpers.terminal import plain
+from raas.helpers.terminal import counted, plain
 
 
 def say_cancelling(n: int) -> None:
     """What ``raas run`` / ``raas submit`` print on Ctrl-C before cancelling their jobs."""
-    s = "" if n == 1 else "s"  # Ctrl-C or SIGTERM alike: what happens, not which
-    print(f"stopping: cancelling this run's {n} unfinished job{s} on the server", flush=True)
+    jobs = counted(n, "unfinished job")  # Ctrl-C or SIGTERM alike: what happens, not which
+    print(f"stopping: cancelling this run's {jobs} on the server", flush=True)
 
 
 def markup(value: object) -> str:

@@ -156,6 +156,7 @@ def run(
         write_results,
     )
     from raas.helpers.files import new_run_dir
+    from raas.helpers.terminal import counted
     from raas.paths import host_paths, image_caps, installed
     from raas.run import (
         CPU_SAMPLING,
@@ -255,7 +256,7 @@ def run(
         results, wall = run_keeping(
             run_tasks(requests, options, console, finished, names), finished, out
         )
-    console.print(result_table(results, f"{len(results)} rollouts"))
+    console.print(result_table(results, counted(len(results), "rollout")))
     console.print(summary(results, wall))
     write_results(results, out)
     console.print(f"results in {out}")

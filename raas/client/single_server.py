@@ -30,12 +30,26 @@ from raas.wire import (
 Submission = RolloutRequest | dict[str, Any]
 
 
+# What a bare instance may set of its request: a line of tasks.jsonl with ``"timeout_s": 60``
+# means the job's limit (no task reads such a field of its instance; it was dropped unsaid).
+REQUEST_KEYS = frozenset(RolloutRequest.model_fields) - {"instance"}
+
+
+def request_body(item: dict[str, Any]) -> dict[str, Any]:
+    """A request's dict from its dict (``{"instance": ..., "job_id": ...}``), or from a bare
+    instance (any other dict, as a line of tasks.jsonl may hold), whose request keys
+    (``timeout_s``, ``sampling_params``, ``job_id``...) are the request's."""
+    if "instance" in item:
+        return item
+    own = {k: v for k, v in item.items() if k in REQUEST_KEYS}
+    return {"instance": {k: v for k, v in item.items() if k not in REQUEST_KEYS}, **own}
+
+
 def as_request(item: Submission) -> RolloutRequest:
-    """A RolloutRequest from one, from its dict (``{"instance": ..., "job_id": ...}``), or from a
-    bare instance (any other dict, as a line of tasks.jsonl may hold)."""
+    """A RolloutRequest from one, or from a dict as ``request_body`` reads it."""
     if isinstance(item, RolloutRequest):
         return item
-    return RolloutRequest.model_validate(item if "instance" in item else {"instance": item})
+    return RolloutRequest.model_validate(request_body(item))
 
 
 def with_job_id(item: Submission) -> RolloutRequest:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from raas.client.rollout_client import RolloutClient
-from raas.client.single_server import RaasHTTPError, with_job_id
+from raas.client.single_server import RaasHTTPError, request_body, with_job_id
 from raas.helpers.task_dirs import TaskDirError, named, read_task_dir, task_dirs
 from raas.wire import ErrorInfo, RolloutRequest, RolloutResult
 
@@ -144,7 +144,7 @@ def as_requests(
     a TaskFileError naming where it was and the field."""
     requests = []
     for where, task in tasks:
-        body = task if "instance" in task else {"instance": task}
+        body = request_body(task)
         if sampling_params:
             body = {
                 **body,

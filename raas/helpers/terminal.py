@@ -1,4 +1,4 @@
-"""Text from a job or a server made safe to print on a terminal."""
+"""Text for a terminal: a job's or a server's made safe to print, counts as a person writes them."""
 
 from __future__ import annotations
 
@@ -14,3 +14,8 @@ def plain(value: object) -> str:
     """Text from a job or a server (an instance id, a data_source, an error message) that is
     safe to print on a terminal: each control character shown as its escape (``\\x1b``)."""
     return CONTROL_CHARACTERS.sub(lambda m: ascii(m.group())[1:-1], str(value))
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 result``, ``2 results``: a count and its noun, as a person writes them."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

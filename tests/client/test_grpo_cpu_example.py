@@ -405,13 +405,24 @@ def test_against_a_running_engine_a_missing_or_refused_key_stops_the_run_at_star
     from fastapi.responses import JSONResponse
 
     from raas.llm.engine.admin_key import AdminKeyMiddleware
+    from raas.llm.engine.weight_dirs import REFUSED, PathRefused, WeightDirs
     from tests.support.llm_servers import ServerThread
 
     app = FastAPI()  # an engine and a raas server as far as the trainer's start is concerned
     app.add_middleware(AdminKeyMiddleware, api_key="sesame")
     for path in ("/health", "/healthz"):
         app.get(path)(lambda: {})
-    app.post("/update_weights")(lambda: JSONResponse({"detail": "no path"}, status_code=422))
+    allowed = WeightDirs.of([tmp_path / "weights"])  # the engine's --weights-dir
+
+    @app.post("/update_weights")
+    def update_weights(body: dict[str, str]) -> JSONResponse:  # the engine's checks, in order
+        try:
+            allowed.check(body["path"])
+        except PathRefused as e:
+            error = {"message": str(e), "type": "PermissionDeniedError"}
+            return JSONResponse({"error": error}, status_code=403)
+        return JSONResponse({"detail": "no such checkpoint"}, status_code=422)
+
     server = ServerThread(app).start()
     trained: list[tuple[str, str]] = []
 
@@ -421,7 +432,8 @@ def test_against_a_running_engine_a_missing_or_refused_key_stops_the_run_at_star
     monkeypatch.setattr(example, "train", train)
     monkeypatch.delenv("RAAS_API_KEY", raising=False)
     monkeypatch.delenv("RAAS_API_KEY_FILE", raising=False)
-    argv = ["--raas", server.url, "--engine", server.url, "--out", str(tmp_path)]
+    out = tmp_path / "weights" / "run"
+    argv = ["--raas", server.url, "--engine", server.url, "--out", str(out)]
     previous_sigterm = signal.getsignal(signal.SIGTERM)
 
     def stopped() -> str:
@@ -435,14 +447,30 @@ def test_against_a_running_engine_a_missing_or_refused_key_stops_the_run_at_star
             monkeypatch.setenv("RAAS_API_KEY", unset)
             line = stopped()
             assert line == (
-                f"--engine {server.url}: its /update_weights needs the key the engine was"
-                " started with: set RAAS_API_KEY (or RAAS_API_KEY_FILE) as for raas engine"
+                f"--engine {server.url}: loading new weights needs an engine started with a key:"
+                f" start it as RAAS_API_KEY=KEY raas engine ... --weights-dir {out.resolve()},"
+                " and set the same RAAS_API_KEY (or RAAS_API_KEY_FILE) here"
             )
         monkeypatch.setenv("RAAS_API_KEY", "wrong")
         line = stopped()
         assert "\n" not in line and line.startswith(f"--engine {server.url} refuses the key")
         assert "missing or wrong API key" in line
         monkeypatch.setenv("RAAS_API_KEY", "sesame")  # the control: the engine's key
+        # ... but an --out outside the engine's --weights-dir: it crashed with a 403 after a
+        # step's rollouts and training (minutes); now one line before anything runs.
+        elsewhere = ["--raas", server.url, "--engine", server.url, "--out", str(tmp_path / "x")]
+        with pytest.raises(SystemExit) as stop:
+            example.main(elsewhere)
+        assert (
+            stop.value.code
+            == (
+                f"--engine {server.url} would refuse this run's weights in {(tmp_path / 'x').resolve()}"
+                f": {REFUSED}; start it with"
+                f" --weights-dir {(tmp_path / 'x').resolve()}, or give --out a directory among its"
+                " --weights-dir"
+            )
+            and not trained
+        )
         example.main(argv)
         monkeypatch.delenv("RAAS_API_KEY")
         (tmp_path / "key").write_text("sesame\n")

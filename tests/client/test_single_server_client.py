@@ -124,6 +124,23 @@ def test_read_requests_merges_sampling_params(tmp_path: Path) -> None:
         read_requests(f)
 
 
+def test_a_bare_task_line_s_request_keys_are_its_request_s(tmp_path: Path) -> None:
+    # `"timeout_s": 1` on a plain line was a field of the instance, which no task reads: the job
+    # ran its whole default budget, unsaid.
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"data_source": "probe", "timeout_s": 1, "sampling_params": {"seed": 3}, "job_id": "a"}\n'
+        '{"instance": {"data_source": "probe"}, "timeout_s": 1, "job_id": "b"}\n'  # the control
+    )
+    bare, full = read_requests(f, {"temperature": 0.5}, timeout_s=9)
+    assert bare.instance == full.instance == {"data_source": "probe"}
+    assert (bare.timeout_s, bare.job_id) == (1, "a") and (full.timeout_s, full.job_id) == (1, "b")
+    assert bare.sampling_params == {"seed": 3, "temperature": 0.5}
+    f.write_text('{"data_source": "probe", "timeout_s": "soon"}\n')  # still checked, by name
+    with pytest.raises(TaskFileError, match=r"t\.jsonl:1: timeout_s: "):
+        read_requests(f)
+
+
 def test_a_task_file_with_no_task_or_a_broken_line_is_refused_by_name(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     for empty in ("", "\n\n  \n"):
