@@ -458,18 +458,14 @@ def test_against_a_running_engine_a_missing_or_refused_key_stops_the_run_at_star
         monkeypatch.setenv("RAAS_API_KEY", "sesame")  # the control: the engine's key
         # ... but an --out outside the engine's --weights-dir: it crashed with a 403 after a
         # step's rollouts and training (minutes); now one line before anything runs.
-        elsewhere = ["--raas", server.url, "--engine", server.url, "--out", str(tmp_path / "x")]
+        x = (tmp_path / "x").resolve()
+        elsewhere = ["--raas", server.url, "--engine", server.url, "--out", str(x)]
         with pytest.raises(SystemExit) as stop:
             example.main(elsewhere)
-        assert (
-            stop.value.code
-            == (
-                f"--engine {server.url} would refuse this run's weights in {(tmp_path / 'x').resolve()}"
-                f": {REFUSED}; start it with"
-                f" --weights-dir {(tmp_path / 'x').resolve()}, or give --out a directory among its"
-                " --weights-dir"
-            )
-            and not trained
+        assert not trained
+        assert stop.value.code == (
+            f"--engine {server.url} would refuse this run's weights in {x}: {REFUSED}; start it"
+            f" with --weights-dir {x}, or give --out a directory among its --weights-dir"
         )
         example.main(argv)
         monkeypatch.delenv("RAAS_API_KEY")
