@@ -32,6 +32,15 @@ DEADLINE_S = 120.0  # the embedded engine's start is most of it
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def as_a_foreground_job() -> None:
+    """What a shell does for the job it starts in the foreground: SIGINT at its default, no
+    signal blocked. An ignored or blocked SIGINT survives exec: a worker of the suite that had
+    one (left by a test run before, in the same process) made the run deaf to Ctrl-C, and six
+    tests waited out their deadline in a fresh clone's `make test`."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 class Terminal:
     """A command on a pty, in a session of its own (a shell's foreground job), its output
     collected as it comes."""
@@ -46,6 +55,7 @@ class Terminal:
             env={**env, "COLUMNS": "120"},
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=as_a_foreground_job,
         )
         os.close(follower)
         self._leader = leader
