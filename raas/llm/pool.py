@@ -444,12 +444,16 @@ class BackendPool:
         trainer that died between its pause and its resume stops no rollout for long)."""
         self._pauses += 1
         self._open().clear()
-        if resume_after_s is not None:
-            if self._auto_resume is not None:
-                self._auto_resume.cancel()
-            self._auto_resume = asyncio.create_task(self._resume_after(resume_after_s))
         backends = self.backends()
-        how = await asyncio.gather(*(self._pause_one(b, mode) for b in backends))
+        try:
+            how = await asyncio.gather(*(self._pause_one(b, mode) for b in backends))
+        finally:
+            # Armed once the backends are paused (or the drain gave up): a resume that ran
+            # while a server's pause was still asked found it not yet paused, and left it so.
+            if resume_after_s is not None:
+                if self._auto_resume is not None:
+                    self._auto_resume.cancel()
+                self._auto_resume = asyncio.create_task(self._resume_after(resume_after_s))
         out = {b.url: h for b, h in zip(backends, how, strict=True)}
         log.info("pool paused (%s): %s", mode, out)
         return out

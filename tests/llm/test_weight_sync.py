@@ -399,3 +399,24 @@ def test_routing_paused_pauses_and_resumes_verls_servers_through_raas(raas_behin
     assert [b["url"] for b in listed] == [url]
     assert fake.log == ["pause keep", "verl updates its weights", "resume"]
     assert [b["url"] for b in httpx.get(raas_url + "/v1/backends").json()] == [url]
+
+
+async def test_a_pause_that_resumes_itself_at_once_resumes_the_server_it_paused(
+    fakes: Any,
+) -> None:
+    """`resume_after_s` as small as a float goes (5e-324: the fuzz tier's random seed found it):
+    the pool's own resume ran while the server's pause was still being asked, found nothing
+    paused yet, and the server stayed paused for good. The timer starts once the pause is done."""
+    fake, url = fakes("vllm")
+    pool = BackendPool()
+    backend = pool.add(url, "vllm")
+    try:
+        assert await pool.pause("keep", resume_after_s=5e-324) == {url: "paused"}
+        for _ in range(500):  # the auto resume: a task of the pool's, run soon after
+            if not pool.paused and not backend.paused:
+                break
+            await asyncio.sleep(0.01)
+        assert not pool.paused and not backend.paused
+        assert fake.paused is None and fake.log[-2:] == ["pause keep", "resume"]
+    finally:
+        await pool.stop()
