@@ -39,8 +39,9 @@ def test_the_sweep_takes_an_empty_parent_and_leaves_one_holding_a_sandbox(
     other = tmp_path_factory.mktemp("other")
     left = cgroups.create(other, "s2", NO_CAPS)
     assert left is not None and left.remove()  # its sandbox closed: the parent stays, empty
-    assert all(p.is_dir() for p in parents(found, other))  # the leak the sweep is for
-    assert cgroups.sweep_parents() >= len(found.bases)
+    # (Not asserted that it stays until here, nor how many this sweep takes: in make test, other
+    # workers' servers sweep at their start too, and may take it first.)
+    cgroups.sweep_parents()
     assert not any(p.exists() for p in parents(found, other))
     # The control: the kernel keeps a parent that holds a sandbox, and the sandbox with it.
     assert all(d.is_dir() for d in group.dirs.values())
